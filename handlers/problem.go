@@ -1,0 +1,111 @@
+package handlers
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// statusOf is the one table from error codes to HTTP statuses.
+var statusOf = map[errcode.Code]int{
+	errcode.InvalidJSON:          http.StatusBadRequest,
+	errcode.ValidationFailed:     http.StatusUnprocessableEntity,
+	errcode.Unauthenticated:      http.StatusUnauthorized,
+	errcode.PermissionDenied:     http.StatusForbidden,
+	errcode.NotFound:             http.StatusNotFound,
+	errcode.MethodNotAllowed:     http.StatusMethodNotAllowed,
+	errcode.PayloadTooLarge:      http.StatusRequestEntityTooLarge,
+	errcode.UnsupportedMediaType: http.StatusUnsupportedMediaType,
+	errcode.QuotaExceeded:        http.StatusTooManyRequests,
+	errcode.RateLimited:          http.StatusTooManyRequests,
+	errcode.Draining:             http.StatusServiceUnavailable,
+	errcode.Unavailable:          http.StatusServiceUnavailable,
+	errcode.Internal:             http.StatusInternalServerError,
+	errcode.Conflict:             http.StatusConflict,
+	errcode.IdentityExists:       http.StatusConflict,
+	errcode.GenerationStale:      http.StatusConflict,
+	errcode.EnrollmentInvalid:    http.StatusUnauthorized,
+	errcode.EnrollmentSpent:      http.StatusConflict,
+	errcode.EnrollmentSuperseded: http.StatusConflict,
+	errcode.NodeRetired:          http.StatusGone,
+	errcode.NodeNotReady:         http.StatusConflict,
+	errcode.SessionInvalid:       http.StatusUnauthorized,
+	errcode.Fenced:               http.StatusConflict,
+	errcode.UnknownOperation:     http.StatusNotFound,
+	errcode.NotThisNode:          http.StatusForbidden,
+	errcode.OperationConflict:    http.StatusConflict,
+	errcode.OutcomeUnknown:       http.StatusConflict,
+}
+
+// titles are the short human summaries of each status family.
+func titleOf(code errcode.Code, status int) string {
+	switch code {
+	case errcode.ValidationFailed:
+		return "Validation failed"
+	case errcode.InvalidJSON:
+		return "Invalid JSON"
+	}
+	return http.StatusText(status)
+}
+
+// problem is an RFC 9457 document with the stable code and, for validation
+// failures, the fields at fault.
+type problem struct {
+	Type      string               `json:"type"`
+	Title     string               `json:"title"`
+	Status    int                  `json:"status"`
+	Detail    string               `json:"detail,omitempty"`
+	Code      errcode.Code         `json:"code"`
+	Instance  string               `json:"instance,omitempty"`
+	RequestID string               `json:"request_id,omitempty"`
+	Errors    []errcode.FieldError `json:"errors,omitempty"`
+}
+
+// writeError answers err as problem+json. An error without a code is an
+// internal error: the caller sees "internal error" and the request id, the
+// log gets the whole chain.
+func writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var e *errcode.Error
+	if !errors.As(err, &e) {
+		logger(r).Error("internal error", "err", err.Error())
+		e = errcode.New(errcode.Internal, "internal error")
+	}
+	status, ok := statusOf[e.Code]
+	if !ok {
+		status = http.StatusBadRequest
+	}
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "5")
+	}
+	writeProblem(w, r, status, e)
+}
+
+func writeProblem(w http.ResponseWriter, r *http.Request, status int, e *errcode.Error) {
+	p := problem{
+		Type:      "https://nodeward.dev/problems/" + string(e.Code),
+		Title:     titleOf(e.Code, status),
+		Status:    status,
+		Detail:    e.Message,
+		Code:      e.Code,
+		Instance:  r.URL.Path,
+		RequestID: requestIDFrom(r.Context()),
+		Errors:    e.Fields,
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// writeJSON answers v as JSON with the given status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		slog.Debug("write response", "err", err)
+	}
+}

@@ -1,0 +1,133 @@
+// Package handlers is the HTTP edge: the route table, request decoding and
+// validation, authentication middleware, the one mapping from domain errors
+// to problem+json, and the console's form handlers. It holds no business
+// rules and writes no SQL: it calls the domain packages.
+package handlers
+
+import (
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/metrics"
+	"github.com/nodeward/nodeward/models"
+)
+
+// Deps are what the HTTP edge needs from the rest of the server.
+type Deps struct {
+	Logger  *slog.Logger
+	DB      *models.DB
+	Auth    *auth.Service
+	Metrics *metrics.Metrics
+	// OpenAPI is the contract served at /openapi.yaml.
+	OpenAPI []byte
+	// Static is the console's assets (CSS, JS, icons).
+	Static fs.FS
+	// Draining reports that the server is shutting down.
+	Draining func() bool
+	// SecureCookies marks cookies Secure (the server terminates TLS).
+	SecureCookies bool
+	// BodyLimit overrides DefaultBodyLimit when > 0.
+	BodyLimit int64
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+type handler struct {
+	Deps
+	log     *slog.Logger
+	metrics *metrics.Metrics
+}
+
+// New returns the control plane's HTTP handler.
+func New(d Deps) http.Handler {
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.BodyLimit <= 0 {
+		d.BodyLimit = DefaultBodyLimit
+	}
+	if d.Draining == nil {
+		d.Draining = func() bool { return false }
+	}
+	h := &handler{Deps: d, log: d.Logger, metrics: d.Metrics}
+
+	r := chi.NewRouter()
+	r.Use(h.requestID, recoverer, h.accessLog, securityHeaders, bodyLimit(d.BodyLimit))
+	// Browsers say where a request comes from; a cross-site state change is
+	// refused for the console and for cookie-authenticated API calls alike.
+	// Scripts and agents send no such headers and are unaffected.
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, errcode.New(errcode.PermissionDenied, "cross-origin request refused"))
+	}))
+	r.Use(cop.Handler)
+	r.NotFound(h.notFound)
+	r.MethodNotAllowed(h.methodNotAllowed)
+
+	// Operations.
+	r.Get("/healthz", h.healthz)
+	r.Get("/readyz", h.readyz)
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
+	r.Get("/openapi.yaml", h.openapi)
+
+	// Administration and scripts: authentication before routing, so no
+	// /api path answers anything but 401 to an anonymous caller.
+	r.Route("/api", func(r chi.Router) {
+		r.Use(h.requireAdmin)
+		r.NotFound(h.notFound)
+		r.MethodNotAllowed(h.methodNotAllowed)
+		r.Route("/v1", func(r chi.Router) {
+			r.Get("/whoami", h.whoami)
+			r.Post("/tokens", h.createToken)
+			r.Get("/tokens", h.listTokens)
+			r.Post("/tokens/{id}/revoke", h.revokeToken)
+			r.Get("/admin-audit", h.adminAudit)
+		})
+	})
+
+	// Console and its assets.
+	r.Get("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusSeeOther)
+	})
+	r.Handle("/static/*", http.StripPrefix("/static/", staticHandler(d.Static)))
+	h.consoleRoutes(r)
+	return r
+}
+
+func staticHandler(fsys fs.FS) http.Handler {
+	if fsys == nil {
+		return http.NotFoundHandler()
+	}
+	fileServer := http.FileServerFS(fsys)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=300")
+		fileServer.ServeHTTP(w, r)
+	})
+}
+
+func isAPIPath(p string) bool {
+	return strings.HasPrefix(p, "/api/") || strings.HasPrefix(p, "/agent/") || p == "/api"
+}
+
+func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
+	if !isAPIPath(r.URL.Path) && strings.HasPrefix(r.URL.Path, "/console") {
+		h.consoleNotFound(w, r)
+		return
+	}
+	writeError(w, r, errcode.Errorf(errcode.NotFound, "no such resource: %s", r.URL.Path))
+}
+
+func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	writeError(w, r, errcode.Errorf(errcode.MethodNotAllowed, "method %s is not allowed here", r.Method))
+}

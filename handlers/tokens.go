@@ -1,0 +1,133 @@
+package handlers
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/models"
+)
+
+type tokenView struct {
+	ID         string     `json:"id"`
+	Name       string     `json:"name"`
+	UserID     string     `json:"user_id"`
+	CreatedAt  time.Time  `json:"created_at"`
+	LastUsedAt *time.Time `json:"last_used_at"`
+	RevokedAt  *time.Time `json:"revoked_at"`
+}
+
+func viewToken(t models.APIToken) tokenView {
+	return tokenView{ID: t.ID, Name: t.Name, UserID: t.UserID, CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt}
+}
+
+func (h *handler) whoami(w http.ResponseWriter, r *http.Request) {
+	p, _ := principalFrom(r.Context())
+	writeJSON(w, http.StatusOK, map[string]string{"user_id": p.UserID, "username": p.Username, "via": p.Via})
+}
+
+func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Name string `json:"name"`
+	}
+	if err := decodeJSON(r, &body, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	p, _ := principalFrom(r.Context())
+	tok, row, err := h.Auth.CreateToken(r.Context(), p, body.Name, r.RemoteAddr)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	type created struct {
+		tokenView
+		Token string `json:"token"`
+	}
+	writeJSON(w, http.StatusCreated, created{tokenView: viewToken(row), Token: tok})
+}
+
+func (h *handler) listTokens(w http.ResponseWriter, r *http.Request) {
+	rows, err := h.Auth.ListTokens(r.Context())
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]tokenView, 0, len(rows))
+	for _, t := range rows {
+		out = append(out, viewToken(t))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tokens": out})
+}
+
+func (h *handler) revokeToken(w http.ResponseWriter, r *http.Request) {
+	if err := decodeJSON(r, &struct{}{}, true); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	p, _ := principalFrom(r.Context())
+	row, err := h.Auth.RevokeToken(r.Context(), p, chi.URLParam(r, "id"), r.RemoteAddr)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewToken(row))
+}
+
+type auditView struct {
+	ID         int64     `json:"id"`
+	At         time.Time `json:"at"`
+	Actor      string    `json:"actor"`
+	Action     string    `json:"action"`
+	Target     string    `json:"target"`
+	Outcome    string    `json:"outcome"`
+	RemoteAddr string    `json:"remote_addr"`
+	Detail     string    `json:"detail"`
+}
+
+func (h *handler) adminAudit(w http.ResponseWriter, r *http.Request) {
+	limit, before, err := pageParams(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	rows, err := h.Auth.AuditPage(r.Context(), before, limit)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]auditView, 0, len(rows))
+	for _, a := range rows {
+		out = append(out, auditView(a))
+	}
+	var next *string
+	if len(rows) == limit {
+		s := strconv.FormatInt(rows[len(rows)-1].ID, 10)
+		next = &s
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out, "next_before": next})
+}
+
+// pageParams reads limit (1-500, default 100) and an integer `before` cursor.
+func pageParams(r *http.Request) (int, int64, error) {
+	var v errcode.Validation
+	limit := 100
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		v.Check(err == nil && n >= 1 && n <= 500, "limit", "an integer from 1 to 500")
+		limit = n
+	}
+	var before int64
+	if s := r.URL.Query().Get("before"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		v.Check(err == nil && n > 0, "before", "a cursor from next_before")
+		before = n
+	}
+	if err := v.Err(); err != nil {
+		return 0, 0, errcode.New(errcode.InvalidJSON, err.Error())
+	}
+	return limit, before, nil
+}

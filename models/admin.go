@@ -1,0 +1,49 @@
+package models
+
+import "time"
+
+// AdminUser is an administrator who signs in to the console.
+type AdminUser struct {
+	ID           string `gorm:"primaryKey"`
+	Username     string
+	PasswordHash string
+	CreatedAt    time.Time
+}
+
+// APIToken is an administrator's token for scripts; only its SHA-256 is kept.
+type APIToken struct {
+	ID         string `gorm:"primaryKey"`
+	Name       string
+	UserID     string
+	TokenHash  string
+	CreatedAt  time.Time
+	LastUsedAt *time.Time
+	RevokedAt  *time.Time
+}
+
+// ConsoleSession is one console login; the cookie's JWT names it, and
+// logging out revokes the row.
+type ConsoleSession struct {
+	ID         string `gorm:"primaryKey"`
+	UserID     string
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	RevokedAt  *time.Time
+	RemoteAddr string
+}
+
+// AdminAudit is one row of the administrators' audit log: logins, failed
+// logins, token creation and revocation. It never holds a secret.
+type AdminAudit struct {
+	ID         int64 `gorm:"primaryKey"`
+	At         time.Time
+	Actor      string
+	Action     string
+	Target     string
+	Outcome    string
+	RemoteAddr string
+	Detail     string
+}
+
+// TableName pins the table name (GORM would pluralise it).
+func (AdminAudit) TableName() string { return "admin_audit" }

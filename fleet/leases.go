@@ -1,0 +1,140 @@
+package fleet
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nodeward/nodeward/metrics"
+)
+
+// leaseBatcher coalesces lease renewals into group commits: every heartbeat
+// and held long-poll asks for a renewal, and one transaction a flush
+// interval writes them all. A heartbeat's answer waits for the commit that
+// holds it (so an acknowledged heartbeat is durable); a long-poll's renewal
+// does not wait, and is skipped while the lease was renewed recently
+// (DECISIONS.md §8), so an idle agent costs no write per poll.
+type leaseBatcher struct {
+	store    Store
+	settings Settings
+	now      func() time.Time
+	metrics  *metrics.Metrics
+	log      *slog.Logger
+	kick     chan struct{}
+
+	mu      sync.Mutex // guards the following
+	pending map[string]LeaseRenewal
+	flush   *flushResult // the flush the pending renewals will ride
+	renewed map[string]time.Time
+}
+
+// flushResult is closed once its batch has been written.
+type flushResult struct {
+	done chan struct{}
+	err  error
+}
+
+func newLeaseBatcher(store Store, st Settings, now func() time.Time, m *metrics.Metrics, log *slog.Logger) *leaseBatcher {
+	return &leaseBatcher{store: store, settings: st, now: now, metrics: m, log: log,
+		kick:    make(chan struct{}, 1),
+		pending: map[string]LeaseRenewal{}, flush: &flushResult{done: make(chan struct{})},
+		renewed: map[string]time.Time{}}
+}
+
+// heartbeat queues a renewal (with facts, if any) and waits for its commit.
+func (b *leaseBatcher) heartbeat(ctx context.Context, r LeaseRenewal) error {
+	b.mu.Lock()
+	if old, ok := b.pending[r.NodeID]; ok && r.Facts == nil {
+		// Keep facts an earlier heartbeat of this batch carried.
+		r.Facts = old.Facts
+	}
+	b.pending[r.NodeID] = r
+	f := b.flush
+	b.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// touch renews the lease for a held long-poll unless it was renewed within
+// a third of the lease; it does not wait for the commit.
+func (b *leaseBatcher) touch(nodeID string) {
+	now := b.now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if last, ok := b.renewed[nodeID]; ok && now.Sub(last) < b.settings.Lease/3 {
+		return
+	}
+	if _, ok := b.pending[nodeID]; ok {
+		return
+	}
+	b.pending[nodeID] = LeaseRenewal{NodeID: nodeID, Until: now.Add(b.settings.Lease)}
+}
+
+// forget drops the coalescing memory for a node (re-enrolled or retired).
+func (b *leaseBatcher) forget(nodeID string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.renewed, nodeID)
+}
+
+func (b *leaseBatcher) run(ctx context.Context) {
+	t := time.NewTicker(b.settings.LeaseFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Write what was asked before stopping, so a drained server
+			// loses no acknowledged heartbeat.
+			b.flushOnce(context.WithoutCancel(ctx))
+			return
+		case <-t.C:
+		case <-b.kick:
+		}
+		b.flushOnce(ctx)
+	}
+}
+
+// flushOnce writes the pending batch in one commit.
+func (b *leaseBatcher) flushOnce(ctx context.Context) {
+	b.mu.Lock()
+	if len(b.pending) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	batch := make([]LeaseRenewal, 0, len(b.pending))
+	for _, r := range b.pending {
+		batch = append(batch, r)
+	}
+	f := b.flush
+	b.pending = map[string]LeaseRenewal{}
+	b.flush = &flushResult{done: make(chan struct{})}
+	b.mu.Unlock()
+
+	_, err := b.store.RenewLeases(ctx, batch)
+	if err != nil {
+		b.log.Error("lease renewal batch", "err", err, "size", len(batch))
+	} else {
+		b.metrics.HeartbeatsFlushed.Add(float64(len(batch)))
+		now := b.now()
+		b.mu.Lock()
+		for _, r := range batch {
+			b.renewed[r.NodeID] = now
+		}
+		// Bound the memory: entries older than a lease are useless.
+		if len(b.renewed) > 4*len(batch)+1024 {
+			for id, at := range b.renewed {
+				if now.Sub(at) > b.settings.Lease {
+					delete(b.renewed, id)
+				}
+			}
+		}
+		b.mu.Unlock()
+	}
+	f.err = err
+	close(f.done)
+}

@@ -1,0 +1,46 @@
+package fleet
+
+import (
+	"fmt"
+	"strings"
+)
+
+// NotificationKind says what changed.
+type NotificationKind string
+
+// Notification kinds.
+const (
+	// NotifyCommands: the node has new work; wake its long-poll.
+	NotifyCommands NotificationKind = "c"
+	// NotifyNode: the node's record changed (fencing token, state); drop
+	// cached copies, and end its long-polls if it was retired.
+	NotifyNode NotificationKind = "n"
+	// NotifyResync: notifications may have been missed (a listener
+	// reconnected); drop every cache and wake every long-poll to re-check.
+	NotifyResync NotificationKind = "r"
+)
+
+// Notification is one change other replicas must hear about.
+type Notification struct {
+	Kind   NotificationKind
+	NodeID string
+}
+
+// Encode renders the notification as a NOTIFY payload stamped with the
+// sending replica, so a replica can skip its own.
+func (n Notification) Encode(replica string) string {
+	return string(n.Kind) + ":" + replica + ":" + n.NodeID
+}
+
+// DecodeNotification parses a payload made by Encode.
+func DecodeNotification(payload string) (Notification, string, error) {
+	kind, rest, ok := strings.Cut(payload, ":")
+	if !ok {
+		return Notification{}, "", fmt.Errorf("malformed notification %q", payload)
+	}
+	replica, node, ok := strings.Cut(rest, ":")
+	if !ok {
+		return Notification{}, "", fmt.Errorf("malformed notification %q", payload)
+	}
+	return Notification{Kind: NotificationKind(kind), NodeID: node}, replica, nil
+}

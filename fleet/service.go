@@ -1,0 +1,259 @@
+package fleet
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/metrics"
+)
+
+// Settings are the fleet's tunables; zero values take the defaults.
+type Settings struct {
+	// PublicURL is what bootstraps tell agents to dial.
+	PublicURL string
+	// AgentVersion is the pinned agent build named in bootstraps; empty
+	// names none.
+	AgentVersion string
+	// CACertificatePEM is handed to agents when TLS uses a private CA.
+	CACertificatePEM string
+	// ReplicaID names this process in live-session listings.
+	ReplicaID string
+
+	SessionTTL         time.Duration // default 30 min
+	Lease              time.Duration // default 90 s
+	HeartbeatInterval  time.Duration // default Lease/3
+	DefaultRedeemable  time.Duration // default 30 min
+	MaxRedeemable      time.Duration // default 7 days
+	VisibilityTimeout  time.Duration // default 60 s (DECISIONS.md §2)
+	MaxPollBatch       int           // default 100
+	LeaseFlushInterval time.Duration // default 50 ms
+	SweepInterval      time.Duration // default 5 s
+	// FallbackPoll is how often a waiting long-poll re-checks the store
+	// while cross-replica notifications are down. Default 5 s.
+	FallbackPoll time.Duration
+	// NodeCacheTTL bounds how stale a cached node record may be if a
+	// notification is lost. Default 10 s.
+	NodeCacheTTL time.Duration
+}
+
+func (s *Settings) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&s.SessionTTL, 30*time.Minute)
+	def(&s.Lease, 90*time.Second)
+	def(&s.HeartbeatInterval, s.Lease/3)
+	def(&s.DefaultRedeemable, 30*time.Minute)
+	def(&s.MaxRedeemable, 7*24*time.Hour)
+	def(&s.VisibilityTimeout, 60*time.Second)
+	def(&s.LeaseFlushInterval, 50*time.Millisecond)
+	def(&s.SweepInterval, 5*time.Second)
+	def(&s.FallbackPoll, 5*time.Second)
+	def(&s.NodeCacheTTL, 10*time.Second)
+	if s.MaxPollBatch <= 0 {
+		s.MaxPollBatch = 100
+	}
+}
+
+// Service is the fleet: every rule of nodes and commands.
+type Service struct {
+	store    Store
+	settings Settings
+	now      func() time.Time
+	log      *slog.Logger
+	metrics  *metrics.Metrics
+
+	enrollSigner  *keys.Signer
+	sessionSigner *keys.Signer
+
+	cache  *nodeCache
+	hub    *Hub
+	leases *leaseBatcher
+
+	// notifierHealthy is false while cross-replica notifications may be
+	// missed; waiting long-polls then fall back to polling the store.
+	notifierMu      sync.Mutex // guards the following
+	notifierHealthy bool
+}
+
+// Options builds a Service.
+type Options struct {
+	Store    Store
+	Keys     *keys.Ring
+	Settings Settings
+	Now      func() time.Time
+	Logger   *slog.Logger
+	Metrics  *metrics.Metrics
+	// CrossReplica is true when other replicas may share the store (the
+	// Postgres dialect): long-polls then fall back to polling until a
+	// notification listener reports healthy.
+	CrossReplica bool
+}
+
+// New returns the fleet service. Call Run to start its background work.
+func New(o Options) *Service {
+	o.Settings.defaults()
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(nil)
+	}
+	s := &Service{
+		store:           o.Store,
+		settings:        o.Settings,
+		now:             o.Now,
+		log:             o.Logger,
+		metrics:         o.Metrics,
+		enrollSigner:    keys.NewSigner(o.Keys, keys.LabelNodeEnrollment, "nodeward-enroll", "enroll+jwt", o.Now),
+		sessionSigner:   keys.NewSigner(o.Keys, keys.LabelNodeSession, "nodeward-node", "node+jwt", o.Now),
+		notifierHealthy: !o.CrossReplica,
+	}
+	s.cache = newNodeCache(o.Settings.NodeCacheTTL, o.Now)
+	s.hub = newHub(o.Metrics, o.Now)
+	s.leases = newLeaseBatcher(o.Store, o.Settings, o.Now, o.Metrics, o.Logger)
+	return s
+}
+
+// Settings answers the effective settings.
+func (s *Service) Settings() Settings { return s.settings }
+
+// Hub answers the long-poll hub (for drain and live sessions).
+func (s *Service) Hub() *Hub { return s.hub }
+
+// Deliver applies notifications: from this replica's own commits (source
+// "local") or from other replicas (source "notify").
+func (s *Service) Deliver(notes []Notification, source string) {
+	for _, n := range notes {
+		switch n.Kind {
+		case NotifyCommands:
+			s.hub.Wake(n.NodeID, source)
+		case NotifyNode:
+			s.cache.forget(n.NodeID)
+			s.hub.Recheck(n.NodeID, source)
+		case NotifyResync:
+			s.cache.forgetAll()
+			s.hub.WakeAll(source)
+		}
+	}
+}
+
+// SetNotifierHealthy records whether cross-replica notifications flow. A
+// listener that (re)connects calls it with true after delivering a resync.
+func (s *Service) SetNotifierHealthy(ok bool) {
+	s.notifierMu.Lock()
+	s.notifierHealthy = ok
+	s.notifierMu.Unlock()
+}
+
+func (s *Service) notifierOK() bool {
+	s.notifierMu.Lock()
+	defer s.notifierMu.Unlock()
+	return s.notifierHealthy
+}
+
+// Run does the background work until ctx ends: coalesced lease renewals,
+// the lease sweeper, and publishing this replica's live sessions.
+func (s *Service) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); s.leases.run(ctx) }()
+	go func() { defer wg.Done(); s.sweepLoop(ctx) }()
+	go func() { defer wg.Done(); s.publishLoop(ctx) }()
+	wg.Wait()
+}
+
+func (s *Service) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(s.settings.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := s.SweepLeases(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("lease sweep", "err", err)
+			}
+		}
+	}
+}
+
+// SweepLeases marks ready nodes whose lease lapsed as lost, and reports
+// them for reconciliation. It answers the nodes it marked.
+func (s *Service) SweepLeases(ctx context.Context) ([]string, error) {
+	lost, swept, err := s.store.SweepLeases(ctx, s.now())
+	if err != nil {
+		return nil, err
+	}
+	if swept {
+		s.metrics.LeaseSweeps.Inc()
+	}
+	for _, id := range lost {
+		s.metrics.NodesMarkedLost.Inc()
+		s.log.Warn("node lost: lease lapsed without a heartbeat; reconcile it", "node_id", id)
+	}
+	return lost, nil
+}
+
+const sessionsFreshFor = 15 * time.Second
+
+func (s *Service) publishLoop(ctx context.Context) {
+	started := s.now()
+	t := time.NewTicker(sessionsFreshFor / 3)
+	defer t.Stop()
+	for {
+		if err := s.store.PublishSessions(ctx, s.settings.ReplicaID, started, s.now(), s.hub.Sessions(s.settings.ReplicaID)); err != nil && ctx.Err() == nil {
+			s.log.Warn("publish live sessions", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// LiveSessions lists the long-polls held now on every replica: this one's
+// exactly, the others' as they last published.
+func (s *Service) LiveSessions(ctx context.Context) ([]LiveSession, error) {
+	others, err := s.store.ListSessions(ctx, s.now().Add(-sessionsFreshFor))
+	if err != nil {
+		return nil, err
+	}
+	out := s.hub.Sessions(s.settings.ReplicaID)
+	for _, ls := range others {
+		if ls.Replica != s.settings.ReplicaID {
+			out = append(out, ls)
+		}
+	}
+	return out, nil
+}
+
+// Drain answers every held long-poll with ErrDraining and refuses new ones.
+func (s *Service) Drain() { s.hub.Drain() }
+
+func digest(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+func randomID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+func isNoRows(err error) bool { return errors.Is(err, ErrNoRows) }

@@ -1,0 +1,139 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// enrollClaims are an enrollment token's claims: the invitation id (jti),
+// node (sub), generation and window. Stored as an invitation row, they let
+// the server re-mint the identical token (HS256 is deterministic).
+type enrollClaims struct {
+	jwt.RegisteredClaims
+	Generation int64 `json:"gen"`
+}
+
+// sessionClaims bind a session credential to one node at one fencing token.
+type sessionClaims struct {
+	jwt.RegisteredClaims
+	Fencing int64 `json:"fen"`
+}
+
+func (s *Service) mintEnrollment(inv Invitation) (string, error) {
+	return s.enrollSigner.Sign(enrollClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			ID:        inv.ID,
+			Subject:   inv.NodeID,
+			Audience:  jwt.ClaimStrings{s.enrollSigner.Audience()},
+			IssuedAt:  jwt.NewNumericDate(inv.IssuedAt),
+			ExpiresAt: jwt.NewNumericDate(inv.ExpiresAt),
+		},
+		Generation: inv.Generation,
+	})
+}
+
+// mintSession answers a session credential for the node at fencing, with
+// its exact expiry (the whole second the token carries).
+func (s *Service) mintSession(nodeID string, fencing int64) (api.RenewResponse, error) {
+	now := s.now()
+	exp := now.Add(s.settings.SessionTTL).Truncate(time.Second).UTC()
+	tok, err := s.sessionSigner.Sign(sessionClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			ID:        randomID(),
+			Subject:   nodeID,
+			Audience:  jwt.ClaimStrings{s.sessionSigner.Audience()},
+			IssuedAt:  jwt.NewNumericDate(now),
+			ExpiresAt: jwt.NewNumericDate(exp),
+		},
+		Fencing: fencing,
+	})
+	if err != nil {
+		return api.RenewResponse{}, err
+	}
+	return api.RenewResponse{SessionToken: tok, SessionExpiresAt: exp, SessionTTLSeconds: int64(exp.Sub(now) / time.Second)}, nil
+}
+
+// Session is an authenticated agent: one node at one fencing token.
+type Session struct {
+	NodeID  string
+	Fencing int64
+}
+
+// Door says what an agent door needs of the node: asking for something
+// needs a live node; reporting what already happened is kept for a retired
+// one too.
+type Door int
+
+// Doors.
+const (
+	// DoorAsk: renew, fetch commands. Retired nodes are refused.
+	DoorAsk Door = iota
+	// DoorReport: results and events. Retired nodes are accepted.
+	DoorReport
+)
+
+// Authenticate verifies a session credential and checks it against the
+// node's current record (never the token alone). Errors: ErrSessionInvalid,
+// ErrFenced, ErrNodeRetired (DoorAsk only).
+func (s *Service) Authenticate(ctx context.Context, token string, door Door) (Session, error) {
+	if token == "" {
+		return Session{}, ErrSessionInvalid
+	}
+	var c sessionClaims
+	if err := s.sessionSigner.Verify(token, &c); err != nil {
+		return Session{}, ErrSessionInvalid
+	}
+	if c.Subject == "" || c.Fencing <= 0 {
+		return Session{}, ErrSessionInvalid
+	}
+	cur, err := s.currentNode(ctx, c.Subject)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return Session{}, ErrSessionInvalid
+		}
+		return Session{}, err
+	}
+	if cur.fencing != c.Fencing {
+		return Session{}, ErrFenced
+	}
+	if cur.state == StateRetired && door == DoorAsk {
+		return Session{}, ErrNodeRetired
+	}
+	return Session{NodeID: c.Subject, Fencing: c.Fencing}, nil
+}
+
+// currentNode answers the node's fencing token and state, from the cache
+// when fresh.
+func (s *Service) currentNode(ctx context.Context, id string) (cachedNode, error) {
+	if e, ok := s.cache.get(id); ok {
+		return e, nil
+	}
+	epoch := s.cache.begin()
+	n, err := s.store.Node(ctx, id)
+	if isNoRows(err) {
+		return cachedNode{}, ErrNotFound
+	}
+	if err != nil {
+		return cachedNode{}, err
+	}
+	s.cache.put(n, epoch)
+	return cachedNode{state: n.State, fencing: n.FencingToken}, nil
+}
+
+// Renew mints a fresh credential from a valid one. It writes nothing: the
+// fencing token and the lease are untouched. Errors: as Authenticate.
+func (s *Service) Renew(ctx context.Context, token string) (api.RenewResponse, error) {
+	sess, err := s.Authenticate(ctx, token, DoorAsk)
+	if err != nil {
+		return api.RenewResponse{}, err
+	}
+	return s.mintSession(sess.NodeID, sess.Fencing)
+}
+
+var errNoKey = errcode.New(errcode.Unavailable, "signing is disabled: no master key")

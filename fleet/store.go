@@ -1,0 +1,145 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNoRows is what a Store returns when a looked-up row does not exist.
+var ErrNoRows = errors.New("no rows")
+
+// ErrDuplicate is what a Store returns when an insert hits a unique key.
+var ErrDuplicate = errors.New("duplicate key")
+
+// NodeFilter selects nodes for a listing, newest first.
+type NodeFilter struct {
+	State State // empty: any
+	// Before is the keyset cursor: nodes strictly older than this one.
+	BeforeCreated *time.Time
+	BeforeID      string
+	Limit         int
+}
+
+// Due selects the commands a poll may deliver (DECISIONS.md §2).
+type Due struct {
+	NodeID  string
+	Fencing int64
+	// RedeliverBefore: a command delivered to this fencing token at or
+	// before this time is due again.
+	RedeliverBefore time.Time
+	Now             time.Time
+	Limit           int
+}
+
+// LeaseRenewal extends one node's lease, as written by a coalesced batch.
+type LeaseRenewal struct {
+	NodeID      string
+	Until       time.Time
+	HeartbeatAt *time.Time // nil when the renewal came from a held long-poll
+	Facts       *FactsUpdate
+}
+
+// FactsUpdate is a heartbeat's facts, written with its lease renewal.
+type FactsUpdate struct {
+	JSON         []byte
+	AgentVersion string
+	ObservedAt   time.Time
+	ReceivedAt   time.Time
+	Disk         Disk
+}
+
+// Store is the persistence the fleet's rules need. Every method of Tx runs
+// inside the one transaction Store.Tx opened; reads outside a transaction
+// go through Store's own embedded Tx.
+type Store interface {
+	Reader
+	// Tx runs fn in one transaction; a non-nil error rolls it back.
+	Tx(ctx context.Context, fn func(tx Tx) error) error
+	// RenewLeases writes a batch of coalesced lease renewals in one commit:
+	// ready and lost nodes get the new lease (lost ones become ready);
+	// retired and enrolling nodes are left alone. It answers how many rows
+	// changed.
+	RenewLeases(ctx context.Context, batch []LeaseRenewal) (int, error)
+	// SweepLeases marks ready nodes whose lease ended before now as lost and
+	// answers their ids. On a shared database only one replica sweeps at a
+	// time; a replica that could not take the lock answers (nil, false, nil).
+	SweepLeases(ctx context.Context, now time.Time) (lost []string, swept bool, err error)
+	// CountPendingCommands counts commands not yet settled.
+	CountPendingCommands(ctx context.Context) (int64, error)
+	// PublishSessions stores the long-polls this replica holds.
+	PublishSessions(ctx context.Context, replica string, started, now time.Time, sessions []LiveSession) error
+	// ListSessions answers the long-polls of every replica that published
+	// since freshAfter.
+	ListSessions(ctx context.Context, freshAfter time.Time) ([]LiveSession, error)
+}
+
+// Reader is the read half of the store, usable in and out of a transaction.
+type Reader interface {
+	// Node answers the node or ErrNoRows.
+	Node(ctx context.Context, id string) (Node, error)
+	ListNodes(ctx context.Context, f NodeFilter) ([]Node, error)
+	// ReadyPricedNodes answers ready, priced nodes (offer candidates).
+	ReadyPricedNodes(ctx context.Context) ([]Node, error)
+	Workload(ctx context.Context, nodeID, runID, attemptID string) (Workload, error)
+	Workloads(ctx context.Context, nodeID string) ([]Workload, error)
+	Command(ctx context.Context, operationID string) (Command, error)
+	// Commands answers a node's commands, oldest first, optionally only
+	// those in one state.
+	Commands(ctx context.Context, nodeID string, state CommandState, limit int) ([]Command, error)
+	// AppliedOperationIDs answers the ids of commands the node applied.
+	AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error)
+	Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error)
+}
+
+// Tx is the write half of the store, inside one transaction.
+type Tx interface {
+	Reader
+	// LockNode answers the node, locked against concurrent change until
+	// the transaction ends, or ErrNoRows.
+	LockNode(ctx context.Context, id string) (Node, error)
+	// NodesOfRental answers every generation of a rental, locked.
+	NodesOfRental(ctx context.Context, rentalID string) ([]Node, error)
+	// InsertNode adds a node; ErrDuplicate when the id or the (rental,
+	// generation) exists.
+	InsertNode(ctx context.Context, n Node) error
+	// UpdateNode writes every mutable field of n.
+	UpdateNode(ctx context.Context, n Node) error
+
+	InsertInvitation(ctx context.Context, inv Invitation) error
+	Invitation(ctx context.Context, id string) (Invitation, error)
+	// OutstandingInvitations answers the node's outstanding invitations.
+	OutstandingInvitations(ctx context.Context, nodeID string) ([]Invitation, error)
+	// SetInvitationState moves an invitation from one state to another; it
+	// answers false when the invitation was not in state from (a concurrent
+	// redemption won).
+	SetInvitationState(ctx context.Context, id string, from, to InvitationState, at time.Time) (bool, error)
+
+	// RecordEventIDs stores event ids for a node and answers which of them
+	// were new.
+	RecordEventIDs(ctx context.Context, nodeID string, ids []string, at time.Time) (map[string]bool, error)
+	// UpsertWorkload keeps the newer of the stored and the given
+	// observation.
+	UpsertWorkload(ctx context.Context, w Workload) error
+
+	InsertCommand(ctx context.Context, c Command) error
+	// LockCommand answers the command locked, or ErrNoRows.
+	LockCommand(ctx context.Context, operationID string) (Command, error)
+	UpdateCommand(ctx context.Context, c Command) error
+	// ClaimDue marks the due commands delivered to d.Fencing at d.Now and
+	// answers them, oldest first.
+	ClaimDue(ctx context.Context, d Due) ([]Command, error)
+
+	AppendAudit(ctx context.Context, e AuditEntry) error
+	// Notify tells every replica, once this transaction commits, that
+	// something about the node changed (see Notifier).
+	Notify(ctx context.Context, n Notification) error
+}
+
+// LiveSession is one long-poll held now.
+type LiveSession struct {
+	NodeID     string    `json:"node_id"`
+	Replica    string    `json:"replica"`
+	Since      time.Time `json:"since"`
+	RemoteAddr string    `json:"remote_addr"`
+}

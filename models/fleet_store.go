@@ -1,0 +1,507 @@
+package models
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/nodeward/nodeward/fleet"
+)
+
+// FleetStore implements fleet.Store over GORM for both dialects.
+type FleetStore struct {
+	fleetReader
+	db       *DB
+	replica  string
+	channel  string
+	onCommit func([]fleet.Notification)
+}
+
+var _ fleet.Store = (*FleetStore)(nil)
+
+// NewFleetStore returns the fleet store. replica names this process in
+// notifications; onCommit receives the notifications of every committed
+// transaction (local delivery), and may be nil.
+func NewFleetStore(db *DB, replica string, onCommit func([]fleet.Notification)) *FleetStore {
+	return &FleetStore{fleetReader: fleetReader{g: db.DB, dialect: db.Dialect}, db: db, replica: replica,
+		channel: NotifyChannel(db), onCommit: onCommit}
+}
+
+// NotifyChannel is the LISTEN/NOTIFY channel of this database: one per
+// schema, so test schemas sharing a server never hear each other.
+func NotifyChannel(db *DB) string {
+	if db.Dialect != Postgres {
+		return ""
+	}
+	var schema string
+	_ = db.Raw("SELECT current_schema()").Scan(&schema).Error
+	sum := sha256.Sum256([]byte(schema))
+	return "nodeward_" + hex.EncodeToString(sum[:6])
+}
+
+// SetOnCommit replaces the commit hook (wiring sets it once the hub exists).
+func (s *FleetStore) SetOnCommit(fn func([]fleet.Notification)) { s.onCommit = fn }
+
+// Tx runs fn in one transaction and, after it commits, hands its
+// notifications to the local hook.
+func (s *FleetStore) Tx(ctx context.Context, fn func(fleet.Tx) error) error {
+	var notes []fleet.Notification
+	err := s.db.WithContext(ctx).Transaction(func(g *gorm.DB) error {
+		notes = notes[:0]
+		return fn(&fleetTx{fleetReader: fleetReader{g: g, dialect: s.dialect}, store: s, notes: &notes})
+	})
+	if err == nil && len(notes) > 0 && s.onCommit != nil {
+		s.onCommit(notes)
+	}
+	return err
+}
+
+type fleetReader struct {
+	g       *gorm.DB
+	dialect string
+}
+
+type fleetTx struct {
+	fleetReader
+	store *FleetStore
+	notes *[]fleet.Notification
+}
+
+// ts normalises a time for storage: UTC (SQLite compares times as text)
+// at the precision both dialects keep.
+func ts(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
+
+func tsp(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	v := ts(*t)
+	return &v
+}
+
+func notFound(err error) error {
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return fleet.ErrNoRows
+	}
+	return err
+}
+
+func dup(err error) error {
+	if errors.Is(err, gorm.ErrDuplicatedKey) {
+		return fleet.ErrDuplicate
+	}
+	return err
+}
+
+func (r fleetReader) db(ctx context.Context) *gorm.DB { return r.g.WithContext(ctx) }
+
+// forUpdate locks selected rows on Postgres; SQLite transactions are
+// IMMEDIATE and already hold the database's write lock.
+func (r fleetReader) forUpdate(q *gorm.DB) *gorm.DB {
+	if r.dialect == Postgres {
+		return q.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	return q
+}
+
+// Node conversions.
+
+func nodeFromRow(r Node) fleet.Node {
+	n := fleet.Node{
+		ID: r.ID, RentalID: r.RentalID, Generation: r.Generation, State: fleet.State(r.State),
+		FencingToken: r.FencingToken, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
+		EnrolledAt: utcp(r.EnrolledAt), LeaseExpiresAt: utcp(r.LeaseExpiresAt), LastHeartbeatAt: utcp(r.LastHeartbeatAt),
+		RetiredAt: utcp(r.RetiredAt), AgentVersion: r.AgentVersion,
+		FactsObservedAt: utcp(r.FactsObservedAt), FactsReceivedAt: utcp(r.FactsReceivedAt),
+		Disk:        fleet.Disk{State: r.DiskState, FreeBytes: r.DiskFreeBytes, ObservedAt: utcp(r.DiskObservedAt)},
+		PriceMicros: r.PriceMicros,
+		Purchase:    fleet.Purchase{BillingIntervalSeconds: r.BillingIntervalSeconds, AvailableUntil: utcp(r.AvailableUntil)},
+	}
+	if r.Facts != nil {
+		n.Facts = json.RawMessage(*r.Facts)
+	}
+	_ = json.Unmarshal([]byte(r.EligibleClasses), &n.Purchase.EligibleClasses)
+	return n
+}
+
+func utcp(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	v := t.UTC()
+	return &v
+}
+
+func rowFromNode(n fleet.Node) Node {
+	classes := n.Purchase.EligibleClasses
+	if classes == nil {
+		classes = []string{}
+	}
+	cj, _ := json.Marshal(classes)
+	r := Node{
+		ID: n.ID, RentalID: n.RentalID, Generation: n.Generation, State: string(n.State),
+		FencingToken: n.FencingToken, CreatedAt: ts(n.CreatedAt), UpdatedAt: ts(n.UpdatedAt),
+		EnrolledAt: tsp(n.EnrolledAt), LeaseExpiresAt: tsp(n.LeaseExpiresAt), LastHeartbeatAt: tsp(n.LastHeartbeatAt),
+		RetiredAt: tsp(n.RetiredAt), AgentVersion: n.AgentVersion,
+		FactsObservedAt: tsp(n.FactsObservedAt), FactsReceivedAt: tsp(n.FactsReceivedAt),
+		DiskState: n.Disk.State, DiskFreeBytes: n.Disk.FreeBytes, DiskObservedAt: tsp(n.Disk.ObservedAt),
+		PriceMicros: n.PriceMicros, BillingIntervalSeconds: n.Purchase.BillingIntervalSeconds,
+		EligibleClasses: string(cj), AvailableUntil: tsp(n.Purchase.AvailableUntil),
+	}
+	if r.DiskState == "" {
+		r.DiskState = fleet.DiskNeverReported
+	}
+	if len(n.Facts) > 0 {
+		s := string(n.Facts)
+		r.Facts = &s
+	}
+	return r
+}
+
+func (r fleetReader) Node(ctx context.Context, id string) (fleet.Node, error) {
+	var row Node
+	if err := r.db(ctx).Where("id = ?", id).Take(&row).Error; err != nil {
+		return fleet.Node{}, notFound(err)
+	}
+	return nodeFromRow(row), nil
+}
+
+func (r fleetReader) ListNodes(ctx context.Context, f fleet.NodeFilter) ([]fleet.Node, error) {
+	q := r.db(ctx).Order("created_at DESC, id DESC")
+	if f.State != "" {
+		q = q.Where("state = ?", string(f.State))
+	}
+	if f.BeforeCreated != nil {
+		c := ts(*f.BeforeCreated)
+		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", c, c, f.BeforeID)
+	}
+	if f.Limit > 0 {
+		q = q.Limit(f.Limit)
+	}
+	var rows []Node
+	if err := q.Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Node, len(rows))
+	for i, row := range rows {
+		out[i] = nodeFromRow(row)
+	}
+	return out, nil
+}
+
+func (r fleetReader) ReadyPricedNodes(ctx context.Context) ([]fleet.Node, error) {
+	var rows []Node
+	err := r.db(ctx).Where("state = ? AND price_micros IS NOT NULL", string(fleet.StateReady)).
+		Order("id").Find(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Node, len(rows))
+	for i, row := range rows {
+		out[i] = nodeFromRow(row)
+	}
+	return out, nil
+}
+
+func workloadFromRow(w Workload) fleet.Workload {
+	return fleet.Workload{NodeID: w.NodeID, RunID: w.RunID, AttemptID: w.AttemptID, State: w.State,
+		ExitCode: w.ExitCode, ObservedAt: w.ObservedAt.UTC(), ReceivedAt: w.ReceivedAt.UTC()}
+}
+
+func (r fleetReader) Workload(ctx context.Context, nodeID, runID, attemptID string) (fleet.Workload, error) {
+	var row Workload
+	err := r.db(ctx).Where("node_id = ? AND run_id = ? AND attempt_id = ?", nodeID, runID, attemptID).Take(&row).Error
+	if err != nil {
+		return fleet.Workload{}, notFound(err)
+	}
+	return workloadFromRow(row), nil
+}
+
+func (r fleetReader) Workloads(ctx context.Context, nodeID string) ([]fleet.Workload, error) {
+	var rows []Workload
+	if err := r.db(ctx).Where("node_id = ?", nodeID).Order("run_id, attempt_id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Workload, len(rows))
+	for i, row := range rows {
+		out[i] = workloadFromRow(row)
+	}
+	return out, nil
+}
+
+func commandFromRow(c Command) fleet.Command {
+	out := fleet.Command{
+		OperationID: c.OperationID, NodeID: c.NodeID, Kind: c.Kind, Payload: json.RawMessage(c.Payload),
+		PayloadDigest: c.PayloadDigest, FencingToken: c.FencingToken, IssuedAt: c.IssuedAt.UTC(),
+		State: fleet.CommandState(c.State), DeliveredFencing: c.DeliveredFencing,
+		FirstDeliveredAt: utcp(c.FirstDeliveredAt), LastDeliveredAt: utcp(c.LastDeliveredAt),
+		DeliveryCount: c.DeliveryCount, SettledAt: utcp(c.SettledAt),
+	}
+	if c.FailureCode != nil {
+		out.FailureCode = *c.FailureCode
+	}
+	if c.FailureMessage != nil {
+		out.FailureMessage = *c.FailureMessage
+	}
+	return out
+}
+
+func strp(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func rowFromCommand(c fleet.Command) Command {
+	return Command{
+		OperationID: c.OperationID, NodeID: c.NodeID, Kind: c.Kind, Payload: string(c.Payload),
+		PayloadDigest: c.PayloadDigest, FencingToken: c.FencingToken, IssuedAt: ts(c.IssuedAt),
+		State: string(c.State), FailureCode: strp(c.FailureCode), FailureMessage: strp(c.FailureMessage),
+		DeliveredFencing: c.DeliveredFencing, FirstDeliveredAt: tsp(c.FirstDeliveredAt),
+		LastDeliveredAt: tsp(c.LastDeliveredAt), DeliveryCount: c.DeliveryCount, SettledAt: tsp(c.SettledAt),
+	}
+}
+
+func (r fleetReader) Command(ctx context.Context, operationID string) (fleet.Command, error) {
+	var row Command
+	if err := r.db(ctx).Where("operation_id = ?", operationID).Take(&row).Error; err != nil {
+		return fleet.Command{}, notFound(err)
+	}
+	return commandFromRow(row), nil
+}
+
+func (r fleetReader) Commands(ctx context.Context, nodeID string, state fleet.CommandState, limit int) ([]fleet.Command, error) {
+	q := r.db(ctx).Where("node_id = ?", nodeID).Order("issued_at, operation_id")
+	if state != "" {
+		q = q.Where("state = ?", string(state))
+	}
+	if limit > 0 {
+		q = q.Limit(limit)
+	}
+	var rows []Command
+	if err := q.Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Command, len(rows))
+	for i, row := range rows {
+		out[i] = commandFromRow(row)
+	}
+	return out, nil
+}
+
+func (r fleetReader) AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error) {
+	ids := []string{}
+	err := r.db(ctx).Model(&Command{}).Where("node_id = ? AND state = ?", nodeID, string(fleet.CommandApplied)).
+		Order("issued_at, operation_id").Pluck("operation_id", &ids).Error
+	return ids, err
+}
+
+func (r fleetReader) Audit(ctx context.Context, nodeID string, limit int) ([]fleet.AuditEntry, error) {
+	var rows []NodeAudit
+	q := r.db(ctx).Where("node_id = ?", nodeID).Order("id DESC")
+	if limit > 0 {
+		q = q.Limit(limit)
+	}
+	if err := q.Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.AuditEntry, len(rows))
+	for i, a := range rows {
+		out[i] = fleet.AuditEntry{ID: a.ID, At: a.At.UTC(), Actor: a.Actor, Action: a.Action, NodeID: a.NodeID}
+		_ = json.Unmarshal([]byte(a.Detail), &out[i].Detail)
+	}
+	return out, nil
+}
+
+// Writes.
+
+func (t *fleetTx) LockNode(ctx context.Context, id string) (fleet.Node, error) {
+	var row Node
+	if err := t.forUpdate(t.db(ctx)).Where("id = ?", id).Take(&row).Error; err != nil {
+		return fleet.Node{}, notFound(err)
+	}
+	return nodeFromRow(row), nil
+}
+
+func (t *fleetTx) NodesOfRental(ctx context.Context, rentalID string) ([]fleet.Node, error) {
+	var rows []Node
+	if err := t.forUpdate(t.db(ctx)).Where("rental_id = ?", rentalID).Order("generation").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Node, len(rows))
+	for i, row := range rows {
+		out[i] = nodeFromRow(row)
+	}
+	return out, nil
+}
+
+func (t *fleetTx) InsertNode(ctx context.Context, n fleet.Node) error {
+	row := rowFromNode(n)
+	return dup(t.db(ctx).Create(&row).Error)
+}
+
+func (t *fleetTx) UpdateNode(ctx context.Context, n fleet.Node) error {
+	row := rowFromNode(n)
+	// Select("*") writes zero values too (a cleared field stays cleared).
+	return t.db(ctx).Model(&Node{ID: n.ID}).Select("*").Omit("id", "created_at").Updates(&row).Error
+}
+
+func invitationFromRow(r Invitation) fleet.Invitation {
+	return fleet.Invitation{ID: r.ID, NodeID: r.NodeID, Generation: r.Generation, TokenDigest: r.TokenDigest,
+		IssuedAt: r.IssuedAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(), State: fleet.InvitationState(r.State), RedeemedAt: utcp(r.RedeemedAt)}
+}
+
+func (t *fleetTx) InsertInvitation(ctx context.Context, inv fleet.Invitation) error {
+	row := Invitation{ID: inv.ID, NodeID: inv.NodeID, Generation: inv.Generation, TokenDigest: inv.TokenDigest,
+		IssuedAt: ts(inv.IssuedAt), ExpiresAt: ts(inv.ExpiresAt), State: string(inv.State), RedeemedAt: tsp(inv.RedeemedAt)}
+	return dup(t.db(ctx).Create(&row).Error)
+}
+
+func (t *fleetTx) Invitation(ctx context.Context, id string) (fleet.Invitation, error) {
+	var row Invitation
+	if err := t.forUpdate(t.db(ctx)).Where("id = ?", id).Take(&row).Error; err != nil {
+		return fleet.Invitation{}, notFound(err)
+	}
+	return invitationFromRow(row), nil
+}
+
+func (t *fleetTx) OutstandingInvitations(ctx context.Context, nodeID string) ([]fleet.Invitation, error) {
+	var rows []Invitation
+	err := t.forUpdate(t.db(ctx)).Where("node_id = ? AND state = ?", nodeID, string(fleet.InvitationOutstanding)).
+		Order("issued_at DESC, id").Find(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Invitation, len(rows))
+	for i, r := range rows {
+		out[i] = invitationFromRow(r)
+	}
+	return out, nil
+}
+
+func (t *fleetTx) SetInvitationState(ctx context.Context, id string, from, to fleet.InvitationState, at time.Time) (bool, error) {
+	updates := map[string]any{"state": string(to)}
+	if to == fleet.InvitationRedeemed {
+		updates["redeemed_at"] = ts(at)
+	}
+	// The state in the WHERE clause is the exactly-once guard: of two
+	// concurrent redemptions only one changes the row.
+	res := t.db(ctx).Model(&Invitation{}).Where("id = ? AND state = ?", id, string(from)).Updates(updates)
+	return res.RowsAffected == 1, res.Error
+}
+
+func (t *fleetTx) RecordEventIDs(ctx context.Context, nodeID string, ids []string, at time.Time) (map[string]bool, error) {
+	fresh := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		res := t.db(ctx).Clauses(clause.OnConflict{DoNothing: true}).
+			Create(&NodeEvent{NodeID: nodeID, EventID: id, ReceivedAt: ts(at)})
+		if res.Error != nil {
+			return nil, res.Error
+		}
+		if res.RowsAffected == 1 {
+			fresh[id] = true
+		}
+	}
+	return fresh, nil
+}
+
+// workloadRank orders states of one attempt, for observations stamped with
+// the same time.
+var workloadRank = map[string]int{"created": 1, "running": 2, "exited": 3}
+
+func (t *fleetTx) UpsertWorkload(ctx context.Context, w fleet.Workload) error {
+	var cur Workload
+	err := t.forUpdate(t.db(ctx)).Where("node_id = ? AND run_id = ? AND attempt_id = ?", w.NodeID, w.RunID, w.AttemptID).Take(&cur).Error
+	row := Workload{NodeID: w.NodeID, RunID: w.RunID, AttemptID: w.AttemptID, State: w.State, ExitCode: w.ExitCode,
+		ObservedAt: ts(w.ObservedAt), ReceivedAt: ts(w.ReceivedAt)}
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return t.db(ctx).Create(&row).Error
+	}
+	if err != nil {
+		return err
+	}
+	newer := row.ObservedAt.After(cur.ObservedAt.UTC()) ||
+		(row.ObservedAt.Equal(cur.ObservedAt.UTC()) && workloadRank[row.State] > workloadRank[cur.State])
+	if !newer {
+		return nil
+	}
+	return t.db(ctx).Model(&Workload{}).Where("node_id = ? AND run_id = ? AND attempt_id = ?", w.NodeID, w.RunID, w.AttemptID).
+		Select("state", "exit_code", "observed_at", "received_at").Updates(&row).Error
+}
+
+func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
+	row := rowFromCommand(c)
+	return dup(t.db(ctx).Create(&row).Error)
+}
+
+func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Command, error) {
+	var row Command
+	if err := t.forUpdate(t.db(ctx)).Where("operation_id = ?", operationID).Take(&row).Error; err != nil {
+		return fleet.Command{}, notFound(err)
+	}
+	return commandFromRow(row), nil
+}
+
+func (t *fleetTx) UpdateCommand(ctx context.Context, c fleet.Command) error {
+	row := rowFromCommand(c)
+	return t.db(ctx).Model(&Command{OperationID: c.OperationID}).Select("*").Omit("operation_id").Updates(&row).Error
+}
+
+func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, error) {
+	lock := ""
+	if t.dialect == Postgres {
+		// Two polls of one node (an old connection not yet gone) never
+		// claim the same command twice within the visibility timeout.
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	now := ts(d.Now)
+	var rows []Command
+	err := t.db(ctx).Raw(`UPDATE commands SET
+			delivered_fencing = ?, fencing_token = ?, last_delivered_at = ?,
+			first_delivered_at = COALESCE(first_delivered_at, ?), delivery_count = delivery_count + 1
+		WHERE operation_id IN (
+			SELECT operation_id FROM commands
+			WHERE node_id = ? AND state = 'pending'
+			  AND (last_delivered_at IS NULL OR last_delivered_at <= ?)
+			ORDER BY issued_at, operation_id LIMIT ?`+lock+`)
+		RETURNING *`,
+		d.Fencing, d.Fencing, now, now, d.NodeID, ts(d.RedeliverBefore), d.Limit).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Command, len(rows))
+	for i, row := range rows {
+		out[i] = commandFromRow(row)
+	}
+	sortCommands(out)
+	return out, nil
+}
+
+func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
+	detail := "{}"
+	if e.Detail != nil {
+		b, err := json.Marshal(e.Detail)
+		if err != nil {
+			return err
+		}
+		detail = string(b)
+	}
+	return t.db(ctx).Create(&NodeAudit{At: ts(e.At), Actor: e.Actor, Action: e.Action, NodeID: e.NodeID, Detail: detail}).Error
+}
+
+func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {
+	*t.notes = append(*t.notes, n)
+	if t.dialect != Postgres {
+		return nil
+	}
+	// Delivered to the other replicas when (and only if) the transaction
+	// commits.
+	return t.db(ctx).Exec("SELECT pg_notify(?, ?)", t.store.channel, n.Encode(t.store.replica)).Error
+}

@@ -1,0 +1,142 @@
+package models
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/fleet"
+)
+
+func sortCommands(cs []fleet.Command) {
+	sort.Slice(cs, func(i, j int) bool {
+		if !cs[i].IssuedAt.Equal(cs[j].IssuedAt) {
+			return cs[i].IssuedAt.Before(cs[j].IssuedAt)
+		}
+		return cs[i].OperationID < cs[j].OperationID
+	})
+}
+
+// RenewLeases writes a batch of lease renewals and facts in one
+// transaction: one commit for the whole batch, whatever its size.
+func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal) (int, error) {
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	changed := 0
+	err := s.db.WithContext(ctx).Transaction(func(g *gorm.DB) error {
+		changed = 0
+		for _, r := range batch {
+			until := ts(r.Until)
+			// A lease only grows, and only for a live node: a retired node
+			// still reports facts but is never given a lease again.
+			updates := map[string]any{
+				"lease_expires_at": gorm.Expr("CASE WHEN state IN (?, ?) AND (lease_expires_at IS NULL OR lease_expires_at < ?) THEN ? ELSE lease_expires_at END",
+					string(fleet.StateReady), string(fleet.StateLost), until, until),
+				"state": gorm.Expr("CASE WHEN state = ? THEN ? ELSE state END", string(fleet.StateLost), string(fleet.StateReady)),
+			}
+			if r.HeartbeatAt != nil {
+				updates["last_heartbeat_at"] = ts(*r.HeartbeatAt)
+			}
+			if r.Facts != nil {
+				f := string(r.Facts.JSON)
+				updates["facts"] = f
+				updates["facts_observed_at"] = ts(r.Facts.ObservedAt)
+				updates["facts_received_at"] = ts(r.Facts.ReceivedAt)
+				updates["agent_version"] = r.Facts.AgentVersion
+				updates["disk_state"] = r.Facts.Disk.State
+				updates["disk_free_bytes"] = r.Facts.Disk.FreeBytes
+				updates["disk_observed_at"] = tsp(r.Facts.Disk.ObservedAt)
+			}
+			res := g.Model(&Node{}).Where("id = ? AND state <> ?", r.NodeID, string(fleet.StateEnrolling)).Updates(updates)
+			if res.Error != nil {
+				return res.Error
+			}
+			changed += int(res.RowsAffected)
+		}
+		return nil
+	})
+	return changed, err
+}
+
+// sweepLockKey is the advisory lock that makes the lease sweep a singleton
+// across replicas.
+const sweepLockKey = 0x6e77_0001
+
+// SweepLeases marks lapsed ready nodes lost.
+func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, bool, error) {
+	var lost []string
+	swept := true
+	err := s.Tx(ctx, func(tx fleet.Tx) error {
+		g := tx.(*fleetTx).g.WithContext(ctx)
+		if s.dialect == Postgres {
+			var got bool
+			if err := g.Raw("SELECT pg_try_advisory_xact_lock(?)", sweepLockKey).Scan(&got).Error; err != nil {
+				return err
+			}
+			if !got {
+				swept = false
+				return nil
+			}
+		}
+		var rows []Node
+		if err := g.Raw(`UPDATE nodes SET state = ?, updated_at = ?
+			WHERE state = ? AND lease_expires_at < ? RETURNING id`,
+			string(fleet.StateLost), ts(now), string(fleet.StateReady), ts(now)).Scan(&rows).Error; err != nil {
+			return err
+		}
+		for _, r := range rows {
+			lost = append(lost, r.ID)
+			if err := tx.AppendAudit(ctx, fleet.AuditEntry{At: now, Actor: "system", Action: "node.lost", NodeID: r.ID,
+				Detail: map[string]any{"reason": "lease lapsed without a heartbeat"}}); err != nil {
+				return err
+			}
+			if err := tx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyNode, NodeID: r.ID}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	sort.Strings(lost)
+	return lost, swept, err
+}
+
+// CountPendingCommands counts unsettled commands.
+func (s *FleetStore) CountPendingCommands(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.db.WithContext(ctx).Model(&Command{}).Where("state = ?", string(fleet.CommandPending)).Count(&n).Error
+	return n, err
+}
+
+// PublishSessions upserts this replica's row with its held long-polls.
+func (s *FleetStore) PublishSessions(ctx context.Context, replica string, started, now time.Time, sessions []fleet.LiveSession) error {
+	if sessions == nil {
+		sessions = []fleet.LiveSession{}
+	}
+	b, err := json.Marshal(sessions)
+	if err != nil {
+		return err
+	}
+	row := Replica{ID: replica, StartedAt: ts(started), HeartbeatAt: ts(now), Sessions: string(b)}
+	return s.db.WithContext(ctx).Save(&row).Error
+}
+
+// ListSessions merges the sessions of every replica fresh since freshAfter.
+func (s *FleetStore) ListSessions(ctx context.Context, freshAfter time.Time) ([]fleet.LiveSession, error) {
+	var rows []Replica
+	if err := s.db.WithContext(ctx).Where("heartbeat_at >= ?", ts(freshAfter)).Order("id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := []fleet.LiveSession{}
+	for _, r := range rows {
+		var ss []fleet.LiveSession
+		if err := json.Unmarshal([]byte(r.Sessions), &ss); err != nil {
+			continue
+		}
+		out = append(out, ss...)
+	}
+	return out, nil
+}

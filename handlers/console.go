@@ -1,19 +1,248 @@
 package handlers
 
 import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
 	"net/http"
+	"net/url"
+	"strings"
+	"time"
 
+	"github.com/a-h/templ"
 	"github.com/go-chi/chi/v5"
+
+	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/views"
 )
 
-// consoleRoutes mounts the console. (Placeholder until the console lands.)
+// consoleRoutes mounts the console. Sign-in and first-run setup are open;
+// every other page needs a console session, and every state-changing form
+// carries the session's CSRF token (on top of the router's cross-origin
+// protection and the SameSite=Strict cookie).
 func (h *handler) consoleRoutes(r chi.Router) {
-	r.Get("/console/", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		_, _ = w.Write([]byte("<!doctype html><title>Nodeward</title><p>Console coming soon."))
+	r.Get("/console", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusSeeOther)
+	})
+	r.Get("/console/login", h.consoleLoginForm)
+	r.Post("/console/login", h.consoleLogin)
+	r.Get("/console/setup", h.consoleSetupForm)
+	r.Post("/console/setup", h.consoleSetup)
+
+	r.Group(func(r chi.Router) {
+		r.Use(h.consoleSession)
+		r.Post("/console/logout", h.consoleLogout)
+		r.Get("/console/", h.consoleOverview)
+		r.Get("/console/tokens", h.consoleTokens)
+		r.Post("/console/tokens", h.consoleCreateToken)
+		r.Post("/console/tokens/{id}/revoke", h.consoleRevokeToken)
+		r.Get("/console/audit", h.consoleAudit)
+		// Sections whose pages land with the fleet, ledger and secrets work.
+		r.Get("/console/nodes", h.consoleComingSoon(views.NavNodes, views.ComingSoonView{
+			Title:    "Nodes",
+			Summary:  "The node registry: every invited, enrolled, lost and retired node, with its facts and lease.",
+			APIPaths: []string{"GET /api/v1/nodes", "POST /api/v1/nodes/invitations"},
+		}))
+		r.Get("/console/operations", h.consoleComingSoon(views.NavOperations, views.ComingSoonView{
+			Title:    "Operations",
+			Summary:  "The operations ledger: every change to the fleet, its state and its events.",
+			APIPaths: []string{"GET /api/v1/node-operations", "GET /api/v1/operations/{id}"},
+		}))
+		r.Get("/console/secret-audit", h.consoleComingSoon(views.NavSecretAudit, views.ComingSoonView{
+			Title:    "Secret audit",
+			Summary:  "Who sealed and revealed which secret, and when. Secrets themselves are never shown.",
+			APIPaths: []string{"GET /api/v1/secret-audit"},
+		}))
+		r.Get("/console/package-hosts", h.consoleComingSoon(views.NavHosts, views.ComingSoonView{
+			Title:    "Package hosts",
+			Summary:  "Automation services that post operations with their own scoped tokens.",
+			APIPaths: []string{"POST /api/v1/package-hosts", "POST /api/v1/package-hosts/{id}/revoke"},
+		}))
 	})
 }
 
+// consoleCtx is what consoleSession puts on a request's context.
+type consoleCtx struct {
+	principal auth.Principal
+	csrf      string
+}
+
+type consoleCtxKey struct{}
+
+func consoleFrom(ctx context.Context) consoleCtx {
+	c, _ := ctx.Value(consoleCtxKey{}).(consoleCtx)
+	return c
+}
+
+// csrfLabel separates the CSRF token from any other use of the cookie.
+const csrfLabel = "nodeward/v1/console-csrf"
+
+// csrfToken is the session's CSRF token: an HMAC keyed by the session
+// cookie. The cookie is a signed, unguessable JWT that scripts cannot read
+// (HttpOnly) and other sites cannot send (SameSite=Strict), so only a page
+// this server rendered for the session knows the token; and the token, shown
+// in pages, does not reveal the cookie. It changes with every sign-in.
+func csrfToken(cookie string) string {
+	m := hmac.New(sha256.New, []byte(cookie))
+	m.Write([]byte(csrfLabel))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// sessionFromCookie authenticates the request's console cookie. It answers
+// the principal and the cookie value; auth.ErrUnauthenticated when there is
+// no valid session.
+func (h *handler) sessionFromCookie(r *http.Request) (auth.Principal, string, error) {
+	c, err := r.Cookie(SessionCookie)
+	if err != nil || c.Value == "" {
+		return auth.Principal{}, "", auth.ErrUnauthenticated
+	}
+	p, err := h.Auth.AuthenticateSession(r.Context(), c.Value)
+	return p, c.Value, err
+}
+
+// consoleSession lets a request through with a valid console session and,
+// for a state change, a matching CSRF token. Without a session a page
+// redirects to sign-in, returning here afterwards.
+func (h *handler) consoleSession(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, cookie, err := h.sessionFromCookie(r)
+		if errors.Is(err, auth.ErrUnauthenticated) {
+			if cookie != "" || hasCookie(r) {
+				h.clearSessionCookie(w)
+			}
+			target := "/console/login"
+			if r.Method == http.MethodGet || r.Method == http.MethodHead {
+				target += "?next=" + url.QueryEscape(r.URL.RequestURI())
+			}
+			http.Redirect(w, r, target, http.StatusSeeOther)
+			return
+		}
+		if err != nil {
+			h.consoleInternal(w, r, err)
+			return
+		}
+		cc := consoleCtx{principal: p, csrf: csrfToken(cookie)}
+		if !isSafeMethod(r.Method) {
+			if err := r.ParseForm(); err != nil {
+				h.consoleError(w, r, cc, http.StatusBadRequest, "Bad request", "The form could not be read.")
+				return
+			}
+			got := r.PostForm.Get("csrf_token")
+			if subtle.ConstantTimeCompare([]byte(got), []byte(cc.csrf)) != 1 {
+				logger(r).Warn("console CSRF token mismatch", "path", r.URL.Path, "user", p.Username)
+				h.consoleError(w, r, cc, http.StatusForbidden, "Form expired",
+					"This form did not come from your current console session. Go back, reload the page and try again.")
+				return
+			}
+		}
+		r = withPrincipal(r, p)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), consoleCtxKey{}, cc)))
+	})
+}
+
+func hasCookie(r *http.Request) bool {
+	_, err := r.Cookie(SessionCookie)
+	return err == nil
+}
+
+func isSafeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+func (h *handler) setSessionCookie(w http.ResponseWriter, value string, expires time.Time) {
+	http.SetCookie(w, &http.Cookie{
+		Name: SessionCookie, Value: value, Path: "/", Expires: expires,
+		HttpOnly: true, Secure: h.SecureCookies, SameSite: http.SameSiteStrictMode,
+	})
+}
+
+func (h *handler) clearSessionCookie(w http.ResponseWriter) {
+	http.SetCookie(w, &http.Cookie{
+		Name: SessionCookie, Value: "", Path: "/", MaxAge: -1, Expires: time.Unix(0, 0),
+		HttpOnly: true, Secure: h.SecureCookies, SameSite: http.SameSiteStrictMode,
+	})
+}
+
+// localNext returns next when it is a console path on this server, else "".
+// Anything else (another host, a scheme, "//host", backslashes) could send a
+// freshly signed-in administrator somewhere else.
+func localNext(next string) string {
+	if next == "" || len(next) > 2048 || strings.ContainsAny(next, "\\\r\n\t") || strings.Contains(next, "/..") {
+		return ""
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
+		return ""
+	}
+	if !strings.HasPrefix(next, "/console/") && next != "/console" {
+		return ""
+	}
+	if strings.HasPrefix(next, "/console/login") || strings.HasPrefix(next, "/console/logout") || strings.HasPrefix(next, "/console/setup") {
+		return ""
+	}
+	return next
+}
+
+// shell is the frame of a signed-in page.
+func (h *handler) shell(r *http.Request, active string) views.Shell {
+	cc := consoleFrom(r.Context())
+	return views.Shell{Username: cc.principal.Username, CSRFToken: cc.csrf, Active: active}
+}
+
+// render writes a complete page; a page that fails to render is a 500, not
+// half a page.
+func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, c templ.Component) {
+	var buf bytes.Buffer
+	if err := c.Render(r.Context(), &buf); err != nil {
+		logger(r).Error("render console page", "err", err.Error())
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	hd := w.Header()
+	hd.Set("Content-Type", "text/html; charset=utf-8")
+	// Console pages hold personal and sometimes secret data (a new token).
+	hd.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// consoleError renders an error page inside the signed-in frame when cc
+// holds a session, else the anonymous one.
+func (h *handler) consoleError(w http.ResponseWriter, r *http.Request, cc consoleCtx, status int, title, msg string) {
+	s := views.Shell{Username: cc.principal.Username, CSRFToken: cc.csrf}
+	back, label := "/console/", "Back to the overview"
+	if !s.SignedIn() {
+		back, label = "/console/login", "Sign in"
+	}
+	h.render(w, r, status, views.ErrorPage(s, views.ErrorView{
+		Status: status, Title: title, Message: msg, RequestID: requestIDFrom(r.Context()),
+		Back: back, BackLabel: label,
+	}))
+}
+
+// consoleInternal logs err with the request id and shows a generic page.
+func (h *handler) consoleInternal(w http.ResponseWriter, r *http.Request, err error) {
+	logger(r).Error("console internal error", "err", err.Error())
+	h.consoleError(w, r, consoleFrom(r.Context()), http.StatusInternalServerError, "Something went wrong",
+		"The server could not complete the request. The request id below finds it in the server log.")
+}
+
+// consoleNotFound answers unknown console paths with a page, in the
+// signed-in frame when the visitor has a session.
 func (h *handler) consoleNotFound(w http.ResponseWriter, r *http.Request) {
-	http.Error(w, "not found", http.StatusNotFound)
+	var cc consoleCtx
+	if p, cookie, err := h.sessionFromCookie(r); err == nil {
+		cc = consoleCtx{principal: p, csrf: csrfToken(cookie)}
+	}
+	h.consoleError(w, r, cc, http.StatusNotFound, "Page not found", "There is no console page at this address.")
+}
+
+func (h *handler) consoleComingSoon(active string, v views.ComingSoonView) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		h.render(w, r, http.StatusOK, views.ComingSoonPage(h.shell(r, active), v))
+	}
 }

@@ -1,0 +1,129 @@
+package handlers
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/views"
+)
+
+// loginFailed never says whether the username or the password was wrong.
+const loginFailed = "Wrong username or password."
+
+func (h *handler) consoleLoginForm(w http.ResponseWriter, r *http.Request) {
+	next := localNext(r.URL.Query().Get("next"))
+	if _, _, err := h.sessionFromCookie(r); err == nil {
+		if next == "" {
+			next = "/console/"
+		}
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	h.render(w, r, http.StatusOK, views.LoginPage(views.LoginView{Next: next}))
+}
+
+func (h *handler) consoleLogin(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		h.consoleError(w, r, consoleCtx{}, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		return
+	}
+	username := strings.TrimSpace(r.PostForm.Get("username"))
+	next := localNext(r.PostForm.Get("next"))
+	v := views.LoginView{Username: username, Next: next}
+	tok, expires, err := h.Auth.Login(r.Context(), username, r.PostForm.Get("password"), r.RemoteAddr)
+	switch {
+	case errors.Is(err, auth.ErrRateLimited):
+		w.Header().Set("Retry-After", "900")
+		v.Error = "Too many failed sign-ins. Wait a few minutes, then try again."
+		h.render(w, r, http.StatusTooManyRequests, views.LoginPage(v))
+		return
+	case errors.Is(err, auth.ErrUnauthenticated):
+		v.Error = loginFailed
+		h.render(w, r, http.StatusUnauthorized, views.LoginPage(v))
+		return
+	case err != nil:
+		h.consoleInternal(w, r, err)
+		return
+	}
+	h.setSessionCookie(w, tok, expires)
+	if next == "" {
+		next = "/console/"
+	}
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (h *handler) consoleLogout(w http.ResponseWriter, r *http.Request) {
+	p, _ := principalFrom(r.Context())
+	if err := h.Auth.Logout(r.Context(), p, r.RemoteAddr); err != nil {
+		h.consoleInternal(w, r, err)
+		return
+	}
+	h.clearSessionCookie(w)
+	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+}
+
+func (h *handler) consoleSetupForm(w http.ResponseWriter, r *http.Request) {
+	has, err := h.Auth.HasAdmin(r.Context())
+	if err != nil {
+		h.consoleInternal(w, r, err)
+		return
+	}
+	h.render(w, r, http.StatusOK, views.SetupPage(views.SetupView{Closed: has, MinPasswordLen: auth.MinPasswordLen}))
+}
+
+// consoleSetup creates the first administrator with the one-time setup
+// token, then signs them in.
+func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		h.consoleError(w, r, consoleCtx{}, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		return
+	}
+	has, err := h.Auth.HasAdmin(r.Context())
+	if err != nil {
+		h.consoleInternal(w, r, err)
+		return
+	}
+	if has {
+		h.render(w, r, http.StatusForbidden, views.SetupPage(views.SetupView{Closed: true}))
+		return
+	}
+	username := strings.TrimSpace(r.PostForm.Get("username"))
+	password := r.PostForm.Get("password")
+	v := views.SetupView{Username: username, MinPasswordLen: auth.MinPasswordLen}
+	_, err = h.Auth.CompleteSetup(r.Context(), r.PostForm.Get("setup_token"), username, password, r.RemoteAddr)
+	var ce *errcode.Error
+	switch {
+	case err == nil:
+	case errors.Is(err, auth.ErrSetupClosed):
+		h.render(w, r, http.StatusForbidden, views.SetupPage(views.SetupView{Closed: true}))
+		return
+	case errors.Is(err, auth.ErrUnauthenticated):
+		v.Error = "The setup token is wrong or already used. Open the setup link from the server log again."
+		v.FieldErrors = map[string]string{"setup_token": "Not a live setup token."}
+		h.render(w, r, http.StatusUnauthorized, views.SetupPage(v))
+		return
+	case errors.As(err, &ce) && ce.Code == errcode.ValidationFailed:
+		v.Error = "Please correct the fields below."
+		v.FieldErrors = map[string]string{}
+		for _, f := range ce.Fields {
+			v.FieldErrors[f.Field] = f.Message
+		}
+		h.render(w, r, http.StatusUnprocessableEntity, views.SetupPage(v))
+		return
+	default:
+		h.consoleInternal(w, r, err)
+		return
+	}
+	tok, expires, err := h.Auth.Login(r.Context(), username, password, r.RemoteAddr)
+	if err != nil {
+		// The administrator exists; signing in by hand still works.
+		logger(r).Warn("sign-in after setup", "err", err.Error())
+		http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+		return
+	}
+	h.setSessionCookie(w, tok, expires)
+	http.Redirect(w, r, "/console/", http.StatusSeeOther)
+}

@@ -16,6 +16,7 @@ type Code string
 // Platform codes (DECISIONS.md §18).
 const (
 	InvalidJSON          Code = "invalid_json"
+	InvalidParameter     Code = "invalid_parameter"
 	ValidationFailed     Code = "validation_failed"
 	Unauthenticated      Code = "unauthenticated"
 	PermissionDenied     Code = "permission_denied"

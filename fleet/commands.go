@@ -100,7 +100,7 @@ func commandDigest(kind string, payload json.RawMessage) string {
 // validation_failed, ErrNotFound, ErrNodeRetired, ErrNodeNotReady,
 // ErrOperationConflict.
 func (s *Service) Issue(ctx context.Context, actor string, in IssueCommand) (Command, bool, error) {
-	now := s.now().UTC()
+	now := s.clock()
 	var v errcode.Validation
 	v.Check(idPattern.MatchString(in.OperationID), "operation_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
 	check, known := commandKinds[in.Kind]
@@ -259,7 +259,7 @@ func (s *Service) Poll(ctx context.Context, sess Session, wait time.Duration, re
 
 // claim marks the session's due commands delivered and answers them.
 func (s *Service) claim(ctx context.Context, sess Session) ([]Command, error) {
-	now := s.now().UTC()
+	now := s.clock()
 	s.metrics.PollStoreQueries.Inc()
 	var cmds []Command
 	err := s.store.Tx(ctx, func(tx Tx) error {
@@ -320,7 +320,7 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
-	now := s.now().UTC()
+	now := s.clock()
 	out := make([]api.Settled, 0, len(results))
 	var newly []Command
 	err := s.store.Tx(ctx, func(tx Tx) error {

@@ -25,7 +25,7 @@ const (
 // fencing-token bump, the lease, the agent's account of unacknowledged
 // results and the fate of unsettled commands are one transaction.
 func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.EnrollResponse, error) {
-	now := s.now().UTC()
+	now := s.clock()
 	if err := validateEnroll(req); err != nil {
 		return api.EnrollResponse{}, err
 	}

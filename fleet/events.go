@@ -58,7 +58,7 @@ func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.E
 	if err := validateEvents(events); err != nil {
 		return EventsResult{}, err
 	}
-	now := s.now().UTC()
+	now := s.clock()
 	var res EventsResult
 	var workloads []api.Event
 	var beat *api.Event

@@ -89,7 +89,7 @@ func (s *Service) validateInvite(in Invite, now time.Time) (Node, time.Time, err
 // ones in the same transaction. Errors: validation_failed,
 // ErrIdentityExists, ErrGenerationStale.
 func (s *Service) Invite(ctx context.Context, actor string, in Invite) (api.Bootstrap, error) {
-	now := s.now().UTC()
+	now := s.clock()
 	n, through, err := s.validateInvite(in, now)
 	if err != nil {
 		return api.Bootstrap{}, err
@@ -169,7 +169,7 @@ func (s *Service) bootstrap(n Node, inv Invitation, token string) api.Bootstrap 
 // does not change until it re-enrolls. Errors: ErrNotFound, ErrNodeRetired,
 // validation_failed.
 func (s *Service) Reinvite(ctx context.Context, actor, nodeID string, redeemableThrough *time.Time) (api.Bootstrap, error) {
-	now := s.now().UTC()
+	now := s.clock()
 	through := now.Add(s.settings.DefaultRedeemable)
 	if redeemableThrough != nil {
 		through = redeemableThrough.UTC()

@@ -10,7 +10,7 @@ import (
 // is written before any session is ended, so an agent that redials at once
 // is refused. Idempotent. Errors: ErrNotFound.
 func (s *Service) Retire(ctx context.Context, actor, nodeID, reason string) (Node, error) {
-	now := s.now().UTC()
+	now := s.clock()
 	var n Node
 	changed := false
 	err := s.store.Tx(ctx, func(tx Tx) error {
@@ -182,7 +182,7 @@ func (s *Service) Offers(ctx context.Context, f OfferFilter) ([]Offer, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := s.now().UTC()
+	now := s.clock()
 	out := []Offer{}
 	for _, n := range nodes {
 		if !offerMatches(n, f) {

@@ -257,3 +257,7 @@ func randomID() string {
 }
 
 func isNoRows(err error) bool { return errors.Is(err, ErrNoRows) }
+
+// clock answers now in UTC at the precision both databases keep, so what a
+// call answers equals what a later read returns.
+func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microsecond) }

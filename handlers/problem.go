@@ -25,6 +25,7 @@ var statusOf = map[errcode.Code]int{
 	errcode.Unavailable:          http.StatusServiceUnavailable,
 	errcode.Internal:             http.StatusInternalServerError,
 	errcode.Conflict:             http.StatusConflict,
+	errcode.InvalidParameter:     http.StatusBadRequest,
 	errcode.IdentityExists:       http.StatusConflict,
 	errcode.GenerationStale:      http.StatusConflict,
 	errcode.EnrollmentInvalid:    http.StatusUnauthorized,
@@ -102,10 +103,19 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, e *errcode
 
 // writeJSON answers v as JSON with the given status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	if err := writeJSONChecked(w, status, v); err != nil {
+		slog.Debug("write response", "err", err)
+	}
+}
+
+// writeJSONChecked answers v as JSON and reports whether it reached the
+// connection (flushed), for answers whose loss must be undone.
+func writeJSONChecked(w http.ResponseWriter, status int, v any) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	if err := json.NewEncoder(w).Encode(v); err != nil {
-		slog.Debug("write response", "err", err)
+		return err
 	}
+	return http.NewResponseController(w).Flush()
 }

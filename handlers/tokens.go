@@ -7,7 +7,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/models"
 )
 
@@ -113,21 +112,17 @@ func (h *handler) adminAudit(w http.ResponseWriter, r *http.Request) {
 
 // pageParams reads limit (1-500, default 100) and an integer `before` cursor.
 func pageParams(r *http.Request) (int, int64, error) {
-	var v errcode.Validation
-	limit := 100
-	if s := r.URL.Query().Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		v.Check(err == nil && n >= 1 && n <= 500, "limit", "an integer from 1 to 500")
-		limit = n
+	limit, err := queryLimit(r, 100, 500)
+	if err != nil {
+		return 0, 0, err
 	}
 	var before int64
 	if s := r.URL.Query().Get("before"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
-		v.Check(err == nil && n > 0, "before", "a cursor from next_before")
+		if err != nil || n <= 0 {
+			return 0, 0, invalidParameter("before", "a cursor from next_before")
+		}
 		before = n
-	}
-	if err := v.Err(); err != nil {
-		return 0, 0, errcode.New(errcode.InvalidJSON, err.Error())
 	}
 	return limit, before, nil
 }

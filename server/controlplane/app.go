@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nodeward/nodeward"
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/metrics"
@@ -28,11 +30,24 @@ type App struct {
 	DB      *models.DB
 	Keys    *keys.Ring
 	Auth    *auth.Service
+	Fleet   *fleet.Service
 	Metrics *metrics.Metrics
 	Handler http.Handler
 
-	draining atomic.Bool
-	bg       sync.WaitGroup
+	fleetStore *models.FleetStore
+	draining   atomic.Bool
+	bg         sync.WaitGroup
+}
+
+// pendingCommands is scraped for the pending-commands gauge.
+func (a *App) pendingCommands() float64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	n, err := a.fleetStore.CountPendingCommands(ctx)
+	if err != nil {
+		return -1
+	}
+	return float64(n)
 }
 
 // Open validates cfg, opens and migrates the database and builds the
@@ -58,12 +73,40 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		return nil, err
 	}
 	a := &App{Config: cfg, Log: log, DB: db, Keys: ring}
-	a.Metrics = metrics.New(nil)
-	a.Auth = auth.New(db, ring, nil)
+	caPEM := ""
+	if cfg.TLSCAFile != "" {
+		b, err := os.ReadFile(cfg.TLSCAFile)
+		if err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("read TLS CA file: %w", err)
+		}
+		caPEM = string(b)
+	}
+	a.fleetStore = models.NewFleetStore(db, cfg.ReplicaID, nil)
+	a.Metrics = metrics.New(a.pendingCommands)
+	a.Auth = auth.New(db, ring, cfg.Now)
+	a.Fleet = fleet.New(fleet.Options{
+		Store: a.fleetStore,
+		Keys:  ring,
+		Settings: fleet.Settings{
+			PublicURL:        cfg.PublicURL,
+			AgentVersion:     cfg.AgentVersion,
+			CACertificatePEM: caPEM,
+			ReplicaID:        cfg.ReplicaID,
+			Lease:            cfg.Lease,
+			SessionTTL:       cfg.SessionTTL,
+		},
+		Now:          cfg.Now,
+		Logger:       log,
+		Metrics:      a.Metrics,
+		CrossReplica: db.Dialect == models.Postgres,
+	})
+	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.Fleet.Deliver(notes, "local") })
 	a.Handler = handlers.New(handlers.Deps{
 		Logger:        log,
 		DB:            db,
 		Auth:          a.Auth,
+		Fleet:         a.Fleet,
 		Metrics:       a.Metrics,
 		OpenAPI:       nodeward.OpenAPI,
 		Static:        static.Files,
@@ -132,8 +175,17 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// startBackground starts the sweepers; they stop when ctx ends.
-func (a *App) startBackground(ctx context.Context) {}
+// startBackground starts the fleet's background work and, on Postgres, the
+// cross-replica notification listener; they stop when ctx ends.
+func (a *App) startBackground(ctx context.Context) {
+	a.bg.Add(1)
+	go func() { defer a.bg.Done(); a.Fleet.Run(ctx) }()
+	if a.DB.Dialect == models.Postgres {
+		l := &models.Listener{URL: a.DB.URL, Channel: models.NotifyChannel(a.DB), Replica: a.Config.ReplicaID, Sink: a.Fleet, Log: a.Log}
+		a.bg.Add(1)
+		go func() { defer a.bg.Done(); l.Run(ctx) }()
+	}
+}
 
 // drainLongPolls answers every held long-poll at once.
-func (a *App) drainLongPolls() {}
+func (a *App) drainLongPolls() { a.Fleet.Drain() }

@@ -37,8 +37,13 @@ type Config struct {
 	TLSCAFile     string // NODEWARD_TLS_CA_FILE: a private CA handed to agents in bootstraps
 	ShutdownGrace time.Duration
 	LogLevel      string
-	LogFormat     string // json or text
-	ReplicaID     string // NODEWARD_REPLICA_ID; default hostname-pid
+	LogFormat     string        // json or text
+	ReplicaID     string        // NODEWARD_REPLICA_ID; default hostname-pid
+	Lease         time.Duration // NODEWARD_LEASE; default 90s
+	SessionTTL    time.Duration // NODEWARD_SESSION_TTL; default 30m
+
+	// Now is the clock (tests inject one); nil is time.Now.
+	Now func() time.Time
 }
 
 // envOr returns the environment value of name, or def.
@@ -65,6 +70,10 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 	fs.StringVar(&c.LogLevel, "log-level", envOr(getenv, "NODEWARD_LOG_LEVEL", "info"), "debug, info, warn or error (NODEWARD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", envOr(getenv, "NODEWARD_LOG_FORMAT", "json"), "json or text (NODEWARD_LOG_FORMAT)")
 	fs.StringVar(&c.ReplicaID, "replica-id", envOr(getenv, "NODEWARD_REPLICA_ID", ""), "this replica's name in session listings (NODEWARD_REPLICA_ID)")
+	lease, _ := time.ParseDuration(envOr(getenv, "NODEWARD_LEASE", "90s"))
+	fs.DurationVar(&c.Lease, "lease", lease, "node lease; heartbeats are asked for every third of it (NODEWARD_LEASE)")
+	ttl, _ := time.ParseDuration(envOr(getenv, "NODEWARD_SESSION_TTL", "30m"))
+	fs.DurationVar(&c.SessionTTL, "session-ttl", ttl, "agent session credential lifetime (NODEWARD_SESSION_TTL)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
 }
 
@@ -73,6 +82,12 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 func (c *Config) Validate() error {
 	if c.ShutdownGrace <= 0 {
 		return errors.New("shutdown grace must be a positive duration, like 15s")
+	}
+	if c.Lease != 0 && c.Lease < 3*time.Second {
+		return errors.New("lease must be at least 3s")
+	}
+	if c.SessionTTL != 0 && c.SessionTTL < time.Minute {
+		return errors.New("session TTL must be at least 1m")
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q is not host:port", c.Listen)

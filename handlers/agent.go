@@ -1,0 +1,138 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/fleet"
+)
+
+// The agent API: enrollment, then everything on a fenced session.
+
+func (h *handler) enroll(w http.ResponseWriter, r *http.Request) {
+	var req api.EnrollRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	resp, err := h.Fleet.Enroll(r.Context(), req)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// agentSession authenticates the request's session for a door, answering
+// the refusal itself when there is none.
+func (h *handler) agentSession(w http.ResponseWriter, r *http.Request, door fleet.Door) (fleet.Session, bool) {
+	sess, err := h.Fleet.Authenticate(r.Context(), bearer(r), door)
+	if err != nil {
+		if errors.Is(err, fleet.ErrSessionInvalid) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward-agent"`)
+		}
+		writeError(w, r, err)
+		return fleet.Session{}, false
+	}
+	return sess, true
+}
+
+func (h *handler) renewSession(w http.ResponseWriter, r *http.Request) {
+	if err := decodeJSON(r, &struct{}{}, true); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	resp, err := h.Fleet.Renew(r.Context(), bearer(r))
+	if err != nil {
+		if errors.Is(err, fleet.ErrSessionInvalid) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward-agent"`)
+		}
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// DefaultPollWait is the long-poll wait when the agent names none.
+const DefaultPollWait = 25 * time.Second
+
+func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
+	wait := DefaultPollWait
+	if s := r.URL.Query().Get("wait"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 || n > int(fleet.MaxPollWait/time.Second) {
+			writeError(w, r, invalidParameter("wait", "whole seconds from 0 to 60"))
+			return
+		}
+		wait = time.Duration(n) * time.Second
+	}
+	sess, ok := h.agentSession(w, r, fleet.DoorAsk)
+	if !ok {
+		return
+	}
+	if h.Draining() {
+		writeError(w, r, fleet.ErrDraining)
+		return
+	}
+	cmds, err := h.Fleet.Poll(r.Context(), sess, wait, r.RemoteAddr)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the agent went away; nothing was claimed
+		}
+		writeError(w, r, err)
+		return
+	}
+	out := api.CommandsResponse{Commands: make([]api.Command, len(cmds))}
+	for i, c := range cmds {
+		out.Commands[i] = c.Wire()
+	}
+	if err := writeJSONChecked(w, http.StatusOK, out); err != nil || r.Context().Err() != nil {
+		// The node never saw this answer: make its commands due again now
+		// rather than after the visibility timeout.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+		defer cancel()
+		if rerr := h.Fleet.Release(ctx, sess, cmds); rerr != nil {
+			logger(r).Warn("release undelivered commands", "err", rerr)
+		}
+	}
+}
+
+func (h *handler) postResults(w http.ResponseWriter, r *http.Request) {
+	sess, ok := h.agentSession(w, r, fleet.DoorReport)
+	if !ok {
+		return
+	}
+	var req api.ResultsRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	settled, err := h.Fleet.Settle(r.Context(), sess, req.Results)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.ResultsResponse{Settled: settled})
+}
+
+func (h *handler) postEvents(w http.ResponseWriter, r *http.Request) {
+	sess, ok := h.agentSession(w, r, fleet.DoorReport)
+	if !ok {
+		return
+	}
+	var req api.EventsRequest
+	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	res, err := h.Fleet.RecordEvents(r.Context(), sess, req.Events)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.EventsResponse{Recorded: res.Recorded, Duplicates: res.Duplicates})
+}

@@ -1,0 +1,363 @@
+package handlers
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
+)
+
+func actor(r *http.Request) string {
+	p, _ := principalFrom(r.Context())
+	return "admin:" + p.Username
+}
+
+// parseTime parses an optional RFC 3339 field, naming it when malformed.
+func parseTime(v *errcode.Validation, field string, s *string) *time.Time {
+	if s == nil {
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339, *s)
+	if err != nil {
+		v.Add(field, "must be an RFC 3339 time, like 2026-01-02T15:04:05Z")
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+type invitationBody struct {
+	NodeID            string   `json:"node_id"`
+	RentalID          string   `json:"rental_id"`
+	Generation        int64    `json:"generation"`
+	ShadowPriceUSD    *float64 `json:"shadow_price_usd_per_hour"`
+	RedeemableThrough *string  `json:"redeemable_through"`
+	Purchase          *struct {
+		BillingIntervalSeconds *int64   `json:"billing_interval_seconds"`
+		EligibleClasses        []string `json:"eligible_classes"`
+		AvailableUntil         *string  `json:"available_until"`
+	} `json:"purchase"`
+}
+
+func (h *handler) inviteNode(w http.ResponseWriter, r *http.Request) {
+	var body invitationBody
+	if err := decodeJSON(r, &body, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var v errcode.Validation
+	in := fleet.Invite{NodeID: body.NodeID, RentalID: body.RentalID, Generation: body.Generation,
+		ShadowPriceUSD: body.ShadowPriceUSD, RedeemableThrough: parseTime(&v, "redeemable_through", body.RedeemableThrough)}
+	if p := body.Purchase; p != nil {
+		in.Purchase = &fleet.PurchaseTerms{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: p.EligibleClasses,
+			AvailableUntil: parseTime(&v, "purchase.available_until", p.AvailableUntil)}
+	}
+	if err := v.Err(); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	b, err := h.Fleet.Invite(r.Context(), actor(r), in)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/api/v1/nodes/"+b.NodeID)
+	writeJSON(w, http.StatusCreated, b)
+}
+
+func (h *handler) reinviteNode(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		RedeemableThrough *string `json:"redeemable_through"`
+	}
+	if err := decodeJSON(r, &body, true); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var v errcode.Validation
+	through := parseTime(&v, "redeemable_through", body.RedeemableThrough)
+	if err := v.Err(); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	b, err := h.Fleet.Reinvite(r.Context(), actor(r), chi.URLParam(r, "id"), through)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
+}
+
+func (h *handler) retireNode(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := decodeJSON(r, &body, true); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if len(body.Reason) > 512 {
+		writeError(w, r, &errcode.Error{Code: errcode.ValidationFailed, Message: "reason: at most 512 characters",
+			Fields: []errcode.FieldError{{Field: "reason", Message: "at most 512 characters"}}})
+		return
+	}
+	n, err := h.Fleet.Retire(r.Context(), actor(r), chi.URLParam(r, "id"), body.Reason)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewNode(n))
+}
+
+// invalidParameter is a 400 naming a bad query parameter.
+func invalidParameter(name, format string, args ...any) error {
+	e := errcode.Errorf(errcode.InvalidParameter, "query parameter %s: "+format, append([]any{name}, args...)...)
+	e.Fields = []errcode.FieldError{{Field: name, Message: e.Message}}
+	return e
+}
+
+func queryLimit(r *http.Request, def, max int) (int, error) {
+	s := r.URL.Query().Get("limit")
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > max {
+		return 0, invalidParameter("limit", "an integer from 1 to %d", max)
+	}
+	return n, nil
+}
+
+func encodeNodeCursor(n fleet.Node) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(n.CreatedAt.UnixMicro(), 10) + "|" + n.ID))
+}
+
+func decodeNodeCursor(s string) (time.Time, string, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return time.Time{}, "", false
+	}
+	us, id, ok := strings.Cut(string(b), "|")
+	if !ok || id == "" {
+		return time.Time{}, "", false
+	}
+	n, err := strconv.ParseInt(us, 10, 64)
+	if err != nil {
+		return time.Time{}, "", false
+	}
+	return time.UnixMicro(n).UTC(), id, true
+}
+
+func (h *handler) listNodes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := fleet.NodeFilter{}
+	if s := q.Get("state"); s != "" {
+		if !fleet.State(s).Valid() {
+			writeError(w, r, invalidParameter("state", "one of enrolling, ready, lost, retired"))
+			return
+		}
+		f.State = fleet.State(s)
+	}
+	if s := q.Get("before"); s != "" {
+		t, id, ok := decodeNodeCursor(s)
+		if !ok {
+			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
+			return
+		}
+		f.BeforeCreated, f.BeforeID = &t, id
+	}
+	limit, err := queryLimit(r, 100, 500)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	f.Limit = limit
+	nodes, err := h.Fleet.Nodes(r.Context(), f)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]nodeView, len(nodes))
+	for i, n := range nodes {
+		out[i] = viewNode(n)
+	}
+	var next *string
+	if len(nodes) == limit {
+		c := encodeNodeCursor(nodes[len(nodes)-1])
+		next = &c
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"nodes": out, "next_before": next})
+}
+
+func (h *handler) getNode(w http.ResponseWriter, r *http.Request) {
+	n, err := h.Fleet.Node(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewNode(n))
+}
+
+func (h *handler) nodeAudit(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	if _, err := h.Fleet.Node(r.Context(), id); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	limit, err := queryLimit(r, 100, 500)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	entries, err := h.Fleet.Audit(r.Context(), id, limit)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	type entry struct {
+		ID     int64          `json:"id"`
+		At     time.Time      `json:"at"`
+		Actor  string         `json:"actor"`
+		Action string         `json:"action"`
+		Detail map[string]any `json:"detail"`
+	}
+	out := make([]entry, len(entries))
+	for i, e := range entries {
+		out[i] = entry{ID: e.ID, At: e.At, Actor: e.Actor, Action: e.Action, Detail: e.Detail}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out})
+}
+
+func (h *handler) reconciliation(w http.ResponseWriter, r *http.Request) {
+	rec, err := h.Fleet.Reconcile(r.Context(), chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	ws := make([]workloadView, len(rec.Workloads))
+	for i, wl := range rec.Workloads {
+		ws[i] = viewWorkload(wl)
+	}
+	applied := rec.AppliedOperationIDs
+	if applied == nil {
+		applied = []string{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"applied_operation_ids": applied,
+		"pending_operation_ids": rec.PendingOperationIDs, "workloads": ws})
+}
+
+func (h *handler) getWorkload(w http.ResponseWriter, r *http.Request) {
+	wl, err := h.Fleet.Workload(r.Context(), chi.URLParam(r, "id"), chi.URLParam(r, "run_id"), chi.URLParam(r, "attempt_id"))
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewWorkload(wl))
+}
+
+func (h *handler) listOffers(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var f fleet.OfferFilter
+	f.Class = q.Get("class")
+	if s := q.Get("min_free_disk_bytes"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, r, invalidParameter("min_free_disk_bytes", "a whole number of bytes, 0 or more"))
+			return
+		}
+		f.MinFreeDiskBytes = &n
+	}
+	if s := q.Get("until"); s != "" {
+		t, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			writeError(w, r, invalidParameter("until", "an RFC 3339 time"))
+			return
+		}
+		f.Until = &t
+	}
+	offers, err := h.Fleet.Offers(r.Context(), f)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]offerView, len(offers))
+	for i, o := range offers {
+		out[i] = viewOffer(o)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"offers": out})
+}
+
+func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Kind        string          `json:"kind"`
+		OperationID string          `json:"operation_id"`
+		Payload     json.RawMessage `json:"payload"`
+	}
+	if err := decodeJSON(r, &body, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	c, created, err := h.Fleet.Issue(r.Context(), actor(r), fleet.IssueCommand{NodeID: chi.URLParam(r, "id"),
+		OperationID: body.OperationID, Kind: body.Kind, Payload: body.Payload})
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Location", "/api/v1/commands/"+c.OperationID)
+	writeJSON(w, status, viewCommand(c))
+}
+
+func (h *handler) listNodeCommands(w http.ResponseWriter, r *http.Request) {
+	var state fleet.CommandState
+	switch s := r.URL.Query().Get("state"); s {
+	case "":
+	case string(fleet.CommandPending), string(fleet.CommandApplied), string(fleet.CommandRefused):
+		state = fleet.CommandState(s)
+	default:
+		writeError(w, r, invalidParameter("state", "one of pending, applied, refused"))
+		return
+	}
+	limit, err := queryLimit(r, 100, 1000)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	cmds, err := h.Fleet.Commands(r.Context(), chi.URLParam(r, "id"), state, limit)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]commandView, len(cmds))
+	for i, c := range cmds {
+		out[i] = viewCommand(c)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"commands": out})
+}
+
+func (h *handler) getCommand(w http.ResponseWriter, r *http.Request) {
+	c, err := h.Fleet.Command(r.Context(), chi.URLParam(r, "operation_id"))
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewCommand(c))
+}
+
+func (h *handler) liveSessions(w http.ResponseWriter, r *http.Request) {
+	ss, err := h.Fleet.LiveSessions(r.Context())
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sessions": ss})
+}

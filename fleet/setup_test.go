@@ -1,0 +1,136 @@
+package fleet_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/metrics"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// clock is an injected clock tests move by hand.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+type bundle struct {
+	db      *models.DB
+	store   *models.FleetStore
+	svc     *fleet.Service
+	clock   *clock
+	metrics *metrics.Metrics
+	ring    *keys.Ring
+}
+
+var testKey = bytes.Repeat([]byte{0x42}, 32)
+
+func setup(t *testing.T, db *models.DB, mutate ...func(*fleet.Settings)) *bundle {
+	t.Helper()
+	b := &bundle{db: db, clock: newClock(), metrics: metrics.New(nil), ring: keys.NewRing(testKey)}
+	st := fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3", ReplicaID: "test", LeaseFlushInterval: 5 * time.Millisecond}
+	for _, m := range mutate {
+		m(&st)
+	}
+	b.store = models.NewFleetStore(db, "test", nil)
+	b.svc = fleet.New(fleet.Options{Store: b.store, Keys: b.ring, Settings: st, Now: b.clock.Now, Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler)})
+	b.store.SetOnCommit(func(n []fleet.Notification) { b.svc.Deliver(n, "local") })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); b.svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return b
+}
+
+// each runs fn on a fresh fleet over every dialect.
+func each(t *testing.T, fn func(t *testing.T, b *bundle), mutate ...func(*fleet.Settings)) {
+	t.Helper()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) { fn(t, setup(t, db, mutate...)) })
+}
+
+var ctx = context.Background()
+
+func facts(at time.Time) api.Facts {
+	free := int64(10 << 30)
+	return api.Facts{Hostname: "h1", OS: "linux", Arch: "amd64", CPUs: 4, MemoryBytes: 8 << 30, DiskFreeBytes: &free,
+		AgentVersion: "1.2.3", Runtimes: []string{"process"}, ObservedAt: at}
+}
+
+func (b *bundle) invite(t *testing.T, in fleet.Invite) api.Bootstrap {
+	t.Helper()
+	if in.RentalID == "" {
+		in.RentalID = "rental-" + randomSuffix()
+	}
+	if in.Generation == 0 {
+		in.Generation = 1
+	}
+	boot, err := b.svc.Invite(ctx, "admin:test", in)
+	require.NoError(t, err)
+	return boot
+}
+
+func (b *bundle) enroll(t *testing.T, boot api.Bootstrap) api.EnrollResponse {
+	t.Helper()
+	resp, err := b.svc.Enroll(ctx, enrollReq(boot, b.clock.Now()))
+	require.NoError(t, err)
+	return resp
+}
+
+func enrollReq(boot api.Bootstrap, at time.Time) api.EnrollRequest {
+	return api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation, EnrollmentToken: boot.EnrollmentToken,
+		AgentVersion: "1.2.3", Facts: facts(at)}
+}
+
+// readyNode invites and enrolls a node, answering its id and session.
+func (b *bundle) readyNode(t *testing.T) (string, fleet.Session, string) {
+	t.Helper()
+	boot := b.invite(t, fleet.Invite{RentalID: "r-" + randomSuffix()})
+	resp := b.enroll(t, boot)
+	sess, err := b.svc.Authenticate(ctx, resp.SessionToken, fleet.DoorAsk)
+	require.NoError(t, err)
+	return boot.NodeID, sess, resp.SessionToken
+}
+
+var suffixN atomic.Int64
+
+func randomSuffix() string { return strconv.FormatInt(suffixN.Add(1), 10) }
+
+func requireCode(t *testing.T, err error, want error) {
+	t.Helper()
+	require.Error(t, err)
+	require.ErrorIs(t, err, want, "got %v", err)
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

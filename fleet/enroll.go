@@ -213,4 +213,3 @@ func encodeFacts(f api.Facts, now time.Time) (json.RawMessage, Disk, error) {
 	}
 	return b, d, nil
 }
-

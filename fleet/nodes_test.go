@@ -561,5 +561,3 @@ func TestListNodesKeyset(t *testing.T) {
 		require.Empty(t, ready)
 	})
 }
-
-

@@ -1,0 +1,223 @@
+package controlplane_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+	"github.com/nodeward/nodeward/server/controlplane"
+)
+
+type run struct {
+	code           int
+	stdout, stderr string
+}
+
+// mainRun runs the binary's Main in-process. A command that should fail
+// fast but serves instead fails the test rather than hanging it.
+func mainRun(t *testing.T, stdin string, args ...string) run {
+	t.Helper()
+	var out, errb bytes.Buffer
+	done := make(chan int, 1)
+	go func() { done <- controlplane.Main(args, strings.NewReader(stdin), &out, &errb) }()
+	select {
+	case code := <-done:
+		return run{code: code, stdout: out.String(), stderr: errb.String()}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("nodeward %v did not return", args)
+		return run{}
+	}
+}
+
+// cleanEnv keeps the developer's NODEWARD_* settings out of the CLI.
+func cleanEnv(t *testing.T) {
+	for _, k := range []string{
+		"NODEWARD_LISTEN", "NODEWARD_DATA_DIR", "NODEWARD_DATABASE_URL", "NODEWARD_PUBLIC_URL",
+		"NODEWARD_MASTER_KEY", "NODEWARD_MASTER_KEY_FILE", "NODEWARD_LOG_LEVEL", "NODEWARD_LOG_FORMAT",
+		"NODEWARD_TLS_CERT_FILE", "NODEWARD_TLS_KEY_FILE", "NODEWARD_TLS_CA_FILE", "NODEWARD_SHUTDOWN_GRACE",
+	} {
+		t.Setenv(k, "")
+	}
+}
+
+func oneLine(t *testing.T, s string) string {
+	t.Helper()
+	s = strings.TrimSuffix(s, "\n")
+	require.NotEmpty(t, s)
+	require.NotContains(t, s, "\n", "want exactly one line, got:\n%s", s)
+	return s
+}
+
+func TestCLIAdminAndTokenCreate(t *testing.T) {
+	cleanEnv(t)
+	dir := t.TempDir()
+
+	r := mainRun(t, "a-long-enough-password\n", "admin", "create", "--username", "ops", "--password-stdin", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Equal(t, "created administrator ops\n", r.stdout)
+
+	r = mainRun(t, "", "token", "create", "--name", "ci", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	token := oneLine(t, r.stdout)
+	require.True(t, strings.HasPrefix(token, "nwa_"), "stdout carries the token and nothing else: %q", r.stdout)
+	require.NotContains(t, r.stderr, token, "the token goes to stdout only")
+
+	// SQLite locks its data folder: the server opens it only now.
+	s := apitest.Start(t, apitest.WithConfig(func(c *controlplane.Config) { c.DataDir = dir }))
+	var who struct {
+		Username string `json:"username"`
+		Via      string `json:"via"`
+	}
+	s.JSON(t, http.MethodGet, "/api/v1/whoami", nil, token, http.StatusOK, &who)
+	require.Equal(t, "ops", who.Username)
+	require.Equal(t, "token", who.Via)
+
+	var audit struct {
+		Entries []struct {
+			Actor, Action, RemoteAddr string
+		} `json:"entries"`
+	}
+	s.Admin(t, http.MethodGet, "/api/v1/admin-audit", nil, http.StatusOK, &audit)
+	var actions []string
+	for _, e := range audit.Entries {
+		actions = append(actions, e.Action)
+	}
+	require.Contains(t, actions, "token.create")
+	require.Contains(t, actions, "admin.create")
+
+	t.Run("RefusedWhileTheServerHoldsTheFolder", func(t *testing.T) {
+		r := mainRun(t, "", "token", "create", "--name", "second", "--data-dir", dir)
+		require.NotEqual(t, 0, r.code)
+		require.Empty(t, r.stdout)
+		line := oneLine(t, r.stderr)
+		require.Contains(t, line, "in use")
+	})
+
+	t.Run("UnknownOwner", func(t *testing.T) {
+		other := t.TempDir()
+		r := mainRun(t, "", "token", "create", "--name", "ci", "--data-dir", other)
+		require.NotEqual(t, 0, r.code)
+		require.Empty(t, r.stdout)
+		require.Contains(t, lastLine(r.stderr), "admin create", "says how to get an administrator")
+	})
+
+	t.Run("ShortPassword", func(t *testing.T) {
+		other := t.TempDir()
+		r := mainRun(t, "short\n", "admin", "create", "--username", "ops", "--password-stdin", "--data-dir", other)
+		require.NotEqual(t, 0, r.code)
+		require.Contains(t, lastLine(r.stderr), "password")
+	})
+}
+
+// lastLine is the error line after whatever the server logged first (a
+// generated master key is announced on stderr).
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func TestCLIMigrate(t *testing.T) {
+	cleanEnv(t)
+	t.Run("sqlite", func(t *testing.T) {
+		dir := t.TempDir()
+		for range 2 { // applying again is a no-op
+			r := mainRun(t, "", "migrate", "--data-dir", dir)
+			require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+			require.Equal(t, "migrations applied\n", r.stdout)
+		}
+		db, err := models.Open(context.Background(), models.Options{DataDir: dir})
+		require.NoError(t, err)
+		defer db.Close()
+		ok, err := db.MigrationsCurrent(context.Background())
+		require.NoError(t, err)
+		require.True(t, ok)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		url := dbtest.NewSchema(t)
+		t.Setenv("NODEWARD_MASTER_KEY", apitest.TestMasterKey)
+		r := mainRun(t, "", "migrate", "--database-url", url)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		require.Equal(t, "migrations applied\n", r.stdout)
+		db, err := models.Open(context.Background(), models.Options{URL: url})
+		require.NoError(t, err)
+		defer db.Close()
+		ok, err := db.MigrationsCurrent(context.Background())
+		require.NoError(t, err)
+		require.True(t, ok)
+	})
+}
+
+func TestCLIVersion(t *testing.T) {
+	r := mainRun(t, "", "version")
+	require.Equal(t, 0, r.code)
+	require.True(t, strings.HasPrefix(oneLine(t, r.stdout), "nodeward "), r.stdout)
+	require.Empty(t, r.stderr)
+}
+
+func TestCLIBadConfigurationFailsFast(t *testing.T) {
+	cleanEnv(t)
+	dir := t.TempDir()
+	// A migrated folder with its key, so a command that gets as far as
+	// opening it has nothing to announce but its error.
+	require.Equal(t, 0, mainRun(t, "", "migrate", "--data-dir", dir).code)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+
+	cases := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"LogLevel", nil, []string{"serve", "--log-level", "nope", "--data-dir", dir}, "log level"},
+		{"LogFormat", nil, []string{"serve", "--log-format", "xml", "--data-dir", dir}, "log format"},
+		{"ListenNotHostPort", nil, []string{"serve", "--listen", "nope", "--data-dir", dir}, "listen address"},
+		{"ListenBusy", nil, []string{"serve", "--listen", busy.Addr().String(), "--data-dir", dir}, "listen on"},
+		{"ShutdownGrace", nil, []string{"serve", "--shutdown-grace", "0s", "--data-dir", dir}, "shutdown grace"},
+		{"DatabaseScheme", nil, []string{"serve", "--database-url", "mysql://db/x"}, "postgres://"},
+		{"PostgresWithoutMasterKey", nil, []string{"serve", "--database-url", "postgres://nobody:hunter2@127.0.0.1:1/x"}, "master key"},
+		{"MasterKeyTooShort", map[string]string{"NODEWARD_MASTER_KEY": "abc"}, []string{"serve", "--database-url", "postgres://nobody:hunter2@127.0.0.1:1/x"}, "too short"},
+		{"TLSHalf", nil, []string{"serve", "--tls-cert", "/nonexistent/cert.pem", "--data-dir", dir}, "TLS"},
+		{"TLSMissingFiles", nil, []string{"serve", "--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem", "--data-dir", dir}, "cannot read"},
+		{"PublicURL", nil, []string{"serve", "--public-url", "ftp://x", "--data-dir", dir}, "public URL"},
+		{"MigrateLogLevel", nil, []string{"migrate", "--log-level", "nope", "--data-dir", dir}, "log level"},
+		{"TokenWithoutName", nil, []string{"token", "create", "--data-dir", dir}, "--name"},
+		{"AdminWithoutStdin", nil, []string{"admin", "create", "--username", "x", "--data-dir", dir}, "--password-stdin"},
+		{"UnexpectedArgument", nil, []string{"serve", "extra"}, "unexpected argument"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			r := mainRun(t, "", tc.args...)
+			require.NotEqual(t, 0, r.code)
+			require.Empty(t, r.stdout)
+			line := oneLine(t, r.stderr)
+			require.True(t, strings.HasPrefix(line, "nodeward: "), line)
+			require.Contains(t, line, tc.want)
+			require.NotContains(t, line, "hunter2", "a database password is never echoed")
+		})
+	}
+
+	t.Run("UnknownCommand", func(t *testing.T) {
+		r := mainRun(t, "", "frobnicate")
+		require.Equal(t, 2, r.code)
+		require.Contains(t, r.stderr, `unknown command "frobnicate"`)
+	})
+	t.Run("UnknownFlag", func(t *testing.T) {
+		r := mainRun(t, "", "serve", "--no-such-flag")
+		require.Equal(t, 2, r.code)
+		require.Contains(t, r.stderr, "no-such-flag")
+	})
+}

@@ -427,11 +427,7 @@ func (a *Agent) enroll(ctx context.Context, b *api.Bootstrap) error {
 		return fmt.Errorf("store session: %w", err)
 	}
 	// The enrollment transaction settled the results it carried.
-	ids := make([]string, 0, len(owed))
-	for _, r := range owed {
-		ids = append(ids, r.OperationID)
-	}
-	if err := a.store.AckResults(ids); err != nil {
+	if err := a.store.AckResults(owed); err != nil {
 		a.log.Error("acknowledge results settled by enrollment", "err", err)
 	}
 	_ = removeIfExists(a.store.Path("fatal.json"))
@@ -608,11 +604,8 @@ func (a *Agent) dispatch(ctx context.Context, cmd api.Command) {
 		return
 	}
 	a.mu.Lock()
-	if a.inflight[cmd.OperationID] {
-		a.mu.Unlock()
-		a.log.Debug("redelivered command still being applied; answering nothing yet", "operation_id", cmd.OperationID)
-		return
-	}
+	// The journal is asked first: an operation may be done (its result on
+	// disk and maybe delivered) a moment before its goroutine winds down.
 	op, known := a.store.Op(cmd.OperationID)
 	if known && op.State == state.OpDone {
 		a.stats.Duplicates++
@@ -624,6 +617,11 @@ func (a *Agent) dispatch(ctx context.Context, cmd api.Command) {
 		}
 		a.log.Info("redelivered command answered from the journal", "operation_id", cmd.OperationID, "kind", op.Kind, "applied", res.Applied, "duplicate", res.Duplicate)
 		a.flushSoon()
+		return
+	}
+	if a.inflight[cmd.OperationID] {
+		a.mu.Unlock()
+		a.log.Debug("redelivered command still being applied; answering nothing yet", "operation_id", cmd.OperationID)
 		return
 	}
 	if s := a.sess.FencingToken; cmd.FencingToken != 0 && cmd.FencingToken < s {
@@ -838,13 +836,19 @@ func (a *Agent) flushResults(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		var acked []string
+		sent := map[string]api.Result{}
+		for _, r := range batch {
+			sent[r.OperationID] = r
+		}
+		var acked []api.Result
 		for _, s := range resp.Settled {
 			// A state means settled; unknown_operation / not_this_node mean
 			// the server will never settle it: keeping it owed forever would
 			// help nobody.
 			if s.State != "" || s.Code == client.CodeUnknownOperation || s.Code == client.CodeNotThisNode {
-				acked = append(acked, s.OperationID)
+				if r, ok := sent[s.OperationID]; ok {
+					acked = append(acked, r)
+				}
 				if s.Code != "" {
 					a.log.Warn("server will not settle result", "operation_id", s.OperationID, "code", s.Code)
 				}

@@ -433,15 +433,16 @@ func (s *Store) UnackedResults() []api.Result {
 	return out
 }
 
-// AckResults marks the results of ids as acknowledged by the server. Unknown
-// ids are ignored.
-func (s *Store) AckResults(ids []string) error {
+// AckResults marks these results, as they were sent, acknowledged by the
+// server. A result that changed since it was sent (a redelivery turned it
+// into a duplicate answer, owed anew) stays owed; unknown ids are ignored.
+func (s *Store) AckResults(sent []api.Result) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.opts.Now().UTC()
-	for _, id := range ids {
-		op, ok := s.ops[id]
-		if !ok || op.State != OpDone || op.Acked {
+	for _, r := range sent {
+		op, ok := s.ops[r.OperationID]
+		if !ok || op.State != OpDone || op.Acked || op.Result == nil || *op.Result != r {
 			continue
 		}
 		next := *op

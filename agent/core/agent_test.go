@@ -1,0 +1,481 @@
+package core
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/agent/client"
+	"github.com/nodeward/nodeward/agent/runtime"
+	"github.com/nodeward/nodeward/agent/state"
+)
+
+const patience = 20 * time.Second // ≥10× anything these tests wait for
+
+type bundle struct {
+	t      *testing.T
+	clk    *fakeClock
+	cp     *fakeCP
+	sim    *runtime.Simulated
+	dir    string
+	store  *state.Store
+	agent  *Agent
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	clk := newFakeClock()
+	b := &bundle{t: t, clk: clk, cp: newFakeCP(t, clk), sim: runtime.NewSimulated(), dir: t.TempDir()}
+	b.sim.Now = clk.Now
+	t.Cleanup(func() {
+		if b.cancel != nil {
+			b.stop()
+		}
+	})
+	return b
+}
+
+// start runs a new agent on the bundle's state dir (a restart when one ran
+// before).
+func (b *bundle) start(bs *api.Bootstrap) {
+	b.t.Helper()
+	st, err := state.Open(b.dir, state.Options{Now: b.clk.Now})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.store = st
+	a, err := New(Config{
+		Store: st, Runtime: b.sim, Bootstrap: bs, AllowInsecureHTTP: true,
+		Labels: map[string]string{"zone": "test"}, Version: "test", Clock: b.clk,
+		Logger:   slog.New(slog.NewTextHandler(testWriter{b.t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		PollWait: time.Second, Rand: func() float64 { return 0 },
+	})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
+	b.done = make(chan error, 1)
+	go func() { b.done <- a.Run(ctx) }()
+}
+
+// stop ends the agent as SIGTERM would and releases the state dir.
+func (b *bundle) stop() error {
+	b.t.Helper()
+	b.cancel()
+	b.cancel = nil
+	err := b.wait()
+	b.store.Close()
+	// A poll the stopped agent abandoned must not swallow the next command
+	// (a real server would redeliver it after its visibility timeout).
+	b.eventually("the abandoned poll to end", 0, func() bool {
+		var n int
+		b.cp.with(func() { n = b.cp.activePolls })
+		return n == 0
+	})
+	return err
+}
+
+// wait returns Run's result.
+func (b *bundle) wait() error {
+	b.t.Helper()
+	select {
+	case err := <-b.done:
+		b.done <- err // keep it for a later stop
+		return err
+	case <-time.After(patience):
+		b.t.Fatal("agent did not return")
+		return nil
+	}
+}
+
+// eventually polls cond, advancing the fake clock by step per round.
+func (b *bundle) eventually(what string, step time.Duration, cond func() bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(patience)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("timed out waiting for %s", what)
+		}
+		if step > 0 {
+			b.clk.Advance(step)
+		}
+		<-tick.C
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
+}
+
+func command(op, kind string, payload any) api.Command {
+	b, _ := json.Marshal(payload)
+	return api.Command{OperationID: op, NodeID: "node-1", Kind: kind, FencingToken: 1, Payload: b}
+}
+
+func launch(op, run, attempt, cmd string, args ...string) api.Command {
+	return command(op, api.KindLaunchWorkload, api.LaunchWorkload{RunID: run, AttemptID: attempt, Command: cmd, Args: args})
+}
+
+// hasDuplicate reports whether some answer is applied:true, duplicate:true.
+func hasDuplicate(rs []api.Result) bool {
+	for _, r := range rs {
+		if r.Applied && r.Duplicate {
+			return true
+		}
+	}
+	return false
+}
+
+func states(obs []api.WorkloadObservation) []string {
+	var out []string
+	for _, o := range obs {
+		out = append(out, o.State)
+	}
+	return out
+}
+
+func TestAgent(t *testing.T) {
+	t.Run("EnrollHeartbeatPollApplyResult", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.start(b.cp.bootstrap())
+		b.eventually("a heartbeat right after enrolling", 0, func() bool { return len(b.cp.heartbeats()) > 0 })
+		hb := b.cp.heartbeats()[0]
+		if hb.Facts == nil || hb.Facts.Hostname == "" || hb.Facts.CPUs == 0 || hb.Facts.AgentVersion != "test" ||
+			hb.Facts.Labels["zone"] != "test" || len(hb.Facts.Runtimes) != 1 || hb.Facts.Runtimes[0] != "simulated" || hb.Facts.ObservedAt.IsZero() {
+			t.Fatalf("heartbeat facts %+v", hb.Facts)
+		}
+		if hb.Facts.DiskFreeBytes == nil {
+			t.Fatal("disk free of the state dir not measured")
+		}
+		b.cp.with(func() {
+			if len(b.cp.enrolls) != 1 || b.cp.enrolls[0].NodeID != "node-1" || b.cp.enrolls[0].AgentVersion != "test" {
+				t.Fatalf("enrolls %+v", b.cp.enrolls)
+			}
+		})
+
+		b.cp.push(launch("op-1", "run-1", "a1", "exit", "3"))
+		b.eventually("the launch result", 0, func() bool { return len(b.cp.resultsFor("op-1")) == 1 })
+		if r := b.cp.resultsFor("op-1")[0]; !r.Applied || r.Duplicate || r.Failure != "" {
+			t.Fatalf("result %+v", r)
+		}
+		b.eventually("created, running, exited", 0, func() bool { return len(b.cp.workloadEvents("run-1", "a1")) == 3 })
+		evs := b.cp.workloadEvents("run-1", "a1")
+		if got := states(evs); got[0] != "created" || got[1] != "running" || got[2] != "exited" || *evs[2].ExitCode != 3 {
+			t.Fatalf("events %v", got)
+		}
+		// A refused command answers applied:false with the reason.
+		b.cp.push(launch("op-2", "run-2", "a1", "fail-start"))
+		b.eventually("the refusal", 0, func() bool { return len(b.cp.resultsFor("op-2")) == 1 })
+		if r := b.cp.resultsFor("op-2")[0]; r.Applied || r.Failure == "" {
+			t.Fatalf("refusal %+v", r)
+		}
+		b.eventually("the result acknowledged", 0, func() bool { return len(b.store.UnackedResults()) == 0 })
+		if err := b.stop(); err != nil {
+			t.Fatalf("clean stop returned %v", err)
+		}
+	})
+
+	t.Run("DuplicateRedeliveryAnsweredDuplicate", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.start(b.cp.bootstrap())
+		cmd := launch("op-1", "run-1", "a1", "sleep")
+		b.cp.push(cmd)
+		b.eventually("the result", 0, func() bool { return len(b.cp.resultsFor("op-1")) == 1 })
+		b.cp.push(cmd)
+		b.eventually("the duplicate answer", 0, func() bool { return hasDuplicate(b.cp.resultsFor("op-1")) })
+		if n := b.sim.Calls("launch"); n != 1 {
+			t.Fatalf("launched %d times", n)
+		}
+	})
+
+	t.Run("RestartDoesNotReapply", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		bs := b.cp.bootstrap()
+		b.start(bs)
+		cmd := launch("op-1", "run-1", "a1", "sleep")
+		b.cp.push(cmd)
+		b.eventually("the result", 0, func() bool { return len(b.cp.resultsFor("op-1")) == 1 })
+		b.eventually("the running event", 0, func() bool { return len(b.cp.workloadEvents("run-1", "a1")) == 2 })
+		if err := b.stop(); err != nil {
+			t.Fatal(err)
+		}
+
+		// Same state dir, same (spent) bootstrap: the stored session is used.
+		b.start(bs)
+		b.cp.push(cmd)
+		// (The original answer may be sent again first, when the stopped
+		// agent had not yet seen it acknowledged.)
+		b.eventually("the duplicate answer", 0, func() bool { return hasDuplicate(b.cp.resultsFor("op-1")) })
+		if n := b.sim.Calls("launch"); n != 1 {
+			t.Fatalf("launched %d times", n)
+		}
+		b.cp.with(func() {
+			if len(b.cp.enrolls) != 1 {
+				t.Fatalf("enrolled %d times", len(b.cp.enrolls))
+			}
+		})
+		// Without a bootstrap at all, too.
+		b.stop()
+		b.start(nil)
+		b.eventually("a poll", 0, func() bool { return b.agent.Stats().Polls > 0 })
+		// A workload that exited while the agent was down is reported.
+		b.stop()
+		b.sim.Exit("run-1", "a1", 9)
+		b.start(nil)
+		b.eventually("the exit", 0, func() bool { return len(b.cp.workloadEvents("run-1", "a1")) == 3 })
+		if ev := b.cp.workloadEvents("run-1", "a1")[2]; ev.State != "exited" || *ev.ExitCode != 9 {
+			t.Fatalf("exit event %+v", ev)
+		}
+	})
+
+	t.Run("CrashBetweenEffectAndRecordIsResolvedNotReapplied", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.start(b.cp.bootstrap())
+		b.eventually("a poll", 0, func() bool { return b.agent.Stats().Polls > 0 })
+		b.stop()
+		// The previous run recorded the intent and the launch happened, then
+		// the process died before recording the result.
+		st, err := state.Open(b.dir, state.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		crashed := launch("op-x", "run-x", "a1", "sleep")
+		if _, err := st.BeginOp(crashed); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		if err := b.sim.Launch(context.Background(), api.LaunchWorkload{RunID: "run-x", AttemptID: "a1", Command: "sleep"}); err != nil {
+			t.Fatal(err)
+		}
+		// And one whose launch never got as far as the runtime.
+		st, _ = state.Open(b.dir, state.Options{})
+		notYet := launch("op-y", "run-y", "a1", "sleep")
+		st.BeginOp(notYet)
+		st.Close()
+
+		b.start(nil)
+		b.eventually("both resolved and reported", 0, func() bool {
+			return len(b.cp.resultsFor("op-x")) == 1 && len(b.cp.resultsFor("op-y")) == 1
+		})
+		if r := b.cp.resultsFor("op-x")[0]; !r.Applied {
+			t.Fatalf("op-x %+v", r)
+		}
+		if r := b.cp.resultsFor("op-y")[0]; !r.Applied {
+			t.Fatalf("op-y %+v", r)
+		}
+		if got := b.sim.Workloads(); len(got) != 2 {
+			t.Fatalf("workloads %v: a launch was repeated or lost", got)
+		}
+	})
+
+	t.Run("UnacknowledgedResultsRideTheEnrollment", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		st, err := state.Open(b.dir, state.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.BeginOp(launch("op-old", "r", "a", "sleep"))
+		st.FinishOp("op-old", api.Result{Applied: true})
+		st.Close()
+		b.start(b.cp.bootstrap())
+		b.eventually("enrollment", 0, func() bool { return b.agent.Stats().Enrollments == 1 })
+		b.cp.with(func() {
+			u := b.cp.enrolls[0].UnacknowledgedResults
+			if len(u) != 1 || u[0].OperationID != "op-old" || !u[0].Applied {
+				t.Fatalf("unacknowledged_results %+v", u)
+			}
+		})
+		if n := len(b.store.UnackedResults()); n != 0 {
+			t.Fatalf("%d results still owed after the enrollment settled them", n)
+		}
+	})
+
+	t.Run("Fenced", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.start(b.cp.bootstrap())
+		b.eventually("a poll", 0, func() bool { return b.agent.Stats().Polls > 0 })
+		b.cp.with(func() { b.cp.fencing++ }) // someone enrolled after us
+		err := b.wait()
+		var fe *FatalError
+		if !errors.As(err, &fe) || fe.Code != client.CodeFenced {
+			t.Fatalf("Run = %v, want fenced", err)
+		}
+		b.stop()
+		if _, err := os.Stat(b.dir + "/fatal.json"); err != nil {
+			t.Fatalf("fatal state not recorded: %v", err)
+		}
+		// Restarting without a new bootstrap fails fast with the same reason.
+		b.start(nil)
+		if err := b.wait(); !errors.As(err, &fe) || fe.Code != client.CodeFenced {
+			t.Fatalf("restart = %v", err)
+		}
+	})
+
+	t.Run("EnrollmentSpent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.spent = true })
+		b.start(b.cp.bootstrap())
+		var fe *FatalError
+		if err := b.wait(); !errors.As(err, &fe) || fe.Code != client.CodeEnrollmentSpent {
+			t.Fatalf("Run = %v", err)
+		}
+	})
+
+	t.Run("RetiredStopsWorkloadsAndDeliversEverything", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.start(b.cp.bootstrap())
+		b.cp.push(launch("op-1", "run-1", "a1", "sleep"))
+		b.eventually("running", 0, func() bool { return len(b.cp.workloadEvents("run-1", "a1")) == 2 })
+		b.cp.with(func() { b.cp.retired = true })
+		b.cp.push() // wake the held poll
+		if err := b.wait(); !errors.Is(err, ErrRetired) {
+			t.Fatalf("Run = %v, want ErrRetired", err)
+		}
+		if b.sim.Calls("stop") != 1 {
+			t.Fatal("workload not stopped")
+		}
+		evs := b.cp.workloadEvents("run-1", "a1")
+		if len(evs) != 3 || evs[2].State != "exited" || *evs[2].ExitCode != 143 {
+			t.Fatalf("exit not delivered: %+v", evs)
+		}
+		if n := len(b.store.UnackedResults()); n != 0 {
+			t.Fatalf("%d results undelivered", n)
+		}
+		if n, _ := b.store.SpoolStats(); n != 0 {
+			t.Fatalf("%d events undelivered", n)
+		}
+	})
+
+	t.Run("BackoffGrowsAndResets", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		fail := func(w http.ResponseWriter) { problem(w, 500, "internal") }
+		ok := func(w http.ResponseWriter) { writeJSON(w, api.CommandsResponse{}) }
+		b.cp.script(fail, fail, fail, ok, fail)
+		b.start(b.cp.bootstrap())
+		b.eventually("four backoffs", 100*time.Millisecond, func() bool { return len(b.agent.Stats().Backoffs) >= 4 })
+		// Rand is 0: each delay is half its ceiling, so the sequence is exact.
+		got := b.agent.Stats().Backoffs[:4]
+		want := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 500 * time.Millisecond}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("backoffs %v, want %v", got, want)
+			}
+		}
+	})
+
+	t.Run("DrainingRetryAfterHonoured", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.script(func(w http.ResponseWriter) {
+			w.Header().Set("Retry-After", "7")
+			problem(w, 503, "draining")
+		})
+		b.start(b.cp.bootstrap())
+		b.eventually("the poll after draining", 250*time.Millisecond, func() bool {
+			var n int
+			b.cp.with(func() { n = len(b.cp.pollTimes) })
+			return n >= 2
+		})
+		b.cp.with(func() {
+			if gap := b.cp.pollTimes[1].Sub(b.cp.pollTimes[0]); gap < 7*time.Second {
+				t.Fatalf("polled again after %s, before Retry-After 7s", gap)
+			}
+		})
+	})
+
+	t.Run("SpoolReplayedAfterReconnect", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// An event spooled by a previous run, never delivered.
+		st, err := state.Open(b.dir, state.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := api.Event{ID: "11111111-1111-1111-1111-111111111111", Kind: api.EventWorkload, ObservedAt: b.clk.Now(),
+			Workload: &api.WorkloadObservation{RunID: "r0", AttemptID: "a0", State: "exited", ExitCode: new(int), ObservedAt: b.clk.Now()}}
+		st.AppendEvent(old)
+		st.Close()
+		b.cp.with(func() { b.cp.eventsDown = 3 })
+		b.start(b.cp.bootstrap())
+		b.cp.push(launch("op-1", "run-1", "a1", "exit", "0"))
+		b.eventually("the spool to drain through the outage", 500*time.Millisecond, func() bool {
+			return len(b.cp.workloadEvents("r0", "a0")) == 1 && len(b.cp.workloadEvents("run-1", "a1")) == 3
+		})
+		if n, _ := b.store.SpoolStats(); n != 0 {
+			b.eventually("empty spool", 0, func() bool { n, _ := b.store.SpoolStats(); return n == 0 })
+		}
+	})
+
+	t.Run("RenewsBeforeExpiry", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.ttl = 60 })
+		b.start(b.cp.bootstrap())
+		b.eventually("a poll", 0, func() bool { return b.agent.Stats().Polls > 0 })
+		start := b.clk.Now()
+		b.eventually("a renewal", time.Second, func() bool { return b.agent.Stats().Renewals > 0 })
+		// Rand is 0: renewal at 50% of the TTL, well before expiry.
+		if el := b.clk.Now().Sub(start); el > 45*time.Second {
+			t.Fatalf("renewed %s into a 60s session", el)
+		}
+		tok := b.agent.Session().SessionToken
+		if tok != "session-1-r1" {
+			t.Fatalf("session token %q", tok)
+		}
+		b.eventually("a poll with the renewed token", 0, func() bool {
+			found := false
+			b.cp.with(func() {
+				for _, pt := range b.cp.pollTokens {
+					found = found || pt == tok
+				}
+			})
+			return found
+		})
+		sess, err := b.store.Session()
+		if err != nil || sess.SessionToken != tok {
+			t.Fatalf("renewed session not stored: %v", err)
+		}
+	})
+}
+
+func TestBackoff(t *testing.T) {
+	b := newBackoff(time.Second, 8*time.Second, func() float64 { return 0.999 })
+	var got []time.Duration
+	for range 6 {
+		got = append(got, b.next())
+	}
+	for i, d := range got {
+		ceil := min(time.Second<<i, 8*time.Second)
+		if d < ceil/2 || d >= ceil {
+			t.Fatalf("delay %d = %s, want in [%s, %s)", i, d, ceil/2, ceil)
+		}
+	}
+	b.reset()
+	if d := b.next(); d >= time.Second {
+		t.Fatalf("after reset %s", d)
+	}
+}

@@ -1,0 +1,363 @@
+package core
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+)
+
+// fakeClock is a Clock that moves only when the test advances it.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	clk   *fakeClock
+	c     chan time.Time
+	at    time.Time
+	d     time.Duration
+	fired bool
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) NewTimer(d time.Duration) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{clk: c, c: make(chan time.Time, 1), at: c.now.Add(d), d: d}
+	if d <= 0 {
+		t.fired = true
+		t.c <- c.now
+		return t
+	}
+	c.timers = append(c.timers, t)
+	return t
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.c }
+
+func (t *fakeTimer) Stop() bool {
+	t.clk.mu.Lock()
+	defer t.clk.mu.Unlock()
+	if t.fired {
+		return false
+	}
+	t.clk.timers = slices.DeleteFunc(t.clk.timers, func(x *fakeTimer) bool { return x == t })
+	return true
+}
+
+// Advance moves time forward and fires the timers that are due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	keep := c.timers[:0]
+	for _, t := range c.timers {
+		if !t.at.After(c.now) {
+			t.fired = true
+			t.c <- c.now
+			continue
+		}
+		keep = append(keep, t)
+	}
+	c.timers = keep
+}
+
+// pending lists the durations of the timers armed now.
+func (c *fakeClock) pending() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []time.Duration
+	for _, t := range c.timers {
+		out = append(out, t.d)
+	}
+	return out
+}
+
+// fakeCP is a minimal in-process control plane speaking the agent API.
+type fakeCP struct {
+	t   *testing.T
+	srv *httptest.Server
+	clk *fakeClock
+
+	mu           sync.Mutex
+	enrollToken  string
+	spent        bool
+	retired      bool
+	fencing      int64
+	tokens       map[string]int64 // session token -> fencing token
+	ttl          int64
+	heartbeatSec int64
+	queue        []api.Command
+	wake         chan struct{}
+	pollScript   []func(http.ResponseWriter) // answers for the next polls, in order
+	eventsDown   int                         // answer 503 to this many events posts
+	enrolls      []api.EnrollRequest
+	renews       int
+	activePolls  int         // poll handlers running now
+	pollTimes    []time.Time // fake-clock time of each poll
+	pollTokens   []string
+	results      []api.Result
+	events       []api.Event
+	eventIDs     map[string]bool
+}
+
+func newFakeCP(t *testing.T, clk *fakeClock) *fakeCP {
+	cp := &fakeCP{
+		t: t, clk: clk, enrollToken: "enroll-secret", tokens: map[string]int64{},
+		ttl: 1800, heartbeatSec: 30, wake: make(chan struct{}, 1), eventIDs: map[string]bool{},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /agent/v1/enroll", cp.enroll)
+	mux.HandleFunc("POST /agent/v1/session/renew", cp.auth(cp.renew, false))
+	mux.HandleFunc("GET /agent/v1/commands", cp.auth(cp.commands, false))
+	mux.HandleFunc("POST /agent/v1/results", cp.auth(cp.resultsH, true))
+	mux.HandleFunc("POST /agent/v1/events", cp.auth(cp.eventsH, true))
+	cp.srv = httptest.NewServer(mux)
+	t.Cleanup(cp.srv.Close)
+	return cp
+}
+
+func problem(w http.ResponseWriter, status int, code string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(api.Problem{Title: http.StatusText(status), Status: status, Code: code, Detail: code})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+func (cp *fakeCP) bootstrap() *api.Bootstrap {
+	return &api.Bootstrap{NodeID: "node-1", RentalID: "rental-1", Generation: 1, EnrollmentToken: cp.enrollToken,
+		ControlPlaneURL: cp.srv.URL, AgentVersion: "test"}
+}
+
+func (cp *fakeCP) enroll(w http.ResponseWriter, r *http.Request) {
+	var req api.EnrollRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		problem(w, 400, "invalid_json")
+		return
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	switch {
+	case cp.retired:
+		problem(w, 410, "node_retired")
+		return
+	case req.EnrollmentToken != cp.enrollToken:
+		problem(w, 401, "enrollment_invalid")
+		return
+	case cp.spent:
+		problem(w, 409, "enrollment_spent")
+		return
+	}
+	cp.spent = true
+	cp.fencing++
+	cp.enrolls = append(cp.enrolls, req)
+	cp.results = append(cp.results, req.UnacknowledgedResults...)
+	tok := fmt.Sprintf("session-%d", cp.fencing)
+	cp.tokens[tok] = cp.fencing
+	writeJSON(w, api.EnrollResponse{NodeID: req.NodeID, SessionToken: tok, SessionExpiresAt: cp.clk.Now().Add(time.Duration(cp.ttl) * time.Second),
+		SessionTTLSeconds: cp.ttl, FencingToken: cp.fencing, LeaseSeconds: 90, HeartbeatSeconds: cp.heartbeatSec})
+}
+
+// auth checks the bearer session; reporting doors stay open to a retired node.
+func (cp *fakeCP) auth(h http.HandlerFunc, reporting bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		cp.mu.Lock()
+		f, ok := cp.tokens[tok]
+		fenced := ok && f != cp.fencing
+		retired := cp.retired
+		cp.mu.Unlock()
+		switch {
+		case !ok:
+			problem(w, 401, "session_invalid")
+		case fenced:
+			problem(w, 409, "fenced")
+		case retired && !reporting:
+			problem(w, 410, "node_retired")
+		default:
+			h(w, r)
+		}
+	}
+}
+
+func (cp *fakeCP) renew(w http.ResponseWriter, r *http.Request) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.renews++
+	tok := fmt.Sprintf("session-%d-r%d", cp.fencing, cp.renews)
+	cp.tokens[tok] = cp.fencing
+	writeJSON(w, api.RenewResponse{SessionToken: tok, SessionExpiresAt: cp.clk.Now().Add(time.Duration(cp.ttl) * time.Second), SessionTTLSeconds: cp.ttl})
+}
+
+func (cp *fakeCP) commands(w http.ResponseWriter, r *http.Request) {
+	cp.mu.Lock()
+	cp.activePolls++
+	defer cp.with(func() { cp.activePolls-- })
+	cp.pollTimes = append(cp.pollTimes, cp.clk.Now())
+	cp.pollTokens = append(cp.pollTokens, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+	if len(cp.pollScript) > 0 {
+		f := cp.pollScript[0]
+		cp.pollScript = cp.pollScript[1:]
+		cp.mu.Unlock()
+		f(w)
+		return
+	}
+	cp.mu.Unlock()
+	// Hold briefly (real time) unless work arrives: enough to keep the agent
+	// from spinning, short enough for a test.
+	deadline := time.NewTimer(100 * time.Millisecond)
+	defer deadline.Stop()
+	for {
+		cp.mu.Lock()
+		if len(cp.queue) > 0 || cp.retired {
+			cmds := cp.queue
+			cp.queue = nil
+			retired := cp.retired
+			cp.mu.Unlock()
+			if retired {
+				problem(w, 410, "node_retired")
+				return
+			}
+			writeJSON(w, api.CommandsResponse{Commands: cmds})
+			return
+		}
+		cp.mu.Unlock()
+		select {
+		case <-cp.wake:
+		case <-deadline.C:
+			writeJSON(w, api.CommandsResponse{Commands: []api.Command{}})
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func (cp *fakeCP) resultsH(w http.ResponseWriter, r *http.Request) {
+	var req api.ResultsRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		problem(w, 400, "invalid_json")
+		return
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	var out api.ResultsResponse
+	for _, res := range req.Results {
+		cp.results = append(cp.results, res)
+		st := "applied"
+		if !res.Applied {
+			st = "refused"
+		}
+		out.Settled = append(out.Settled, api.Settled{OperationID: res.OperationID, State: st})
+	}
+	writeJSON(w, out)
+}
+
+func (cp *fakeCP) eventsH(w http.ResponseWriter, r *http.Request) {
+	var req api.EventsRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		problem(w, 400, "invalid_json")
+		return
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if cp.eventsDown > 0 {
+		cp.eventsDown--
+		problem(w, 503, "unavailable")
+		return
+	}
+	var resp api.EventsResponse
+	for _, e := range req.Events {
+		if cp.eventIDs[e.ID] {
+			resp.Duplicates++
+			continue
+		}
+		cp.eventIDs[e.ID] = true
+		cp.events = append(cp.events, e)
+		resp.Recorded++
+	}
+	writeJSON(w, resp)
+}
+
+func (cp *fakeCP) push(cmds ...api.Command) {
+	cp.mu.Lock()
+	cp.queue = append(cp.queue, cmds...)
+	cp.mu.Unlock()
+	select {
+	case cp.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (cp *fakeCP) script(fs ...func(http.ResponseWriter)) {
+	cp.mu.Lock()
+	cp.pollScript = append(cp.pollScript, fs...)
+	cp.mu.Unlock()
+}
+
+func (cp *fakeCP) resultsFor(op string) []api.Result {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	var out []api.Result
+	for _, r := range cp.results {
+		if r.OperationID == op {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (cp *fakeCP) workloadEvents(run, attempt string) []api.WorkloadObservation {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	var out []api.WorkloadObservation
+	for _, e := range cp.events {
+		if e.Kind == api.EventWorkload && e.Workload.RunID == run && e.Workload.AttemptID == attempt {
+			out = append(out, *e.Workload)
+		}
+	}
+	return out
+}
+
+func (cp *fakeCP) heartbeats() []api.Event {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	var out []api.Event
+	for _, e := range cp.events {
+		if e.Kind == api.EventHeartbeat {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (cp *fakeCP) with(f func()) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	f()
+}

@@ -53,7 +53,7 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode, durable bool) e
 
 // WriteJSONAtomic is WriteFileAtomic of v's JSON encoding with mode 0600.
 func WriteJSONAtomic(path string, v any, durable bool) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
 	}

@@ -27,6 +27,7 @@ import (
 // gives is checked against openapi.yaml (the assertions here are light: the
 // contract check is the point; fleet tests own the behaviour).
 func TestContractWalk(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		ctx := context.Background()
 		rental := apitest.RandomID("rental-")
@@ -121,6 +122,7 @@ func TestContractWalk(t *testing.T) {
 // TestReadyzWhileDraining checks the 503 shape of /readyz against the
 // contract (the real server drains too briefly to catch it there).
 func TestReadyzWhileDraining(t *testing.T) {
+	t.Parallel()
 	db := dbtest.Open(t, models.SQLite)
 	ring := keys.NewRing([]byte("0123456789abcdef0123456789abcdef"))
 	h := handlers.New(handlers.Deps{DB: db, Auth: auth.New(db, ring, nil), Metrics: metrics.New(nil),

@@ -60,6 +60,7 @@ func createToken(t *testing.T, s *apitest.Server, name string) tokenJSON {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		big := `{"name":"` + strings.Repeat("a", 1<<20) + `"}`
 		cases := []struct {
@@ -135,6 +136,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestAuthentication(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		tok := createToken(t, s, "to-revoke")
 		s.Admin(t, http.MethodPost, "/api/v1/tokens/"+tok.ID+"/revoke", nil, http.StatusOK, nil)
@@ -188,6 +190,7 @@ func TestAuthentication(t *testing.T) {
 // Authentication comes before routing: no /api path tells an anonymous
 // caller whether it exists.
 func TestEveryAPIPathNeedsAuthentication(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		paths := []struct{ method, path string }{
 			{"GET", "/api/v1/whoami"},
@@ -222,6 +225,7 @@ func TestEveryAPIPathNeedsAuthentication(t *testing.T) {
 }
 
 func TestRouting(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		for _, path := range []string{"/api/v1/no-such-thing", "/api/v2/whoami", "/api/v1/tokens/x/y/z"} {
 			p := s.Problem(t, http.MethodGet, path, nil, s.AdminToken, http.StatusNotFound, "not_found")
@@ -242,6 +246,7 @@ func TestRouting(t *testing.T) {
 }
 
 func TestRequestID(t *testing.T) {
+	t.Parallel()
 	s := apitest.Start(t)
 	req := s.NewRequest(t, http.MethodGet, "/api/v1/whoami", nil, "")
 	req.Header.Set("X-Request-Id", "trace-42")
@@ -261,6 +266,7 @@ func TestRequestID(t *testing.T) {
 }
 
 func TestTokenLifecycle(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		tok := createToken(t, s, "deploy-bot")
 		require.Equal(t, s.AdminUserID, tok.UserID)
@@ -325,6 +331,7 @@ func TestTokenLifecycle(t *testing.T) {
 }
 
 func TestAdminAuditPages(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		for _, n := range []string{"a", "b", "c"} {
 			createToken(t, s, n)
@@ -356,6 +363,7 @@ func TestAdminAuditPages(t *testing.T) {
 }
 
 func TestOperationsEndpoints(t *testing.T) {
+	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		var health struct{ Status string }
 		s.JSON(t, http.MethodGet, "/healthz", nil, "", http.StatusOK, &health)
@@ -390,6 +398,7 @@ func TestOperationsEndpoints(t *testing.T) {
 
 // The problem document itself: every member the contract promises.
 func TestProblemShape(t *testing.T) {
+	t.Parallel()
 	s := apitest.Start(t)
 	_, h, raw := s.Do(t, http.MethodGet, "/api/v1/whoami", nil, "")
 	require.Equal(t, "no-store", h.Get("Cache-Control"))

@@ -1,0 +1,275 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+)
+
+// These tests build the real binary and drive it against a minimal control
+// plane: the shim re-exec, the state dir and the exit codes are the ones an
+// operator gets.
+
+const patience = 30 * time.Second
+
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "nodeward-agent")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type miniCP struct {
+	mu       sync.Mutex
+	queue    []api.Command
+	retired  bool
+	fencing  int64
+	results  map[string]api.Result
+	workload map[string]api.WorkloadObservation // run/attempt/state -> obs
+	enrolls  int
+}
+
+func (cp *miniCP) handler() http.Handler {
+	mux := http.NewServeMux()
+	reply := func(w http.ResponseWriter, v any) { json.NewEncoder(w).Encode(v) }
+	problem := func(w http.ResponseWriter, status int, code string) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(status)
+		reply(w, api.Problem{Status: status, Code: code, Title: code})
+	}
+	mux.HandleFunc("POST /agent/v1/enroll", func(w http.ResponseWriter, r *http.Request) {
+		cp.mu.Lock()
+		defer cp.mu.Unlock()
+		if cp.enrolls > 0 {
+			problem(w, 409, "enrollment_spent")
+			return
+		}
+		cp.enrolls++
+		cp.fencing++
+		reply(w, api.EnrollResponse{NodeID: "node-1", SessionToken: fmt.Sprintf("s%d", cp.fencing), SessionExpiresAt: time.Now().Add(time.Hour),
+			SessionTTLSeconds: 3600, FencingToken: cp.fencing, LeaseSeconds: 90, HeartbeatSeconds: 30})
+	})
+	mux.HandleFunc("POST /agent/v1/session/renew", func(w http.ResponseWriter, r *http.Request) {
+		cp.mu.Lock()
+		defer cp.mu.Unlock()
+		if r.Header.Get("Authorization") != fmt.Sprintf("Bearer s%d", cp.fencing) {
+			problem(w, 409, "fenced")
+			return
+		}
+		reply(w, api.RenewResponse{SessionToken: fmt.Sprintf("s%d", cp.fencing), SessionExpiresAt: time.Now().Add(time.Hour), SessionTTLSeconds: 3600})
+	})
+	mux.HandleFunc("GET /agent/v1/commands", func(w http.ResponseWriter, r *http.Request) {
+		deadline := time.Now().Add(200 * time.Millisecond)
+		for {
+			cp.mu.Lock()
+			if cp.retired {
+				cp.mu.Unlock()
+				problem(w, 410, "node_retired")
+				return
+			}
+			if len(cp.queue) > 0 || time.Now().After(deadline) {
+				cmds := cp.queue
+				cp.queue = nil
+				cp.mu.Unlock()
+				if cmds == nil {
+					cmds = []api.Command{}
+				}
+				reply(w, api.CommandsResponse{Commands: cmds})
+				return
+			}
+			cp.mu.Unlock()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	mux.HandleFunc("POST /agent/v1/results", func(w http.ResponseWriter, r *http.Request) {
+		var req api.ResultsRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		cp.mu.Lock()
+		defer cp.mu.Unlock()
+		var out api.ResultsResponse
+		for _, res := range req.Results {
+			cp.results[res.OperationID] = res
+			out.Settled = append(out.Settled, api.Settled{OperationID: res.OperationID, State: "applied"})
+		}
+		reply(w, out)
+	})
+	mux.HandleFunc("POST /agent/v1/events", func(w http.ResponseWriter, r *http.Request) {
+		var req api.EventsRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		cp.mu.Lock()
+		defer cp.mu.Unlock()
+		for _, e := range req.Events {
+			if e.Workload != nil {
+				cp.workload[e.Workload.RunID+"/"+e.Workload.AttemptID+"/"+e.Workload.State] = *e.Workload
+			}
+		}
+		reply(w, api.EventsResponse{Recorded: len(req.Events)})
+	})
+	return mux
+}
+
+func (cp *miniCP) push(op, kind string, payload any) {
+	b, _ := json.Marshal(payload)
+	cp.mu.Lock()
+	cp.queue = append(cp.queue, api.Command{OperationID: op, NodeID: "node-1", Kind: kind, FencingToken: cp.fencing, Payload: b})
+	cp.mu.Unlock()
+}
+
+func (cp *miniCP) has(f func() bool) bool {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return f()
+}
+
+// syncBuffer collects a child's stderr safely.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func eventually(t *testing.T, what string, log *syncBuffer, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; agent log:\n%s", what, log.String())
+		}
+		<-tick.C
+	}
+}
+
+func exitCode(t *testing.T, cmd *exec.Cmd, log *syncBuffer) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(patience):
+		cmd.Process.Kill()
+		t.Fatalf("agent did not exit; log:\n%s", log.String())
+		return -1
+	}
+}
+
+func TestBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the agent binary")
+	}
+	bin := buildAgent(t)
+	cp := &miniCP{results: map[string]api.Result{}, workload: map[string]api.WorkloadObservation{}}
+	srv := httptest.NewServer(cp.handler())
+	defer srv.Close()
+	dir := t.TempDir()
+	stateDir := filepath.Join(dir, "state")
+	bsFile := filepath.Join(dir, "bootstrap.json")
+	bs, _ := json.Marshal(api.Bootstrap{NodeID: "node-1", Generation: 1, EnrollmentToken: "tok", ControlPlaneURL: srv.URL, AgentVersion: "dev"})
+	os.WriteFile(bsFile, bs, 0o600)
+
+	start := func(args ...string) (*exec.Cmd, *syncBuffer) {
+		log := &syncBuffer{}
+		cmd := exec.Command(bin, append([]string{"--state-dir", stateDir, "--poll-wait", "1s", "--retire-grace", "1s"}, args...)...)
+		cmd.Stderr = log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, log
+	}
+
+	t.Run("PlainHTTPRefusedWithoutFlag", func(t *testing.T) {
+		cmd, log := start("--bootstrap", bsFile)
+		if code := exitCode(t, cmd, log); code != 1 || !strings.Contains(log.String(), "allow-insecure-http") {
+			t.Fatalf("exit %d; log:\n%s", code, log.String())
+		}
+	})
+
+	agent, log := start("--bootstrap", bsFile, "--allow-insecure-http")
+	eventually(t, "enrolled", log, func() bool { return strings.Contains(log.String(), "msg=enrolled") })
+
+	gate := filepath.Join(dir, "gate")
+	cp.push("op-launch", api.KindLaunchWorkload, api.LaunchWorkload{RunID: "run-1", AttemptID: "a1", Command: "sh",
+		Args: []string{"-c", `while [ ! -e "$GATE" ]; do sleep 0.02; done; exit 3`}, Env: map[string]string{"GATE": gate}})
+	eventually(t, "the launch applied and running reported", log, func() bool {
+		return cp.has(func() bool { _, ok := cp.workload["run-1/a1/running"]; return cp.results["op-launch"].Applied && ok })
+	})
+
+	// Kill the agent outright; the workload exits while it is down.
+	agent.Process.Signal(syscall.SIGKILL)
+	agent.Wait()
+	os.WriteFile(gate, nil, 0o600)
+
+	// Restart without the bootstrap: the stored session is enough, and the
+	// exit that happened while it was down is reported.
+	agent, log = start("--allow-insecure-http")
+	eventually(t, "the exit reported after restart", log, func() bool {
+		return cp.has(func() bool { o, ok := cp.workload["run-1/a1/exited"]; return ok && o.ExitCode != nil && *o.ExitCode == 3 })
+	})
+	if !strings.Contains(log.String(), "session restored") {
+		t.Fatalf("no session restored line:\n%s", log.String())
+	}
+
+	// A long-running workload, then retirement: it is stopped and its exit
+	// delivered before the agent exits 0.
+	cp.push("op-sleep", api.KindLaunchWorkload, api.LaunchWorkload{RunID: "run-2", AttemptID: "a1", Command: "sleep", Args: []string{"300"}})
+	eventually(t, "run-2 running", log, func() bool {
+		return cp.has(func() bool { _, ok := cp.workload["run-2/a1/running"]; return ok })
+	})
+	cp.has(func() bool { cp.retired = true; return true })
+	if code := exitCode(t, agent, log); code != 0 {
+		t.Fatalf("retired agent exited %d; log:\n%s", code, log.String())
+	}
+	if !cp.has(func() bool { o, ok := cp.workload["run-2/a1/exited"]; return ok && o.ExitCode != nil && *o.ExitCode == 143 }) {
+		t.Fatalf("run-2 exit not delivered; log:\n%s", log.String())
+	}
+	if !strings.Contains(log.String(), "node retired: workloads stopped") {
+		t.Fatalf("no retirement line:\n%s", log.String())
+	}
+
+	// Fenced: someone else enrolled this node; the agent needs a reinvite.
+	cp.has(func() bool { cp.retired = false; cp.fencing++; return true })
+	agent, log = start("--allow-insecure-http")
+	if code := exitCode(t, agent, log); code != 2 || !strings.Contains(log.String(), "reinvite") {
+		t.Fatalf("fenced agent exited %d; log:\n%s", code, log.String())
+	}
+}

@@ -9,7 +9,14 @@
 //	})
 //
 // A contract violation fails the test that made the request, naming the
-// method, path, status and what the validator found (see Transport).
+// method, path, status and what the validator found (see Transport). The
+// agent's client checks its exchanges too when handed s.Client:
+//
+//	client.New(client.Options{BaseURL: s.URL, AllowInsecureHTTP: true, HTTPClient: s.Client})
+//
+// Postgres servers need dbtest.EnvURL (NODEWARD_TEST_DATABASE_URL); Each
+// runs SQLite always and Postgres when it is set (and fails under CI=true
+// without it).
 package apitest
 
 import (

@@ -243,7 +243,10 @@ func TestBinary(t *testing.T) {
 	// exit that happened while it was down is reported.
 	agent, log = start("--allow-insecure-http")
 	eventually(t, "the exit reported after restart", log, func() bool {
-		return cp.has(func() bool { o, ok := cp.workload["run-1/a1/exited"]; return ok && o.ExitCode != nil && *o.ExitCode == 3 })
+		return cp.has(func() bool {
+			o, ok := cp.workload["run-1/a1/exited"]
+			return ok && o.ExitCode != nil && *o.ExitCode == 3
+		})
 	})
 	if !strings.Contains(log.String(), "session restored") {
 		t.Fatalf("no session restored line:\n%s", log.String())
@@ -259,7 +262,10 @@ func TestBinary(t *testing.T) {
 	if code := exitCode(t, agent, log); code != 0 {
 		t.Fatalf("retired agent exited %d; log:\n%s", code, log.String())
 	}
-	if !cp.has(func() bool { o, ok := cp.workload["run-2/a1/exited"]; return ok && o.ExitCode != nil && *o.ExitCode == 143 }) {
+	if !cp.has(func() bool {
+		o, ok := cp.workload["run-2/a1/exited"]
+		return ok && o.ExitCode != nil && *o.ExitCode == 143
+	}) {
 		t.Fatalf("run-2 exit not delivered; log:\n%s", log.String())
 	}
 	if !strings.Contains(log.String(), "node retired: workloads stopped") {

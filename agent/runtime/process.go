@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,6 +64,9 @@ type Process struct {
 	poll       time.Duration
 	killWait   time.Duration
 	startWait  time.Duration
+
+	mu     sync.Mutex             // guards the following
+	exited map[string]Observation // final observations: exit.json never changes
 }
 
 var _ Runtime = (*Process)(nil)
@@ -84,6 +88,7 @@ func NewProcess(opts ProcessOptions) (*Process, error) {
 		poll:       opts.PollInterval,
 		killWait:   opts.KillWait,
 		startWait:  opts.StartWait,
+		exited:     map[string]Observation{},
 	}
 	if p.shimPath == "" {
 		exe, err := os.Executable()
@@ -495,9 +500,22 @@ func (p *Process) Observe(ctx context.Context) ([]Observation, error) {
 			if !a.IsDir() {
 				continue
 			}
-			o, err := p.observe(filepath.Join(p.dir, "workloads", r.Name(), "attempts", a.Name()))
-			if err != nil {
-				continue
+			key := r.Name() + "/" + a.Name()
+			p.mu.Lock()
+			o, done := p.exited[key]
+			p.mu.Unlock()
+			if !done {
+				var err error
+				if o, err = p.observe(filepath.Join(p.dir, "workloads", r.Name(), "attempts", a.Name())); err != nil {
+					continue
+				}
+				// Only a recorded exit is final; a "lost" verdict is
+				// re-derived each time in case the record turns up.
+				if o.State == api.WorkloadExited && exists(filepath.Join(p.dir, "workloads", r.Name(), "attempts", a.Name(), fileExit)) {
+					p.mu.Lock()
+					p.exited[key] = o
+					p.mu.Unlock()
+				}
 			}
 			out = append(out, o)
 		}

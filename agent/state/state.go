@@ -15,11 +15,18 @@
 //	                            result; acked once the server settled the result
 //	<dir>/spool/<seq>.json      events not yet recorded by the server, oldest first
 //	<dir>/reported.json         the last workload state reported per attempt
-//	<dir>/artifacts/            content-addressed artifact cache (package runtime)
-//	<dir>/images/               unpacked images (package runtime)
-//	<dir>/workloads/            one directory per run and attempt, written by the
-//	                            agent and by the workload's supervisor (shim)
-//	<dir>/volumes/              cache volumes shared by workloads
+//	<dir>/fatal.json            why the agent stopped needing a reinvite (removed
+//	                            by the next successful enrollment)
+//	<dir>/artifacts/sha256/<hex>   content-addressed artifact cache (package runtime)
+//	<dir>/artifacts/ids/<id>.json  artifact id -> digest
+//	<dir>/images/unpacked/<hex>/   an artifact unpacked once, by digest
+//	<dir>/images/names/<h>.json    image name -> unpacked tree
+//	<dir>/workloads/<run>/work/    the run's working directory (HOME, cwd)
+//	<dir>/workloads/<run>/attempts/<attempt>/  record.json, supervise.lock,
+//	                            shim.json, status.json, exit.json, stdout.log,
+//	                            stderr.log, shim.log: written by the agent and
+//	                            by the attempt's supervisor (the shim)
+//	<dir>/volumes/<name>/       cache volumes shared by workloads
 //
 // The ops records are both the applied-operations journal and the store of
 // unacknowledged results: a "done" record that is not acked is a result the

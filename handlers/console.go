@@ -32,6 +32,11 @@ func (h *handler) consoleRoutes(r chi.Router) {
 	r.Post("/console/login", h.consoleLogin)
 	r.Get("/console/setup", h.consoleSetupForm)
 	r.Post("/console/setup", h.consoleSetup)
+	// Logging out is a POST (CSRF-checked); a typed or bookmarked GET just
+	// goes home rather than answering 405.
+	r.Get("/console/logout", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusSeeOther)
+	})
 
 	r.Group(func(r chi.Router) {
 		r.Use(h.consoleSession)
@@ -111,7 +116,8 @@ func (h *handler) consoleSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, cookie, err := h.sessionFromCookie(r)
 		if errors.Is(err, auth.ErrUnauthenticated) {
-			if cookie != "" || hasCookie(r) {
+			if hasCookie(r) {
+				// Expired, revoked or forged: stop the browser sending it.
 				h.clearSessionCookie(w)
 			}
 			target := "/console/login"

@@ -249,6 +249,7 @@ func TestConsoleLogin(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		t.Run("SetsSessionCookie", func(t *testing.T) {
 			for _, secure := range []bool{false, true} {
+				// The second round reuses the database and its administrator.
 				c := newConsole(t, db, consoleOpts{secureCookies: secure, noAdmin: secure})
 				res := c.post("/console/login", "", url.Values{"username": {adminName}, "password": {adminPassword}})
 				requireRedirect(t, res, "/console/")
@@ -623,6 +624,8 @@ func TestConsoleNavigation(t *testing.T) {
 
 		t.Run("BareConsoleRedirects", func(t *testing.T) {
 			requireRedirect(t, c.get("/console", cookie), "/console/")
+			requireRedirect(t, c.get("/console/logout", cookie), "/console/")
+			require.Equal(t, http.StatusOK, c.whoami(cookie, ""), "a GET does not log out")
 		})
 
 		t.Run("StaticAssets", func(t *testing.T) {

@@ -78,6 +78,10 @@ func New(db *models.DB, ring *keys.Ring, now func() time.Time) *Service {
 	if now == nil {
 		now = time.Now
 	}
+	// Answers carry the precision both databases keep, so a time answered
+	// equals the same time read back later.
+	clock := now
+	now = func() time.Time { return clock().UTC().Truncate(time.Microsecond) }
 	return &Service{
 		db:         db,
 		sessions:   keys.NewSigner(ring, keys.LabelConsoleSession, "nodeward-console", "console+jwt", now),

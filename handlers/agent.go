@@ -61,6 +61,10 @@ func (h *handler) renewSession(w http.ResponseWriter, r *http.Request) {
 const DefaultPollWait = 25 * time.Second
 
 func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
+	sess, ok := h.agentSession(w, r, fleet.DoorAsk)
+	if !ok {
+		return
+	}
 	wait := DefaultPollWait
 	if s := r.URL.Query().Get("wait"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -69,10 +73,6 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		wait = time.Duration(n) * time.Second
-	}
-	sess, ok := h.agentSession(w, r, fleet.DoorAsk)
-	if !ok {
-		return
 	}
 	if h.Draining() {
 		writeError(w, r, fleet.ErrDraining)

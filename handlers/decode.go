@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 
 	"github.com/nodeward/nodeward/errcode"
 )
@@ -65,9 +66,9 @@ func describeJSONError(err error) string {
 		return fmt.Sprintf("malformed JSON at byte %d", syn.Offset)
 	case errors.As(err, &typ):
 		if typ.Field != "" {
-			return fmt.Sprintf("field %q must be %s", typ.Field, typ.Type.String())
+			return fmt.Sprintf("field %q must be %s", typ.Field, jsonKind(typ.Type))
 		}
-		return fmt.Sprintf("expected %s", typ.Type.String())
+		return fmt.Sprintf("the body must be %s", jsonKind(typ.Type))
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return "malformed JSON: unexpected end of input"
 	}
@@ -77,4 +78,32 @@ func describeJSONError(err error) string {
 		return "unknown field " + msg[len(unknown):]
 	}
 	return "malformed JSON"
+}
+
+// jsonKind names what JSON value a Go type takes, in the caller's words.
+func jsonKind(t reflect.Type) string {
+	if t.PkgPath() == "time" && t.Name() == "Time" {
+		return "an RFC 3339 time string"
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	case reflect.Struct, reflect.Map:
+		return "a JSON object"
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "a JSON value"
+		}
+		return "a JSON array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number in range"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return "a different JSON type"
 }

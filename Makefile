@@ -1,0 +1,33 @@
+# Tasks for humans; CI runs .ci/run.
+.PHONY: help run test test-pg lint generate bench load build
+
+PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+run: ## serve the control plane on the embedded SQLite in ./data
+	go run ./server
+
+build: ## build bin/nodeward and bin/nodeward-agent
+	go build -o bin/nodeward ./server
+	go build -o bin/nodeward-agent ./agent
+
+test: ## the whole suite on SQLite
+	go test ./...
+
+test-pg: ## the whole suite on SQLite and PostgreSQL, with -race
+	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' go test -race -count=1 ./...
+
+lint: ## gofmt, go vet, generated code current
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	go vet ./...
+
+generate: ## regenerate the console's templ code
+	go tool templ generate
+
+bench: ## Go benchmarks on both databases (see BENCHMARKS.md)
+	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' go test -run '^$$' -bench . -benchtime 3x -count 5 ./fleet ./handlers
+
+load: ## the delivery load tool (see BENCHMARKS.md)
+	go run ./loadtest -h

@@ -1,0 +1,324 @@
+// Package e2e runs the real binaries: the control plane and the agent are
+// built once per test run and started as processes, so restarts, kills and
+// several replicas are real. Tests only; nothing here ships.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMasterKey is the master key every test server shares (several
+// replicas must have the same key).
+const TestMasterKey = "6e6f646577617264206532652074657374206d6173746572206b65792031323334"
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// Binaries builds the server and the agent once for the whole test binary
+// and answers their paths.
+func Binaries(t testing.TB) (server, agent string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "nodeward-e2e-bin-")
+		if buildErr != nil {
+			return
+		}
+		root, err := moduleRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		for _, b := range []struct{ out, pkg string }{{"nodeward", "./server"}, {"nodeward-agent", "./agent"}} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, b.out), b.pkg)
+			cmd.Dir = root
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build binaries: %v", buildErr)
+	}
+	return filepath.Join(buildDir, "nodeward"), filepath.Join(buildDir, "nodeward-agent")
+}
+
+// Cleanup removes the built binaries; call it from TestMain.
+func Cleanup() {
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+// FreeAddr answers a loopback address with a port free right now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Server is one control-plane process (restartable on the same address
+// and database).
+type Server struct {
+	Addr, URL   string
+	DataDir     string // SQLite
+	DatabaseURL string // Postgres
+	Replica     string
+	Token       string // an administrator API token
+	Env         []string
+
+	bin string
+	t   testing.TB
+
+	mu  sync.Mutex // guards the following
+	cmd *exec.Cmd
+	log *bytes.Buffer
+	// exited is closed when the current process has exited.
+	exited chan struct{}
+}
+
+// ServerOptions say how to start a server.
+type ServerOptions struct {
+	// DatabaseURL selects Postgres (a schema URL from dbtest.NewSchema);
+	// empty runs SQLite in a temp data folder.
+	DatabaseURL string
+	Replica     string
+	// Token is an existing administrator token (for a second replica of
+	// one database); empty creates an administrator and a token.
+	Token string
+	Env   []string
+}
+
+// StartServer starts a control-plane process and waits for /readyz.
+func StartServer(t testing.TB, o ServerOptions) *Server {
+	t.Helper()
+	bin, _ := Binaries(t)
+	addr := FreeAddr(t)
+	s := &Server{Addr: addr, URL: "http://" + addr, DatabaseURL: o.DatabaseURL, Replica: o.Replica, Token: o.Token, bin: bin, t: t}
+	if s.Replica == "" {
+		s.Replica = "replica-" + strings.ReplaceAll(addr, ":", "-")
+	}
+	if o.DatabaseURL == "" {
+		s.DataDir = t.TempDir()
+	}
+	s.Env = append([]string{
+		"NODEWARD_LISTEN=" + addr,
+		"NODEWARD_PUBLIC_URL=" + s.URL,
+		"NODEWARD_MASTER_KEY=" + TestMasterKey,
+		"NODEWARD_AGENT_VERSION=e2e",
+		"NODEWARD_REPLICA_ID=" + s.Replica,
+		"NODEWARD_SHUTDOWN_GRACE=10s",
+		"NODEWARD_LOG_FORMAT=json",
+	}, o.Env...)
+	if s.DataDir != "" {
+		s.Env = append(s.Env, "NODEWARD_DATA_DIR="+s.DataDir)
+	} else {
+		s.Env = append(s.Env, "NODEWARD_DATABASE_URL="+s.DatabaseURL)
+	}
+	if s.Token == "" {
+		s.run(t, strings.NewReader("e2e-admin-password\n"), "admin", "create", "--username", "e2e", "--password-stdin")
+		s.Token = strings.TrimSpace(s.run(t, nil, "token", "create", "--name", "e2e"))
+	}
+	s.Start(t)
+	t.Cleanup(func() { s.Stop(t, syscall.SIGTERM) })
+	return s
+}
+
+func (s *Server) run(t testing.TB, stdin io.Reader, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(s.bin, args...)
+	cmd.Env = append(os.Environ(), s.Env...)
+	cmd.Stdin = stdin
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("nodeward %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out)
+}
+
+// Start starts the process (again) and waits until it is ready.
+func (s *Server) Start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(s.bin, "serve")
+	cmd.Env = append(os.Environ(), s.Env...)
+	log := &bytes.Buffer{}
+	pr, pw := io.Pipe()
+	cmd.Stdout = pw
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start server: %v", err)
+	}
+	exited := make(chan struct{})
+	var logMu sync.Mutex
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			logMu.Lock()
+			log.Write(sc.Bytes())
+			log.WriteByte('\n')
+			logMu.Unlock()
+		}
+	}()
+	go func() {
+		_ = cmd.Wait()
+		_ = pw.Close()
+		close(exited)
+	}()
+	s.mu.Lock()
+	s.cmd, s.log, s.exited = cmd, log, exited
+	s.mu.Unlock()
+	t.Cleanup(func() {
+		if t.Failed() {
+			logMu.Lock()
+			t.Logf("server %s log:\n%s", s.Replica, log.String())
+			logMu.Unlock()
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(s.URL + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("server exited before it was ready")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not ready after 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop signals the process and waits for it to exit; it answers how long
+// that took. Stopping a stopped server does nothing.
+func (s *Server) Stop(t testing.TB, sig syscall.Signal) time.Duration {
+	t.Helper()
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.mu.Unlock()
+	if cmd == nil {
+		return 0
+	}
+	select {
+	case <-exited:
+		return 0
+	default:
+	}
+	start := time.Now()
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Errorf("server did not exit within 60s of %v", sig)
+		<-exited
+	}
+	return time.Since(start)
+}
+
+// ExitCode answers the last process's exit code (-1 if killed by a signal).
+func (s *Server) ExitCode() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.ProcessState == nil {
+		return -1
+	}
+	return s.cmd.ProcessState.ExitCode()
+}
+
+// API calls the admin API with the server's token; out may be nil.
+func (s *Server) API(t testing.TB, method, path string, body any, wantStatus int, out any) {
+	t.Helper()
+	status, raw := s.Call(t, method, path, body, s.Token)
+	if status != wantStatus {
+		t.Fatalf("%s %s: status %d, want %d: %s", method, path, status, wantStatus, raw)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: decode: %v: %s", method, path, err, raw)
+		}
+	}
+}
+
+// Call makes one request and answers the status and body.
+func (s *Server) Call(t testing.TB, method, path string, body any, token string) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw
+}
+
+// WaitFor polls cond until it holds or a generous deadline passes.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}

@@ -102,7 +102,7 @@ type Server struct {
 
 	mu  sync.Mutex // guards the following
 	cmd *exec.Cmd
-	log *bytes.Buffer
+	log *lockedBuffer
 	// exited is closed when the current process has exited.
 	exited chan struct{}
 }
@@ -173,7 +173,7 @@ func (s *Server) Start(t testing.TB) {
 	t.Helper()
 	cmd := exec.Command(s.bin, "serve")
 	cmd.Env = append(os.Environ(), s.Env...)
-	log := &bytes.Buffer{}
+	log := &lockedBuffer{}
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
 	cmd.Stderr = pw
@@ -181,20 +181,20 @@ func (s *Server) Start(t testing.TB) {
 		t.Fatalf("start server: %v", err)
 	}
 	exited := make(chan struct{})
-	var logMu sync.Mutex
+	logDone := make(chan struct{})
 	go func() {
+		defer close(logDone)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
-			logMu.Lock()
-			log.Write(sc.Bytes())
-			log.WriteByte('\n')
-			logMu.Unlock()
+			log.Write(append(sc.Bytes(), '\n'))
 		}
+		_, _ = io.Copy(io.Discard, pr)
 	}()
 	go func() {
 		_ = cmd.Wait()
 		_ = pw.Close()
+		<-logDone // every line the process wrote is in the log
 		close(exited)
 	}()
 	s.mu.Lock()
@@ -202,9 +202,7 @@ func (s *Server) Start(t testing.TB) {
 	s.mu.Unlock()
 	t.Cleanup(func() {
 		if t.Failed() {
-			logMu.Lock()
 			t.Logf("server %s log:\n%s", s.Replica, log.String())
-			logMu.Unlock()
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)
@@ -321,4 +319,31 @@ func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool)
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
+}
+
+// Log answers what the current (or last) process has logged so far.
+func (s *Server) Log() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.log == nil {
+		return ""
+	}
+	return s.log.String()
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

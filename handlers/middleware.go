@@ -92,7 +92,8 @@ func (h *handler) accessLog(next http.Handler) http.Handler {
 		h.metrics.HTTPRequests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
 		h.metrics.HTTPDuration.WithLabelValues(route).Observe(elapsed.Seconds())
 		level := slog.LevelInfo
-		if status >= 500 {
+		// 503 is the server saying "not now" (draining); it is no fault.
+		if status >= 500 && status != http.StatusServiceUnavailable {
 			level = slog.LevelError
 		}
 		logger(r).Log(r.Context(), level, "http",

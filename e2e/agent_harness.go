@@ -33,6 +33,7 @@ type Agent struct {
 	exited chan struct{}
 	lines  []string // every log line of every run, in order
 	starts int
+	runAt  int // index in lines where the current run's lines begin
 }
 
 // AgentOptions say how to start an agent the first time.
@@ -133,6 +134,7 @@ func (a *Agent) Start(t testing.TB, extra ...string) {
 	a.starts++
 	run := a.starts
 	a.cmd, a.exited = cmd, exited
+	a.runAt = len(a.lines)
 	a.lines = append(a.lines, fmt.Sprintf(`{"msg":"e2e: start %d","args":%q}`, run, strings.Join(args, " ")))
 	a.mu.Unlock()
 	go func() {
@@ -223,8 +225,20 @@ func (a *Agent) Lines() []string {
 
 // Logs answers the decoded JSON log records whose msg is msg (all runs).
 func (a *Agent) Logs(msg string) []map[string]any {
+	return filterLogs(a.Lines(), msg)
+}
+
+// RunLogs is Logs for the current (or last) run only.
+func (a *Agent) RunLogs(msg string) []map[string]any {
+	a.mu.Lock()
+	lines := append([]string(nil), a.lines[a.runAt:]...)
+	a.mu.Unlock()
+	return filterLogs(lines, msg)
+}
+
+func filterLogs(lines []string, msg string) []map[string]any {
 	var out []map[string]any
-	for _, l := range a.Lines() {
+	for _, l := range lines {
 		var rec map[string]any
 		if json.Unmarshal([]byte(l), &rec) != nil {
 			continue
@@ -236,13 +250,13 @@ func (a *Agent) Logs(msg string) []map[string]any {
 	return out
 }
 
-// WaitLog waits until a record with msg satisfying match (nil: any) has been
-// logged, and answers it.
+// WaitLog waits until the current run logged a record with msg satisfying
+// match (nil: any), and answers it.
 func (a *Agent) WaitLog(t testing.TB, msg string, timeout time.Duration, match func(map[string]any) bool) map[string]any {
 	t.Helper()
 	var found map[string]any
 	WaitFor(t, fmt.Sprintf("%s to log %q", a.name, msg), timeout, func() bool {
-		for _, rec := range a.Logs(msg) {
+		for _, rec := range a.RunLogs(msg) {
 			if match == nil || match(rec) {
 				found = rec
 				return true

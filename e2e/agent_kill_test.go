@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+)
+
+// TestAgentKill9MidStream kills the agent with SIGKILL while a burst of
+// commands is being applied and restarts it on the same state dir: every
+// command ends applied, and every workload ran exactly once — each writes a
+// line to a marker file named after its run, outside the state dir.
+func TestAgentKill9MidStream(t *testing.T) {
+	t.Parallel()
+	s := StartServer(t, ServerOptions{})
+	content := []byte("burst artifact\n")
+	sum := sha256.Sum256(content)
+	files := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(content) }))
+	t.Cleanup(files.Close)
+
+	f, b, a := enrolledAgent(t, s, "e2e-kill", AgentOptions{Name: "agent"})
+	node := b.NodeID
+
+	// The burst is recorded while the agent is down, so that it arrives in
+	// one answer and is being applied all at once when the agent dies.
+	if code := a.Stop(t); code != 0 {
+		t.Fatalf("agent exit code after SIGTERM: %d, want 0", code)
+	}
+	markers := t.TempDir()
+	const n = 20
+	ops := []string{"burst-artifact"}
+	f.issue(node, api.KindPrepareArtifact, "burst-artifact", api.PrepareArtifact{ArtifactID: "burst", URL: files.URL + "/burst.bin", SHA256: hex.EncodeToString(sum[:])})
+	for i := range n {
+		op := fmt.Sprintf("burst-launch-%02d", i)
+		ops = append(ops, op)
+		f.issue(node, api.KindLaunchWorkload, op, launchPayload(fmt.Sprintf("burst-%02d", i),
+			`echo x >> "$MARKER_DIR/$NODEWARD_RUN_ID"`, map[string]string{"MARKER_DIR": markers}))
+	}
+
+	a.Start(t)
+	WaitFor(t, "the agent to apply a few of the burst", time.Minute, func() bool {
+		return len(a.RunLogs("operation applied")) >= 3
+	})
+	a.Kill(t)
+	appliedAtKill := 0
+	for _, op := range ops {
+		if f.command(op).State == "applied" {
+			appliedAtKill++
+		}
+	}
+	t.Logf("killed with %d of %d commands settled as applied on the server", appliedAtKill, len(ops))
+
+	a.Start(t)
+	a.WaitLog(t, "session restored from state dir", time.Minute, nil)
+	// A command delivered but never recorded by the dead agent comes back
+	// after the server's 60 s visibility timeout (DECISIONS §2); allow for it.
+	for _, op := range ops {
+		f.waitApplied(op, 5*time.Minute)
+	}
+	for i := range n {
+		run := fmt.Sprintf("burst-%02d", i)
+		w := f.waitWorkload(node, run, "a1", "exited", 2*time.Minute)
+		if w.ExitCode == nil || *w.ExitCode != 0 {
+			t.Errorf("%s: exit_code %v, want 0", run, w.ExitCode)
+		}
+		lines, err := readLines(markers + "/" + run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(lines, []string{"x"}) {
+			t.Errorf("%s ran %d times (marker %q), want exactly once", run, len(lines), lines)
+		}
+	}
+	entries, err := os.ReadDir(markers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != n {
+		t.Errorf("%d marker files, want %d", len(entries), n)
+	}
+	rec := f.reconcile(node)
+	if len(rec.Pending) != 0 {
+		t.Errorf("reconciliation: pending %v, want none", rec.Pending)
+	}
+	t.Logf("after the restart: %d interrupted operations resolved, %d redeliveries answered from the journal",
+		len(a.RunLogs("resolving operation interrupted by the last shutdown")), len(a.RunLogs("redelivered command answered from the journal")))
+	if code := a.Stop(t); code != 0 {
+		t.Errorf("agent exit code after SIGTERM: %d, want 0", code)
+	}
+}

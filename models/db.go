@@ -136,7 +136,9 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 	}
 	// IMMEDIATE transactions take the write lock up front, so two writers
 	// queue on busy_timeout instead of deadlocking on a lock upgrade.
-	dsn := "file:" + path + "?_txlock=immediate" +
+	// The path is escaped: SQLite reads a file: URI, where a '#' or '?' in a
+	// folder name would otherwise cut the path short.
+	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?_txlock=immediate" +
 		"&_pragma=journal_mode(WAL)" +
 		"&_pragma=synchronous(FULL)" +
 		"&_pragma=busy_timeout(10000)" +

@@ -9,8 +9,8 @@ type Node struct {
 	Generation             int64
 	State                  string
 	FencingToken           int64
-	CreatedAt              time.Time
-	UpdatedAt              time.Time
+	CreatedAt              time.Time `gorm:"autoCreateTime:false"`
+	UpdatedAt              time.Time `gorm:"autoUpdateTime:false"` // the domain stamps it
 	EnrolledAt             *time.Time
 	LeaseExpiresAt         *time.Time
 	LastHeartbeatAt        *time.Time

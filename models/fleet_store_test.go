@@ -1,0 +1,300 @@
+package models_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// The fleet store conformance suite: every dialect keeps the same promises.
+
+var ctx = context.Background()
+
+var t0 = time.Date(2026, 5, 1, 9, 30, 0, 123456000, time.UTC)
+
+func tp(t time.Time) *time.Time { return &t }
+func ip(i int64) *int64         { return &i }
+
+func sampleNode(id, rental string, gen int64) fleet.Node {
+	return fleet.Node{ID: id, RentalID: rental, Generation: gen, State: fleet.StateEnrolling, CreatedAt: t0, UpdatedAt: t0,
+		Disk: fleet.Disk{State: fleet.DiskNeverReported}}
+}
+
+type recorder struct {
+	mu    sync.Mutex
+	notes []fleet.Notification
+}
+
+func (r *recorder) hook(n []fleet.Notification) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes = append(r.notes, n...)
+}
+
+func (r *recorder) all() []fleet.Notification {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]fleet.Notification(nil), r.notes...)
+}
+
+func withStore(t *testing.T, fn func(t *testing.T, s *models.FleetStore, rec *recorder)) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		rec := &recorder{}
+		fn(t, models.NewFleetStore(db, "r1", rec.hook), rec)
+	})
+}
+
+func insert(t *testing.T, s *models.FleetStore, nodes ...fleet.Node) {
+	t.Helper()
+	require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+		for _, n := range nodes {
+			if err := tx.InsertNode(ctx, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+func TestFleetStoreNodes(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		insert(t, s, sampleNode("n1", "rent", 1))
+		err := s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertNode(ctx, sampleNode("n1", "other", 1)) })
+		require.ErrorIs(t, err, fleet.ErrDuplicate, "same id")
+		err = s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertNode(ctx, sampleNode("n2", "rent", 1)) })
+		require.ErrorIs(t, err, fleet.ErrDuplicate, "same rental and generation")
+		_, err = s.Node(ctx, "missing")
+		require.ErrorIs(t, err, fleet.ErrNoRows)
+
+		// Every field survives a round trip.
+		n := sampleNode("n1", "rent", 1)
+		n.State = fleet.StateReady
+		n.FencingToken = 7
+		n.EnrolledAt, n.LeaseExpiresAt, n.LastHeartbeatAt = tp(t0.Add(time.Second)), tp(t0.Add(time.Minute)), tp(t0.Add(2*time.Second))
+		n.AgentVersion = "9.9"
+		n.Facts = json.RawMessage(`{"hostname":"h"}`)
+		n.FactsObservedAt, n.FactsReceivedAt = tp(t0), tp(t0.Add(time.Millisecond))
+		n.Disk = fleet.Disk{State: fleet.DiskMeasured, FreeBytes: ip(0), ObservedAt: tp(t0)}
+		n.PriceMicros = ip(1500000)
+		n.Purchase = fleet.Purchase{BillingIntervalSeconds: ip(3600), EligibleClasses: []string{"a", "b"}, AvailableUntil: tp(t0.Add(time.Hour))}
+		n.UpdatedAt = t0.Add(3 * time.Second)
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.UpdateNode(ctx, n) }))
+		got, err := s.Node(ctx, "n1")
+		require.NoError(t, err)
+		require.JSONEq(t, string(n.Facts), string(got.Facts))
+		got.Facts = n.Facts
+		require.Equal(t, n, got)
+
+		// Clearing a field clears it.
+		n.PriceMicros = nil
+		n.Disk = fleet.Disk{State: fleet.DiskUnmeasurable, ObservedAt: tp(t0)}
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.UpdateNode(ctx, n) }))
+		got, err = s.Node(ctx, "n1")
+		require.NoError(t, err)
+		require.Nil(t, got.PriceMicros)
+		require.Nil(t, got.Disk.FreeBytes)
+	})
+}
+
+func TestFleetStoreInvitations(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		insert(t, s, sampleNode("n1", "rent", 1))
+		inv := fleet.Invitation{ID: "i1", NodeID: "n1", Generation: 1, TokenDigest: "d1", IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), State: fleet.InvitationOutstanding}
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertInvitation(ctx, inv) }))
+		var first, second bool
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			var err error
+			first, err = tx.SetInvitationState(ctx, "i1", fleet.InvitationOutstanding, fleet.InvitationRedeemed, t0)
+			if err != nil {
+				return err
+			}
+			second, err = tx.SetInvitationState(ctx, "i1", fleet.InvitationOutstanding, fleet.InvitationRedeemed, t0)
+			return err
+		}))
+		require.True(t, first)
+		require.False(t, second, "the state guard lets exactly one transition through")
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			got, err := tx.Invitation(ctx, "i1")
+			require.NoError(t, err)
+			require.Equal(t, fleet.InvitationRedeemed, got.State)
+			require.Equal(t, t0, *got.RedeemedAt)
+			out, err := tx.OutstandingInvitations(ctx, "n1")
+			require.NoError(t, err)
+			require.Empty(t, out)
+			return nil
+		}))
+	})
+}
+
+func TestFleetStoreEventsAndWorkloads(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		var fresh1, fresh2 map[string]bool
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			var err error
+			fresh1, err = tx.RecordEventIDs(ctx, "n1", []string{"a", "b"}, t0)
+			if err != nil {
+				return err
+			}
+			fresh2, err = tx.RecordEventIDs(ctx, "n1", []string{"b", "c"}, t0)
+			return err
+		}))
+		require.Equal(t, map[string]bool{"a": true, "b": true}, fresh1)
+		require.Equal(t, map[string]bool{"c": true}, fresh2)
+		var other map[string]bool
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			var err error
+			other, err = tx.RecordEventIDs(ctx, "n2", []string{"a"}, t0)
+			return err
+		}))
+		require.True(t, other["a"], "ids are per node")
+
+		code := 1
+		up := func(state string, at time.Time) {
+			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+				w := fleet.Workload{NodeID: "n1", RunID: "r", AttemptID: "1", State: state, ObservedAt: at, ReceivedAt: t0}
+				if state == "exited" {
+					w.ExitCode = &code
+				}
+				return tx.UpsertWorkload(ctx, w)
+			}))
+		}
+		up("running", t0.Add(time.Second))
+		up("exited", t0.Add(2*time.Second))
+		up("created", t0) // older: ignored
+		up("running", t0.Add(2*time.Second))
+		w, err := s.Workload(ctx, "n1", "r", "1")
+		require.NoError(t, err)
+		require.Equal(t, "exited", w.State, "same time: the later state wins")
+		require.Equal(t, 1, *w.ExitCode)
+		_, err = s.Workload(ctx, "n1", "r", "2")
+		require.ErrorIs(t, err, fleet.ErrNoRows)
+	})
+}
+
+func TestFleetStoreCommands(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		insert(t, s, sampleNode("n1", "rent", 1))
+		err := s.Tx(ctx, func(tx fleet.Tx) error {
+			c := fleet.Command{OperationID: "a", NodeID: "n1", Kind: "stop_workload", Payload: json.RawMessage(`{}`), PayloadDigest: "d",
+				FencingToken: 1, IssuedAt: t0, State: fleet.CommandPending}
+			if err := tx.InsertCommand(ctx, c); err != nil {
+				return err
+			}
+			return tx.InsertCommand(ctx, c)
+		})
+		require.ErrorIs(t, err, fleet.ErrDuplicate, "duplicate operation id")
+		_, err = s.Command(ctx, "a")
+		require.ErrorIs(t, err, fleet.ErrNoRows, "rolled back whole")
+	})
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		insert(t, s, sampleNode("n1", "rent", 1))
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			for i, op := range []string{"c", "a", "b"} {
+				c := fleet.Command{OperationID: op, NodeID: "n1", Kind: "stop_workload", Payload: json.RawMessage(`{"k":1}`), PayloadDigest: "d",
+					FencingToken: 1, IssuedAt: t0.Add(time.Duration(i) * time.Second), State: fleet.CommandPending}
+				if err := tx.InsertCommand(ctx, c); err != nil {
+					return err
+				}
+			}
+			return tx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: "n1"})
+		}))
+		require.Equal(t, []fleet.Notification{{Kind: fleet.NotifyCommands, NodeID: "n1"}}, rec.all(), "delivered after commit")
+
+		claim := func(now time.Time, limit int) []string {
+			var ids []string
+			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+				cs, err := tx.ClaimDue(ctx, fleet.Due{NodeID: "n1", Fencing: 2, Now: now, RedeliverBefore: now.Add(-time.Minute), Limit: limit})
+				for _, c := range cs {
+					ids = append(ids, c.OperationID)
+					require.Equal(t, int64(2), *c.DeliveredFencing)
+					require.Equal(t, int64(2), c.FencingToken)
+				}
+				return err
+			}))
+			return ids
+		}
+		now := t0.Add(time.Hour)
+		require.Equal(t, []string{"c", "a"}, claim(now, 2), "oldest first, bounded")
+		require.Equal(t, []string{"b"}, claim(now, 10))
+		require.Empty(t, claim(now.Add(59*time.Second), 10), "inside the visibility timeout")
+		require.Equal(t, []string{"c", "a", "b"}, claim(now.Add(time.Minute), 10))
+		c, err := s.Command(ctx, "a")
+		require.NoError(t, err)
+		require.Equal(t, 2, c.DeliveryCount)
+		require.Equal(t, now, *c.FirstDeliveredAt)
+
+		// A rolled-back transaction announces nothing.
+		before := len(rec.all())
+		boom := errors.New("boom")
+		err = s.Tx(ctx, func(tx fleet.Tx) error {
+			_ = tx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyNode, NodeID: "n1"})
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		require.Len(t, rec.all(), before)
+		n, err := s.CountPendingCommands(ctx)
+		require.NoError(t, err)
+		require.Equal(t, int64(3), n)
+	})
+}
+
+func TestFleetStoreLeases(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		ready := sampleNode("ready", "r1", 1)
+		ready.State, ready.LeaseExpiresAt = fleet.StateReady, tp(t0)
+		lost := sampleNode("lost", "r2", 1)
+		lost.State, lost.LeaseExpiresAt = fleet.StateLost, tp(t0.Add(-time.Hour))
+		retired := sampleNode("retired", "r3", 1)
+		retired.State, retired.LeaseExpiresAt = fleet.StateRetired, tp(t0)
+		enrolling := sampleNode("enrolling", "r4", 1)
+		stale := sampleNode("stale", "r5", 1)
+		stale.State, stale.LeaseExpiresAt = fleet.StateReady, tp(t0.Add(-time.Second))
+		insert(t, s, ready, lost, retired, enrolling, stale)
+
+		swept, ok, err := s.SweepLeases(ctx, t0)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, []string{"stale"}, swept, "only ready nodes whose lease ended")
+
+		until := t0.Add(90 * time.Second)
+		var batch []fleet.LeaseRenewal
+		for _, id := range []string{"ready", "lost", "retired", "enrolling"} {
+			batch = append(batch, fleet.LeaseRenewal{NodeID: id, Until: until, HeartbeatAt: tp(t0)})
+		}
+		_, err = s.RenewLeases(ctx, batch)
+		require.NoError(t, err)
+		state := func(id string) fleet.Node {
+			n, err := s.Node(ctx, id)
+			require.NoError(t, err)
+			return n
+		}
+		require.Equal(t, until, *state("ready").LeaseExpiresAt)
+		require.Equal(t, fleet.StateReady, state("lost").State, "a heartbeat brings a lost node back")
+		require.Equal(t, t0, *state("retired").LeaseExpiresAt, "a retired node gets no lease")
+		require.Nil(t, state("enrolling").LeaseExpiresAt)
+		// A lease never shrinks.
+		_, err = s.RenewLeases(ctx, []fleet.LeaseRenewal{{NodeID: "ready", Until: t0}})
+		require.NoError(t, err)
+		require.Equal(t, until, *state("ready").LeaseExpiresAt)
+	})
+}
+
+func TestFleetStoreSessions(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		sess := []fleet.LiveSession{{NodeID: "n1", Replica: "a", Since: t0, RemoteAddr: "127.0.0.1:1"}}
+		require.NoError(t, s.PublishSessions(ctx, "a", t0, t0, sess))
+		require.NoError(t, s.PublishSessions(ctx, "b", t0, t0.Add(-time.Minute), []fleet.LiveSession{{NodeID: "n2", Replica: "b", Since: t0}}))
+		got, err := s.ListSessions(ctx, t0.Add(-15*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, sess, got, "a replica that stopped publishing is not listed")
+	})
+}

@@ -105,6 +105,16 @@ func (s *Service) Nodes(ctx context.Context, f NodeFilter) ([]Node, error) {
 	return s.store.ListNodes(ctx, f)
 }
 
+// RecentAudit answers the latest changes across the fleet, newest first.
+func (s *Service) RecentAudit(ctx context.Context, limit int) ([]AuditEntry, error) {
+	return s.store.RecentAudit(ctx, limit)
+}
+
+// CountByState answers how many nodes are in each state.
+func (s *Service) CountByState(ctx context.Context) (map[State]int64, error) {
+	return s.store.CountNodesByState(ctx)
+}
+
 // Audit answers a node's recent changes, newest first.
 func (s *Service) Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error) {
 	return s.store.Audit(ctx, nodeID, limit)

@@ -90,6 +90,10 @@ type Reader interface {
 	// AppliedOperationIDs answers the ids of commands the node applied.
 	AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error)
 	Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error)
+	// RecentAudit answers the latest changes across the fleet, newest first.
+	RecentAudit(ctx context.Context, limit int) ([]AuditEntry, error)
+	// CountNodesByState answers how many nodes are in each state.
+	CountNodesByState(ctx context.Context) (map[State]int64, error)
 }
 
 // Tx is the write half of the store, inside one transaction.

@@ -3,6 +3,7 @@ package handlers
 import (
 	"net/http"
 
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/views"
 )
 
@@ -10,14 +11,25 @@ func (h *handler) consoleOverview(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, views.OverviewPage(h.shell(r, views.NavOverview), h.overview(r)))
 }
 
-// overview builds the fleet overview's view-model. Until the fleet registry
-// serves counts, every state counts zero and there is no recent activity, so
-// the page shows its empty state. The fleet work fills Counts (one entry per
-// views.NodeStates, in that order) and Recent (newest first) here.
+// overview builds the fleet overview's view-model: nodes by state and the
+// latest changes across the fleet. A failed read shows the empty state and
+// is logged, rather than failing the whole page.
 func (h *handler) overview(r *http.Request) views.Overview {
 	v := views.Overview{BaseURL: requestBaseURL(r)}
+	counts, err := h.Fleet.CountByState(r.Context())
+	if err != nil {
+		logger(r).Error("overview: count nodes", "err", err)
+	}
 	for _, s := range views.NodeStates {
-		v.Counts = append(v.Counts, views.StateCount{State: s})
+		v.Counts = append(v.Counts, views.StateCount{State: s, Count: int(counts[fleet.State(s)])})
+	}
+	recent, err := h.Fleet.RecentAudit(r.Context(), 10)
+	if err != nil {
+		logger(r).Error("overview: recent activity", "err", err)
+	}
+	for _, e := range recent {
+		v.Recent = append(v.Recent, views.Activity{At: e.At, Actor: e.Actor,
+			Summary: e.Action + " " + e.NodeID, Href: "/console/nodes"})
 	}
 	return v
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/metrics"
@@ -71,8 +72,11 @@ func newConsole(t *testing.T, db *models.DB, opts consoleOpts) *console {
 		_, err := svc.CreateAdmin(context.Background(), adminName, adminPassword)
 		require.NoError(t, err)
 	}
+	ring := keys.NewRing(bytes.Repeat([]byte{7}, 32))
+	m := metrics.New(nil)
+	fl := fleet.New(fleet.Options{Store: models.NewFleetStore(db, "console-test", nil), Keys: ring, Now: clk.Now, Metrics: m})
 	h := handlers.New(handlers.Deps{
-		DB: db, Auth: svc, Metrics: metrics.New(nil), Static: static.Files,
+		DB: db, Auth: svc, Fleet: fl, Metrics: m, Static: static.Files,
 		SecureCookies: opts.secureCookies, Now: clk.Now,
 	})
 	return &console{t: t, handler: h, auth: svc, clock: clk}

@@ -304,8 +304,31 @@ func (r fleetReader) AppliedOperationIDs(ctx context.Context, nodeID string) ([]
 }
 
 func (r fleetReader) Audit(ctx context.Context, nodeID string, limit int) ([]fleet.AuditEntry, error) {
+	return r.audit(ctx, r.db(ctx).Where("node_id = ?", nodeID), limit)
+}
+
+func (r fleetReader) RecentAudit(ctx context.Context, limit int) ([]fleet.AuditEntry, error) {
+	return r.audit(ctx, r.db(ctx), limit)
+}
+
+func (r fleetReader) CountNodesByState(ctx context.Context) (map[fleet.State]int64, error) {
+	var rows []struct {
+		State string
+		N     int64
+	}
+	if err := r.db(ctx).Model(&Node{}).Select("state, COUNT(*) AS n").Group("state").Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := map[fleet.State]int64{}
+	for _, row := range rows {
+		out[fleet.State(row.State)] = row.N
+	}
+	return out, nil
+}
+
+func (r fleetReader) audit(ctx context.Context, q *gorm.DB, limit int) ([]fleet.AuditEntry, error) {
 	var rows []NodeAudit
-	q := r.db(ctx).Where("node_id = ?", nodeID).Order("id DESC")
+	q = q.Order("id DESC")
 	if limit > 0 {
 		q = q.Limit(limit)
 	}

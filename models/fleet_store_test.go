@@ -285,6 +285,15 @@ func TestFleetStoreLeases(t *testing.T) {
 		_, err = s.RenewLeases(ctx, []fleet.LeaseRenewal{{NodeID: "ready", Until: t0}})
 		require.NoError(t, err)
 		require.Equal(t, until, *state("ready").LeaseExpiresAt)
+
+		counts, err := s.CountNodesByState(ctx)
+		require.NoError(t, err)
+		require.Equal(t, map[fleet.State]int64{fleet.StateReady: 2, fleet.StateLost: 1, fleet.StateRetired: 1, fleet.StateEnrolling: 1}, counts)
+		recent, err := s.RecentAudit(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, recent, 1)
+		require.Equal(t, "node.lost", recent[0].Action)
+		require.Equal(t, "stale", recent[0].NodeID)
 	})
 }
 

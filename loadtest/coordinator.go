@@ -1,0 +1,552 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/agent/client"
+	"github.com/nodeward/nodeward/models"
+)
+
+// Config is one load run.
+type Config struct {
+	Agents          int           // simulated agents, each holding a long-poll
+	AgentsPerWorker int           // agents per worker process (fds: DECISIONS §31)
+	Rate            float64       // commands issued per second; 0 = as fast as Issuers allow
+	Issuers         int           // concurrent issue requests at most
+	Duration        time.Duration // how long commands are issued
+	Wait            time.Duration // long-poll wait the agents ask for
+	Heartbeat       time.Duration // per-agent heartbeat interval; 0 = none
+	Drain           time.Duration // how long to wait for the last commands to settle
+
+	// DatabaseURL selects Postgres for the server the tool starts (a
+	// private schema in that database); empty is SQLite.
+	DatabaseURL string
+	// URL and Token target a running server instead (loopback only).
+	URL, Token string
+
+	PGBench    bool   // run the pgbench reference on DatabaseURL afterwards
+	CPUProfile string // profile this process (server included) while issuing
+	// WorkerCommand runs a worker; default: this executable.
+	WorkerCommand []string
+	Log           io.Writer // progress and the server's warnings
+}
+
+func (c *Config) defaults() error {
+	if c.Agents <= 0 {
+		return errors.New("agents must be at least 1")
+	}
+	if c.AgentsPerWorker <= 0 {
+		c.AgentsPerWorker = 2500
+	}
+	if c.Issuers <= 0 {
+		c.Issuers = 64
+	}
+	if c.Rate < 0 {
+		return errors.New("rate must not be negative")
+	}
+	if c.Duration <= 0 || c.Duration > 30*time.Minute {
+		return errors.New("duration must be between 0 and 30m")
+	}
+	if c.Wait <= 0 {
+		c.Wait = 25 * time.Second
+	}
+	if c.Drain <= 0 {
+		c.Drain = 20 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	if (c.URL == "") != (c.Token == "") {
+		return errors.New("-url and -token go together")
+	}
+	if c.PGBench && c.DatabaseURL == "" {
+		return errors.New("-pgbench needs a Postgres URL")
+	}
+	if len(c.WorkerCommand) == 0 {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		c.WorkerCommand = []string{exe}
+	}
+	return nil
+}
+
+// Report is what a run measured.
+type Report struct {
+	Date       string  `json:"date"`
+	Database   string  `json:"database"`
+	Agents     int     `json:"agents"`
+	Workers    int     `json:"workers"`
+	Enrolled   int     `json:"enrolled"`
+	InvitesPS  float64 `json:"invites_per_s"`
+	EnrollPS   float64 `json:"enrollments_per_s"`
+	Held       int     `json:"long_polls_held"`
+	TargetRate float64 `json:"target_rate"`
+	Seconds    float64 `json:"seconds"`
+	Issued     int64   `json:"issued"`
+	IssueErrs  int64   `json:"issue_errors"`
+	IssuedPS   float64 `json:"issued_per_s"`
+	Received   int64   `json:"received"`
+	Settled    int64   `json:"settled"`
+	// SettledPS counts commands settled during the issue window only.
+	SettledPS float64 `json:"settled_per_s"`
+	AgentErrs int64   `json:"agent_errors"`
+	FirstErr  string  `json:"first_error,omitempty"`
+	// Latencies in milliseconds: intended issue time → agent's receipt;
+	// server's issued_at → receipt; intended issue time → settle answered.
+	SentP50, SentP90, SentP99, SentMax float64
+	IssuedP50, IssuedP99               float64
+	SettleP50, SettleP99               float64
+	Heartbeats                         int64   `json:"heartbeats"`
+	HeartbeatsPS                       float64 `json:"heartbeats_per_s"`
+	RenewalsFlushed                    float64 `json:"renewals_flushed"`
+	// PGCommitsPS is the Postgres database's commits/s during the window.
+	PGCommitsPS float64 `json:"pg_commits_per_s,omitempty"`
+	PGBenchTPS  float64 `json:"pgbench_tps,omitempty"`
+}
+
+type worker struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+	done  workerMsg
+}
+
+// Run performs one load run and answers its report. Every phase is bounded
+// in time; ctx ends it early.
+func Run(ctx context.Context, cfg Config) (rep Report, err error) {
+	if err := cfg.defaults(); err != nil {
+		return rep, err
+	}
+	rep.Date = time.Now().UTC().Format(time.RFC3339)
+	rep.Agents, rep.TargetRate = cfg.Agents, cfg.Rate
+	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Log, "loadtest: "+format+"\n", args...) }
+
+	baseURL, token := cfg.URL, cfg.Token
+	var local *localServer
+	var pgdb *models.DB
+	if baseURL == "" {
+		local, err = startLocal(ctx, cfg.DatabaseURL, cfg.Log)
+		if err != nil {
+			return rep, err
+		}
+		defer local.Close()
+		baseURL, token = local.URL, local.Token
+		rep.Database = local.Dialect
+		if local.Dialect == models.Postgres {
+			pgdb = local.App.DB
+		}
+		logf("started the control plane in-process on %s (%s)", baseURL, local.Dialect)
+	} else {
+		rep.Database = "external"
+	}
+	u, err := client.CheckURL(baseURL, true)
+	if err != nil {
+		return rep, err
+	}
+	if !client.IsLoopbackHost(u.Hostname()) {
+		return rep, fmt.Errorf("%s is not a loopback address; the load tool only sends to loopback", baseURL)
+	}
+	admin := newAdmin(baseURL, token, cfg.Issuers)
+	defer admin.tr.CloseIdleConnections()
+
+	// Invitations, through the admin API.
+	run := randomHex(4)
+	start := time.Now()
+	boots, err := admin.inviteAll(ctx, run, cfg.Agents)
+	if err != nil {
+		return rep, err
+	}
+	rep.InvitesPS = float64(len(boots)) / time.Since(start).Seconds()
+	logf("invited %d nodes (%.0f/s)", len(boots), rep.InvitesPS)
+
+	// Workers, each enrolling and then holding its share of the agents.
+	var workers []*worker
+	defer func() {
+		for _, w := range workers {
+			_ = w.stdin.Close()
+		}
+		for _, w := range workers {
+			_ = w.cmd.Wait()
+		}
+	}()
+	hardStop := time.Now().Add(cfg.Duration + cfg.Drain + 10*time.Minute)
+	start = time.Now()
+	for i := 0; i*cfg.AgentsPerWorker < len(boots); i++ {
+		share := boots[i*cfg.AgentsPerWorker : min(len(boots), (i+1)*cfg.AgentsPerWorker)]
+		// One loopback source address per worker: 127.0.0.2, .3, ...
+		src := fmt.Sprintf("127.0.%d.%d", (i+2)/250, (i+2)%250)
+		w, err := startWorker(cfg, workerJob{URL: baseURL, SourceIP: src, Agents: share, Wait: cfg.Wait,
+			Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()})
+		if err != nil {
+			return rep, err
+		}
+		workers = append(workers, w)
+	}
+	rep.Workers = len(workers)
+	for i, w := range workers {
+		var m workerMsg
+		if err := w.read(&m); err != nil {
+			return rep, fmt.Errorf("worker %d: %w", i, err)
+		}
+		if m.Failed > 0 {
+			return rep, fmt.Errorf("worker %d: %d enrollments failed: %s", i, m.Failed, m.Error)
+		}
+		rep.Enrolled += m.Enrolled
+	}
+	rep.EnrollPS = float64(rep.Enrolled) / time.Since(start).Seconds()
+	logf("%d workers enrolled %d agents (%.0f/s)", len(workers), rep.Enrolled, rep.EnrollPS)
+
+	// Wait until every agent holds its long-poll.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		m, err := admin.metrics(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Held = int(m["nodeward_open_long_polls"])
+		if rep.Held >= rep.Enrolled {
+			break
+		}
+		if time.Now().After(deadline) {
+			return rep, fmt.Errorf("only %d of %d long-polls held after 2m", rep.Held, rep.Enrolled)
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return rep, ctx.Err()
+		}
+	}
+	logf("%d long-polls held; issuing for %s at %s", rep.Held, cfg.Duration, rateName(cfg.Rate))
+
+	before, err := admin.metrics(ctx)
+	if err != nil {
+		return rep, err
+	}
+	var commits0 int64
+	if pgdb != nil {
+		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
+		commits0, _ = pgCommits(ctx, pgdb)
+	}
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return rep, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return rep, err
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	nodes := make([]string, len(boots))
+	for i, b := range boots {
+		nodes[i] = b.NodeID
+	}
+	start = time.Now()
+	issued, issueErrs := admin.issue(ctx, run, nodes, cfg.Rate, cfg.Duration, logf)
+	window := time.Since(start).Seconds()
+	if cfg.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	after, err := admin.metrics(ctx)
+	if err != nil {
+		return rep, err
+	}
+	if pgdb != nil {
+		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
+		if c, err := pgCommits(ctx, pgdb); err == nil {
+			rep.PGCommitsPS = float64(c-commits0) / window
+		}
+	}
+	rep.Seconds, rep.Issued, rep.IssueErrs = window, issued, issueErrs
+	rep.IssuedPS = float64(issued) / window
+	const settledApplied = `nodeward_commands_settled_total{state="applied"}`
+	rep.SettledPS = (after[settledApplied] - before[settledApplied]) / window
+	rep.RenewalsFlushed = after["nodeward_lease_renewals_flushed_total"] - before["nodeward_lease_renewals_flushed_total"]
+	logf("issued %d (%.0f/s, %d errors); settled %.0f/s during the window; draining", issued, rep.IssuedPS, issueErrs, rep.SettledPS)
+
+	// Drain: let the last commands settle.
+	deadline = time.Now().Add(cfg.Drain)
+	for time.Now().Before(deadline) {
+		m, err := admin.metrics(ctx)
+		if err != nil || m[settledApplied]-before[settledApplied] >= float64(issued) {
+			break
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			break
+		}
+	}
+
+	// Stop the workers and gather what they saw.
+	var sent, issuedLat, settle []int64
+	for _, w := range workers {
+		_ = w.stdin.Close()
+	}
+	for i, w := range workers {
+		if err := w.read(&w.done); err != nil {
+			return rep, fmt.Errorf("worker %d: %w", i, err)
+		}
+		d := w.done
+		rep.Received += d.Received
+		rep.Settled += d.Settled
+		rep.Heartbeats += d.Heartbeats
+		rep.AgentErrs += d.Errors
+		if rep.FirstErr == "" {
+			rep.FirstErr = d.FirstError
+		}
+		sent = append(sent, d.SentLatUS...)
+		issuedLat = append(issuedLat, d.IssuedLatUS...)
+		settle = append(settle, d.SettleLatUS...)
+	}
+	rep.SentP50, rep.SentP90, rep.SentP99, rep.SentMax = pct(sent, 0.5), pct(sent, 0.9), pct(sent, 0.99), pct(sent, 1)
+	rep.IssuedP50, rep.IssuedP99 = pct(issuedLat, 0.5), pct(issuedLat, 0.99)
+	rep.SettleP50, rep.SettleP99 = pct(settle, 0.5), pct(settle, 0.99)
+	if cfg.Heartbeat > 0 {
+		rep.HeartbeatsPS = float64(rep.Heartbeats) / window
+	}
+
+	if cfg.PGBench {
+		logf("running the pgbench reference")
+		if rep.PGBenchTPS, err = pgbench(ctx, cfg.DatabaseURL, cfg.Log); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+func rateName(r float64) string {
+	if r == 0 {
+		return "full speed"
+	}
+	return strconv.FormatFloat(r, 'f', -1, 64) + " commands/s"
+}
+
+// pct answers the q-quantile of µs samples in milliseconds.
+func pct(us []int64, q float64) float64 {
+	if len(us) == 0 {
+		return 0
+	}
+	s := slices.Clone(us)
+	slices.Sort(s)
+	i := min(len(s)-1, int(q*float64(len(s))))
+	return float64(s[i]) / 1000
+}
+
+func startWorker(cfg Config, job workerJob) (*worker, error) {
+	cmd := exec.Command(cfg.WorkerCommand[0], cfg.WorkerCommand[1:]...)
+	cmd.Env = append(os.Environ(), workerEnv+"=1")
+	cmd.Stderr = cfg.Log
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	line, _ := json.Marshal(job)
+	if _, err := stdin.Write(append(line, '\n')); err != nil {
+		return nil, err
+	}
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 1<<20), 1<<30)
+	return &worker{cmd: cmd, stdin: stdin, out: sc}, nil
+}
+
+func (w *worker) read(m *workerMsg) error {
+	if !w.out.Scan() {
+		if err := w.out.Err(); err != nil {
+			return err
+		}
+		return errors.New("worker exited early (see its log above)")
+	}
+	return json.Unmarshal(w.out.Bytes(), m)
+}
+
+// adminClient issues through the admin API.
+type adminClient struct {
+	url, token string
+	tr         *http.Transport
+	hc         *http.Client
+	issuers    int
+}
+
+func newAdmin(url, token string, issuers int) *adminClient {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = issuers + 8
+	tr.Proxy = nil
+	return &adminClient{url: url, token: token, tr: tr, hc: &http.Client{Transport: tr, Timeout: time.Minute}, issuers: issuers}
+}
+
+func (a *adminClient) do(ctx context.Context, method, path string, body []byte, out any) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, method, a.url+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return resp.StatusCode, fmt.Errorf("%s %s answered %d: %s", method, path, resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	if out != nil {
+		return resp.StatusCode, json.Unmarshal(raw, out)
+	}
+	return resp.StatusCode, nil
+}
+
+func (a *adminClient) inviteAll(ctx context.Context, run string, n int) ([]api.Bootstrap, error) {
+	out := make([]api.Bootstrap, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	var firstErr error
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range min(n, 16) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				body, _ := json.Marshal(map[string]any{"rental_id": "lt-" + run + "-" + strconv.Itoa(i), "generation": 1})
+				if _, err := a.do(ctx, http.MethodPost, "/api/v1/nodes/invitations", body, &out[i]); err != nil {
+					once.Do(func() { firstErr = err; cancel() })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out, firstErr
+}
+
+// issue sends commands round robin over nodes for d: at rate per second on
+// a fixed schedule (each payload stamped with its scheduled time, so a
+// lagging issuer shows as latency), or as fast as the issuers go when rate
+// is 0. It answers how many were recorded and how many failed.
+func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rate float64, d time.Duration, logf func(string, ...any)) (issued, failed int64) {
+	var ok, bad atomic.Int64
+	var firstErr sync.Once
+	start := time.Now()
+	end := start.Add(d)
+	one := func(seq int64, at time.Time) {
+		node := nodes[seq%int64(len(nodes))]
+		op := "lt-" + run + "-" + strconv.FormatInt(seq, 10)
+		body := `{"kind":"launch_workload","operation_id":"` + op + `","payload":{"run_id":"` + op +
+			`","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(at.UnixNano(), 10) + `"}}}`
+		if _, err := a.do(ctx, http.MethodPost, "/api/v1/nodes/"+node+"/commands", []byte(body), nil); err != nil {
+			bad.Add(1)
+			firstErr.Do(func() { logf("issue: %v", err) })
+			return
+		}
+		ok.Add(1)
+	}
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	if rate == 0 {
+		for range a.issuers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil && time.Now().Before(end) {
+					one(seq.Add(1)-1, time.Now())
+				}
+			}()
+		}
+		wg.Wait()
+		return ok.Load(), bad.Load()
+	}
+	type job struct {
+		seq int64
+		at  time.Time
+	}
+	jobs := make(chan job, a.issuers)
+	for range a.issuers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				one(j.seq, j.at)
+			}
+		}()
+	}
+	interval := time.Duration(float64(time.Second) / rate)
+	for i := int64(0); ctx.Err() == nil; i++ {
+		at := start.Add(time.Duration(i) * interval)
+		if !at.Before(end) {
+			break
+		}
+		if w := time.Until(at); w > time.Millisecond {
+			time.Sleep(w)
+		}
+		jobs <- job{seq: i, at: at}
+	}
+	close(jobs)
+	wg.Wait()
+	return ok.Load(), bad.Load()
+}
+
+// metrics scrapes the server's /metrics into name{labels} → value.
+func (a *adminClient) metrics(ctx context.Context) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.url+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,147 @@
+// Command loadtest is Nodeward's delivery load tool: simulated agents hold
+// long-polls while commands are issued through the admin API at a fixed
+// rate, and it reports issue→receipt latency and settled commands per
+// second (BENCHMARKS.md has the figures and the commands).
+//
+//	go run ./loadtest -agents 10000 -rate 1000 -duration 30s
+//	go run ./loadtest -db postgres -agents 10000 -rate 1000 -pgbench
+//
+// By default it starts the control plane in its own process
+// (controlplane.Open and Serve: the binary's wiring) on a fresh SQLite data
+// folder, or on a private schema of the Postgres database named by
+// -database-url (default $NODEWARD_TEST_DATABASE_URL), dropped afterwards.
+// -url and -token target a running server instead. Only loopback addresses
+// are ever dialled.
+//
+// The agents run in worker processes (this binary re-executed), at most
+// -agents-per-worker each, every worker dialling from its own loopback
+// source address (127.0.0.2, 127.0.0.3, ...): a process may hold at most
+// 20,000 open files (DECISIONS.md §31). Each agent is a goroutine on its
+// worker's shared transport; it enrolls through /agent/v1/enroll with an
+// invitation the tool made through the admin API, long-polls, and settles
+// each command it receives as applied.
+//
+// Every phase is bounded: the issue phase by -duration, the drain by
+// -drain, the workers by a hard deadline; nothing runs on after the tool.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+func main() {
+	if os.Getenv(workerEnv) == "1" {
+		os.Exit(runWorker())
+	}
+	os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func cli(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg Config
+	db := fs.String("db", "sqlite", "database of the server the tool starts: sqlite or postgres")
+	dbURL := fs.String("database-url", os.Getenv(dbtest.EnvURL), "Postgres URL for -db postgres and -pgbench (a private schema is created in it)")
+	fs.IntVar(&cfg.Agents, "agents", 1000, "simulated agents, each holding a long-poll")
+	fs.IntVar(&cfg.AgentsPerWorker, "agents-per-worker", 2500, "agents per worker process")
+	fs.Float64Var(&cfg.Rate, "rate", 1000, "commands issued per second (0: as fast as -issuers allow)")
+	fs.IntVar(&cfg.Issuers, "issuers", 64, "concurrent issue requests at most")
+	fs.DurationVar(&cfg.Duration, "duration", 30*time.Second, "how long commands are issued")
+	fs.DurationVar(&cfg.Wait, "wait", 25*time.Second, "long-poll wait the agents ask for (the agent's default is 25s)")
+	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 0, "per-agent heartbeat interval (0: none)")
+	fs.DurationVar(&cfg.Drain, "drain", 20*time.Second, "how long to wait for the last commands to settle")
+	fs.StringVar(&cfg.URL, "url", "", "target a running server (loopback only) instead of starting one")
+	fs.StringVar(&cfg.Token, "token", "", "administrator API token for -url")
+	fs.BoolVar(&cfg.PGBench, "pgbench", false, "afterwards, run the pgbench reference (DECISIONS.md §31) on the same Postgres")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	quiet := fs.Bool("q", false, "no progress lines")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	switch *db {
+	case "sqlite":
+	case "postgres":
+		if *dbURL == "" && cfg.URL == "" {
+			fmt.Fprintln(stderr, "loadtest: -db postgres needs -database-url or NODEWARD_TEST_DATABASE_URL")
+			return 2
+		}
+		cfg.DatabaseURL = *dbURL
+	default:
+		fmt.Fprintln(stderr, "loadtest: -db is sqlite or postgres")
+		return 2
+	}
+	if cfg.PGBench {
+		cfg.DatabaseURL = *dbURL
+	}
+	if !*quiet {
+		cfg.Log = stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := runCLI(ctx, cfg, *db)
+	if err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+		return 0
+	}
+	printReport(stdout, rep)
+	return 0
+}
+
+// runCLI runs cfg; with -db sqlite and -pgbench the server stays on SQLite
+// and the reference still runs on the Postgres URL.
+func runCLI(ctx context.Context, cfg Config, db string) (Report, error) {
+	if db == "sqlite" && cfg.PGBench {
+		pgURL := cfg.DatabaseURL
+		cfg.DatabaseURL, cfg.PGBench = "", false
+		rep, err := Run(ctx, cfg)
+		if err != nil {
+			return rep, err
+		}
+		rep.PGBenchTPS, err = pgbench(ctx, pgURL, cfg.Log)
+		return rep, err
+	}
+	return Run(ctx, cfg)
+}
+
+func printReport(w io.Writer, r Report) {
+	fmt.Fprintf(w, "date                     %s\n", r.Date)
+	fmt.Fprintf(w, "database                 %s\n", r.Database)
+	fmt.Fprintf(w, "agents                   %d in %d workers (%d long-polls held)\n", r.Enrolled, r.Workers, r.Held)
+	fmt.Fprintf(w, "setup                    %.0f invitations/s, %.0f enrollments/s\n", r.InvitesPS, r.EnrollPS)
+	fmt.Fprintf(w, "issued                   %d in %.1fs = %.0f/s (target %s), %d errors\n", r.Issued, r.Seconds, r.IssuedPS, rateName(r.TargetRate), r.IssueErrs)
+	fmt.Fprintf(w, "received / settled       %d / %d (agent errors %d)\n", r.Received, r.Settled, r.AgentErrs)
+	if r.FirstErr != "" {
+		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)
+	}
+	fmt.Fprintf(w, "settled commands/s       %.0f (during the issue window)\n", r.SettledPS)
+	fmt.Fprintf(w, "issue→receipt ms         p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", r.SentP50, r.SentP90, r.SentP99, r.SentMax)
+	fmt.Fprintf(w, "issued_at→receipt ms     p50 %.1f  p99 %.1f\n", r.IssuedP50, r.IssuedP99)
+	fmt.Fprintf(w, "issue→settled ms         p50 %.1f  p99 %.1f\n", r.SettleP50, r.SettleP99)
+	if r.Heartbeats > 0 {
+		fmt.Fprintf(w, "heartbeats               %d = %.0f/s\n", r.Heartbeats, r.HeartbeatsPS)
+	}
+	fmt.Fprintf(w, "lease renewals flushed   %.0f\n", r.RenewalsFlushed)
+	if r.PGCommitsPS > 0 {
+		fmt.Fprintf(w, "postgres commits/s       %.0f (whole database, during the window)\n", r.PGCommitsPS)
+	}
+	if r.PGBenchTPS > 0 {
+		fmt.Fprintf(w, "pgbench -N tps           %.0f (settled commands/s above: %.0f)\n", r.PGBenchTPS, r.SettledPS)
+	}
+}

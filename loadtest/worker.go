@@ -1,0 +1,324 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/agent/client"
+)
+
+// workerEnv marks a process as an agent worker: the coordinator re-executes
+// its own binary with it set, and the worker reads its job from stdin.
+const workerEnv = "NODEWARD_LOADTEST_WORKER"
+
+// sentKey is the payload env entry carrying the time the command was meant
+// to be issued (Unix nanoseconds): the start of its issue→receipt latency.
+const sentKey = "LT_SENT"
+
+// workerJob is what the coordinator hands a worker on stdin, one JSON line.
+type workerJob struct {
+	URL      string          `json:"url"`
+	SourceIP string          `json:"source_ip"`
+	Agents   []api.Bootstrap `json:"agents"`
+	// Wait is the long-poll wait asked of the server.
+	Wait time.Duration `json:"wait"`
+	// Heartbeat, when > 0, makes each agent heartbeat at that interval
+	// (first beat at a random offset within it).
+	Heartbeat time.Duration `json:"heartbeat"`
+	// Enrollers bounds concurrent enrollments.
+	Enrollers int `json:"enrollers"`
+	// StopBy is the hard deadline (Unix nanoseconds): the worker stops by
+	// then even if the coordinator never tells it to.
+	StopBy int64 `json:"stop_by"`
+}
+
+// workerMsg is one line a worker writes on stdout.
+type workerMsg struct {
+	Type string `json:"type"` // "enrolled" or "done"
+	// enrolled
+	Enrolled int    `json:"enrolled,omitempty"`
+	Failed   int    `json:"failed,omitempty"`
+	Error    string `json:"error,omitempty"`
+	// done
+	Received    int64   `json:"received,omitempty"`
+	Settled     int64   `json:"settled,omitempty"`
+	Heartbeats  int64   `json:"heartbeats,omitempty"`
+	Polls       int64   `json:"polls,omitempty"`
+	Errors      int64   `json:"errors,omitempty"`
+	FirstError  string  `json:"first_error,omitempty"`
+	SentLatUS   []int64 `json:"sent_lat_us,omitempty"`   // intended issue → receipt
+	IssuedLatUS []int64 `json:"issued_lat_us,omitempty"` // server issued_at → receipt
+	SettleLatUS []int64 `json:"settle_lat_us,omitempty"` // intended issue → settle acknowledged
+}
+
+// workerMain runs one worker process: enroll its agents, report, hold
+// their long-polls and answer every command until stdin closes or StopBy.
+func workerMain(stdin io.Reader, stdout io.Writer) error {
+	rd := bufio.NewReader(stdin)
+	line, err := rd.ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("worker: read job: %w", err)
+	}
+	var job workerJob
+	if err := json.Unmarshal(line, &job); err != nil {
+		return fmt.Errorf("worker: decode job: %w", err)
+	}
+	u, err := client.CheckURL(job.URL, true)
+	if err != nil {
+		return err
+	}
+	if !client.IsLoopbackHost(u.Hostname()) {
+		return fmt.Errorf("worker: %s is not a loopback address; the load tool only sends to loopback", job.URL)
+	}
+	out := json.NewEncoder(stdout)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, job.StopBy))
+	defer cancel()
+	go func() {
+		// The coordinator closes stdin to stop us (or dies, which does too).
+		_, _ = io.Copy(io.Discard, rd)
+		cancel()
+	}()
+
+	w := newAgentPool(job)
+	enrolled, failed, firstErr := w.enrollAll(ctx)
+	msg := workerMsg{Type: "enrolled", Enrolled: len(enrolled), Failed: failed}
+	if firstErr != nil {
+		msg.Error = firstErr.Error()
+	}
+	if err := out.Encode(msg); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for _, c := range enrolled {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run(ctx, c) }()
+	}
+	<-ctx.Done()
+	wg.Wait()
+	w.tr.CloseIdleConnections()
+	return out.Encode(w.summary())
+}
+
+// agentPool is a worker's simulated agents: a goroutine each, one shared
+// transport dialling from the worker's own loopback source address.
+type agentPool struct {
+	job workerJob
+	hc  *http.Client
+	tr  *http.Transport
+
+	received, settled, heartbeats, polls, errors atomic.Int64
+
+	mu         sync.Mutex // guards the following
+	firstError string
+	sentLat    []int64
+	issuedLat  []int64
+	settleLat  []int64
+}
+
+func newAgentPool(job workerJob) *agentPool {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	if job.SourceIP != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(job.SourceIP)}
+	}
+	tr := &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConns:        0,
+		MaxIdleConnsPerHost: 2*len(job.Agents) + 64, // a held long-poll plus a report each
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+	return &agentPool{job: job, tr: tr, hc: &http.Client{Transport: tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+func (w *agentPool) fail(err error) {
+	w.errors.Add(1)
+	w.mu.Lock()
+	if w.firstError == "" {
+		w.firstError = err.Error()
+	}
+	w.mu.Unlock()
+}
+
+func loadFacts() api.Facts {
+	free := int64(20 << 30)
+	return api.Facts{Hostname: "loadtest", OS: "linux", Arch: "amd64", CPUs: 8, MemoryBytes: 32 << 30,
+		DiskFreeBytes: &free, AgentVersion: "loadtest", Runtimes: []string{"process"}, ObservedAt: time.Now().UTC()}
+}
+
+// enrollAll enrolls every agent of the job, a few at a time.
+func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error) {
+	n := max(1, w.job.Enrollers)
+	sem := make(chan struct{}, n)
+	var mu sync.Mutex
+	var out []*client.Client
+	var failed int
+	var firstErr error
+	var wg sync.WaitGroup
+	for _, boot := range w.job.Agents {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := client.New(client.Options{BaseURL: w.job.URL, AllowInsecureHTTP: true, HTTPClient: w.hc, UserAgent: "nodeward-loadtest"})
+			if err == nil {
+				var resp *api.EnrollResponse
+				resp, err = c.Enroll(ctx, api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
+					EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts()})
+				if err == nil {
+					c.SetSessionToken(resp.SessionToken)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				if firstErr == nil {
+					firstErr = err
+				}
+				return
+			}
+			out = append(out, c)
+		}()
+	}
+	wg.Wait()
+	return out, failed, firstErr
+}
+
+// run is one agent: long-poll, answer what arrives, poll again.
+func (w *agentPool) run(ctx context.Context, c *client.Client) {
+	if w.job.Heartbeat > 0 {
+		go w.heartbeat(ctx, c)
+	}
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		w.polls.Add(1)
+		resp, err := c.Commands(ctx, w.job.Wait)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.fail(err)
+			sleepCtx(ctx, backoff)
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		if len(resp.Commands) == 0 {
+			continue
+		}
+		got := time.Now()
+		results := make([]api.Result, len(resp.Commands))
+		sent := make([]int64, len(resp.Commands))
+		for i, cmd := range resp.Commands {
+			w.received.Add(1)
+			results[i] = api.Result{OperationID: cmd.OperationID, Applied: true}
+			sent[i] = sentAt(cmd.Payload)
+			w.mu.Lock()
+			if sent[i] > 0 {
+				w.sentLat = append(w.sentLat, got.Sub(time.Unix(0, sent[i])).Microseconds())
+			}
+			w.issuedLat = append(w.issuedLat, got.Sub(cmd.IssuedAt).Microseconds())
+			w.mu.Unlock()
+		}
+		res, err := c.Results(ctx, results)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.fail(err)
+			}
+			continue
+		}
+		done := time.Now()
+		for i, s := range res.Settled {
+			if s.State != "applied" {
+				w.fail(fmt.Errorf("result %s answered %+v", s.OperationID, s))
+				continue
+			}
+			w.settled.Add(1)
+			if i < len(sent) && sent[i] > 0 {
+				w.mu.Lock()
+				w.settleLat = append(w.settleLat, done.Sub(time.Unix(0, sent[i])).Microseconds())
+				w.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (w *agentPool) heartbeat(ctx context.Context, c *client.Client) {
+	every := w.job.Heartbeat
+	first := time.Duration(rand.Int64N(int64(every)))
+	if !sleepCtx(ctx, first) {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for seq := 0; ; seq++ {
+		f := loadFacts()
+		_, err := c.Events(ctx, []api.Event{{ID: "hb-" + strconv.Itoa(seq), Kind: api.EventHeartbeat, ObservedAt: time.Now().UTC(), Facts: &f}})
+		switch {
+		case err == nil:
+			w.heartbeats.Add(1)
+		case ctx.Err() == nil:
+			w.fail(err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (w *agentPool) summary() workerMsg {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return workerMsg{Type: "done", Received: w.received.Load(), Settled: w.settled.Load(), Heartbeats: w.heartbeats.Load(),
+		Polls: w.polls.Load(), Errors: w.errors.Load(), FirstError: w.firstError,
+		SentLatUS: w.sentLat, IssuedLatUS: w.issuedLat, SettleLatUS: w.settleLat}
+}
+
+// sentAt reads the intended issue time from a load-tool payload; 0 when
+// the payload is not one.
+func sentAt(payload json.RawMessage) int64 {
+	var p struct {
+		Env map[string]string `json:"env"`
+	}
+	if json.Unmarshal(payload, &p) != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(p.Env[sentKey], 10, 64)
+	return n
+}
+
+// sleepCtx sleeps d or until ctx ends; false when ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func runWorker() int {
+	if err := workerMain(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}

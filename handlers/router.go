@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 )
@@ -25,6 +26,7 @@ type Deps struct {
 	Logger  *slog.Logger
 	DB      *models.DB
 	Auth    *auth.Service
+	Fleet   *fleet.Service
 	Metrics *metrics.Metrics
 	// OpenAPI is the contract served at /openapi.yaml.
 	OpenAPI []byte
@@ -81,6 +83,15 @@ func New(d Deps) http.Handler {
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
 	r.Get("/openapi.yaml", h.openapi)
 
+	// Agents: enrollment by token, everything else on a fenced session.
+	r.Route("/agent/v1", func(r chi.Router) {
+		r.Post("/enroll", h.enroll)
+		r.Post("/session/renew", h.renewSession)
+		r.Get("/commands", h.pollCommands)
+		r.Post("/results", h.postResults)
+		r.Post("/events", h.postEvents)
+	})
+
 	// Administration and scripts: authentication before routing, so no
 	// /api path answers anything but 401 to an anonymous caller.
 	r.Route("/api", func(r chi.Router) {
@@ -93,6 +104,20 @@ func New(d Deps) http.Handler {
 			r.Get("/tokens", h.listTokens)
 			r.Post("/tokens/{id}/revoke", h.revokeToken)
 			r.Get("/admin-audit", h.adminAudit)
+
+			r.Post("/nodes/invitations", h.inviteNode)
+			r.Get("/nodes", h.listNodes)
+			r.Get("/nodes/{id}", h.getNode)
+			r.Post("/nodes/{id}/reinvite", h.reinviteNode)
+			r.Post("/nodes/{id}/retire", h.retireNode)
+			r.Get("/nodes/{id}/reconciliation", h.reconciliation)
+			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}", h.getWorkload)
+			r.Get("/nodes/{id}/audit", h.nodeAudit)
+			r.Post("/nodes/{id}/commands", h.issueCommand)
+			r.Get("/nodes/{id}/commands", h.listNodeCommands)
+			r.Get("/commands/{operation_id}", h.getCommand)
+			r.Get("/offers", h.listOffers)
+			r.Get("/sessions", h.liveSessions)
 		})
 	})
 

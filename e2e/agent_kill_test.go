@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +24,18 @@ func TestAgentKill9MidStream(t *testing.T) {
 	s := StartServer(t, ServerOptions{})
 	content := []byte("burst artifact\n")
 	sum := sha256.Sum256(content)
-	files := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(content) }))
+	// The first download hangs until the agent dies, so at least one
+	// operation is certainly caught between its intent and its answer.
+	var downloads atomic.Int32
+	hanging := make(chan struct{})
+	files := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if downloads.Add(1) == 1 {
+			close(hanging)
+			<-r.Context().Done()
+			return
+		}
+		_, _ = w.Write(content)
+	}))
 	t.Cleanup(files.Close)
 
 	f, b, a := enrolledAgent(t, s, "e2e-kill", AgentOptions{Name: "agent"})
@@ -46,7 +58,12 @@ func TestAgentKill9MidStream(t *testing.T) {
 	}
 
 	a.Start(t)
-	WaitFor(t, "the agent to apply a few of the burst", time.Minute, func() bool {
+	WaitFor(t, "the agent to apply a few of the burst and start the download", time.Minute, func() bool {
+		select {
+		case <-hanging:
+		default:
+			return false
+		}
 		return len(a.RunLogs("operation applied")) >= 3
 	})
 	a.Kill(t)
@@ -90,8 +107,15 @@ func TestAgentKill9MidStream(t *testing.T) {
 	if len(rec.Pending) != 0 {
 		t.Errorf("reconciliation: pending %v, want none", rec.Pending)
 	}
+	resolved := a.RunLogs("resolving operation interrupted by the last shutdown")
 	t.Logf("after the restart: %d interrupted operations resolved, %d redeliveries answered from the journal",
-		len(a.RunLogs("resolving operation interrupted by the last shutdown")), len(a.RunLogs("redelivered command answered from the journal")))
+		len(resolved), len(a.RunLogs("redelivered command answered from the journal")))
+	if !slices.ContainsFunc(resolved, func(r map[string]any) bool { return r["operation_id"] == "burst-artifact" }) {
+		t.Errorf("the download interrupted by the kill was not resolved from its record at restart")
+	}
+	if n := downloads.Load(); n != 2 {
+		t.Errorf("%d downloads, want 2 (the interrupted one, then its re-run)", n)
+	}
 	if code := a.Stop(t); code != 0 {
 		t.Errorf("agent exit code after SIGTERM: %d, want 0", code)
 	}

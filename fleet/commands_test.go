@@ -286,7 +286,7 @@ func TestRetireEndsWork(t *testing.T) {
 // waitFor polls cond until it holds or a generous deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -391,6 +391,9 @@ func TestManyCommandsManyNodes(t *testing.T) {
 		received := map[string]int{}
 		var wg sync.WaitGroup
 		done := make(chan struct{})
+		errs := make(chan error, 2*nodes)
+		stop := sync.OnceFunc(func() { close(done); wg.Wait() })
+		defer stop() // also when an assertion below fails
 		for _, a := range agents {
 			// Two pollers per node: an old connection and a new one.
 			for range 2 {
@@ -405,7 +408,7 @@ func TestManyCommandsManyNodes(t *testing.T) {
 						}
 						cmds, err := b.svc.Poll(ctx, a.sess, 200*time.Millisecond, "")
 						if err != nil {
-							t.Error(err)
+							errs <- err
 							return
 						}
 						mu.Lock()
@@ -423,7 +426,12 @@ func TestManyCommandsManyNodes(t *testing.T) {
 			go func() {
 				defer issuers.Done()
 				for j := range perNode {
-					b.issue(t, a.id, launch("m-"+itoa(i)+"-"+itoa(j)))
+					in := launch("m-" + itoa(i) + "-" + itoa(j))
+					in.NodeID = a.id
+					if _, _, err := b.svc.Issue(ctx, "admin:test", in); err != nil {
+						errs <- err
+						return
+					}
 				}
 			}()
 		}
@@ -431,10 +439,13 @@ func TestManyCommandsManyNodes(t *testing.T) {
 		waitFor(t, "every command delivered", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return len(received) == nodes*perNode
+			return len(received) == nodes*perNode || len(errs) > 0
 		})
-		close(done)
-		wg.Wait()
+		stop()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
 		for op, n := range received {
 			require.Equal(t, 1, n, "%s delivered %d times", op, n)
 		}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -47,6 +48,10 @@ type DB struct {
 
 	sqlDB *sql.DB
 	lock  *os.File
+	// writers serialises SQLite write transactions in the process. SQLite
+	// has one writer at a time anyway; queueing here is fair and cheap,
+	// where waiting in SQLite's busy handler is neither. Nil for Postgres.
+	writers *sync.Mutex
 }
 
 // Options says which database to open.
@@ -164,7 +169,7 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 		_ = lock.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
-	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock}, nil
+	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock, writers: &sync.Mutex{}}, nil
 }
 
 // lockDataDir takes an exclusive advisory lock on the data folder for the
@@ -212,5 +217,9 @@ func (db *DB) Close() error {
 // Tx runs fn in one transaction: committed when fn returns nil, rolled back
 // otherwise. Everything that changes rows that must agree goes through here.
 func (db *DB) Tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	if db.writers != nil {
+		db.writers.Lock()
+		defer db.writers.Unlock()
+	}
 	return db.WithContext(ctx).Transaction(fn)
 }

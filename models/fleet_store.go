@@ -52,7 +52,7 @@ func (s *FleetStore) SetOnCommit(fn func([]fleet.Notification)) { s.onCommit = f
 // notifications to the local hook.
 func (s *FleetStore) Tx(ctx context.Context, fn func(fleet.Tx) error) error {
 	var notes []fleet.Notification
-	err := s.db.WithContext(ctx).Transaction(func(g *gorm.DB) error {
+	err := s.db.Tx(ctx, func(g *gorm.DB) error {
 		notes = notes[:0]
 		return fn(&fleetTx{fleetReader: fleetReader{g: g, dialect: s.dialect}, store: s, notes: &notes})
 	})

@@ -27,7 +27,7 @@ func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 		return 0, nil
 	}
 	changed := 0
-	err := s.db.WithContext(ctx).Transaction(func(g *gorm.DB) error {
+	err := s.db.Tx(ctx, func(g *gorm.DB) error {
 		changed = 0
 		for _, r := range batch {
 			until := ts(r.Until)

@@ -107,4 +107,8 @@ func TestAgentHappyPath(t *testing.T) {
 	if code := a.Stop(t); code != 0 {
 		t.Errorf("agent exit code after SIGTERM: %d, want 0", code)
 	}
+	// A refusal the server recorded is settled, not a result it declined.
+	if recs := a.Logs("server will not settle result"); len(recs) != 0 {
+		t.Errorf("the agent took settled results for unsettleable ones: %v", recs)
+	}
 }

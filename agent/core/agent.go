@@ -849,7 +849,9 @@ func (a *Agent) flushResults(ctx context.Context) error {
 				if r, ok := sent[s.OperationID]; ok {
 					acked = append(acked, r)
 				}
-				if s.Code != "" {
+				// With a state, Code is the refusal's own code (say
+				// refused_by_node): settled, nothing to warn about.
+				if s.State == "" {
 					a.log.Warn("server will not settle result", "operation_id", s.OperationID, "code", s.Code)
 				}
 			}

@@ -307,3 +307,23 @@ func TestFleetStoreSessions(t *testing.T) {
 		require.Equal(t, sess, got, "a replica that stopped publishing is not listed")
 	})
 }
+
+// On a shared database one replica sweeps at a time: while another holds the
+// sweep lock, a sweep answers that it did not run.
+func TestFleetStoreSweepIsASingleton(t *testing.T) {
+	db := dbtest.Open(t, models.Postgres)
+	s := models.NewFleetStore(db, "r1", nil)
+	holder := db.Begin()
+	require.NoError(t, holder.Error)
+	defer holder.Rollback()
+	var got bool
+	require.NoError(t, holder.Raw("SELECT pg_try_advisory_xact_lock(?)", 0x6e77_0001).Scan(&got).Error)
+	require.True(t, got)
+	_, swept, err := s.SweepLeases(ctx, t0)
+	require.NoError(t, err)
+	require.False(t, swept)
+	require.NoError(t, holder.Rollback().Error)
+	_, swept, err = s.SweepLeases(ctx, t0)
+	require.NoError(t, err)
+	require.True(t, swept)
+}

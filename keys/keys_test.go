@@ -1,0 +1,112 @@
+package keys_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/keys"
+)
+
+var (
+	masterA = bytes.Repeat([]byte{0xA}, 32)
+	masterB = bytes.Repeat([]byte{0xB}, 32)
+)
+
+func claims(now time.Time, aud string) jwt.RegisteredClaims {
+	return jwt.RegisteredClaims{Subject: "n1", Audience: jwt.ClaimStrings{aud}, IssuedAt: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(now.Add(time.Minute))}
+}
+
+func TestEmptyKeyRefusesEverything(t *testing.T) {
+	empty := keys.NewRing()
+	s := keys.NewSigner(empty, keys.LabelNodeSession, "aud", "node+jwt", nil)
+	_, err := s.Sign(claims(time.Now(), "aud"))
+	require.ErrorIs(t, err, keys.ErrNoKey)
+	// A token signed by a real key does not verify against no key.
+	tok, err := keys.NewSigner(keys.NewRing(masterA), keys.LabelNodeSession, "aud", "node+jwt", nil).Sign(claims(time.Now(), "aud"))
+	require.NoError(t, err)
+	var c jwt.RegisteredClaims
+	require.ErrorIs(t, s.Verify(tok, &c), keys.ErrTokenInvalid)
+}
+
+func TestFamiliesDoNotCrossVerify(t *testing.T) {
+	ring := keys.NewRing(masterA)
+	node := keys.NewSigner(ring, keys.LabelNodeSession, "aud", "node+jwt", nil)
+	console := keys.NewSigner(ring, keys.LabelConsoleSession, "aud", "node+jwt", nil)
+	tok, err := console.Sign(claims(time.Now(), "aud"))
+	require.NoError(t, err)
+	var c jwt.RegisteredClaims
+	require.ErrorIs(t, node.Verify(tok, &c), keys.ErrTokenInvalid, "a console token is not a node token even with the same audience and type")
+	a, _ := ring.Current(keys.LabelNodeSession)
+	b, _ := ring.Current(keys.LabelConsoleSession)
+	require.NotEqual(t, a.Key, b.Key)
+	require.NotEqual(t, a.ID, b.ID)
+}
+
+func TestPinnedAudienceTypeAndAlgorithm(t *testing.T) {
+	ring := keys.NewRing(masterA)
+	s := keys.NewSigner(ring, keys.LabelNodeSession, "nodes", "node+jwt", nil)
+	var c jwt.RegisteredClaims
+	other, err := keys.NewSigner(ring, keys.LabelNodeSession, "others", "node+jwt", nil).Sign(claims(time.Now(), "others"))
+	require.NoError(t, err)
+	require.ErrorIs(t, s.Verify(other, &c), keys.ErrTokenInvalid, "audience")
+	typed, err := keys.NewSigner(ring, keys.LabelNodeSession, "nodes", "enroll+jwt", nil).Sign(claims(time.Now(), "nodes"))
+	require.NoError(t, err)
+	require.ErrorIs(t, s.Verify(typed, &c), keys.ErrTokenInvalid, "type")
+	none, err := jwt.NewWithClaims(jwt.SigningMethodNone, claims(time.Now(), "nodes")).SignedString(jwt.UnsafeAllowNoneSignatureType)
+	require.NoError(t, err)
+	require.ErrorIs(t, s.Verify(none, &c), keys.ErrTokenInvalid, "alg none")
+	sk, _ := ring.Current(keys.LabelNodeSession)
+	hs512 := jwt.NewWithClaims(jwt.SigningMethodHS512, claims(time.Now(), "nodes"))
+	hs512.Header["kid"], hs512.Header["typ"] = sk.ID, "node+jwt"
+	signed, err := hs512.SignedString(sk.Key)
+	require.NoError(t, err)
+	require.ErrorIs(t, s.Verify(signed, &c), keys.ErrTokenInvalid, "algorithm other than HS256")
+}
+
+func TestExpiryWithLeeway(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := now
+	s := keys.NewSigner(keys.NewRing(masterA), keys.LabelNodeSession, "aud", "node+jwt", func() time.Time { return clock })
+	tok, err := s.Sign(claims(now, "aud"))
+	require.NoError(t, err)
+	var c jwt.RegisteredClaims
+	clock = now.Add(time.Minute + keys.Leeway - time.Nanosecond)
+	require.NoError(t, s.Verify(tok, &c))
+	clock = now.Add(time.Minute + keys.Leeway)
+	require.ErrorIs(t, s.Verify(tok, &c), keys.ErrTokenInvalid)
+}
+
+func TestRotationKeepsOldKeysForVerification(t *testing.T) {
+	old := keys.NewSigner(keys.NewRing(masterA), keys.LabelNodeSession, "aud", "node+jwt", nil)
+	tok, err := old.Sign(claims(time.Now(), "aud"))
+	require.NoError(t, err)
+	rotated := keys.NewSigner(keys.NewRing(masterB, masterA), keys.LabelNodeSession, "aud", "node+jwt", nil)
+	var c jwt.RegisteredClaims
+	require.NoError(t, rotated.Verify(tok, &c), "old tokens verify after rotation")
+	fresh, err := rotated.Sign(claims(time.Now(), "aud"))
+	require.NoError(t, err)
+	require.ErrorIs(t, old.Verify(fresh, &c), keys.ErrTokenInvalid, "the new key signs")
+	dropped := keys.NewSigner(keys.NewRing(masterB), keys.LabelNodeSession, "aud", "node+jwt", nil)
+	require.ErrorIs(t, dropped.Verify(tok, &c), keys.ErrTokenInvalid, "a removed key no longer verifies")
+}
+
+func TestParseRing(t *testing.T) {
+	ring, err := keys.ParseRing("# current\n" + "0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a\n\n" +
+		"0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b\n")
+	require.NoError(t, err)
+	cur, err := ring.Current(keys.LabelSealing)
+	require.NoError(t, err)
+	want, _ := keys.NewRing(masterA).Current(keys.LabelSealing)
+	require.Equal(t, want, cur)
+	_, err = keys.ParseRing("abcd")
+	require.Error(t, err)
+	require.False(t, errors.Is(err, keys.ErrNoKey))
+	empty, err := keys.ParseRing("\n# nothing\n")
+	require.NoError(t, err)
+	require.True(t, empty.Empty())
+}

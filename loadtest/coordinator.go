@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -103,9 +104,12 @@ type Report struct {
 	Seconds    float64 `json:"seconds"`
 	Issued     int64   `json:"issued"`
 	IssueErrs  int64   `json:"issue_errors"`
-	IssuedPS   float64 `json:"issued_per_s"`
-	Received   int64   `json:"received"`
-	Settled    int64   `json:"settled"`
+	// Missed counts commands scheduled but not sent by the end of the
+	// window because the issue requests fell behind.
+	Missed   int64   `json:"missed"`
+	IssuedPS float64 `json:"issued_per_s"`
+	Received int64   `json:"received"`
+	Settled  int64   `json:"settled"`
 	// SettledPS counts commands settled during the issue window only.
 	SettledPS float64 `json:"settled_per_s"`
 	AgentErrs int64   `json:"agent_errors"`
@@ -121,6 +125,13 @@ type Report struct {
 	// PGCommitsPS is the Postgres database's commits/s during the window.
 	PGCommitsPS float64 `json:"pg_commits_per_s,omitempty"`
 	PGBenchTPS  float64 `json:"pgbench_tps,omitempty"`
+	// CPU over the issue window: the machine's busy share, and the cores
+	// used by this process (server and issuers when the server runs
+	// here), the workers, and everything else (the database server,
+	// other load on the machine).
+	CPU struct {
+		Cores, MachineBusy, Self, Workers, Rest float64
+	}
 }
 
 type worker struct {
@@ -255,16 +266,34 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		}
 		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
+	busy0, total0 := machineCPU()
+	self0, workers0 := processCPU(os.Getpid()), 0.0
+	for _, w := range workers {
+		workers0 += processCPU(w.cmd.Process.Pid)
+	}
 	nodes := make([]string, len(boots))
 	for i, b := range boots {
 		nodes[i] = b.NodeID
 	}
 	start = time.Now()
-	issued, issueErrs := admin.issue(ctx, run, nodes, cfg.Rate, cfg.Duration, logf)
+	var missed atomic.Int64
+	issued, issueErrs := admin.issue(ctx, run, nodes, cfg.Rate, cfg.Duration, &missed, logf)
+	rep.Missed = missed.Load()
 	window := time.Since(start).Seconds()
 	if cfg.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
+	busy1, total1 := machineCPU()
+	rep.CPU.Cores = float64(runtime.NumCPU())
+	if total1 > total0 {
+		rep.CPU.MachineBusy = (busy1 - busy0) / (total1 - total0)
+	}
+	rep.CPU.Self = (processCPU(os.Getpid()) - self0) / window
+	for _, w := range workers {
+		rep.CPU.Workers += processCPU(w.cmd.Process.Pid)
+	}
+	rep.CPU.Workers = (rep.CPU.Workers - workers0) / window
+	rep.CPU.Rest = rep.CPU.MachineBusy*rep.CPU.Cores - rep.CPU.Self - rep.CPU.Workers
 	after, err := admin.metrics(ctx)
 	if err != nil {
 		return rep, err
@@ -458,12 +487,18 @@ func (a *adminClient) inviteAll(ctx context.Context, run string, n int) ([]api.B
 // a fixed schedule (each payload stamped with its scheduled time, so a
 // lagging issuer shows as latency), or as fast as the issuers go when rate
 // is 0. It answers how many were recorded and how many failed.
-func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rate float64, d time.Duration, logf func(string, ...any)) (issued, failed int64) {
+func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rate float64, d time.Duration, missed *atomic.Int64, logf func(string, ...any)) (issued, failed int64) {
 	var ok, bad atomic.Int64
 	var firstErr sync.Once
 	start := time.Now()
 	end := start.Add(d)
 	one := func(seq int64, at time.Time) {
+		if time.Now().After(end) {
+			// The server fell behind the schedule: what was due by the end
+			// and not yet sent is dropped, so the phase ends on time.
+			missed.Add(1)
+			return
+		}
 		node := nodes[seq%int64(len(nodes))]
 		op := "lt-" + run + "-" + strconv.FormatInt(seq, 10)
 		body := `{"kind":"launch_workload","operation_id":"` + op + `","payload":{"run_id":"` + op +

@@ -125,7 +125,7 @@ func printReport(w io.Writer, r Report) {
 	fmt.Fprintf(w, "database                 %s\n", r.Database)
 	fmt.Fprintf(w, "agents                   %d in %d workers (%d long-polls held)\n", r.Enrolled, r.Workers, r.Held)
 	fmt.Fprintf(w, "setup                    %.0f invitations/s, %.0f enrollments/s\n", r.InvitesPS, r.EnrollPS)
-	fmt.Fprintf(w, "issued                   %d in %.1fs = %.0f/s (target %s), %d errors\n", r.Issued, r.Seconds, r.IssuedPS, rateName(r.TargetRate), r.IssueErrs)
+	fmt.Fprintf(w, "issued                   %d in %.1fs = %.0f/s (target %s), %d errors, %d not sent in time\n", r.Issued, r.Seconds, r.IssuedPS, rateName(r.TargetRate), r.IssueErrs, r.Missed)
 	fmt.Fprintf(w, "received / settled       %d / %d (agent errors %d)\n", r.Received, r.Settled, r.AgentErrs)
 	if r.FirstErr != "" {
 		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)
@@ -138,6 +138,8 @@ func printReport(w io.Writer, r Report) {
 		fmt.Fprintf(w, "heartbeats               %d = %.0f/s\n", r.Heartbeats, r.HeartbeatsPS)
 	}
 	fmt.Fprintf(w, "lease renewals flushed   %.0f\n", r.RenewalsFlushed)
+	fmt.Fprintf(w, "cpu (cores of %.0f)       machine %.0f%% busy; this process %.2f, workers %.2f, rest (database, other) %.2f\n",
+		r.CPU.Cores, 100*r.CPU.MachineBusy, r.CPU.Self, r.CPU.Workers, r.CPU.Rest)
 	if r.PGCommitsPS > 0 {
 		fmt.Fprintf(w, "postgres commits/s       %.0f (whole database, during the window)\n", r.PGCommitsPS)
 	}

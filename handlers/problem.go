@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -70,7 +71,14 @@ type problem struct {
 // log gets the whole chain.
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var e *errcode.Error
-	if !errors.As(err, &e) {
+	switch {
+	case errors.As(err, &e):
+	case r.Context().Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		// The client went away mid-request: its transaction rolled back and
+		// nobody reads this answer. Not a fault of the server.
+		logger(r).Info("client went away", "err", err.Error())
+		e = errcode.New(errcode.Unavailable, "request cancelled by the client")
+	default:
 		logger(r).Error("internal error", "err", err.Error())
 		e = errcode.New(errcode.Internal, "internal error")
 	}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the delivery load matrix of BENCHMARKS.md: each configuration RUNS
+# times (default 3), one JSON report per run in OUT (default a temp dir),
+# then the pgbench reference once. Needs NODEWARD_TEST_DATABASE_URL for the
+# Postgres half. Usage: loadtest/matrix.sh [OUT] [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-$(mktemp -d -t nodeward-load-XXXXXX)}
+runs=${2:-3}
+mkdir -p "$out"
+go build -o "$out/loadtest" ./loadtest
+dbs=(sqlite)
+if [[ -n "${NODEWARD_TEST_DATABASE_URL:-}" ]]; then dbs+=(postgres); fi
+for db in "${dbs[@]}"; do
+	for agents in 1000 10000; do
+		for rate in 1000 100; do
+			for i in $(seq "$runs"); do
+				echo "== $db agents=$agents rate=$rate run $i" >&2
+				"$out/loadtest" -q -json -db "$db" -agents "$agents" -rate "$rate" -duration 20s \
+					>"$out/$db-$agents-$rate-$i.json"
+			done
+		done
+	done
+	for i in $(seq "$runs"); do
+		echo "== $db agents=1000 full speed run $i" >&2
+		"$out/loadtest" -q -json -db "$db" -agents 1000 -rate 0 -issuers 64 -duration 20s \
+			>"$out/$db-1000-max-$i.json"
+	done
+done
+if [[ -n "${NODEWARD_TEST_DATABASE_URL:-}" ]]; then
+	"$out/loadtest" -q -json -db postgres -agents 10 -rate 10 -duration 1s -pgbench >"$out/pgbench.json"
+fi
+echo "reports in $out" >&2

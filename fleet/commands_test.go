@@ -353,23 +353,28 @@ func TestLongPoll(t *testing.T) {
 			b.enroll(t, fresh)
 			requireCode(t, (<-res).err, fleet.ErrFenced)
 		})
-		t.Run("HeldPollRenewsLease", func(t *testing.T) {
-			id, sess, _ := b.readyNode(t)
-			b.clock.Advance(40 * time.Second) // past a third of the lease
-			_, err := b.svc.Poll(ctx, sess, 0, "")
-			require.NoError(t, err)
-			want := b.clock.Now().Add(90 * time.Second)
-			waitFor(t, "coalesced lease renewal", func() bool {
-				n, _ := b.svc.Node(ctx, id)
-				return n.LeaseExpiresAt.Equal(want)
-			})
-			// Polling again at once costs no further renewal.
-			flushed := testutil.ToFloat64(b.metrics.HeartbeatsFlushed)
-			b.clock.Advance(time.Second)
-			_, err = b.svc.Poll(ctx, sess, 0, "")
-			require.NoError(t, err)
-			require.Equal(t, flushed, testutil.ToFloat64(b.metrics.HeartbeatsFlushed))
+	})
+}
+
+// TestHeldPollRenewsLease: a held long-poll is liveness, and renewing it is
+// coalesced (a fleet of its own, so the flush counter counts only this node).
+func TestHeldPollRenewsLease(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		id, sess, _ := b.readyNode(t)
+		b.clock.Advance(40 * time.Second) // past a third of the lease
+		_, err := b.svc.Poll(ctx, sess, 0, "")
+		require.NoError(t, err)
+		want := b.clock.Now().Add(90 * time.Second)
+		waitFor(t, "coalesced lease renewal", func() bool {
+			n, _ := b.svc.Node(ctx, id)
+			return n.LeaseExpiresAt.Equal(want)
 		})
+		// Polling again at once costs no further renewal.
+		flushed := testutil.ToFloat64(b.metrics.HeartbeatsFlushed)
+		b.clock.Advance(time.Second)
+		_, err = b.svc.Poll(ctx, sess, 0, "")
+		require.NoError(t, err)
+		require.Equal(t, flushed, testutil.ToFloat64(b.metrics.HeartbeatsFlushed))
 	})
 }
 

@@ -119,7 +119,6 @@ func (b *leaseBatcher) flushOnce(ctx context.Context) {
 	if err != nil {
 		b.log.Error("lease renewal batch", "err", err, "size", len(batch))
 	} else {
-		b.metrics.HeartbeatsFlushed.Add(float64(len(batch)))
 		now := b.now()
 		b.mu.Lock()
 		for _, r := range batch {
@@ -134,6 +133,9 @@ func (b *leaseBatcher) flushOnce(ctx context.Context) {
 			}
 		}
 		b.mu.Unlock()
+		// Counted once the coalescing memory knows the batch, so a reader of
+		// the counter sees a consistent batcher.
+		b.metrics.HeartbeatsFlushed.Add(float64(len(batch)))
 	}
 	f.err = err
 	close(f.done)

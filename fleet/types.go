@@ -12,6 +12,21 @@
 // Command lifecycle: pending --node answers--> applied | refused. A refused
 // prepare_* command may be issued again under its operation id (preparing
 // content leaves no effect); a refused launch or stop keeps its id spent.
+//
+// Details settled here where the design left room:
+//   - Expiry: enrollment tokens and sessions verify until their expiry plus
+//     the 5 s JWT leeway (DECISIONS.md §9), not a moment longer.
+//   - Refusal codes a command can end with: refused_by_node (the node said
+//     no, with its reason), node_retired (retired before delivery),
+//     outcome_unknown (delivered to an earlier enrollment, DECISIONS.md §1).
+//   - Redelivery after the visibility timeout happens on the node's next
+//     poll; a poll already held is not woken for it (it ends within 60 s).
+//   - A held long-poll renews the lease at most once a third of the lease,
+//     through the same group commit as heartbeats.
+//   - Billing blocks: at the exact instant a block ends, the node is in the
+//     next one.
+//   - Live sessions: each replica publishes the long-polls it holds every
+//     5 s; a replica silent for 15 s is not listed.
 package fleet
 
 import (

@@ -11,20 +11,22 @@ mkdir -p "$out"
 go build -o "$out/loadtest" ./loadtest
 dbs=(sqlite)
 if [[ -n "${NODEWARD_TEST_DATABASE_URL:-}" ]]; then dbs+=(postgres); fi
+# agents rate: the target (10k waiting, 1,000/s), the same with 1k
+# agents, an unsaturated rate for the latency floor, and full speed.
+plan=(
+	"1000 1000"
+	"1000 100"
+	"10000 1000"
+	"1000 0"
+)
 for db in "${dbs[@]}"; do
-	for agents in 1000 10000; do
-		for rate in 1000 100; do
-			for i in $(seq "$runs"); do
-				echo "== $db agents=$agents rate=$rate run $i" >&2
-				"$out/loadtest" -q -json -db "$db" -agents "$agents" -rate "$rate" -duration 20s \
-					>"$out/$db-$agents-$rate-$i.json"
-			done
+	for p in "${plan[@]}"; do
+		read -r agents rate <<<"$p"
+		for i in $(seq "$runs"); do
+			echo "== $db agents=$agents rate=$rate run $i" >&2
+			"$out/loadtest" -q -json -db "$db" -agents "$agents" -rate "$rate" -issuers 64 \
+				-duration 15s -drain 10s >"$out/$db-$agents-$rate-$i.json"
 		done
-	done
-	for i in $(seq "$runs"); do
-		echo "== $db agents=1000 full speed run $i" >&2
-		"$out/loadtest" -q -json -db "$db" -agents 1000 -rate 0 -issuers 64 -duration 20s \
-			>"$out/$db-1000-max-$i.json"
 	done
 done
 if [[ -n "${NODEWARD_TEST_DATABASE_URL:-}" ]]; then

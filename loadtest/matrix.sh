@@ -12,11 +12,12 @@ go build -o "$out/loadtest" ./loadtest
 dbs=(sqlite)
 if [[ -n "${NODEWARD_TEST_DATABASE_URL:-}" ]]; then dbs+=(postgres); fi
 # agents rate: the target (10k waiting, 1,000/s), the same with 1k
-# agents, an unsaturated rate for the latency floor, and full speed.
+# agents, an unsaturated rate (100/s) for the latency floor, and full speed.
 plan=(
 	"1000 1000"
 	"1000 100"
 	"10000 1000"
+	"10000 100"
 	"1000 0"
 )
 for db in "${dbs[@]}"; do

@@ -87,6 +87,9 @@ type Reader interface {
 	// Commands answers a node's commands, oldest first, optionally only
 	// those in one state.
 	Commands(ctx context.Context, nodeID string, state CommandState, limit int) ([]Command, error)
+	// HasDue reports whether any command is due for d (a plain read: no
+	// write lock is taken to find out there is nothing to do).
+	HasDue(ctx context.Context, d Due) (bool, error)
 	// AppliedOperationIDs answers the ids of commands the node applied.
 	AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error)
 	Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error)

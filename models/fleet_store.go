@@ -296,6 +296,15 @@ func (r fleetReader) Commands(ctx context.Context, nodeID string, state fleet.Co
 	return out, nil
 }
 
+func (r fleetReader) HasDue(ctx context.Context, d fleet.Due) (bool, error) {
+	var ids []string
+	err := r.db(ctx).Model(&Command{}).
+		Where("node_id = ? AND state = ? AND (last_delivered_at IS NULL OR last_delivered_at <= ?)",
+			d.NodeID, string(fleet.CommandPending), ts(d.RedeliverBefore)).
+		Limit(1).Pluck("operation_id", &ids).Error
+	return len(ids) > 0, err
+}
+
 func (r fleetReader) AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error) {
 	ids := []string{}
 	err := r.db(ctx).Model(&Command{}).Where("node_id = ? AND state = ?", nodeID, string(fleet.CommandApplied)).

@@ -223,9 +223,17 @@ func TestFleetStoreCommands(t *testing.T) {
 			return ids
 		}
 		now := t0.Add(time.Hour)
+		hasDue := func(now time.Time) bool {
+			ok, err := s.HasDue(ctx, fleet.Due{NodeID: "n1", Fencing: 2, Now: now, RedeliverBefore: now.Add(-time.Minute)})
+			require.NoError(t, err)
+			return ok
+		}
+		require.True(t, hasDue(now))
 		require.Equal(t, []string{"c", "a"}, claim(now, 2), "oldest first, bounded")
 		require.Equal(t, []string{"b"}, claim(now, 10))
+		require.False(t, hasDue(now.Add(59*time.Second)))
 		require.Empty(t, claim(now.Add(59*time.Second), 10), "inside the visibility timeout")
+		require.True(t, hasDue(now.Add(time.Minute)))
 		require.Equal(t, []string{"c", "a", "b"}, claim(now.Add(time.Minute), 10))
 		c, err := s.Command(ctx, "a")
 		require.NoError(t, err)

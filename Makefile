@@ -27,7 +27,8 @@ generate: ## regenerate the console's templ code
 	go tool templ generate
 
 bench: ## Go benchmarks on both databases (see BENCHMARKS.md)
-	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' go test -run '^$$' -bench . -benchtime 3x -count 5 ./fleet ./handlers
+	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' go test -run '^$$' -bench 'Enroll|Invite|Events|Renew|RoundTrip' -benchtime 100x -count 3 ./fleet ./handlers
+	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' go test -run '^$$' -bench 'HeartbeatCoalescing' -benchtime 3x -count 3 ./fleet
 
-load: ## the delivery load tool (see BENCHMARKS.md)
-	go run ./loadtest -h
+load: ## the delivery load matrix (see BENCHMARKS.md)
+	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/matrix.sh

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -312,4 +313,41 @@ func FuzzEventsDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		checkFuzzAnswer(t, fuzzPost(s, "/agent/v1/events", tok, body))
 	})
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestSecretsNeverLogged: tokens pass through invitations, enrollment,
+// refusals and polls, and none of them reaches the server's log or an error.
+func TestSecretsNeverLogged(t *testing.T) {
+	var log syncBuffer
+	s := apitest.Start(t, apitest.WithLog(&log))
+	boot, sess := inviteAndEnroll(t, s)
+	s.Problem(t, "POST", "/agent/v1/enroll", api.EnrollRequest{NodeID: boot.NodeID, Generation: 1, EnrollmentToken: boot.EnrollmentToken,
+		AgentVersion: "x", Facts: agentFacts()}, "", 409, "enrollment_spent")
+	s.Problem(t, "POST", "/agent/v1/enroll", api.EnrollRequest{NodeID: boot.NodeID, Generation: 1, EnrollmentToken: boot.EnrollmentToken + "x",
+		AgentVersion: "x", Facts: agentFacts()}, "", 401, "enrollment_invalid")
+	s.JSON(t, "GET", "/agent/v1/commands?wait=0", nil, sess.SessionToken, http.StatusOK, nil)
+	s.Problem(t, "GET", "/agent/v1/commands?wait=0&token="+sess.SessionToken, nil, sess.SessionToken+"x", 401, "session_invalid")
+	s.Problem(t, "GET", "/api/v1/nodes", nil, s.AdminToken+"x", 401, "unauthenticated")
+	got := log.String()
+	require.Contains(t, got, "/agent/v1/enroll", "the log was captured")
+	for name, secret := range map[string]string{"enrollment": boot.EnrollmentToken, "session": sess.SessionToken, "admin": s.AdminToken} {
+		require.NotContains(t, got, secret, "%s token in the log", name)
+	}
 }

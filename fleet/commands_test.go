@@ -473,3 +473,39 @@ func TestDrain(t *testing.T) {
 		requireCode(t, err, fleet.ErrDraining)
 	})
 }
+
+// TestLiveSessionsPresence: a node that keeps re-polling stays connected
+// since its first poll, without changing the replica's published set; one
+// that stops is gone after the grace.
+func TestLiveSessionsPresence(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		id, sess, _ := b.readyNode(t)
+		hub := b.svc.Hub()
+		_, v0 := hub.Sessions("test")
+		first := b.clock.Now()
+		res := b.pollAsync(sess, time.Minute)
+		waitFor(t, "poll held", func() bool { return hub.HeldFor(id) == 1 })
+		b.issue(t, id, launch("presence"))
+		require.NoError(t, (<-res).err)
+		listed, v1 := hub.Sessions("test")
+		require.Len(t, listed, 1, "between two polls the node is still connected")
+		require.Equal(t, first, listed[0].Since)
+		require.Equal(t, v0+1, v1)
+
+		b.clock.Advance(4 * time.Second)
+		_, err := b.svc.Poll(ctx, sess, 0, "127.0.0.1:2")
+		require.NoError(t, err)
+		listed, v2 := hub.Sessions("test")
+		require.Equal(t, v1, v2, "a re-poll within the grace changes nothing to publish")
+		require.Equal(t, first, listed[0].Since)
+		require.Equal(t, "127.0.0.1:2", listed[0].RemoteAddr)
+
+		b.clock.Advance(6 * time.Second)
+		listed, v3 := hub.Sessions("test")
+		require.Empty(t, listed, "gone after the grace")
+		require.Greater(t, v3, v2)
+		live, err := b.svc.LiveSessions(ctx)
+		require.NoError(t, err)
+		require.Empty(t, live)
+	})
+}

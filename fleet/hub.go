@@ -35,10 +35,27 @@ type Hub struct {
 	byNode   map[string]map[*waiter]struct{}
 	count    int
 	draining bool
+	// present is who is connected: a node that re-polls within
+	// presenceGrace of its last poll ending stays connected since its first.
+	present map[string]*presence
+	// membership counts connections and disconnections, so the replica
+	// republishes its sessions only when the set changed.
+	membership uint64
+}
+
+// presenceGrace bridges the gap between one long-poll's answer and the
+// agent's next poll.
+const presenceGrace = 5 * time.Second
+
+type presence struct {
+	since  time.Time
+	remote string
+	held   int
+	leftAt time.Time
 }
 
 func newHub(m *metrics.Metrics, now func() time.Time) *Hub {
-	return &Hub{metrics: m, now: now, byNode: map[string]map[*waiter]struct{}{}}
+	return &Hub{metrics: m, now: now, byNode: map[string]map[*waiter]struct{}{}, present: map[string]*presence{}}
 }
 
 // subscribe registers a long-poll for node; ErrDraining once draining.
@@ -57,6 +74,14 @@ func (h *Hub) subscribe(nodeID, remote string) (*waiter, error) {
 	set[w] = struct{}{}
 	h.count++
 	h.metrics.OpenLongPolls.Inc()
+	p := h.present[nodeID]
+	if p == nil || (p.held == 0 && w.since.Sub(p.leftAt) > presenceGrace) {
+		p = &presence{since: w.since}
+		h.present[nodeID] = p
+		h.membership++
+	}
+	p.held++
+	p.remote = remote
 	return w, nil
 }
 
@@ -73,6 +98,12 @@ func (h *Hub) unsubscribe(w *waiter) {
 	}
 	h.count--
 	h.metrics.OpenLongPolls.Dec()
+	if p := h.present[w.nodeID]; p != nil {
+		p.held--
+		if p.held == 0 {
+			p.leftAt = h.now().UTC()
+		}
+	}
 }
 
 // send delivers a wake without blocking; a stronger reason replaces a
@@ -154,15 +185,23 @@ func (h *Hub) HeldFor(nodeID string) int {
 	return len(h.byNode[nodeID])
 }
 
-// Sessions lists the long-polls held now, oldest first.
-func (h *Hub) Sessions(replica string) []LiveSession {
+// Sessions lists the nodes connected now, by when they connected: holding
+// a long-poll, or between two polls (within presenceGrace). It also answers
+// the membership version, which changes only when a node connects or
+// disconnects.
+func (h *Hub) Sessions(replica string) ([]LiveSession, uint64) {
+	now := h.now().UTC()
 	h.mu.Lock()
-	out := make([]LiveSession, 0, h.count)
-	for _, set := range h.byNode {
-		for w := range set {
-			out = append(out, LiveSession{NodeID: w.nodeID, Replica: replica, Since: w.since, RemoteAddr: w.remote})
+	out := make([]LiveSession, 0, len(h.present))
+	for id, p := range h.present {
+		if p.held == 0 && now.Sub(p.leftAt) > presenceGrace {
+			delete(h.present, id)
+			h.membership++
+			continue
 		}
+		out = append(out, LiveSession{NodeID: id, Replica: replica, Since: p.since, RemoteAddr: p.remote})
 	}
+	version := h.membership
 	h.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].Since.Equal(out[j].Since) {
@@ -170,5 +209,5 @@ func (h *Hub) Sessions(replica string) []LiveSession {
 		}
 		return out[i].NodeID < out[j].NodeID
 	})
-	return out
+	return out, version
 }

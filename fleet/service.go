@@ -209,12 +209,36 @@ func (s *Service) SweepLeases(ctx context.Context) ([]string, error) {
 
 const sessionsFreshFor = 15 * time.Second
 
+// sessionsRepublish bounds how long a replica goes without rewriting its
+// whole session list even when nothing changed.
+const sessionsRepublish = time.Minute
+
+// publishLoop keeps this replica's row current: the whole session list when
+// a node connected or disconnected (or a minute passed), otherwise only its
+// heartbeat, so a large, steady fleet does not rewrite a large document
+// every few seconds.
 func (s *Service) publishLoop(ctx context.Context) {
 	started := s.now()
 	t := time.NewTicker(sessionsFreshFor / 3)
 	defer t.Stop()
+	var published uint64
+	var publishedAt time.Time
+	first := true
 	for {
-		if err := s.store.PublishSessions(ctx, s.settings.ReplicaID, started, s.now(), s.hub.Sessions(s.settings.ReplicaID)); err != nil && ctx.Err() == nil {
+		now := s.now()
+		sessions, version := s.hub.Sessions(s.settings.ReplicaID)
+		var err error
+		if first || version != published || now.Sub(publishedAt) >= sessionsRepublish {
+			if err = s.store.PublishSessions(ctx, s.settings.ReplicaID, started, now, sessions); err == nil {
+				first, published, publishedAt = false, version, now
+			}
+		} else {
+			var found bool
+			if found, err = s.store.TouchReplica(ctx, s.settings.ReplicaID, now); err == nil && !found {
+				first = true // the row went away (pruned): write it whole next time
+			}
+		}
+		if err != nil && ctx.Err() == nil {
 			s.log.Warn("publish live sessions", "err", err)
 		}
 		select {
@@ -225,14 +249,15 @@ func (s *Service) publishLoop(ctx context.Context) {
 	}
 }
 
-// LiveSessions lists the long-polls held now on every replica: this one's
-// exactly, the others' as they last published.
+// LiveSessions lists the nodes connected now on every replica (holding a
+// long-poll, or between two polls): this one's exactly, the others' as they
+// last published.
 func (s *Service) LiveSessions(ctx context.Context) ([]LiveSession, error) {
 	others, err := s.store.ListSessions(ctx, s.now().Add(-sessionsFreshFor))
 	if err != nil {
 		return nil, err
 	}
-	out := s.hub.Sessions(s.settings.ReplicaID)
+	out, _ := s.hub.Sessions(s.settings.ReplicaID)
 	for _, ls := range others {
 		if ls.Replica != s.settings.ReplicaID {
 			out = append(out, ls)

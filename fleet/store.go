@@ -69,6 +69,9 @@ type Store interface {
 	CountPendingCommands(ctx context.Context) (int64, error)
 	// PublishSessions stores the long-polls this replica holds.
 	PublishSessions(ctx context.Context, replica string, started, now time.Time, sessions []LiveSession) error
+	// TouchReplica marks this replica alive without rewriting its sessions;
+	// it answers false when the replica has no row yet.
+	TouchReplica(ctx context.Context, replica string, now time.Time) (bool, error)
 	// ListSessions answers the long-polls of every replica that published
 	// since freshAfter.
 	ListSessions(ctx context.Context, freshAfter time.Time) ([]LiveSession, error)

@@ -124,6 +124,12 @@ func (s *FleetStore) PublishSessions(ctx context.Context, replica string, starte
 	return s.db.WithContext(ctx).Save(&row).Error
 }
 
+// TouchReplica refreshes this replica's heartbeat only.
+func (s *FleetStore) TouchReplica(ctx context.Context, replica string, now time.Time) (bool, error) {
+	res := s.db.WithContext(ctx).Model(&Replica{}).Where("id = ?", replica).Update("heartbeat_at", ts(now))
+	return res.RowsAffected == 1, res.Error
+}
+
 // ListSessions merges the sessions of every replica fresh since freshAfter.
 func (s *FleetStore) ListSessions(ctx context.Context, freshAfter time.Time) ([]fleet.LiveSession, error) {
 	var rows []Replica

@@ -313,6 +313,15 @@ func TestFleetStoreSessions(t *testing.T) {
 		got, err := s.ListSessions(ctx, t0.Add(-15*time.Second))
 		require.NoError(t, err)
 		require.Equal(t, sess, got, "a replica that stopped publishing is not listed")
+		found, err := s.TouchReplica(ctx, "b", t0)
+		require.NoError(t, err)
+		require.True(t, found)
+		got, err = s.ListSessions(ctx, t0.Add(-15*time.Second))
+		require.NoError(t, err)
+		require.Len(t, got, 2, "a touched replica is fresh again, its sessions as last published")
+		found, err = s.TouchReplica(ctx, "never-published", t0)
+		require.NoError(t, err)
+		require.False(t, found)
 	})
 }
 

@@ -43,6 +43,17 @@ func newProcess(t *testing.T, dir string) *Process {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Supervisors outlive the exit they report by a moment: wait for every
+	// one to let go of its attempt before the temp dir is removed.
+	t.Cleanup(func() {
+		attempts, _ := filepath.Glob(filepath.Join(dir, "workloads", "*", "attempts", "*"))
+		deadline := time.Now().Add(20 * time.Second)
+		for _, a := range attempts {
+			for lockHeld(a) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	})
 	return p
 }
 
@@ -237,6 +248,9 @@ func TestProcess(t *testing.T) {
 		if err := p.Launch(ctx, api.LaunchWorkload{RunID: "r", AttemptID: "a"}); !errors.Is(err, ErrWorkloadExists) {
 			t.Fatalf("third launch = %v", err)
 		}
+		// The resumed supervisor may still be writing after the exit is
+		// visible; the temp dir can only go once it has.
+		eventually(t, 20*time.Second, "the resumed supervisor to exit", func() bool { return !lockHeld(d) })
 	})
 }
 

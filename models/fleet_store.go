@@ -21,6 +21,7 @@ type FleetStore struct {
 	replica  string
 	channel  string
 	onCommit func([]fleet.Notification)
+	group    *groupCommit
 }
 
 var _ fleet.Store = (*FleetStore)(nil)
@@ -29,8 +30,12 @@ var _ fleet.Store = (*FleetStore)(nil)
 // notifications; onCommit receives the notifications of every committed
 // transaction (local delivery), and may be nil.
 func NewFleetStore(db *DB, replica string, onCommit func([]fleet.Notification)) *FleetStore {
-	return &FleetStore{fleetReader: fleetReader{g: db.DB, dialect: db.Dialect}, db: db, replica: replica,
+	s := &FleetStore{fleetReader: fleetReader{g: db.DB, dialect: db.Dialect}, db: db, replica: replica,
 		channel: NotifyChannel(db), onCommit: onCommit}
+	if db.Dialect == SQLite {
+		s.group = &groupCommit{store: s}
+	}
+	return s
 }
 
 // NotifyChannel is the LISTEN/NOTIFY channel of this database: one per
@@ -48,9 +53,15 @@ func NotifyChannel(db *DB) string {
 // SetOnCommit replaces the commit hook (wiring sets it once the hub exists).
 func (s *FleetStore) SetOnCommit(fn func([]fleet.Notification)) { s.onCommit = fn }
 
-// Tx runs fn in one transaction and, after it commits, hands its
-// notifications to the local hook.
+// Tx runs fn in a transaction and, after it commits, hands its
+// notifications to the local hook. On SQLite, which has one writer and pays
+// an fsync per commit, concurrent calls share one commit (see group.go),
+// each fn inside its own savepoint so one fn's failure undoes that fn only.
+// Postgres runs them in parallel and groups WAL flushes itself.
 func (s *FleetStore) Tx(ctx context.Context, fn func(fleet.Tx) error) error {
+	if s.group != nil {
+		return s.group.do(ctx, fn)
+	}
 	var notes []fleet.Notification
 	err := s.db.Tx(ctx, func(g *gorm.DB) error {
 		notes = notes[:0]
@@ -65,6 +76,9 @@ func (s *FleetStore) Tx(ctx context.Context, fn func(fleet.Tx) error) error {
 type fleetReader struct {
 	g       *gorm.DB
 	dialect string
+	// batched: g carries the shared transaction's own context, and a
+	// caller's context must not cancel a statement others depend on.
+	batched bool
 }
 
 type fleetTx struct {
@@ -99,7 +113,12 @@ func dup(err error) error {
 	return err
 }
 
-func (r fleetReader) db(ctx context.Context) *gorm.DB { return r.g.WithContext(ctx) }
+func (r fleetReader) db(ctx context.Context) *gorm.DB {
+	if r.batched {
+		return r.g
+	}
+	return r.g.WithContext(ctx)
+}
 
 // forUpdate locks selected rows on Postgres; SQLite transactions are
 // IMMEDIATE and already hold the database's write lock.

@@ -26,6 +26,10 @@ func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	// One order for every batch, so two writers of overlapping node sets
+	// cannot deadlock on each other's row locks.
+	batch = append([]fleet.LeaseRenewal(nil), batch...)
+	sort.Slice(batch, func(i, j int) bool { return batch[i].NodeID < batch[j].NodeID })
 	changed := 0
 	err := s.db.Tx(ctx, func(g *gorm.DB) error {
 		changed = 0

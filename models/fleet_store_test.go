@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -343,4 +344,65 @@ func TestFleetStoreSweepIsASingleton(t *testing.T) {
 	_, swept, err = s.SweepLeases(ctx, t0)
 	require.NoError(t, err)
 	require.True(t, swept)
+}
+
+// Concurrent transactions (grouped into shared commits on SQLite) keep their
+// own outcomes: a failing one undoes only itself and announces nothing.
+func TestFleetStoreConcurrentTransactionsKeepTheirOutcomes(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		insert(t, s, sampleNode("taken", "rent-taken", 1))
+		const n = 40
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		boom := errors.New("boom")
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				id := fmt.Sprintf("n%02d", i)
+				errs[i] = s.Tx(ctx, func(tx fleet.Tx) error {
+					node := sampleNode(id, "rent-"+id, 1)
+					if i%4 == 3 {
+						node.ID = "taken" // a duplicate key mid-batch
+					}
+					if err := tx.InsertNode(ctx, node); err != nil {
+						return err
+					}
+					if err := tx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyNode, NodeID: id}); err != nil {
+						return err
+					}
+					if i%4 == 1 {
+						return boom
+					}
+					return nil
+				})
+			}()
+		}
+		close(start)
+		wg.Wait()
+		announced := map[string]bool{}
+		for _, note := range rec.all() {
+			announced[note.NodeID] = true
+		}
+		for i := range n {
+			id := fmt.Sprintf("n%02d", i)
+			_, err := s.Node(ctx, id)
+			switch i % 4 {
+			case 1:
+				require.ErrorIs(t, errs[i], boom)
+				require.ErrorIs(t, err, fleet.ErrNoRows, "%s rolled back", id)
+				require.False(t, announced[id])
+			case 3:
+				require.ErrorIs(t, errs[i], fleet.ErrDuplicate)
+				require.ErrorIs(t, err, fleet.ErrNoRows)
+				require.False(t, announced[id])
+			default:
+				require.NoError(t, errs[i])
+				require.NoError(t, err, "%s committed", id)
+				require.True(t, announced[id])
+			}
+		}
+	})
 }

@@ -316,7 +316,11 @@ func TestLongPoll(t *testing.T) {
 			queriesBefore := testutil.ToFloat64(b.metrics.PollStoreQueries)
 			wakesBefore := testutil.ToFloat64(b.metrics.Wakeups.WithLabelValues("local"))
 			res := b.pollAsync(sess, time.Minute)
-			waitFor(t, "poll to be held", func() bool { return b.svc.Hub().HeldFor(id) == 1 })
+			// Held, and its arrival check done (and found nothing): only a
+			// wake-up can answer it now.
+			waitFor(t, "poll to be held", func() bool {
+				return b.svc.Hub().HeldFor(id) == 1 && testutil.ToFloat64(b.metrics.PollStoreQueries) == queriesBefore+1
+			})
 			b.issue(t, id, launch("wake"))
 			r := <-res
 			require.NoError(t, r.err)

@@ -262,14 +262,15 @@ func (s *Service) Poll(ctx context.Context, sess Session, wait time.Duration, re
 // transaction, so an idle fleet takes no write lock.
 func (s *Service) claim(ctx context.Context, sess Session) ([]Command, error) {
 	now := s.clock()
-	s.metrics.PollStoreQueries.Inc()
 	due := Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
 		RedeliverBefore: now.Add(-s.settings.VisibilityTimeout), Now: now, Limit: s.settings.MaxPollBatch}
-	if hasDue, err := s.store.HasDue(ctx, due); err != nil || !hasDue {
+	hasDue, err := s.store.HasDue(ctx, due)
+	s.metrics.PollStoreQueries.Inc() // counted once answered
+	if err != nil || !hasDue {
 		return nil, err
 	}
 	var cmds []Command
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	err = s.store.Tx(ctx, func(tx Tx) error {
 		var err error
 		cmds, err = tx.ClaimDue(ctx, due)
 		return err

@@ -145,7 +145,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 	if o.logTo != nil {
 		log = slog.New(slog.NewTextHandler(o.logTo, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	} else {
-		buf := &lockedBuffer{}
+		buf := &LogBuffer{}
 		log = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -321,19 +321,20 @@ func RandomID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// lockedBuffer is an io.Writer safe for the server's goroutines.
-type lockedBuffer struct {
+// LogBuffer is an io.Writer safe for a server's goroutines, for tests that
+// read back what a server logged.
+type LogBuffer struct {
 	mu  sync.Mutex // guards buf
 	buf bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+func (b *LogBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()

@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nodeward/nodeward/apitest"
 )
 
 // TestMasterKey is the master key every test server shares (several
@@ -102,7 +104,7 @@ type Server struct {
 
 	mu  sync.Mutex // guards the following
 	cmd *exec.Cmd
-	log *lockedBuffer
+	log *apitest.LogBuffer
 	// exited is closed when the current process has exited.
 	exited chan struct{}
 }
@@ -173,7 +175,7 @@ func (s *Server) Start(t testing.TB) {
 	t.Helper()
 	cmd := exec.Command(s.bin, "serve")
 	cmd.Env = append(os.Environ(), s.Env...)
-	log := &lockedBuffer{}
+	log := &apitest.LogBuffer{}
 	pr, pw := io.Pipe()
 	cmd.Stdout = pw
 	cmd.Stderr = pw
@@ -329,21 +331,4 @@ func (s *Server) Log() string {
 		return ""
 	}
 	return s.log.String()
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -315,27 +314,10 @@ func FuzzEventsDecode(f *testing.F) {
 	})
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestSecretsNeverLogged: tokens pass through invitations, enrollment,
 // refusals and polls, and none of them reaches the server's log or an error.
 func TestSecretsNeverLogged(t *testing.T) {
-	var log syncBuffer
+	var log apitest.LogBuffer
 	s := apitest.Start(t, apitest.WithLog(&log))
 	boot, sess := inviteAndEnroll(t, s)
 	s.Problem(t, "POST", "/agent/v1/enroll", api.EnrollRequest{NodeID: boot.NodeID, Generation: 1, EnrollmentToken: boot.EnrollmentToken,

@@ -1,7 +1,6 @@
 package controlplane_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -9,13 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nodeward/nodeward/apitest"
 	"github.com/nodeward/nodeward/server/controlplane"
 )
 
@@ -41,29 +40,11 @@ func chromiumPath(t *testing.T) string {
 	return ""
 }
 
-// lockedBuffer collects the server log, shown when a test fails.
-type lockedBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startServer runs the real control plane in-process on a loopback port
 // with a fresh data folder, until the test ends.
 func startServer(t *testing.T) (*controlplane.App, string) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &apitest.LogBuffer{}
 	cfg := controlplane.Config{
 		Listen: "127.0.0.1:0", DataDir: t.TempDir(), ShutdownGrace: 5 * time.Second,
 		LogLevel: "info", LogFormat: "text",

@@ -47,6 +47,8 @@ const (
 	NotThisNode          Code = "not_this_node"
 	OperationConflict    Code = "operation_conflict"
 	OutcomeUnknown       Code = "outcome_unknown"
+	RequestConflict      Code = "request_conflict"
+	KindNotServed        Code = "kind_not_served"
 )
 
 // FieldError names one invalid input field (a JSON pointer or field name).

@@ -89,10 +89,73 @@ func (s *Service) validateInvite(in Invite, now time.Time) (Node, time.Time, err
 // ones in the same transaction. Errors: validation_failed,
 // ErrIdentityExists, ErrGenerationStale.
 func (s *Service) Invite(ctx context.Context, actor string, in Invite) (api.Bootstrap, error) {
+	var out api.Bootstrap
+	var retired []string
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		var err error
+		out, retired, err = s.inviteTx(ctx, tx, actor, in)
+		return err
+	})
+	if err != nil {
+		return api.Bootstrap{}, err
+	}
+	for _, id := range retired {
+		s.afterRetire(id)
+	}
+	return out, nil
+}
+
+// InviteTx is Invite inside a transaction the caller owns (the ledger's),
+// so the invitation commits with the operation that asked for it.
+func (s *Service) InviteTx(ctx context.Context, tx Tx, actor string, in Invite) (api.Bootstrap, error) {
+	b, _, err := s.inviteTx(ctx, tx, actor, in)
+	return b, err
+}
+
+// CheckInvite refuses, without writing anything, an invitation that Invite
+// would refuse now: validation_failed, ErrIdentityExists,
+// ErrGenerationStale.
+func (s *Service) CheckInvite(ctx context.Context, in Invite) error {
+	n, _, err := s.validateInvite(in, s.clock())
+	if err != nil {
+		return err
+	}
+	if n.ID != "" {
+		if _, err := s.store.Node(ctx, n.ID); err == nil {
+			return ErrIdentityExists
+		} else if !isNoRows(err) {
+			return err
+		}
+	}
+	return s.store.Tx(ctx, func(tx Tx) error {
+		_, err := checkSiblings(ctx, tx, n)
+		return err
+	})
+}
+
+// checkSiblings answers the rental's other generations, refusing a
+// generation that exists or is older than the newest.
+func checkSiblings(ctx context.Context, tx Tx, n Node) ([]Node, error) {
+	siblings, err := tx.NodesOfRental(ctx, n.RentalID)
+	if err != nil {
+		return nil, err
+	}
+	for _, sib := range siblings {
+		switch {
+		case sib.Generation == n.Generation:
+			return nil, ErrIdentityExists
+		case sib.Generation > n.Generation:
+			return nil, ErrGenerationStale
+		}
+	}
+	return siblings, nil
+}
+
+func (s *Service) inviteTx(ctx context.Context, tx Tx, actor string, in Invite) (api.Bootstrap, []string, error) {
 	now := s.clock()
 	n, through, err := s.validateInvite(in, now)
 	if err != nil {
-		return api.Bootstrap{}, err
+		return api.Bootstrap{}, nil, err
 	}
 	if n.ID == "" {
 		n.ID = randomID()
@@ -101,57 +164,41 @@ func (s *Service) Invite(ctx context.Context, actor string, in Invite) (api.Boot
 		ExpiresAt: through.Truncate(time.Second), State: InvitationOutstanding}
 	token, err := s.mintEnrollment(inv)
 	if err != nil {
-		return api.Bootstrap{}, errNoKey
+		return api.Bootstrap{}, nil, errNoKey
 	}
 	inv.TokenDigest = digest(token)
-	var retired []string
-	err = s.store.Tx(ctx, func(tx Tx) error {
-		if _, err := tx.LockNode(ctx, n.ID); err == nil {
-			return ErrIdentityExists
-		} else if !isNoRows(err) {
-			return err
-		}
-		siblings, err := tx.NodesOfRental(ctx, n.RentalID)
-		if err != nil {
-			return err
-		}
-		for _, sib := range siblings {
-			switch {
-			case sib.Generation == n.Generation:
-				return ErrIdentityExists
-			case sib.Generation > n.Generation:
-				return ErrGenerationStale
-			}
-		}
-		for _, sib := range siblings {
-			if sib.State == StateRetired {
-				continue
-			}
-			if _, err := s.retireTx(ctx, tx, sib, actor, now, "superseded by generation "+strconv.FormatInt(n.Generation, 10)); err != nil {
-				return err
-			}
-			retired = append(retired, sib.ID)
-		}
-		if err := tx.InsertNode(ctx, n); err != nil {
-			if errors.Is(err, ErrDuplicate) {
-				return ErrIdentityExists
-			}
-			return err
-		}
-		if err := tx.InsertInvitation(ctx, inv); err != nil {
-			return err
-		}
-		return tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: "node.invite", NodeID: n.ID,
-			Detail: map[string]any{"rental_id": n.RentalID, "generation": n.Generation, "invitation_id": inv.ID,
-				"expires_at": inv.ExpiresAt, "retired_generations": retired}})
-	})
+	if _, err := tx.LockNode(ctx, n.ID); err == nil {
+		return api.Bootstrap{}, nil, ErrIdentityExists
+	} else if !isNoRows(err) {
+		return api.Bootstrap{}, nil, err
+	}
+	siblings, err := checkSiblings(ctx, tx, n)
 	if err != nil {
-		return api.Bootstrap{}, err
+		return api.Bootstrap{}, nil, err
 	}
-	for _, id := range retired {
-		s.afterRetire(id)
+	var retired []string
+	for _, sib := range siblings {
+		if sib.State == StateRetired {
+			continue
+		}
+		if _, err := s.retireTx(ctx, tx, sib, actor, now, "superseded by generation "+strconv.FormatInt(n.Generation, 10)); err != nil {
+			return api.Bootstrap{}, nil, err
+		}
+		retired = append(retired, sib.ID)
 	}
-	return s.bootstrap(n, inv, token), nil
+	if err := tx.InsertNode(ctx, n); err != nil {
+		if errors.Is(err, ErrDuplicate) {
+			return api.Bootstrap{}, nil, ErrIdentityExists
+		}
+		return api.Bootstrap{}, nil, err
+	}
+	if err := tx.InsertInvitation(ctx, inv); err != nil {
+		return api.Bootstrap{}, nil, err
+	}
+	err = tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: "node.invite", NodeID: n.ID,
+		Detail: map[string]any{"rental_id": n.RentalID, "generation": n.Generation, "invitation_id": inv.ID,
+			"expires_at": inv.ExpiresAt, "retired_generations": retired}})
+	return s.bootstrap(n, inv, token), retired, err
 }
 
 func (s *Service) bootstrap(n Node, inv Invitation, token string) api.Bootstrap {
@@ -169,6 +216,30 @@ func (s *Service) bootstrap(n Node, inv Invitation, token string) api.Bootstrap 
 // does not change until it re-enrolls. Errors: ErrNotFound, ErrNodeRetired,
 // validation_failed.
 func (s *Service) Reinvite(ctx context.Context, actor, nodeID string, redeemableThrough *time.Time) (api.Bootstrap, error) {
+	var out api.Bootstrap
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		var err error
+		out, err = s.ReinviteTx(ctx, tx, actor, nodeID, redeemableThrough)
+		return err
+	})
+	return out, err
+}
+
+// CheckReinvite refuses, without writing anything, a reinvite that
+// Reinvite would refuse now: validation_failed, ErrNotFound,
+// ErrNodeRetired.
+func (s *Service) CheckReinvite(ctx context.Context, nodeID string, redeemableThrough *time.Time) error {
+	if _, err := s.reinviteThrough(redeemableThrough); err != nil {
+		return err
+	}
+	n, err := s.Node(ctx, nodeID)
+	if err == nil && n.State == StateRetired {
+		return ErrNodeRetired
+	}
+	return err
+}
+
+func (s *Service) reinviteThrough(redeemableThrough *time.Time) (time.Time, error) {
 	now := s.clock()
 	through := now.Add(s.settings.DefaultRedeemable)
 	if redeemableThrough != nil {
@@ -177,11 +248,21 @@ func (s *Service) Reinvite(ctx context.Context, actor, nodeID string, redeemable
 		v.Check(through.After(now), "redeemable_through", "must be in the future")
 		v.Check(!through.After(now.Add(s.settings.MaxRedeemable)), "redeemable_through", "must be at most %s ahead", s.settings.MaxRedeemable)
 		if err := v.Err(); err != nil {
-			return api.Bootstrap{}, err
+			return time.Time{}, err
 		}
 	}
+	return through, nil
+}
+
+// ReinviteTx is Reinvite inside a transaction the caller owns.
+func (s *Service) ReinviteTx(ctx context.Context, tx Tx, actor, nodeID string, redeemableThrough *time.Time) (api.Bootstrap, error) {
+	now := s.clock()
+	through, err := s.reinviteThrough(redeemableThrough)
+	if err != nil {
+		return api.Bootstrap{}, err
+	}
 	var out api.Bootstrap
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	err = func() error {
 		n, err := tx.LockNode(ctx, nodeID)
 		if isNoRows(err) {
 			return ErrNotFound
@@ -228,6 +309,6 @@ func (s *Service) Reinvite(ctx context.Context, actor, nodeID string, redeemable
 		out = s.bootstrap(n, inv, tok)
 		return tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: "node.reinvite", NodeID: n.ID,
 			Detail: map[string]any{"invitation_id": inv.ID, "expires_at": inv.ExpiresAt, "superseded": len(outstanding)}})
-	})
+	}()
 	return out, err
 }

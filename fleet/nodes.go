@@ -10,23 +10,11 @@ import (
 // is written before any session is ended, so an agent that redials at once
 // is refused. Idempotent. Errors: ErrNotFound.
 func (s *Service) Retire(ctx context.Context, actor, nodeID, reason string) (Node, error) {
-	now := s.clock()
 	var n Node
 	changed := false
 	err := s.store.Tx(ctx, func(tx Tx) error {
 		var err error
-		n, err = tx.LockNode(ctx, nodeID)
-		if isNoRows(err) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		if n.State == StateRetired {
-			return nil
-		}
-		changed = true
-		n, err = s.retireTx(ctx, tx, n, actor, now, reason)
+		n, changed, err = s.RetireTx(ctx, tx, actor, nodeID, reason)
 		return err
 	})
 	if err != nil {
@@ -36,6 +24,20 @@ func (s *Service) Retire(ctx context.Context, actor, nodeID, reason string) (Nod
 		s.afterRetire(nodeID)
 	}
 	return n, nil
+}
+
+// RetireTx is Retire inside a transaction the caller owns; changed is
+// false when the node was already retired.
+func (s *Service) RetireTx(ctx context.Context, tx Tx, actor, nodeID, reason string) (n Node, changed bool, err error) {
+	n, err = tx.LockNode(ctx, nodeID)
+	if isNoRows(err) {
+		return Node{}, false, ErrNotFound
+	}
+	if err != nil || n.State == StateRetired {
+		return n, false, err
+	}
+	n, err = s.retireTx(ctx, tx, n, actor, s.clock(), reason)
+	return n, err == nil, err
 }
 
 // retireTx retires n inside tx (DECISIONS.md §3).

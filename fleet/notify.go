@@ -18,6 +18,10 @@ const (
 	// NotifyResync: notifications may have been missed (a listener
 	// reconnected); drop every cache and wake every long-poll to re-check.
 	NotifyResync NotificationKind = "r"
+	// NotifyOperation: an operation of the ledger changed; NodeID carries
+	// the operation's id. The fleet ignores it; the ledger wakes its
+	// waiters and dispatcher.
+	NotifyOperation NotificationKind = "o"
 )
 
 // Notification is one change other replicas must hear about.

@@ -286,3 +286,7 @@ func isNoRows(err error) bool { return errors.Is(err, ErrNoRows) }
 // clock answers now in UTC at the precision both databases keep, so what a
 // call answers equals what a later read returns.
 func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microsecond) }
+
+// NewNodeID mints a node id, as Invite does when the invitation names none
+// (callers that must fix the id before inviting, like the ledger, use it).
+func NewNodeID() string { return randomID() }

@@ -39,6 +39,8 @@ var statusOf = map[errcode.Code]int{
 	errcode.UnknownOperation:     http.StatusNotFound,
 	errcode.NotThisNode:          http.StatusForbidden,
 	errcode.OperationConflict:    http.StatusConflict,
+	errcode.RequestConflict:      http.StatusConflict,
+	errcode.KindNotServed:        http.StatusNotImplemented,
 	errcode.OutcomeUnknown:       http.StatusConflict,
 }
 

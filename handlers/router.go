@@ -17,6 +17,7 @@ import (
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 )
@@ -27,6 +28,7 @@ type Deps struct {
 	DB      *models.DB
 	Auth    *auth.Service
 	Fleet   *fleet.Service
+	Ledger  *ledger.Service
 	Metrics *metrics.Metrics
 	// OpenAPI is the contract served at /openapi.yaml.
 	OpenAPI []byte
@@ -118,6 +120,12 @@ func New(d Deps) http.Handler {
 			r.Get("/commands/{operation_id}", h.getCommand)
 			r.Get("/offers", h.listOffers)
 			r.Get("/sessions", h.liveSessions)
+
+			r.Post("/operations", h.submitOperation)
+			r.Get("/operations/{id}", h.getOperation)
+			r.Post("/operations/{id}/cancel", h.cancelOperation)
+			r.Get("/operations/{id}/watch", h.watchOperation)
+			r.Get("/node-operations", h.listOperations)
 		})
 	})
 

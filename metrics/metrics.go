@@ -27,6 +27,19 @@ type Metrics struct {
 	LeaseSweeps       prometheus.Counter
 	NodesMarkedLost   prometheus.Counter
 	HeartbeatsFlushed prometheus.Counter
+
+	// Ledger.
+	OperationsSubmitted *prometheus.CounterVec
+	OperationsEnded     *prometheus.CounterVec
+	OperationsRunning   prometheus.Gauge
+	DispatchLatency     prometheus.Histogram
+	ExecutorRunTime     *prometheus.HistogramVec
+	LedgerClaims        prometheus.Counter
+	LedgerWakeups       *prometheus.CounterVec
+	OperationsRecovered *prometheus.CounterVec
+	// OperationStates is read at scrape time: operations by state across
+	// replicas (pending is the queue depth). Wiring sets it.
+	OperationStates func() map[string]float64
 }
 
 // New builds the collectors and registers them, plus the Go and process
@@ -80,6 +93,32 @@ func New(pending func() float64) *Metrics {
 			Name: "nodeward_lease_renewals_flushed_total", Help: "Coalesced lease renewals written to the store.",
 		}),
 	}
+	m.OperationsSubmitted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeward_operations_submitted_total", Help: "Operations recorded by kind.",
+	}, []string{"kind"})
+	m.OperationsEnded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeward_operations_ended_total", Help: "Operations ended by this replica, by kind and final state.",
+	}, []string{"kind", "state"})
+	m.OperationsRunning = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "nodeward_operations_executing", Help: "Local operations this replica's executors run now.",
+	})
+	m.DispatchLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "nodeward_operation_dispatch_latency_seconds", Help: "Time from an operation's submit to its claim by an executor.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	})
+	m.ExecutorRunTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "nodeward_operation_run_seconds", Help: "Executor run time by kind.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 12),
+	}, []string{"kind"})
+	m.LedgerClaims = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeward_operation_claims_total", Help: "Claim statements the dispatcher ran.",
+	})
+	m.LedgerWakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeward_dispatcher_wakeups_total", Help: "Dispatcher wake-ups by source: wake (a submit or an end), poll (fallback).",
+	}, []string{"source"})
+	m.OperationsRecovered = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeward_operations_recovered_total", Help: "Operations left running by a gone replica, by what recovery did: rerun, interrupted.",
+	}, []string{"action"})
 	m.Wakeups.WithLabelValues("local")
 	m.Wakeups.WithLabelValues("notify")
 	m.Wakeups.WithLabelValues("poll")
@@ -89,6 +128,26 @@ func New(pending func() float64) *Metrics {
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
 		m.Redeliveries, m.Wakeups, m.PollStoreQueries, m.CommandsIssued, m.CommandsSettled,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
+		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
+		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},
 	)
 	return m
+}
+
+// operationStates exports nodeward_operations{state} from the store when
+// scraped, so every replica reports the shared ledger's figures.
+type operationStates struct{ m *Metrics }
+
+var operationStatesDesc = prometheus.NewDesc("nodeward_operations",
+	"Operations by state across replicas (pending is the queue depth).", []string{"state"}, nil)
+
+func (c operationStates) Describe(ch chan<- *prometheus.Desc) { ch <- operationStatesDesc }
+
+func (c operationStates) Collect(ch chan<- prometheus.Metric) {
+	if c.m.OperationStates == nil {
+		return
+	}
+	for state, n := range c.m.OperationStates() {
+		ch <- prometheus.MustNewConstMetric(operationStatesDesc, prometheus.GaugeValue, n, state)
+	}
 }

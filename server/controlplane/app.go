@@ -18,6 +18,7 @@ import (
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/static"
@@ -31,6 +32,7 @@ type App struct {
 	Keys    *keys.Ring
 	Auth    *auth.Service
 	Fleet   *fleet.Service
+	Ledger  *ledger.Service
 	Metrics *metrics.Metrics
 	Handler http.Handler
 
@@ -101,12 +103,37 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Metrics:      a.Metrics,
 		CrossReplica: db.Dialect == models.Postgres,
 	})
-	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.Fleet.Deliver(notes, "local") })
+	ledgerStore := models.NewLedgerStore(a.fleetStore)
+	a.Ledger = ledger.New(ledger.Options{
+		Store:        ledgerStore,
+		Kinds:        ledger.NewRegistry(ledger.NodeKinds(a.Fleet)...),
+		Settings:     ledger.Settings{SingleProcess: db.Dialect == models.SQLite},
+		Replica:      cfg.ReplicaID,
+		Now:          cfg.Now,
+		Logger:       log,
+		Metrics:      a.Metrics,
+		CrossReplica: db.Dialect == models.Postgres,
+	})
+	a.Metrics.OperationStates = func() map[string]float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		counts, err := ledgerStore.CountOpen(ctx)
+		out := map[string]float64{}
+		if err != nil {
+			return out
+		}
+		for st, n := range counts {
+			out[string(st)] = float64(n)
+		}
+		return out
+	}
+	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.notifications().Deliver(notes, "local") })
 	a.Handler = handlers.New(handlers.Deps{
 		Logger:        log,
 		DB:            db,
 		Auth:          a.Auth,
 		Fleet:         a.Fleet,
+		Ledger:        a.Ledger,
 		Metrics:       a.Metrics,
 		OpenAPI:       nodeward.OpenAPI,
 		Static:        static.Files,
@@ -180,12 +207,44 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 func (a *App) startBackground(ctx context.Context) {
 	a.bg.Add(1)
 	go func() { defer a.bg.Done(); a.Fleet.Run(ctx) }()
+	a.bg.Add(1)
+	go func() { defer a.bg.Done(); a.Ledger.Run(ctx) }()
 	if a.DB.Dialect == models.Postgres {
-		l := &models.Listener{URL: a.DB.URL, Channel: models.NotifyChannel(a.DB), Replica: a.Config.ReplicaID, Sink: a.Fleet, Log: a.Log}
+		l := &models.Listener{URL: a.DB.URL, Channel: models.NotifyChannel(a.DB), Replica: a.Config.ReplicaID, Sink: a.notifications(), Log: a.Log}
 		a.bg.Add(1)
 		go func() { defer a.bg.Done(); l.Run(ctx) }()
 	}
 }
 
-// drainLongPolls answers every held long-poll at once.
-func (a *App) drainLongPolls() { a.Fleet.Drain() }
+// drainLongPolls answers every held long-poll, waiting submit and watch at
+// once.
+func (a *App) drainLongPolls() {
+	a.Fleet.Drain()
+	a.Ledger.Drain()
+}
+
+// notifications hands what a commit here, or another replica, announced to
+// the fleet and the ledger.
+func (a *App) notifications() notifySink { return notifySink{fleet: a.Fleet, ledger: a.Ledger} }
+
+type notifySink struct {
+	fleet  *fleet.Service
+	ledger *ledger.Service
+}
+
+func (n notifySink) Deliver(notes []fleet.Notification, source string) {
+	n.fleet.Deliver(notes, source)
+	for _, note := range notes {
+		switch note.Kind {
+		case fleet.NotifyOperation:
+			n.ledger.Changed(context.Background(), note.NodeID)
+		case fleet.NotifyResync:
+			n.ledger.Resync()
+		}
+	}
+}
+
+func (n notifySink) SetNotifierHealthy(ok bool) {
+	n.fleet.SetNotifierHealthy(ok)
+	n.ledger.SetNotifierHealthy(ok)
+}

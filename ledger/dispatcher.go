@@ -1,0 +1,343 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// Run does the ledger's background work until ctx ends: the dispatcher,
+// the owner lease with restart recovery, and retention. It returns once
+// every run it started has returned.
+func (s *Service) Run(ctx context.Context) {
+	if err := s.store.RenewOwner(ctx, s.replica, s.clock().Add(s.settings.OwnerLease)); err != nil {
+		s.log.Error("ledger: owner lease", "err", err)
+	}
+	// On a single-process store every other owner is a dead process, whose
+	// lease need not be waited out.
+	s.recover(ctx, s.settings.SingleProcess)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.ownerLoop(ctx) }()
+	go func() { defer wg.Done(); s.pruneLoop(ctx) }()
+	s.dispatch(ctx)
+	wg.Wait()
+	// A clean stop hands what it ran to the next owner at once.
+	if err := s.store.DropOwner(context.WithoutCancel(ctx), s.replica); err != nil {
+		s.log.Warn("ledger: drop owner lease", "err", err)
+	}
+}
+
+// dispatch claims pending local operations whenever a slot is free and
+// something may be claimable: on a wake-up (a submit here or on another
+// replica, a run ending) or, while notifications may be missed, on the
+// fallback poll.
+func (s *Service) dispatch(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	free := make(chan struct{}, s.settings.Workers)
+	inFlight := 0
+	for {
+		// Collect slots freed by runs that ended.
+		for drained := false; !drained; {
+			select {
+			case <-free:
+				inFlight--
+			default:
+				drained = true
+			}
+		}
+		if n := s.settings.Workers - inFlight; n > 0 {
+			ops, err := s.store.Claim(ctx, s.replica, s.clock(), n)
+			if err != nil && ctx.Err() == nil {
+				s.log.Error("ledger: claim", "err", err)
+			}
+			s.metrics.LedgerClaims.Inc()
+			for _, op := range ops {
+				inFlight++
+				s.metrics.DispatchLatency.Observe(s.clock().Sub(op.CreatedAt).Seconds())
+				s.metrics.OperationsRunning.Inc()
+				wg.Add(1)
+				go func(op Operation) {
+					defer wg.Done()
+					defer func() { free <- struct{}{}; s.kick() }()
+					defer s.metrics.OperationsRunning.Dec()
+					s.execute(ctx, op)
+				}(op)
+			}
+			if len(ops) == n {
+				continue // there may be more
+			}
+		}
+		var fallback <-chan time.Time
+		if !s.notifierOK() {
+			fallback = time.After(s.settings.FallbackPoll)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+			s.metrics.LedgerWakeups.WithLabelValues("wake").Inc()
+		case <-fallback:
+			s.metrics.LedgerWakeups.WithLabelValues("poll").Inc()
+		}
+	}
+}
+
+// execute carries one claimed operation out and records how it ended.
+func (s *Service) execute(ctx context.Context, op Operation) {
+	kind, ok := s.kinds.Kind(op.Kind)
+	if !ok {
+		// Recorded by a build that served it; this one cannot run it.
+		s.finish(ctx, op, StateFailed, nil, &Error{Code: "kind_not_served", Message: "this control plane does not serve kind " + op.Kind})
+		return
+	}
+	// The deadline is on the ledger's clock; the context counts it down on
+	// the process's.
+	runCtx, cancel := context.WithTimeout(ctx, op.Deadline.Sub(s.clock()))
+	defer cancel()
+	s.mu.Lock()
+	s.running[op.ID] = cancel
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.running, op.ID)
+		s.mu.Unlock()
+	}()
+	if op.CancelRequestedAt != nil {
+		cancel()
+	}
+
+	started := time.Now()
+	defer func() { s.metrics.ExecutorRunTime.WithLabelValues(op.Kind).Observe(time.Since(started).Seconds()) }()
+	if kind.RunTx != nil {
+		s.executeTx(ctx, runCtx, kind, op)
+		return
+	}
+	result, err := kind.Run(runCtx, op)
+	s.finishRun(ctx, runCtx, op, result, err)
+}
+
+// executeTx runs a transactional kind: its effect and its end commit
+// together, or neither does and the end is recorded on its own.
+func (s *Service) executeTx(ctx, runCtx context.Context, kind *Kind, op Operation) {
+	var runErr error
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		cur, err := tx.LockOperation(ctx, op.ID)
+		if err != nil {
+			return err
+		}
+		if cur.State != StateRunning || cur.Owner != s.replica {
+			return nil // ended meanwhile (cancelled, recovered elsewhere)
+		}
+		if err := runCtx.Err(); err != nil {
+			runErr = err
+			return err
+		}
+		result, err := kind.RunTx(runCtx, tx, cur)
+		if err != nil {
+			runErr = err
+			return err
+		}
+		_, err = s.endTx(ctx, tx, cur, StateSucceeded, result, nil, s.clock())
+		return err
+	})
+	if err == nil {
+		return
+	}
+	if runErr == nil {
+		runErr = err
+	}
+	s.finishRun(ctx, runCtx, op, nil, runErr)
+}
+
+// finishRun records a run's answer: success, the executor's error, or why
+// its context ended.
+func (s *Service) finishRun(ctx, runCtx context.Context, op Operation, result json.RawMessage, err error) {
+	switch {
+	case err == nil:
+		s.finish(ctx, op, StateSucceeded, result, nil)
+	case ctx.Err() != nil:
+		// This process is stopping: the operation stays running and is
+		// recovered by the next owner.
+	case errors.Is(runCtx.Err(), context.DeadlineExceeded) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+		s.finish(ctx, op, StateFailed, nil, &Error{Code: CodeTimedOut, Message: "the operation passed its deadline", Retryable: true})
+	case errors.Is(runCtx.Err(), context.Canceled) && errors.Is(err, context.Canceled):
+		s.finish(ctx, op, StateCancelled, nil, nil)
+	default:
+		s.finish(ctx, op, StateFailed, nil, operationError(err))
+	}
+}
+
+// operationError is how an executor's error is recorded: a domain code as
+// it is, anything else an internal error whose text stays in the log.
+func operationError(err error) *Error {
+	var e *errcode.Error
+	if errors.As(err, &e) {
+		return &Error{Code: string(e.Code), Message: e.Message, Retryable: retryableCode(e.Code)}
+	}
+	return &Error{Code: CodeInternal, Message: "internal error", Retryable: true}
+}
+
+func retryableCode(c errcode.Code) bool {
+	switch c {
+	case errcode.Unavailable, errcode.Draining, errcode.Internal, errcode.QuotaExceeded, errcode.RateLimited:
+		return true
+	}
+	return false
+}
+
+// finish ends a running operation this replica owns.
+func (s *Service) finish(ctx context.Context, op Operation, to State, result json.RawMessage, opErr *Error) {
+	ctx = context.WithoutCancel(ctx)
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		cur, err := tx.LockOperation(ctx, op.ID)
+		if err != nil {
+			return err
+		}
+		if cur.State != StateRunning || cur.Owner != s.replica {
+			return nil
+		}
+		if to == StateCancelled {
+			opErr = &Error{Code: "cancelled", Message: cancelMessage(cur.CancelReason)}
+		}
+		_, err = s.endTx(ctx, tx, cur, to, result, opErr, s.clock())
+		return err
+	})
+	if err != nil {
+		s.log.Error("ledger: record end", "operation_id", op.ID, "err", err)
+	}
+}
+
+// checkCancel cancels the local run of id when its cancel was asked for.
+func (s *Service) checkCancel(ctx context.Context, id string) {
+	op, err := s.store.Operation(ctx, id)
+	if err != nil || op.CancelRequestedAt == nil {
+		return
+	}
+	s.mu.Lock()
+	cancel := s.running[id]
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// ownerLoop keeps this replica's owner lease and recovers what replicas
+// whose lease lapsed left running.
+func (s *Service) ownerLoop(ctx context.Context) {
+	t := time.NewTicker(s.settings.OwnerLease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := s.store.RenewOwner(ctx, s.replica, s.clock().Add(s.settings.OwnerLease)); err != nil && ctx.Err() == nil {
+			s.log.Error("ledger: owner lease", "err", err)
+		}
+		s.recover(ctx, false)
+	}
+}
+
+// recover takes over operations left running by replicas that are gone
+// (DECISIONS.md: restart recovery). A kind safe to repeat — level-triggered,
+// or whose effect commits with its end — goes back to pending and runs
+// again; anything else ends failed `interrupted`, retryable.
+func (s *Service) recover(ctx context.Context, everyOtherOwner bool) {
+	now := s.clock()
+	leaseAt := now
+	if everyOtherOwner {
+		leaseAt = now.Add(100 * 365 * 24 * time.Hour) // no lease is current then
+	}
+	for {
+		orphans, err := s.store.Orphans(ctx, s.replica, leaseAt, 100)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("ledger: find orphans", "err", err)
+			}
+			return
+		}
+		for _, o := range orphans {
+			if err := s.recoverOne(ctx, o, now); err != nil && ctx.Err() == nil {
+				s.log.Error("ledger: recover", "operation_id", o.ID, "err", err)
+				return
+			}
+		}
+		if len(orphans) < 100 {
+			return
+		}
+	}
+}
+
+func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) error {
+	return s.store.Tx(ctx, func(tx Tx) error {
+		cur, err := tx.LockOperation(ctx, o.ID)
+		if err != nil {
+			return err
+		}
+		if cur.State != StateRunning || cur.Owner != o.Owner {
+			return nil // someone else got there first
+		}
+		kind, ok := s.kinds.Kind(cur.Kind)
+		if ok && (kind.LevelTriggered || kind.RunTx != nil) && cur.CancelRequestedAt == nil {
+			if !CanTransition(cur.State, StatePending) {
+				return nil
+			}
+			from := cur.Owner
+			cur.State, cur.Owner, cur.UpdatedAt = StatePending, "", now
+			if err := tx.UpdateOperation(ctx, cur); err != nil {
+				return err
+			}
+			if err := tx.AppendEvents(ctx, Event{OperationID: cur.ID, Type: EventRecovered, At: now,
+				Data: mustJSON(map[string]any{"previous_owner": from, "action": "rerun"})}); err != nil {
+				return err
+			}
+			s.metrics.OperationsRecovered.WithLabelValues("rerun").Inc()
+			return tx.Notify(ctx, cur.ID)
+		}
+		s.metrics.OperationsRecovered.WithLabelValues("interrupted").Inc()
+		if cur.CancelRequestedAt != nil {
+			_, err = s.endTx(ctx, tx, cur, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(cur.CancelReason)}, now)
+			return err
+		}
+		_, err = s.endTx(ctx, tx, cur, StateFailed, nil, &Error{Code: CodeInterrupted,
+			Message: "the control plane running it stopped before it ended; retry with a new request_id", Retryable: true}, now)
+		return err
+	})
+}
+
+// pruneLoop deletes ended operations and old events past retention, in
+// bounded batches, on one replica at a time.
+func (s *Service) pruneLoop(ctx context.Context) {
+	t := time.NewTicker(s.settings.PruneInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, _, err := s.Prune(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("ledger: prune", "err", err)
+		}
+	}
+}
+
+// Prune removes what retention no longer keeps and answers how many
+// operations and events went.
+func (s *Service) Prune(ctx context.Context) (ops, events int, err error) {
+	now := s.clock()
+	for {
+		o, e, pruned, err := s.store.Prune(ctx, now.Add(-s.settings.OperationsKeptFor), now.Add(-s.settings.EventsKeptFor), s.settings.PruneBatch)
+		ops, events = ops+o, events+e
+		if err != nil || !pruned || (o < s.settings.PruneBatch && e < s.settings.PruneBatch) {
+			return ops, events, err
+		}
+	}
+}

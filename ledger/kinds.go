@@ -1,0 +1,101 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+)
+
+// Families (DECISIONS.md §12).
+const (
+	FamilyNodes       = "nodes"
+	FamilyCommands    = "commands"
+	FamilyFleet       = "fleet"
+	FamilyNodeConfig  = "nodeconfig"
+	FamilyDiagnose    = "diagnose"
+	FamilyCredentials = "credentials"
+)
+
+// Draft is a submission on its way into the ledger: what a preparer sees
+// and may refine before anything is recorded.
+type Draft struct {
+	Principal Principal
+	Kind      *Kind
+	Targets   []Target
+	// Operation is the canonical request body.
+	Operation json.RawMessage
+	// NodeID is the node the operation targets, when it targets one: the
+	// per-node quota counts against it.
+	NodeID string
+}
+
+// Kind is one served kind of operation and how it is carried out.
+type Kind struct {
+	Name   string
+	Family string
+	// Capability is the agent capability a node needs to run it ("" for
+	// kinds the control plane runs).
+	Capability string
+	// LevelTriggered kinds may be run again after a crash: restart
+	// recovery re-runs them instead of failing them `interrupted`.
+	LevelTriggered bool
+	// AdminOnly kinds are refused to package hosts whatever their grants.
+	AdminOnly bool
+	// QuotaExempt kinds are not counted nor refused by the per-node quota
+	// (node.retire must always be possible).
+	QuotaExempt bool
+
+	// Prepare validates and refines a draft inside the submitting call;
+	// its refusal records nothing. Required.
+	Prepare func(ctx context.Context, d *Draft) error
+	// RunTx carries the operation out inside the transaction that ends it,
+	// so its effect and its end commit together (and a crash in between
+	// leaves nothing to undo: recovery runs it again). Its error rolls the
+	// effect back and ends the operation failed.
+	RunTx func(ctx context.Context, tx Tx, op Operation) (json.RawMessage, error)
+	// Run carries the operation out outside any transaction (work that
+	// waits on the world); the dispatcher records its answer after.
+	Run func(ctx context.Context, op Operation) (json.RawMessage, error)
+}
+
+// Registry maps kind names to kinds. A kind it does not hold is not served.
+type Registry struct {
+	kinds map[string]*Kind
+}
+
+// NewRegistry returns a registry of kinds.
+func NewRegistry(kinds ...*Kind) *Registry {
+	r := &Registry{kinds: map[string]*Kind{}}
+	for _, k := range kinds {
+		r.Register(k)
+	}
+	return r
+}
+
+// Register adds a kind; registering a name twice, or a kind without a
+// preparer or a way to run, is a programming error.
+func (r *Registry) Register(k *Kind) {
+	if _, dup := r.kinds[k.Name]; dup {
+		panic("ledger: kind registered twice: " + k.Name)
+	}
+	if k.Prepare == nil || (k.RunTx == nil) == (k.Run == nil) {
+		panic("ledger: kind " + k.Name + " needs Prepare and exactly one of RunTx, Run")
+	}
+	r.kinds[k.Name] = k
+}
+
+// Kind answers the served kind of that name.
+func (r *Registry) Kind(name string) (*Kind, bool) {
+	k, ok := r.kinds[name]
+	return k, ok
+}
+
+// Kinds answers every served kind, by name.
+func (r *Registry) Kinds() []*Kind {
+	out := make([]*Kind, 0, len(r.kinds))
+	for _, k := range r.kinds {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

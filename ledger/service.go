@@ -1,0 +1,597 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/metrics"
+)
+
+// Errors returned by the service.
+var (
+	ErrNotFound        = errcode.New(errcode.NotFound, "no such operation")
+	ErrRequestConflict = errcode.New(errcode.RequestConflict, "this request_id was already used with a different request")
+	ErrDraining        = errcode.New(errcode.Draining, "the server is shutting down")
+)
+
+// Operation error codes recorded by the ledger itself.
+const (
+	CodeInterrupted = "interrupted"
+	CodeTimedOut    = "timed_out"
+	CodeInternal    = "internal"
+)
+
+// Settings are the ledger's tunables; zero values take the defaults.
+type Settings struct {
+	Workers           int           // local operations run at once per replica; default 16
+	Deadline          time.Duration // default 10 min
+	MaxWait           time.Duration // longest a submit may wait; default 60 s
+	PackageHostQuota  int           // open operations per package host; default 256
+	NodeQuota         int           // open operations per target node; default 32
+	OwnerLease        time.Duration // a replica's claim on what it runs; default 15 s
+	FallbackPoll      time.Duration // dispatcher and waiters re-check while notifications may be missed; default 2 s
+	OperationsKeptFor time.Duration // default 90 days
+	EventsKeptFor     time.Duration // default 7 days
+	PruneInterval     time.Duration // default 1 h
+	PruneBatch        int           // rows per prune statement; default 1000
+	// SingleProcess is true when no other replica can share the store
+	// (SQLite): everything left running at start is a dead process's.
+	SingleProcess bool
+}
+
+func (s *Settings) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if s.Workers <= 0 {
+		s.Workers = 16
+	}
+	def(&s.Deadline, 10*time.Minute)
+	def(&s.MaxWait, 60*time.Second)
+	if s.PackageHostQuota <= 0 {
+		s.PackageHostQuota = 256
+	}
+	if s.NodeQuota <= 0 {
+		s.NodeQuota = 32
+	}
+	def(&s.OwnerLease, 15*time.Second)
+	def(&s.FallbackPoll, 2*time.Second)
+	def(&s.OperationsKeptFor, 90*24*time.Hour)
+	def(&s.EventsKeptFor, 7*24*time.Hour)
+	def(&s.PruneInterval, time.Hour)
+	if s.PruneBatch <= 0 {
+		s.PruneBatch = 1000
+	}
+}
+
+// Options builds a Service.
+type Options struct {
+	Store    Store
+	Kinds    *Registry
+	Settings Settings
+	// Replica names this process as the owner of what it runs.
+	Replica string
+	Now     func() time.Time
+	Logger  *slog.Logger
+	Metrics *metrics.Metrics
+	// CrossReplica is true when other replicas may share the store: the
+	// dispatcher and waiters poll as a fallback until the notification
+	// listener reports healthy.
+	CrossReplica bool
+}
+
+// Service is the ledger.
+type Service struct {
+	store    Store
+	kinds    *Registry
+	settings Settings
+	replica  string
+	now      func() time.Time
+	log      *slog.Logger
+	metrics  *metrics.Metrics
+
+	wake chan struct{} // the dispatcher's: something may be claimable
+
+	mu           sync.Mutex // guards the following
+	waiters      map[string]map[chan struct{}]struct{}
+	running      map[string]context.CancelFunc
+	draining     bool
+	drained      chan struct{} // closed on Drain
+	notifyHealth bool
+}
+
+// New returns the ledger. Call Run to start its dispatcher.
+func New(o Options) *Service {
+	o.Settings.defaults()
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(nil)
+	}
+	if o.Kinds == nil {
+		o.Kinds = NewRegistry()
+	}
+	return &Service{
+		store: o.Store, kinds: o.Kinds, settings: o.Settings, replica: o.Replica,
+		now: o.Now, log: o.Logger, metrics: o.Metrics,
+		wake:         make(chan struct{}, 1),
+		waiters:      map[string]map[chan struct{}]struct{}{},
+		running:      map[string]context.CancelFunc{},
+		drained:      make(chan struct{}),
+		notifyHealth: !o.CrossReplica,
+	}
+}
+
+// Settings answers the effective settings.
+func (s *Service) Settings() Settings { return s.settings }
+
+// Kinds answers the registry of served kinds.
+func (s *Service) Kinds() *Registry { return s.kinds }
+
+func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microsecond) }
+
+// Submission is a request to record an operation.
+type Submission struct {
+	RequestID string
+	Kind      string
+	Targets   []Target
+	// Operation is the kind's request body (a JSON object).
+	Operation json.RawMessage
+	Reason    string
+	// Wait holds the answer until the operation ends or Wait passes.
+	Wait time.Duration
+}
+
+// Submit records an operation, or answers the one recorded for the same
+// request (created false). The replay lookup comes first, before quotas
+// and preparers, so a replay answers even when the quota is full. Errors:
+// validation_failed, ErrRequestConflict, kind_not_served,
+// permission_denied, quota_exceeded, and any preparer refusal.
+func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Operation, bool, error) {
+	var v errcode.Validation
+	v.Check(ValidRequestID(sub.RequestID), "request_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+	v.Check(sub.Kind != "", "kind", "required")
+	v.Check(sub.Wait >= 0 && sub.Wait <= s.settings.MaxWait, "wait_timeout_ms", "0 to %d", s.settings.MaxWait.Milliseconds())
+	v.Check(len(sub.Reason) <= 1024, "reason", "at most 1024 bytes")
+	for i, t := range sub.Targets {
+		v.Check(t.Kind != "", "targets/"+itoa(i)+"/kind", "required")
+	}
+	if len(sub.Operation) == 0 {
+		sub.Operation = json.RawMessage("{}")
+	}
+	canon, err := Canonical(sub.Operation)
+	v.Check(err == nil && len(canon) > 0 && canon[0] == '{', "operation", "must be a JSON object")
+	if err := v.Err(); err != nil {
+		return Operation{}, false, err
+	}
+	if sub.Targets == nil {
+		sub.Targets = []Target{}
+	}
+	digest, err := Digest(sub.Kind, sub.Targets, canon)
+	if err != nil {
+		return Operation{}, false, err
+	}
+	if op, err := s.replay(ctx, p, sub.RequestID, digest); err == nil || !errors.Is(err, ErrNoRows) {
+		return s.waitAnswer(ctx, op, false, sub.Wait, err)
+	}
+
+	kind, ok := s.kinds.Kind(sub.Kind)
+	if !ok {
+		return Operation{}, false, errcode.Errorf(errcode.KindNotServed, "kind %q is not served", sub.Kind)
+	}
+	if !p.May(kind.Family) || (kind.AdminOnly && p.Kind != PrincipalAdmin) {
+		return Operation{}, false, errcode.Errorf(errcode.PermissionDenied, "not granted family %q", kind.Family)
+	}
+	d := &Draft{Principal: p, Kind: kind, Targets: sub.Targets, Operation: canon}
+	if err := kind.Prepare(ctx, d); err != nil {
+		return Operation{}, false, err
+	}
+
+	now := s.clock()
+	op := Operation{
+		ID: uuid.NewString(), RequestID: sub.RequestID, Digest: digest,
+		PrincipalKind: p.Kind, PrincipalID: p.ID, PrincipalName: p.Name, PackageHostGeneration: p.Generation,
+		Family: kind.Family, Kind: kind.Name, State: StatePending, Channel: ChannelLocal,
+		Targets: d.Targets, Operation: d.Operation, Reason: sub.Reason,
+		CreatedAt: now, Deadline: now.Add(s.settings.Deadline), UpdatedAt: now,
+	}
+	op.TargetKind, op.TargetID = indexTarget(d.Targets)
+	err = s.store.Tx(ctx, func(tx Tx) error {
+		if err := s.checkQuotas(ctx, tx, p, kind, d.NodeID); err != nil {
+			return err
+		}
+		if err := tx.InsertOperation(ctx, &op); err != nil {
+			return err
+		}
+		if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: EventSubmitted, At: now,
+			Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}); err != nil {
+			return err
+		}
+		return tx.Notify(ctx, op.ID)
+	})
+	if errors.Is(err, ErrDuplicate) {
+		// A concurrent submit of the same request won the insert.
+		op, err := s.replay(ctx, p, sub.RequestID, digest)
+		return s.waitAnswer(ctx, op, false, sub.Wait, err)
+	}
+	if err != nil {
+		return Operation{}, false, err
+	}
+	s.metrics.OperationsSubmitted.WithLabelValues(op.Kind).Inc()
+	return s.waitAnswer(ctx, op, true, sub.Wait, nil)
+}
+
+func (s *Service) replay(ctx context.Context, p Principal, requestID, digest string) (Operation, error) {
+	op, err := s.store.OperationByRequest(ctx, p, requestID)
+	if err != nil {
+		return Operation{}, err
+	}
+	if op.Digest != digest {
+		return Operation{}, ErrRequestConflict
+	}
+	return op, nil
+}
+
+func (s *Service) waitAnswer(ctx context.Context, op Operation, created bool, wait time.Duration, err error) (Operation, bool, error) {
+	if err != nil || wait <= 0 || op.Terminal() {
+		return op, created, err
+	}
+	op, err = s.Wait(ctx, op.ID, wait)
+	return op, created, err
+}
+
+// checkQuotas refuses a submission past the open-operation quotas
+// (DECISIONS.md §38): per package host (top-level operations), and per
+// target node for everyone but quota-exempt kinds. The keys it locks
+// serialise concurrent submissions, so a quota is never overrun.
+func (s *Service) checkQuotas(ctx context.Context, tx Tx, p Principal, k *Kind, nodeID string) error {
+	if p.Kind == PrincipalPackageHost {
+		if err := tx.LockKey(ctx, "principal:"+p.Key()); err != nil {
+			return err
+		}
+		n, err := tx.CountOpenForPrincipal(ctx, p)
+		if err != nil {
+			return err
+		}
+		if n >= s.settings.PackageHostQuota {
+			return errcode.Errorf(errcode.QuotaExceeded, "this package host has %d operations not yet ended (at most %d)", n, s.settings.PackageHostQuota)
+		}
+	}
+	if nodeID != "" && !k.QuotaExempt {
+		if err := tx.LockKey(ctx, "node:"+nodeID); err != nil {
+			return err
+		}
+		n, err := tx.CountOpenForNode(ctx, nodeID, s.quotaExempt())
+		if err != nil {
+			return err
+		}
+		if n >= s.settings.NodeQuota {
+			return errcode.Errorf(errcode.QuotaExceeded, "node %s has %d operations not yet ended (at most %d)", nodeID, n, s.settings.NodeQuota)
+		}
+	}
+	return nil
+}
+
+func (s *Service) quotaExempt() []string {
+	var out []string
+	for _, k := range s.kinds.Kinds() {
+		if k.QuotaExempt {
+			out = append(out, k.Name)
+		}
+	}
+	return out
+}
+
+// indexTarget answers the target a listing filters on: the single target,
+// or the fleet for many.
+func indexTarget(ts []Target) (string, string) {
+	switch len(ts) {
+	case 0:
+		return "", ""
+	case 1:
+		return ts[0].Kind, ts[0].ID
+	}
+	return TargetFleet, ""
+}
+
+// Get answers an operation the principal may read: administrators read
+// every operation, package hosts their own. Errors: ErrNotFound.
+func (s *Service) Get(ctx context.Context, p Principal, id string) (Operation, error) {
+	op, err := s.store.Operation(ctx, id)
+	if errors.Is(err, ErrNoRows) || (err == nil && !readable(p, op)) {
+		return Operation{}, ErrNotFound
+	}
+	return op, err
+}
+
+// readable: a package host reads its own operations only; to it, others'
+// do not exist.
+func readable(p Principal, op Operation) bool {
+	return p.Kind == PrincipalAdmin || (op.PrincipalKind == p.Kind && op.PrincipalID == p.ID)
+}
+
+// List answers operations newest first; a package host sees only its own,
+// whatever it asks (DECISIONS.md §39).
+func (s *Service) List(ctx context.Context, p Principal, f Filter) ([]Operation, error) {
+	if p.Kind != PrincipalAdmin {
+		f.PrincipalKind, f.PrincipalID = p.Kind, p.ID
+	}
+	return s.store.List(ctx, f)
+}
+
+// Events answers an operation's events after a cursor. Errors: ErrNotFound.
+func (s *Service) Events(ctx context.Context, p Principal, id string, after int64, limit int) ([]Event, error) {
+	if _, err := s.Get(ctx, p, id); err != nil {
+		return nil, err
+	}
+	return s.store.Events(ctx, id, after, limit)
+}
+
+// Cancel asks an operation to stop, with a reason: a pending one ends
+// cancelled at once; a running one has its run's context cancelled (on
+// whichever replica runs it) and ends when its executor returns. Cancelling
+// an ended operation answers it unchanged. Errors: ErrNotFound,
+// validation_failed.
+func (s *Service) Cancel(ctx context.Context, p Principal, id, reason string) (Operation, error) {
+	var v errcode.Validation
+	v.Check(len(reason) <= 1024, "reason", "at most 1024 bytes")
+	if err := v.Err(); err != nil {
+		return Operation{}, err
+	}
+	now := s.clock()
+	var out Operation
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		op, err := tx.LockOperation(ctx, id)
+		if errors.Is(err, ErrNoRows) || (err == nil && !readable(p, op)) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		out, err = s.cancelTx(ctx, tx, op, reason, now)
+		return err
+	})
+	return out, err
+}
+
+func (s *Service) cancelTx(ctx context.Context, tx Tx, op Operation, reason string, now time.Time) (Operation, error) {
+	if op.Terminal() || op.CancelRequestedAt != nil {
+		return op, nil
+	}
+	op.CancelRequestedAt, op.CancelReason = &now, reason
+	if op.State == StatePending {
+		return s.endTx(ctx, tx, op, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(reason)}, now)
+	}
+	op.UpdatedAt = now
+	if err := tx.UpdateOperation(ctx, op); err != nil {
+		return op, err
+	}
+	if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: EventCancelRequested, At: now,
+		Data: mustJSON(map[string]any{"reason": reason})}); err != nil {
+		return op, err
+	}
+	return op, tx.Notify(ctx, op.ID)
+}
+
+func cancelMessage(reason string) string {
+	if reason == "" {
+		return "cancelled"
+	}
+	return "cancelled: " + reason
+}
+
+// endTx moves op to a terminal state inside tx, with its result or error,
+// and records the event. An operation already ended is answered unchanged.
+func (s *Service) endTx(ctx context.Context, tx Tx, op Operation, to State, result json.RawMessage, opErr *Error, now time.Time) (Operation, error) {
+	if !CanTransition(op.State, to) {
+		return op, nil
+	}
+	from := op.State
+	op.State, op.Result, op.Error = to, result, opErr
+	op.FinishedAt, op.UpdatedAt = &now, now
+	if err := tx.UpdateOperation(ctx, op); err != nil {
+		return op, err
+	}
+	data := map[string]any{"from": from}
+	if opErr != nil {
+		data["error"] = opErr
+	}
+	if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: string(to), At: now, Data: mustJSON(data)}); err != nil {
+		return op, err
+	}
+	s.metrics.OperationsEnded.WithLabelValues(op.Kind, string(to)).Inc()
+	return op, tx.Notify(ctx, op.ID)
+}
+
+// Wait answers the operation once it has ended, or as it stands when wait
+// passes, ctx ends, or the server drains. Errors: ErrNotFound.
+func (s *Service) Wait(ctx context.Context, id string, wait time.Duration) (Operation, error) {
+	ch := s.subscribe(id)
+	defer s.unsubscribe(id, ch)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		op, err := s.store.Operation(ctx, id)
+		if errors.Is(err, ErrNoRows) {
+			return Operation{}, ErrNotFound
+		}
+		if err != nil || op.Terminal() {
+			return op, err
+		}
+		var fallback <-chan time.Time
+		if !s.notifierOK() {
+			fallback = time.After(s.settings.FallbackPoll)
+		}
+		select {
+		case <-ctx.Done():
+			return op, nil
+		case <-timer.C:
+			return op, nil
+		case <-s.drained:
+			return op, nil
+		case <-fallback:
+		case <-ch:
+		}
+	}
+}
+
+// Watch calls fn with the operation's events as they are recorded, from
+// the cursor after on, until the operation has ended and every event was
+// handed over, fn fails, ctx ends, or the server drains (ErrDraining).
+// Errors: ErrNotFound.
+func (s *Service) Watch(ctx context.Context, p Principal, id string, after int64, fn func(Event) error) error {
+	if _, err := s.Get(ctx, p, id); err != nil {
+		return err
+	}
+	ch := s.subscribe(id)
+	defer s.unsubscribe(id, ch)
+	for {
+		// Read the state before the events: an operation seen ended has
+		// all its events recorded, so the read below sees the last.
+		op, err := s.store.Operation(ctx, id)
+		if err != nil {
+			return err
+		}
+		for {
+			evs, err := s.store.Events(ctx, id, after, 500)
+			if err != nil {
+				return err
+			}
+			for _, e := range evs {
+				if err := fn(e); err != nil {
+					return err
+				}
+				after = e.Cursor
+			}
+			if len(evs) < 500 {
+				break
+			}
+		}
+		if op.Terminal() {
+			return nil
+		}
+		var fallback <-chan time.Time
+		if !s.notifierOK() {
+			fallback = time.After(s.settings.FallbackPoll)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.drained:
+			return ErrDraining
+		case <-fallback:
+		case <-ch:
+		}
+	}
+}
+
+func (s *Service) subscribe(id string) chan struct{} {
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.waiters[id] == nil {
+		s.waiters[id] = map[chan struct{}]struct{}{}
+	}
+	s.waiters[id][ch] = struct{}{}
+	return ch
+}
+
+func (s *Service) unsubscribe(id string, ch chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.waiters[id], ch)
+	if len(s.waiters[id]) == 0 {
+		delete(s.waiters, id)
+	}
+}
+
+// Changed tells this replica that an operation changed (after a commit
+// here, or heard from another replica): its waiters and watchers re-read
+// it, the dispatcher looks for work, and a run here whose cancel was asked
+// for is cancelled.
+func (s *Service) Changed(ctx context.Context, id string) {
+	s.mu.Lock()
+	for ch := range s.waiters[id] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	_, runsHere := s.running[id]
+	s.mu.Unlock()
+	s.kick()
+	if runsHere {
+		s.checkCancel(ctx, id)
+	}
+}
+
+// Resync tells this replica that notifications may have been missed:
+// every waiter re-reads and the dispatcher looks for work.
+func (s *Service) Resync() {
+	s.mu.Lock()
+	for _, set := range s.waiters {
+		for ch := range set {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.kick()
+}
+
+// SetNotifierHealthy records whether cross-replica notifications flow.
+func (s *Service) SetNotifierHealthy(ok bool) {
+	s.mu.Lock()
+	s.notifyHealth = ok
+	s.mu.Unlock()
+}
+
+func (s *Service) notifierOK() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.notifyHealth
+}
+
+// Drain answers every waiting submit and watch at once (DECISIONS.md §36).
+func (s *Service) Drain() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.draining {
+		s.draining = true
+		close(s.drained)
+	}
+}
+
+func (s *Service) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func itoa(i int) string {
+	return string(mustJSON(i))
+}

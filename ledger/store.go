@@ -1,0 +1,108 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nodeward/nodeward/fleet"
+)
+
+// ErrNoRows is what a Store returns when a looked-up row does not exist.
+var ErrNoRows = errors.New("no rows")
+
+// ErrDuplicate is what a Store returns when an insert hits a unique key
+// (an operation id, or a principal's request id).
+var ErrDuplicate = errors.New("duplicate key")
+
+// Filter selects operations for a listing, newest first. Zero fields match
+// everything.
+type Filter struct {
+	PrincipalKind PrincipalKind
+	PrincipalID   string
+	Family        string
+	Kind          string
+	State         State
+	RequestID     string
+	OperationID   string
+	ParentID      string
+	TargetKind    string
+	TargetID      string
+	// Before is the keyset cursor: only operations with a smaller cursor.
+	Before int64
+	Limit  int
+}
+
+// Store is the ledger's persistence. Every method of Tx runs inside the one
+// transaction Store.Tx opened.
+type Store interface {
+	Reader
+	// Tx runs fn in one transaction; a non-nil error rolls it back. The
+	// transaction is shared with the fleet (Tx.Fleet), so an operation and
+	// the change it makes commit together.
+	Tx(ctx context.Context, fn func(tx Tx) error) error
+	// Claim moves up to limit pending local operations to running, owned by
+	// replica, accepted at now, attempt counted, oldest first, and answers
+	// them; concurrent claims on other replicas never answer the same
+	// operation. It writes each one's running event.
+	Claim(ctx context.Context, replica string, now time.Time, limit int) ([]Operation, error)
+	// RenewOwner records that replica runs operations until until.
+	RenewOwner(ctx context.Context, replica string, until time.Time) error
+	// DropOwner forgets replica's lease (a clean shutdown), so its
+	// leftovers are recovered at once.
+	DropOwner(ctx context.Context, replica string) error
+	// Orphans answers up to limit running local operations owned by a
+	// replica other than except that holds no lease current at leaseAt.
+	Orphans(ctx context.Context, except string, leaseAt time.Time, limit int) ([]Operation, error)
+	// Prune deletes up to batch ended operations finished before opsBefore
+	// (with their events) and up to batch events older than eventsBefore,
+	// and answers how many of each went. On a shared database only one
+	// replica prunes at a time; one that could not take the lock answers
+	// (0, 0, false, nil).
+	Prune(ctx context.Context, opsBefore, eventsBefore time.Time, batch int) (ops, events int, pruned bool, err error)
+	// CountOpen answers how many operations are pending and running.
+	CountOpen(ctx context.Context) (map[State]int64, error)
+}
+
+// Reader is the read half of the store, usable in and out of a transaction.
+type Reader interface {
+	// Operation answers the operation or ErrNoRows.
+	Operation(ctx context.Context, id string) (Operation, error)
+	// OperationByRequest answers the principal's operation of that request
+	// id, or ErrNoRows.
+	OperationByRequest(ctx context.Context, p Principal, requestID string) (Operation, error)
+	// List answers operations matching f, newest first.
+	List(ctx context.Context, f Filter) ([]Operation, error)
+	// Events answers the operation's events with a cursor above after,
+	// oldest first, at most limit.
+	Events(ctx context.Context, operationID string, after int64, limit int) ([]Event, error)
+}
+
+// Tx is the write half of the store, inside one transaction.
+type Tx interface {
+	Reader
+	// Fleet is the same transaction seen by the fleet's rules.
+	Fleet() fleet.Tx
+	// LockKey serialises, until the transaction ends, every transaction
+	// that locks the same key (quota checks per principal and per node).
+	LockKey(ctx context.Context, key string) error
+	// LockOperation answers the operation locked against concurrent change,
+	// or ErrNoRows.
+	LockOperation(ctx context.Context, id string) (Operation, error)
+	// InsertOperation records op and sets its Cursor; ErrDuplicate when its
+	// id, or its principal's request id, exists.
+	InsertOperation(ctx context.Context, op *Operation) error
+	// UpdateOperation writes every mutable field of op.
+	UpdateOperation(ctx context.Context, op Operation) error
+	// CountOpenForNode counts operations not yet ended that target the
+	// node, other than kinds in except.
+	CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error)
+	// CountOpenForPrincipal counts the principal's top-level operations
+	// not yet ended (a fan-out counts once).
+	CountOpenForPrincipal(ctx context.Context, p Principal) (int, error)
+	// AppendEvents records events (one multi-row insert).
+	AppendEvents(ctx context.Context, events ...Event) error
+	// Notify tells every replica, once this transaction commits, that the
+	// operation changed (waiters, watchers and dispatchers wake).
+	Notify(ctx context.Context, operationID string) error
+}

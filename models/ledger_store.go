@@ -1,0 +1,414 @@
+package models
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// LedgerStore implements ledger.Store over GORM for both dialects. Its
+// transactions are the fleet store's (one group commit on SQLite), so an
+// operation and the fleet change it makes commit together.
+type LedgerStore struct {
+	fleet *FleetStore
+}
+
+var _ ledger.Store = (*LedgerStore)(nil)
+
+// NewLedgerStore returns the ledger's store over the fleet store's
+// database and transactions.
+func NewLedgerStore(fs *FleetStore) *LedgerStore { return &LedgerStore{fleet: fs} }
+
+type ledgerReader struct{ r fleetReader }
+
+type ledgerTx struct {
+	ledgerReader
+	ftx *fleetTx
+}
+
+func (s *LedgerStore) reader() ledgerReader { return ledgerReader{r: s.fleet.fleetReader} }
+
+// Tx runs fn in one transaction shared with the fleet.
+func (s *LedgerStore) Tx(ctx context.Context, fn func(ledger.Tx) error) error {
+	return s.fleet.Tx(ctx, func(ftx fleet.Tx) error {
+		t := ftx.(*fleetTx)
+		return fn(&ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t})
+	})
+}
+
+func ledgerNotFound(err error) error {
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return ledger.ErrNoRows
+	}
+	return err
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+func rawp(b json.RawMessage) *string {
+	if len(b) == 0 {
+		return nil
+	}
+	s := string(b)
+	return &s
+}
+
+func raw(p *string) json.RawMessage {
+	if p == nil {
+		return nil
+	}
+	return json.RawMessage(*p)
+}
+
+func rowFromOperation(o ledger.Operation) Operation {
+	targets, _ := json.Marshal(o.Targets)
+	r := Operation{
+		Seq: o.Cursor, ID: o.ID, RequestID: o.RequestID, Digest: o.Digest,
+		PrincipalKind: string(o.PrincipalKind), PrincipalID: o.PrincipalID, PrincipalName: o.PrincipalName,
+		PackageHostGeneration: o.PackageHostGeneration,
+		Family:                o.Family, Kind: o.Kind, State: string(o.State), Terminal: o.State.Terminal(),
+		Channel: string(o.Channel), Attempt: o.Attempt, Targets: string(targets),
+		TargetKind: o.TargetKind, TargetID: o.TargetID, ParentID: strp(o.ParentID), Reason: o.Reason,
+		Operation: string(o.Operation), Result: rawp(o.Result), Evidence: rawp(o.Evidence),
+		CancelRequestedAt: tsp(o.CancelRequestedAt), CancelReason: o.CancelReason, Owner: o.Owner,
+		CreatedAt: ts(o.CreatedAt), AcceptedAt: tsp(o.AcceptedAt), FinishedAt: tsp(o.FinishedAt),
+		Deadline: ts(o.Deadline), UpdatedAt: ts(o.UpdatedAt),
+	}
+	if o.Counts != nil {
+		c, _ := json.Marshal(o.Counts)
+		r.Counts = rawp(c)
+	}
+	if o.Error != nil {
+		r.ErrorCode, r.ErrorMessage, r.ErrorRetryable = &o.Error.Code, &o.Error.Message, &o.Error.Retryable
+	}
+	return r
+}
+
+func operationFromRow(r Operation) ledger.Operation {
+	o := ledger.Operation{
+		Cursor: r.Seq, ID: r.ID, RequestID: r.RequestID, Digest: r.Digest,
+		PrincipalKind: ledger.PrincipalKind(r.PrincipalKind), PrincipalID: r.PrincipalID, PrincipalName: r.PrincipalName,
+		PackageHostGeneration: r.PackageHostGeneration,
+		Family:                r.Family, Kind: r.Kind, State: ledger.State(r.State), Channel: ledger.Channel(r.Channel),
+		Attempt: r.Attempt, TargetKind: r.TargetKind, TargetID: r.TargetID, ParentID: deref(r.ParentID),
+		Reason: r.Reason, Operation: json.RawMessage(r.Operation), Result: raw(r.Result), Evidence: raw(r.Evidence),
+		CancelRequestedAt: utcp(r.CancelRequestedAt), CancelReason: r.CancelReason, Owner: r.Owner,
+		CreatedAt: r.CreatedAt.UTC(), AcceptedAt: utcp(r.AcceptedAt), FinishedAt: utcp(r.FinishedAt),
+		Deadline: r.Deadline.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
+	}
+	_ = json.Unmarshal([]byte(r.Targets), &o.Targets)
+	if o.Targets == nil {
+		o.Targets = []ledger.Target{}
+	}
+	if r.Counts != nil {
+		o.Counts = &ledger.Counts{}
+		_ = json.Unmarshal([]byte(*r.Counts), o.Counts)
+	}
+	if r.ErrorCode != nil {
+		o.Error = &ledger.Error{Code: *r.ErrorCode, Message: deref(r.ErrorMessage), Retryable: r.ErrorRetryable != nil && *r.ErrorRetryable}
+	}
+	return o
+}
+
+func operationsFromRows(rows []Operation) []ledger.Operation {
+	out := make([]ledger.Operation, len(rows))
+	for i, r := range rows {
+		out[i] = operationFromRow(r)
+	}
+	return out
+}
+
+// Reader.
+
+func (s *LedgerStore) Operation(ctx context.Context, id string) (ledger.Operation, error) {
+	return s.reader().Operation(ctx, id)
+}
+
+func (s *LedgerStore) OperationByRequest(ctx context.Context, p ledger.Principal, requestID string) (ledger.Operation, error) {
+	return s.reader().OperationByRequest(ctx, p, requestID)
+}
+
+func (s *LedgerStore) List(ctx context.Context, f ledger.Filter) ([]ledger.Operation, error) {
+	return s.reader().List(ctx, f)
+}
+
+func (s *LedgerStore) Events(ctx context.Context, operationID string, after int64, limit int) ([]ledger.Event, error) {
+	return s.reader().Events(ctx, operationID, after, limit)
+}
+
+func (r ledgerReader) Operation(ctx context.Context, id string) (ledger.Operation, error) {
+	var row Operation
+	if err := r.r.db(ctx).Where("id = ?", id).Take(&row).Error; err != nil {
+		return ledger.Operation{}, ledgerNotFound(err)
+	}
+	return operationFromRow(row), nil
+}
+
+func (r ledgerReader) OperationByRequest(ctx context.Context, p ledger.Principal, requestID string) (ledger.Operation, error) {
+	var row Operation
+	err := r.r.db(ctx).Where("principal_kind = ? AND principal_id = ? AND request_id = ?", string(p.Kind), p.ID, requestID).Take(&row).Error
+	if err != nil {
+		return ledger.Operation{}, ledgerNotFound(err)
+	}
+	return operationFromRow(row), nil
+}
+
+func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Operation, error) {
+	q := r.r.db(ctx).Model(&Operation{})
+	eq := func(col, v string) {
+		if v != "" {
+			q = q.Where(col+" = ?", v)
+		}
+	}
+	eq("principal_kind", string(f.PrincipalKind))
+	eq("principal_id", f.PrincipalID)
+	eq("family", f.Family)
+	eq("kind", f.Kind)
+	eq("state", string(f.State))
+	eq("request_id", f.RequestID)
+	eq("id", f.OperationID)
+	eq("parent_id", f.ParentID)
+	eq("target_kind", f.TargetKind)
+	eq("target_id", f.TargetID)
+	if f.Before > 0 {
+		q = q.Where("seq < ?", f.Before)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	var rows []Operation
+	if err := q.Order("seq DESC").Limit(limit).Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	return operationsFromRows(rows), nil
+}
+
+func (r ledgerReader) Events(ctx context.Context, operationID string, after int64, limit int) ([]ledger.Event, error) {
+	if limit <= 0 {
+		limit = 500
+	}
+	var rows []OperationEvent
+	err := r.r.db(ctx).Where("operation_id = ? AND seq > ?", operationID, after).Order("seq").Limit(limit).Find(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ledger.Event, len(rows))
+	for i, e := range rows {
+		out[i] = ledger.Event{Cursor: e.Seq, OperationID: e.OperationID, Type: e.Type, At: e.At.UTC(), Data: json.RawMessage(e.Data)}
+	}
+	return out, nil
+}
+
+// Tx.
+
+func (t *ledgerTx) Fleet() fleet.Tx { return t.ftx }
+
+func (t *ledgerTx) LockKey(ctx context.Context, key string) error {
+	if t.r.dialect != Postgres {
+		return nil // SQLite transactions already hold the one write lock
+	}
+	return t.r.db(ctx).Exec("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", key).Error
+}
+
+func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operation, error) {
+	var row Operation
+	if err := t.r.forUpdate(t.r.db(ctx).Where("id = ?", id)).Take(&row).Error; err != nil {
+		return ledger.Operation{}, ledgerNotFound(err)
+	}
+	return operationFromRow(row), nil
+}
+
+func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation) error {
+	row := rowFromOperation(*op)
+	row.Seq = 0
+	if err := t.r.db(ctx).Create(&row).Error; err != nil {
+		if errors.Is(err, gorm.ErrDuplicatedKey) {
+			return ledger.ErrDuplicate
+		}
+		return err
+	}
+	op.Cursor = row.Seq
+	return nil
+}
+
+func (t *ledgerTx) UpdateOperation(ctx context.Context, op ledger.Operation) error {
+	row := rowFromOperation(op)
+	return t.r.db(ctx).Model(&Operation{}).Where("id = ?", op.ID).Select(
+		"state", "terminal", "attempt", "counts", "result", "error_code", "error_message", "error_retryable",
+		"evidence", "cancel_requested_at", "cancel_reason", "owner", "accepted_at", "finished_at", "updated_at",
+	).Updates(&row).Error
+}
+
+func (t *ledgerTx) CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error) {
+	var n int64
+	q := t.r.db(ctx).Model(&Operation{}).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode)
+	if len(except) > 0 {
+		q = q.Where("kind NOT IN ?", except)
+	}
+	err := q.Count(&n).Error
+	return int(n), err
+}
+
+func (t *ledgerTx) CountOpenForPrincipal(ctx context.Context, p ledger.Principal) (int, error) {
+	var n int64
+	err := t.r.db(ctx).Model(&Operation{}).
+		Where("principal_kind = ? AND principal_id = ? AND terminal = FALSE AND parent_id IS NULL", string(p.Kind), p.ID).
+		Count(&n).Error
+	return int(n), err
+}
+
+func (t *ledgerTx) AppendEvents(ctx context.Context, events ...ledger.Event) error {
+	return appendEvents(t.r.db(ctx), events)
+}
+
+func appendEvents(g *gorm.DB, events []ledger.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	rows := make([]OperationEvent, len(events))
+	for i, e := range events {
+		data := string(e.Data)
+		if data == "" {
+			data = "{}"
+		}
+		rows[i] = OperationEvent{OperationID: e.OperationID, Type: e.Type, At: ts(e.At), Data: data}
+	}
+	return g.Create(&rows).Error
+}
+
+func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
+	return t.ftx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: operationID})
+}
+
+// Store.
+
+// Claim takes pending local operations in one statement: on Postgres the
+// rows are locked with SKIP LOCKED, so concurrent dispatchers on other
+// replicas pass over each other's claims instead of waiting or sharing.
+func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, limit int) ([]ledger.Operation, error) {
+	var out []ledger.Operation
+	err := s.Tx(ctx, func(tx ledger.Tx) error {
+		t := tx.(*ledgerTx)
+		lock := ""
+		if t.r.dialect == Postgres {
+			lock = " FOR UPDATE SKIP LOCKED"
+		}
+		now := ts(now)
+		// Mirrors ledger.CanTransition(pending, running).
+		var rows []Operation
+		err := t.r.db(ctx).Raw(`UPDATE operations
+			SET state = 'running', owner = ?, attempt = attempt + 1, accepted_at = COALESCE(accepted_at, ?), updated_at = ?
+			WHERE seq IN (SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' ORDER BY seq LIMIT ?`+lock+`)
+			RETURNING *`, replica, now, now, limit).Scan(&rows).Error
+		if err != nil {
+			return err
+		}
+		sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
+		out = operationsFromRows(rows)
+		events := make([]ledger.Event, len(out))
+		for i, op := range out {
+			data, _ := json.Marshal(map[string]any{"owner": replica, "attempt": op.Attempt})
+			events[i] = ledger.Event{OperationID: op.ID, Type: ledger.EventRunning, At: now, Data: data}
+		}
+		return appendEvents(t.r.db(ctx), events)
+	})
+	return out, err
+}
+
+// RenewOwner upserts the replica's lease.
+func (s *LedgerStore) RenewOwner(ctx context.Context, replica string, until time.Time) error {
+	return s.fleet.db.WithContext(ctx).Exec(`INSERT INTO operation_owners (replica, expires_at) VALUES (?, ?)
+		ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at`, replica, ts(until)).Error
+}
+
+// DropOwner deletes the replica's lease.
+func (s *LedgerStore) DropOwner(ctx context.Context, replica string) error {
+	return s.fleet.db.WithContext(ctx).Exec(`DELETE FROM operation_owners WHERE replica = ?`, replica).Error
+}
+
+// Orphans answers running local operations whose owner has no current
+// lease.
+func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time, limit int) ([]ledger.Operation, error) {
+	var rows []Operation
+	err := s.fleet.db.WithContext(ctx).Raw(`SELECT * FROM operations
+		WHERE state = 'running' AND channel = 'local' AND owner <> ?
+		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
+		ORDER BY seq LIMIT ?`, except, ts(now), limit).Scan(&rows).Error
+	return operationsFromRows(rows), err
+}
+
+// pruneLockKey is the advisory lock that makes pruning a singleton across
+// replicas.
+const pruneLockKey = 0x6e77_0002
+
+// Prune deletes what retention no longer keeps, in bounded batches.
+func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Time, batch int) (int, int, bool, error) {
+	var ops, events int
+	pruned := true
+	err := s.Tx(ctx, func(tx ledger.Tx) error {
+		g := tx.(*ledgerTx).r.db(ctx)
+		if s.fleet.dialect == Postgres {
+			var got bool
+			if err := g.Raw("SELECT pg_try_advisory_xact_lock(?)", pruneLockKey).Scan(&got).Error; err != nil {
+				return err
+			}
+			if !got {
+				pruned = false
+				return nil
+			}
+		}
+		var ids []string
+		if err := g.Raw(`SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`,
+			ts(opsBefore), batch).Scan(&ids).Error; err != nil {
+			return err
+		}
+		if len(ids) > 0 {
+			if err := g.Exec(`DELETE FROM operation_events WHERE operation_id IN ?`, ids).Error; err != nil {
+				return err
+			}
+			res := g.Exec(`DELETE FROM operations WHERE id IN ?`, ids)
+			if res.Error != nil {
+				return res.Error
+			}
+			ops = int(res.RowsAffected)
+		}
+		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (SELECT seq FROM operation_events WHERE at < ? LIMIT ?)`,
+			ts(eventsBefore), batch)
+		events = int(res.RowsAffected)
+		return res.Error
+	})
+	if err != nil || !pruned {
+		return 0, 0, pruned, err
+	}
+	return ops, events, true, nil
+}
+
+// CountOpen answers how many operations are pending and running (the
+// partial indexes answer it without reading ended rows).
+func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, error) {
+	type row struct {
+		State string
+		N     int64
+	}
+	var rows []row
+	err := s.fleet.db.WithContext(ctx).Raw(`SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`).
+		Scan(&rows).Error
+	out := map[ledger.State]int64{ledger.StatePending: 0, ledger.StateRunning: 0}
+	for _, r := range rows {
+		out[ledger.State(r.State)] = r.N
+	}
+	return out, err
+}

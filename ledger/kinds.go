@@ -24,9 +24,6 @@ type Draft struct {
 	Targets   []Target
 	// Operation is the canonical request body.
 	Operation json.RawMessage
-	// NodeID is the node the operation targets, when it targets one: the
-	// per-node quota counts against it.
-	NodeID string
 }
 
 // Kind is one served kind of operation and how it is carried out.

@@ -143,7 +143,6 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				default:
 					return validation("targets", "none, or one {kind: node, id} naming operation.node_id")
 				}
-				d.NodeID = o.NodeID
 				return f.CheckInvite(ctx, o.Invite())
 			},
 			RunTx: func(ctx context.Context, tx Tx, op Operation) (json.RawMessage, error) {
@@ -170,7 +169,6 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				if err != nil {
 					return err
 				}
-				d.NodeID = id
 				return f.CheckReinvite(ctx, id, o.RedeemableThrough)
 			},
 			RunTx: func(ctx context.Context, tx Tx, op Operation) (json.RawMessage, error) {
@@ -199,7 +197,6 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				if err != nil {
 					return err
 				}
-				d.NodeID = id
 				_, err = f.Node(ctx, id)
 				return err
 			},

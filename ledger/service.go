@@ -210,7 +210,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	}
 	op.TargetKind, op.TargetID = indexTarget(d.Targets)
 	err = s.store.Tx(ctx, func(tx Tx) error {
-		if err := s.checkQuotas(ctx, tx, p, kind, d.NodeID); err != nil {
+		if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
 			return err
 		}
 		if err := tx.InsertOperation(ctx, &op); err != nil {
@@ -257,7 +257,7 @@ func (s *Service) waitAnswer(ctx context.Context, op Operation, created bool, wa
 // (DECISIONS.md §38): per package host (top-level operations), and per
 // target node for everyone but quota-exempt kinds. The keys it locks
 // serialise concurrent submissions, so a quota is never overrun.
-func (s *Service) checkQuotas(ctx context.Context, tx Tx, p Principal, k *Kind, nodeID string) error {
+func (s *Service) checkQuotas(ctx context.Context, tx Tx, p Principal, k *Kind, op Operation) error {
 	if p.Kind == PrincipalPackageHost {
 		if err := tx.LockKey(ctx, "principal:"+p.Key()); err != nil {
 			return err
@@ -270,7 +270,7 @@ func (s *Service) checkQuotas(ctx context.Context, tx Tx, p Principal, k *Kind, 
 			return errcode.Errorf(errcode.QuotaExceeded, "this package host has %d operations not yet ended (at most %d)", n, s.settings.PackageHostQuota)
 		}
 	}
-	if nodeID != "" && !k.QuotaExempt {
+	if nodeID := op.TargetID; op.TargetKind == TargetNode && nodeID != "" && !k.QuotaExempt {
 		if err := tx.LockKey(ctx, "node:"+nodeID); err != nil {
 			return err
 		}

@@ -27,6 +27,9 @@ var allModels = []any{
 	&models.NodeAudit{},
 	&models.Command{},
 	&models.Replica{},
+	&models.Operation{},
+	&models.OperationEvent{},
+	&models.OperationOwner{},
 }
 
 // Tables the migrations tool owns.

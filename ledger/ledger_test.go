@@ -1,0 +1,484 @@
+package ledger_test
+
+import (
+	"encoding/json"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+func TestStateMachine(t *testing.T) {
+	cases := []struct {
+		from, to ledger.State
+		ok       bool
+	}{
+		{ledger.StatePending, ledger.StateRunning, true},
+		{ledger.StatePending, ledger.StateCancelled, true},
+		{ledger.StatePending, ledger.StateFailed, true},
+		{ledger.StatePending, ledger.StateSucceeded, true},
+		{ledger.StateRunning, ledger.StateSucceeded, true},
+		{ledger.StateRunning, ledger.StateFailed, true},
+		{ledger.StateRunning, ledger.StateCancelled, true},
+		{ledger.StateRunning, ledger.StatePending, true},
+		{ledger.StatePending, ledger.StatePending, false},
+		{ledger.StateRunning, ledger.StateRunning, false},
+	}
+	for _, end := range []ledger.State{ledger.StateSucceeded, ledger.StateFailed, ledger.StateCancelled} {
+		for _, to := range ledger.States {
+			cases = append(cases, struct {
+				from, to ledger.State
+				ok       bool
+			}{end, to, false})
+		}
+	}
+	for _, c := range cases {
+		require.Equal(t, c.ok, ledger.CanTransition(c.from, c.to), "%s → %s", c.from, c.to)
+	}
+}
+
+func TestDigestIsCanonical(t *testing.T) {
+	a, err := ledger.Digest("k", []ledger.Target{{Kind: "node", ID: "n1"}}, json.RawMessage(`{"b":1,"a":[1.0,"x"]}`))
+	require.NoError(t, err)
+	b, err := ledger.Digest("k", []ledger.Target{{Kind: "node", ID: "n1"}}, json.RawMessage("{ \"a\" : [1, \"x\"], \"b\" : 1.00 }"))
+	require.NoError(t, err)
+	require.Equal(t, a, b, "formatting, member order and number spelling do not change the digest")
+	c, err := ledger.Digest("k", []ledger.Target{{Kind: "node", ID: "n2"}}, json.RawMessage(`{"b":1,"a":[1,"x"]}`))
+	require.NoError(t, err)
+	require.NotEqual(t, a, c, "targets are part of the digest")
+	d, err := ledger.Digest("k2", []ledger.Target{{Kind: "node", ID: "n1"}}, json.RawMessage(`{"b":1,"a":[1,"x"]}`))
+	require.NoError(t, err)
+	require.NotEqual(t, a, d, "the kind is part of the digest")
+}
+
+func TestSubmit(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		t.Run("ReplayAnswersTheSameOperation", func(t *testing.T) {
+			sub := ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Operation: json.RawMessage(`{"x":1, "y":[2]}`)}
+			first, created, err := b.svc.Submit(ctx, admin, sub)
+			require.NoError(t, err)
+			require.True(t, created)
+			require.Equal(t, ledger.StatePending, first.State)
+			require.Equal(t, `{"x":1,"y":[2]}`, string(first.Operation), "stored canonical")
+			sub.Operation = json.RawMessage(`{"y":[2],"x":1.0}`)
+			again, created, err := b.svc.Submit(ctx, admin, sub)
+			require.NoError(t, err)
+			require.False(t, created)
+			require.Equal(t, first.ID, again.ID)
+			require.Equal(t, []string{ledger.EventSubmitted}, eventTypes(t, b, first.ID))
+		})
+		t.Run("SameRequestOtherBodyIsConflict", func(t *testing.T) {
+			sub := ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Operation: json.RawMessage(`{"x":1}`)}
+			_, _, err := b.svc.Submit(ctx, admin, sub)
+			require.NoError(t, err)
+			before := countOps(t, b)
+			sub.Operation = json.RawMessage(`{"x":2}`)
+			_, _, err = b.svc.Submit(ctx, admin, sub)
+			requireCode(t, err, errcode.RequestConflict)
+			require.Equal(t, before, countOps(t, b))
+		})
+		t.Run("RequestIDsArePerPrincipal", func(t *testing.T) {
+			rid := newRequestID()
+			a, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: rid, Kind: "test.noop"})
+			require.NoError(t, err)
+			h, created, err := b.svc.Submit(ctx, host("h-per", "test"), ledger.Submission{RequestID: rid, Kind: "test.noop"})
+			require.NoError(t, err)
+			require.True(t, created)
+			require.NotEqual(t, a.ID, h.ID)
+		})
+		t.Run("RefusalsRecordNothing", func(t *testing.T) {
+			before := countOps(t, b)
+			_, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "node.teleport"})
+			requireCode(t, err, errcode.KindNotServed)
+			_, _, err = b.svc.Submit(ctx, host("h-deny", "nodes"), ledger.Submission{RequestID: newRequestID(), Kind: "test.noop"})
+			requireCode(t, err, errcode.PermissionDenied)
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Operation: json.RawMessage(`{"fail":true}`)})
+			requireCode(t, err, errcode.ValidationFailed)
+			for _, bad := range []string{"", "has space", "ü", string(make([]byte, 129))} {
+				_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: bad, Kind: "test.noop"})
+				requireCode(t, err, errcode.ValidationFailed)
+			}
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Operation: json.RawMessage(`[1]`)})
+			requireCode(t, err, errcode.ValidationFailed)
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Wait: 61 * time.Second})
+			requireCode(t, err, errcode.ValidationFailed)
+			require.Equal(t, before, countOps(t, b))
+		})
+	})
+}
+
+func TestSubmitConcurrentSameRequestIsOneOperation(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		rid := newRequestID()
+		const n = 16
+		ids := make([]string, n)
+		created := make([]bool, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				op, c, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: rid, Kind: "test.noop", Operation: json.RawMessage(`{"a":1}`)})
+				ids[i], created[i], errs[i] = op.ID, c, err
+			}()
+		}
+		close(start)
+		wg.Wait()
+		winners := 0
+		for i := range n {
+			require.NoError(t, errs[i])
+			require.Equal(t, ids[0], ids[i])
+			if created[i] {
+				winners++
+			}
+		}
+		require.Equal(t, 1, winners)
+		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Operation{}, "request_id = ?", rid))
+	})
+}
+
+func TestQuotas(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		t.Run("PerNode", func(t *testing.T) {
+			var last ledger.Submission
+			for i := range 32 {
+				last = ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Operation: json.RawMessage(`{"node":"n-quota","i":` + strconv.Itoa(i) + `}`)}
+				_, _, err := b.svc.Submit(ctx, admin, last)
+				require.NoError(t, err, "operation %d", i+1)
+			}
+			before := countOps(t, b)
+			_, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Operation: json.RawMessage(`{"node":"n-quota"}`)})
+			requireCode(t, err, errcode.QuotaExceeded)
+			require.Equal(t, before, countOps(t, b))
+			// A replay still answers while the quota is full.
+			op, created, err := b.svc.Submit(ctx, admin, last)
+			require.NoError(t, err)
+			require.False(t, created)
+			require.NotEmpty(t, op.ID)
+			// Another node is not affected.
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Operation: json.RawMessage(`{"node":"n-other"}`)})
+			require.NoError(t, err)
+		})
+		t.Run("PerPackageHostButNotAdmins", func(t *testing.T) {
+			b2 := newLedger(t, b.db, b.tk, b.clock, func(s *ledger.Settings) { s.PackageHostQuota = 3 })
+			h := host("h-quota", "test")
+			for range 3 {
+				b2.submit(t, h, "test.noop", `{}`)
+			}
+			_, _, err := b2.svc.Submit(ctx, h, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop"})
+			requireCode(t, err, errcode.QuotaExceeded)
+			for range 4 {
+				b2.submit(t, admin, "test.noop", `{}`)
+			}
+		})
+	})
+}
+
+func TestDispatcher(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		t.Run("RunsToSuccessWithEvents", func(t *testing.T) {
+			op := b.submit(t, admin, "test.noop", `{}`)
+			done := b.waitState(t, op.ID, ledger.StateSucceeded)
+			require.JSONEq(t, `{"ok":true}`, string(done.Result))
+			require.Equal(t, 1, done.Attempt)
+			require.NotNil(t, done.AcceptedAt)
+			require.NotNil(t, done.FinishedAt)
+			require.Equal(t, []string{"submitted", "running", "succeeded"}, eventTypes(t, b, op.ID))
+			require.Equal(t, int64(1), b.tk.count(op.ID))
+		})
+		t.Run("TransactionalKind", func(t *testing.T) {
+			op := b.submit(t, admin, "test.tx", `{}`)
+			done := b.waitState(t, op.ID, ledger.StateSucceeded)
+			require.JSONEq(t, `{"tx":true}`, string(done.Result))
+		})
+		t.Run("FailureCarriesCode", func(t *testing.T) {
+			op := b.submit(t, admin, "test.fail", `{}`)
+			done := b.waitState(t, op.ID, ledger.StateFailed)
+			require.Equal(t, &ledger.Error{Code: "node_not_ready", Message: "not today"}, done.Error)
+		})
+		t.Run("SubmitWaitsForTheEnd", func(t *testing.T) {
+			op, created, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Wait: 20 * time.Second})
+			require.NoError(t, err)
+			require.True(t, created)
+			require.Equal(t, ledger.StateSucceeded, op.State)
+		})
+		t.Run("CancelRunning", func(t *testing.T) {
+			op := b.submit(t, admin, "test.block", `{}`)
+			b.waitState(t, op.ID, ledger.StateRunning)
+			got, err := b.svc.Cancel(ctx, admin, op.ID, "changed my mind")
+			require.NoError(t, err)
+			require.NotNil(t, got.CancelRequestedAt)
+			done := b.waitState(t, op.ID, ledger.StateCancelled)
+			require.Equal(t, "changed my mind", done.CancelReason)
+			require.Equal(t, []string{"submitted", "running", "cancel_requested", "cancelled"}, eventTypes(t, b, op.ID))
+			again, err := b.svc.Cancel(ctx, admin, op.ID, "again")
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateCancelled, again.State)
+			require.Equal(t, "changed my mind", again.CancelReason, "an ended operation never changes")
+		})
+	})
+}
+
+func TestDeadline(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		op := b.submit(t, admin, "test.block", `{}`)
+		done := b.waitState(t, op.ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeTimedOut, done.Error.Code)
+		require.True(t, done.Error.Retryable)
+	}, func(s *ledger.Settings) { s.Deadline = 100 * time.Millisecond })
+}
+
+func TestCancelPendingEndsAtOnce(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		op := b.submit(t, admin, "test.noop", `{}`) // no dispatcher runs
+		got, err := b.svc.Cancel(ctx, admin, op.ID, "")
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateCancelled, got.State)
+		require.Equal(t, "cancelled", got.Error.Code)
+		b.start(t)
+		require.Never(t, func() bool { return b.tk.count(op.ID) > 0 }, 200*time.Millisecond, 20*time.Millisecond)
+		_, err = b.svc.Cancel(ctx, host("h-x", "test"), op.ID, "")
+		requireCode(t, err, errcode.NotFound)
+	})
+}
+
+func TestPackageHostsSeeTheirOwn(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		h1, h2 := host("h1", "test"), host("h2", "test")
+		op1 := b.submit(t, h1, "test.noop", `{}`)
+		op2 := b.submit(t, h2, "test.noop", `{}`)
+		_, err := b.svc.Get(ctx, h1, op2.ID)
+		requireCode(t, err, errcode.NotFound)
+		got, err := b.svc.Get(ctx, admin, op2.ID)
+		require.NoError(t, err)
+		require.Equal(t, op2.ID, got.ID)
+		list, err := b.svc.List(ctx, h1, ledger.Filter{})
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+		require.Equal(t, op1.ID, list[0].ID)
+		list, err = b.svc.List(ctx, h1, ledger.Filter{PrincipalKind: ledger.PrincipalPackageHost, PrincipalID: "h2"})
+		require.NoError(t, err)
+		require.Len(t, list, 1, "a package host's filter is its own, whatever it asks")
+		require.Equal(t, op1.ID, list[0].ID)
+	})
+}
+
+func TestRecovery(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		// A replica claims work and dies without a word (its lease lapses).
+		dead := newLedger(t, b.db, b.tk, b.clock, func(s *ledger.Settings) { s.OwnerLease = time.Second })
+		ops := map[string]ledger.Operation{}
+		for _, k := range []string{"test.noop", "test.tx", "test.level"} {
+			ops[k] = b.submit(t, admin, k, `{}`)
+		}
+		claimed, err := b.store.Claim(ctx, dead.replica, b.clock.Now(), 10)
+		require.NoError(t, err)
+		require.Len(t, claimed, 3)
+		require.NoError(t, b.store.RenewOwner(ctx, dead.replica, b.clock.Now().Add(-time.Second)))
+
+		b.start(t)
+		// Not level-triggered: interrupted, retryable.
+		noop := b.waitState(t, ops["test.noop"].ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeInterrupted, noop.Error.Code)
+		require.True(t, noop.Error.Retryable)
+		require.Zero(t, b.tk.count(noop.ID))
+		// Safe to repeat: run again.
+		for _, k := range []string{"test.tx", "test.level"} {
+			done := b.waitState(t, ops[k].ID, ledger.StateSucceeded)
+			require.Equal(t, 2, done.Attempt)
+			require.Equal(t, int64(1), b.tk.count(done.ID))
+			require.Contains(t, eventTypes(t, b, done.ID), ledger.EventRecovered)
+		}
+	})
+}
+
+func TestRecoveryLeavesLiveOwnersAlone(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		live := newLedger(t, b.db, b.tk, b.clock)
+		op := b.submit(t, admin, "test.noop", `{}`)
+		_, err := b.store.Claim(ctx, live.replica, b.clock.Now(), 10)
+		require.NoError(t, err)
+		require.NoError(t, b.store.RenewOwner(ctx, live.replica, b.clock.Now().Add(time.Hour)))
+		orphans, err := b.store.Orphans(ctx, b.replica, b.clock.Now(), 10)
+		require.NoError(t, err)
+		require.Empty(t, orphans)
+		b.clock.Advance(2 * time.Hour)
+		orphans, err = b.store.Orphans(ctx, b.replica, b.clock.Now(), 10)
+		require.NoError(t, err)
+		require.Len(t, orphans, 1)
+		require.Equal(t, op.ID, orphans[0].ID)
+	})
+}
+
+// TestTwoReplicasNeverRunOneOperationTwice runs many operations through two
+// dispatchers sharing one database and counts executions.
+func TestTwoReplicasNeverRunOneOperationTwice(t *testing.T) {
+	each(t, func(t *testing.T, a *bundle) {
+		b := newLedger(t, a.db, a.tk, a.clock)
+		// Each replica hears the other's commits as Postgres NOTIFY would.
+		a.start(t)
+		b.start(t)
+		const n = 600
+		ids := make([]string, 0, n)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				svc := a
+				if w%2 == 1 {
+					svc = b
+				}
+				for range n / 6 {
+					op, _, err := svc.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop"})
+					require.NoError(t, err)
+					mu.Lock()
+					ids = append(ids, op.ID)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		for _, id := range ids {
+			a.waitState(t, id, ledger.StateSucceeded)
+		}
+		for _, id := range ids {
+			require.Equal(t, int64(1), a.tk.count(id), "operation %s ran more than once", id)
+		}
+		byOwner := map[string]int{}
+		list, err := a.store.List(ctx, ledger.Filter{Kind: "test.noop", Limit: 1000})
+		require.NoError(t, err)
+		for _, op := range list {
+			byOwner[op.Owner]++
+		}
+		t.Logf("operations per replica: %v", byOwner)
+	}, func(s *ledger.Settings) { s.Workers = 4 })
+}
+
+func TestListing(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		var all []string
+		for i := range 250 {
+			kind := "test.noop"
+			if i%5 == 0 {
+				kind = "test.fail"
+			}
+			all = append(all, b.submit(t, admin, kind, `{"i":`+strconv.Itoa(i)+`}`).ID)
+		}
+		// Newest first, pages without gaps or repeats.
+		var seen []string
+		f := ledger.Filter{Limit: 40}
+		for {
+			page, err := b.svc.List(ctx, admin, f)
+			require.NoError(t, err)
+			for _, op := range page {
+				seen = append(seen, op.ID)
+			}
+			if len(page) < f.Limit {
+				break
+			}
+			f.Before = page[len(page)-1].Cursor
+		}
+		require.Len(t, seen, len(all))
+		for i := range all {
+			require.Equal(t, all[len(all)-1-i], seen[i])
+		}
+		fails, err := b.svc.List(ctx, admin, ledger.Filter{Kind: "test.fail", Limit: 500})
+		require.NoError(t, err)
+		require.Len(t, fails, 50)
+		pending, err := b.svc.List(ctx, admin, ledger.Filter{State: ledger.StatePending, Family: "test", Limit: 500})
+		require.NoError(t, err)
+		require.Len(t, pending, 250)
+		one, err := b.svc.List(ctx, admin, ledger.Filter{OperationID: all[7]})
+		require.NoError(t, err)
+		require.Len(t, one, 1)
+	})
+}
+
+func TestNodeKinds(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		sub := ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeInvite, Wait: 20 * time.Second,
+			Operation: json.RawMessage(`{"rental_id":"rack-1","generation":1,"shadow_price_usd_per_hour":0.5}`)}
+		op, created, err := b.svc.Submit(ctx, admin, sub)
+		require.NoError(t, err)
+		require.True(t, created)
+		require.Equal(t, ledger.StateSucceeded, op.State, "error: %+v", op.Error)
+		var res ledger.BootstrapResult
+		require.NoError(t, json.Unmarshal(op.Result, &res))
+		require.Equal(t, op.TargetID, res.NodeID, "the node id was fixed at submit")
+		require.NotContains(t, string(op.Result), "enrollment_token")
+		n, err := b.fleet.Node(ctx, res.NodeID)
+		require.NoError(t, err)
+		require.Equal(t, fleet.StateEnrolling, n.State)
+
+		// The same identity again is refused at submit; nothing recorded.
+		before := countOps(t, b)
+		_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeInvite,
+			Operation: json.RawMessage(`{"rental_id":"rack-1","generation":1}`)})
+		requireCode(t, err, errcode.IdentityExists)
+		_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeInvite,
+			Operation: json.RawMessage(`{"rental_id":"rack-1","generation":1,"surprise":true}`)})
+		requireCode(t, err, errcode.InvalidJSON)
+		require.Equal(t, before, countOps(t, b))
+
+		target := []ledger.Target{{Kind: ledger.TargetNode, ID: res.NodeID}}
+		re, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeReinvite,
+			Targets: target, Wait: 20 * time.Second})
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateSucceeded, re.State, "error: %+v", re.Error)
+
+		ret, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeRetire,
+			Targets: target, Operation: json.RawMessage(`{"reason":"decommissioned"}`), Wait: 20 * time.Second})
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateSucceeded, ret.State, "error: %+v", ret.Error)
+		n, err = b.fleet.Node(ctx, res.NodeID)
+		require.NoError(t, err)
+		require.Equal(t, fleet.StateRetired, n.State)
+
+		_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeReinvite, Targets: target})
+		requireCode(t, err, errcode.NodeRetired)
+		_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeRetire,
+			Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "nope"}}})
+		requireCode(t, err, errcode.NotFound)
+	})
+}
+
+func TestPrune(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		old := b.submit(t, admin, "test.noop", `{}`)
+		b.waitState(t, old.ID, ledger.StateSucceeded)
+		open := b.submit(t, admin, "test.block", `{}`)
+		b.waitState(t, open.ID, ledger.StateRunning)
+		b.clock.Advance(91 * 24 * time.Hour)
+		recent := b.submit(t, admin, "test.noop", `{}`)
+		b.waitState(t, recent.ID, ledger.StateSucceeded)
+		ops, events, err := b.svc.Prune(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, ops)
+		require.Positive(t, events)
+		_, err = b.store.Operation(ctx, old.ID)
+		require.ErrorIs(t, err, ledger.ErrNoRows)
+		_, err = b.store.Operation(ctx, open.ID)
+		require.NoError(t, err, "open operations are never pruned")
+		_, err = b.store.Operation(ctx, recent.ID)
+		require.NoError(t, err)
+		require.Len(t, eventTypes(t, b, recent.ID), 3, "recent events are kept")
+		close(b.tk.release)
+	})
+}

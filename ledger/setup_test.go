@@ -1,0 +1,238 @@
+package ledger_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/metrics"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+var ctx = context.Background()
+
+// clock is an injected clock tests move by hand.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// testKinds are kinds only tests serve: a no-op, one that blocks until
+// released or cancelled, and one that fails.
+type testKinds struct {
+	runs    sync.Map // operation id → *atomic.Int64 (executions)
+	release chan struct{}
+	started chan string
+}
+
+func (k *testKinds) count(id string) int64 {
+	v, _ := k.runs.LoadOrStore(id, new(atomic.Int64))
+	return v.(*atomic.Int64).Load()
+}
+
+func (k *testKinds) ran(id string) {
+	v, _ := k.runs.LoadOrStore(id, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+}
+
+func prepareAny(_ context.Context, d *ledger.Draft) error {
+	var body struct {
+		Node string `json:"node"`
+		Fail bool   `json:"fail"`
+	}
+	if err := json.Unmarshal(d.Operation, &body); err != nil {
+		return errcode.New(errcode.ValidationFailed, "bad operation")
+	}
+	if body.Fail {
+		return errcode.New(errcode.ValidationFailed, "preparer refused")
+	}
+	if body.Node != "" {
+		d.Targets = []ledger.Target{{Kind: ledger.TargetNode, ID: body.Node}}
+	}
+	return nil
+}
+
+func (k *testKinds) kinds() []*ledger.Kind {
+	return []*ledger.Kind{
+		{Name: "test.noop", Family: "test", Prepare: prepareAny,
+			Run: func(ctx context.Context, op ledger.Operation) (json.RawMessage, error) {
+				k.ran(op.ID)
+				return json.RawMessage(`{"ok":true}`), nil
+			}},
+		{Name: "test.tx", Family: "test", Prepare: prepareAny,
+			RunTx: func(ctx context.Context, tx ledger.Tx, op ledger.Operation) (json.RawMessage, error) {
+				k.ran(op.ID)
+				return json.RawMessage(`{"tx":true}`), nil
+			}},
+		{Name: "test.block", Family: "test", Prepare: prepareAny,
+			Run: func(ctx context.Context, op ledger.Operation) (json.RawMessage, error) {
+				k.ran(op.ID)
+				select {
+				case k.started <- op.ID:
+				default:
+				}
+				select {
+				case <-k.release:
+					return nil, nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}},
+		{Name: "test.fail", Family: "test", Prepare: prepareAny,
+			Run: func(ctx context.Context, op ledger.Operation) (json.RawMessage, error) {
+				k.ran(op.ID)
+				return nil, errcode.New(errcode.NodeNotReady, "not today")
+			}},
+		{Name: "test.level", Family: "test", LevelTriggered: true, Prepare: prepareAny,
+			Run: func(ctx context.Context, op ledger.Operation) (json.RawMessage, error) {
+				k.ran(op.ID)
+				return nil, nil
+			}},
+	}
+}
+
+type bundle struct {
+	db      *models.DB
+	fstore  *models.FleetStore
+	store   *models.LedgerStore
+	fleet   *fleet.Service
+	svc     *ledger.Service
+	clock   *clock
+	metrics *metrics.Metrics
+	tk      *testKinds
+	replica string
+	stop    func()
+}
+
+var replicaN atomic.Int64
+
+// newLedger builds a ledger (not started) over db, as replica name.
+func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...func(*ledger.Settings)) *bundle {
+	t.Helper()
+	b := &bundle{db: db, clock: c, metrics: metrics.New(nil), tk: tk,
+		replica: "replica-" + strconv.FormatInt(replicaN.Add(1), 10)}
+	b.fstore = models.NewFleetStore(db, b.replica, nil)
+	b.fleet = fleet.New(fleet.Options{Store: b.fstore, Keys: keys.NewRing(bytes.Repeat([]byte{7}, 32)), Now: c.Now,
+		Settings: fleet.Settings{PublicURL: "https://cp.example", ReplicaID: b.replica}, Logger: slog.New(slog.DiscardHandler)})
+	b.store = models.NewLedgerStore(b.fstore)
+	st := ledger.Settings{FallbackPoll: 50 * time.Millisecond, SingleProcess: false}
+	for _, m := range mutate {
+		m(&st)
+	}
+	reg := ledger.NewRegistry(append(tk.kinds(), ledger.NodeKinds(b.fleet)...)...)
+	b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
+		Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler), CrossReplica: db.Dialect == models.Postgres})
+	b.fstore.SetOnCommit(func(notes []fleet.Notification) {
+		b.fleet.Deliver(notes, "local")
+		for _, n := range notes {
+			if n.Kind == fleet.NotifyOperation {
+				b.svc.Changed(ctx, n.NodeID)
+			}
+		}
+	})
+	return b
+}
+
+// start runs the ledger's background work until the test ends (or stop).
+func (b *bundle) start(t *testing.T) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); b.svc.Run(runCtx) }()
+	var once sync.Once
+	b.stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(b.stop)
+}
+
+func newTestKinds() *testKinds {
+	return &testKinds{release: make(chan struct{}), started: make(chan string, 64)}
+}
+
+func newClock() *clock { return &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)} }
+
+// each runs fn on a fresh ledger over every dialect.
+func each(t *testing.T, fn func(t *testing.T, b *bundle), mutate ...func(*ledger.Settings)) {
+	t.Helper()
+	dbtest.Each(t, func(t *testing.T, db *models.DB) { fn(t, newLedger(t, db, newTestKinds(), newClock(), mutate...)) })
+}
+
+var admin = ledger.Principal{Kind: ledger.PrincipalAdmin, ID: "u1", Name: "alice"}
+
+func host(id string, families ...string) ledger.Principal {
+	return ledger.Principal{Kind: ledger.PrincipalPackageHost, ID: id, Name: "host-" + id, Generation: 1, Families: families}
+}
+
+var reqN atomic.Int64
+
+func newRequestID() string { return "req-" + strconv.FormatInt(reqN.Add(1), 10) }
+
+func (b *bundle) submit(t *testing.T, p ledger.Principal, kind string, op string) ledger.Operation {
+	t.Helper()
+	got, created, err := b.svc.Submit(ctx, p, ledger.Submission{RequestID: newRequestID(), Kind: kind, Operation: json.RawMessage(op)})
+	require.NoError(t, err)
+	require.True(t, created)
+	return got
+}
+
+// waitState waits (generously) until the operation is in state.
+func (b *bundle) waitState(t *testing.T, id string, state ledger.State) ledger.Operation {
+	t.Helper()
+	var op ledger.Operation
+	require.Eventually(t, func() bool {
+		var err error
+		op, err = b.store.Operation(ctx, id)
+		require.NoError(t, err)
+		return op.State == state
+	}, 20*time.Second, 5*time.Millisecond, "operation %s never reached %s", id, state)
+	return op
+}
+
+func countOps(t *testing.T, b *bundle) int64 {
+	t.Helper()
+	return dbtest.Count(t, b.db.DB, &models.Operation{})
+}
+
+func requireCode(t *testing.T, err error, code errcode.Code) {
+	t.Helper()
+	require.Error(t, err)
+	var e *errcode.Error
+	require.True(t, errors.As(err, &e), "not a coded error: %v", err)
+	require.Equal(t, code, e.Code, "got %v", err)
+}
+
+func eventTypes(t *testing.T, b *bundle, id string) []string {
+	t.Helper()
+	evs, err := b.store.Events(ctx, id, 0, 100)
+	require.NoError(t, err)
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.Type
+	}
+	return out
+}

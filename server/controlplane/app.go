@@ -143,6 +143,8 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	a.startBackground(bgCtx)
+	stopSocket := a.serveSocket()
+	defer stopSocket()
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

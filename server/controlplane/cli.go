@@ -112,10 +112,11 @@ func isHelp(arg string) bool {
 
 // printHelp writes a command's usage line, summary and flags (fs may be nil).
 func printHelp(w io.Writer, c subcommand, fs *flag.FlagSet) {
-	fmt.Fprintf(w, "usage: nodeward %s\n\n%s\n", strings.TrimSpace(c.name+" "+c.synopsis+" [flags]"), c.summary)
 	if fs == nil {
+		fmt.Fprintf(w, "usage: nodeward %s\n\n%s\n", strings.TrimSpace(c.name+" "+c.synopsis), c.summary)
 		return
 	}
+	fmt.Fprintf(w, "usage: nodeward %s\n\n%s\n", strings.TrimSpace(c.name+" "+c.synopsis+" [flags]"), c.summary)
 	fmt.Fprint(w, "\nflags:\n")
 	fs.SetOutput(w)
 	fs.PrintDefaults()

@@ -33,19 +33,27 @@ func (h *handler) consoleLogin(w http.ResponseWriter, r *http.Request) {
 	username := strings.TrimSpace(r.PostForm.Get("username"))
 	next := localNext(r.PostForm.Get("next"))
 	v := views.LoginView{Username: username, Next: next}
+	if len(username) > auth.MaxUsernameLen {
+		// Refused as any failed sign-in; not echoed back into the page.
+		v.Username = ""
+	}
 	tok, expires, err := h.Auth.Login(r.Context(), username, r.PostForm.Get("password"), r.RemoteAddr)
-	switch {
-	case errors.Is(err, auth.ErrRateLimited):
-		w.Header().Set("Retry-After", "900")
-		v.Error = "Too many failed sign-ins. Wait a few minutes, then try again."
-		h.render(w, r, http.StatusTooManyRequests, views.LoginPage(v))
-		return
-	case errors.Is(err, auth.ErrUnauthenticated):
-		v.Error = loginFailed
-		h.render(w, r, http.StatusUnauthorized, views.LoginPage(v))
-		return
-	case err != nil:
-		h.consoleInternal(w, r, err)
+	if err != nil {
+		status, e := resolve(r, err)
+		switch e.Code {
+		case errcode.RateLimited:
+			w.Header().Set("Retry-After", "900")
+			v.Error = "Too many failed sign-ins. Wait a few minutes, then try again."
+		case errcode.Unauthenticated:
+			v.Error = loginFailed
+		case errcode.Overloaded:
+			v.Error = "The server is busy with other sign-ins. Try again in a few seconds."
+		default:
+			h.consoleInternal(w, r, err)
+			return
+		}
+		setRetryAfter(w, status)
+		h.render(w, r, status, views.LoginPage(v))
 		return
 	}
 	h.setSessionCookie(w, tok, expires)

@@ -10,11 +10,10 @@ import (
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
-	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/views"
 )
 
-func tokenRows(rows []models.APIToken) []views.TokenRow {
+func tokenRows(rows []auth.APIToken) []views.TokenRow {
 	out := make([]views.TokenRow, 0, len(rows))
 	for _, t := range rows {
 		out = append(out, views.TokenRow{ID: t.ID, Name: t.Name, CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt})
@@ -101,7 +100,7 @@ func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 	for _, a := range rows {
 		v.Entries = append(v.Entries, views.AuditRow{
 			ID: a.ID, At: a.At, Actor: a.Actor, Action: a.Action, Target: a.Target,
-			Outcome: a.Outcome, Remote: a.RemoteAddr, Detail: a.Detail,
+			Outcome: a.Outcome, Remote: a.RemoteAddr, Detail: a.Detail, Count: a.Count,
 		})
 	}
 	if len(rows) == consoleAuditPageSize {

@@ -95,7 +95,7 @@ func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if has {
-		h.render(w, r, http.StatusForbidden, views.SetupPage(views.SetupView{Closed: true}))
+		h.render(w, r, statusFor(r, auth.ErrSetupClosed), views.SetupPage(views.SetupView{Closed: true}))
 		return
 	}
 	username := strings.TrimSpace(r.PostForm.Get("username"))
@@ -106,12 +106,12 @@ func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 	case errors.Is(err, auth.ErrSetupClosed):
-		h.render(w, r, http.StatusForbidden, views.SetupPage(views.SetupView{Closed: true}))
+		h.render(w, r, statusFor(r, err), views.SetupPage(views.SetupView{Closed: true}))
 		return
 	case errors.Is(err, auth.ErrUnauthenticated):
 		v.Error = "The setup token is wrong or already used. Open the setup link from the server log again."
 		v.FieldErrors = map[string]string{"setup_token": "Not a live setup token."}
-		h.render(w, r, http.StatusUnauthorized, views.SetupPage(v))
+		h.render(w, r, statusFor(r, err), views.SetupPage(v))
 		return
 	case errors.As(err, &ce) && ce.Code == errcode.ValidationFailed:
 		v.Error = "Please correct the fields below."
@@ -119,7 +119,7 @@ func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
 		for _, f := range ce.Fields {
 			v.FieldErrors[f.Field] = f.Message
 		}
-		h.render(w, r, http.StatusUnprocessableEntity, views.SetupPage(v))
+		h.render(w, r, statusFor(r, err), views.SetupPage(v))
 		return
 	default:
 		h.consoleInternal(w, r, err)

@@ -52,7 +52,7 @@ func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		v := views.TokensView{Tokens: tokenRows(rows), Name: name, NameError: "A name of 1 to 128 characters is required."}
-		h.render(w, r, http.StatusUnprocessableEntity, views.TokensPage(h.shell(r, views.NavTokens), v))
+		h.render(w, r, statusFor(r, err), views.TokensPage(h.shell(r, views.NavTokens), v))
 		return
 	}
 	if err != nil {
@@ -68,7 +68,7 @@ func (h *handler) consoleRevokeToken(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	_, err := h.Auth.RevokeToken(r.Context(), p, id, r.RemoteAddr)
 	if errors.Is(err, auth.ErrTokenNotFound) {
-		h.consoleError(w, r, consoleFrom(r.Context()), http.StatusNotFound, "No such token", "That API token does not exist.")
+		h.consoleError(w, r, consoleFrom(r.Context()), statusFor(r, err), "No such token", "That API token does not exist.")
 		return
 	}
 	if err != nil {

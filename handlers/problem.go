@@ -93,6 +93,13 @@ func resolve(r *http.Request, err error) (int, *errcode.Error) {
 	return status, e
 }
 
+// statusFor is the HTTP status of err (see resolve), for console pages that
+// render their own view of an expected error.
+func statusFor(r *http.Request, err error) int {
+	status, _ := resolve(r, err)
+	return status
+}
+
 // setRetryAfter tells a client refused with 503 when to come back, unless
 // the handler already said.
 func setRetryAfter(w http.ResponseWriter, status int) {

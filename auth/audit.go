@@ -30,7 +30,7 @@ func (s *Service) auditRefusal(ctx context.Context, username, outcome, host stri
 	// In one transaction so that, on SQLite, concurrent refusals of one
 	// client cannot both miss the entry and append two.
 	_ = s.store.Tx(ctx, func(tx Store) error {
-		return tx.CoalesceAudit(ctx, e, Coalesce{Since: now.Add(-refusalWindow)})
+		return tx.CoalesceAudit(ctx, e, now.Add(-refusalWindow))
 	})
 }
 

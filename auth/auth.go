@@ -1,7 +1,8 @@
 // Package auth owns the administrators: users with argon2id passwords,
 // console sessions (rows referenced by a JWT in the cookie, revoked at
 // logout), API tokens for scripts (random, shown once, stored as SHA-256,
-// revocable) and the administrators' audit log. It knows nothing of HTTP.
+// revocable) and the administrators' audit log. It knows nothing of HTTP,
+// and reaches the database only through its Store (implemented in models).
 package auth
 
 import (

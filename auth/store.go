@@ -70,13 +70,6 @@ type AuditEntry struct {
 	LastAt *time.Time
 }
 
-// Coalesce says which audit entry a repeated event folds into: the newest
-// entry with the same Action, Outcome and RemoteAddr written at or after
-// Since.
-type Coalesce struct {
-	Since time.Time
-}
-
 // Store is the persistence the administrators' rules need. Every method
 // may run inside a transaction opened by Tx (the store handed to fn) or on
 // its own.
@@ -128,11 +121,12 @@ type Store interface {
 	// AppendAudit adds an audit entry (its ID is assigned; Count below 1
 	// is stored as 1).
 	AppendAudit(ctx context.Context, e AuditEntry) error
-	// CoalesceAudit folds e into the entry c selects, adding one to its
-	// Count, setting its LastAt to e.At and its Detail to e.Detail; when
-	// there is none it appends e. Two concurrent calls may both append:
-	// every event is still counted, in at most one extra entry each.
-	CoalesceAudit(ctx context.Context, e AuditEntry, c Coalesce) error
+	// CoalesceAudit folds e into the newest entry with the same Action,
+	// Outcome and RemoteAddr whose At is at or after since: one more in its
+	// Count, its LastAt set to e.At and its Detail to e.Detail. When there
+	// is none it appends e. Outside a transaction two concurrent calls may
+	// both append: every event is still counted.
+	CoalesceAudit(ctx context.Context, e AuditEntry, since time.Time) error
 	// Audit answers up to limit entries with ID below before (any ID when
 	// before is 0), newest first.
 	Audit(ctx context.Context, before int64, limit int) ([]AuditEntry, error)

@@ -206,9 +206,9 @@ func (s *AuthStore) AppendAudit(ctx context.Context, e auth.AuditEntry) error {
 // CoalesceAudit implements auth.Store. The fold is one UPDATE naming the
 // newest matching row, so it needs no transaction of its own; the
 // (remote_addr, action, outcome, id) index finds that row.
-func (s *AuthStore) CoalesceAudit(ctx context.Context, e auth.AuditEntry, c auth.Coalesce) error {
+func (s *AuthStore) CoalesceAudit(ctx context.Context, e auth.AuditEntry, since time.Time) error {
 	newest := s.q(ctx).Model(&AdminAudit{}).Select("MAX(id)").
-		Where("remote_addr = ? AND action = ? AND outcome = ? AND at >= ?", e.RemoteAddr, e.Action, e.Outcome, c.Since)
+		Where("remote_addr = ? AND action = ? AND outcome = ? AND at >= ?", e.RemoteAddr, e.Action, e.Outcome, since)
 	res := s.q(ctx).Model(&AdminAudit{}).Where("id = (?)", newest).
 		Updates(map[string]any{"count": gorm.Expr("count + 1"), "last_at": e.At, "detail": e.Detail})
 	if res.Error != nil {

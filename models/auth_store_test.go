@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -174,7 +175,7 @@ func TestAuthStoreCoalesceAudit(t *testing.T) {
 			return auth.AuditEntry{At: at, Actor: name, Action: "login", Outcome: outcome, RemoteAddr: host,
 				Detail: "last_username=" + name, Count: 1}
 		}
-		window := auth.Coalesce{Since: t0.Add(-time.Minute)}
+		window := t0.Add(-time.Minute)
 		for i := range 5 {
 			at := t0.Add(time.Duration(i) * time.Second)
 			require.NoError(t, s.CoalesceAudit(ctx, refusal(at, "192.0.2.1", "failed", "u"+string(rune('a'+i))), window))
@@ -199,11 +200,37 @@ func TestAuthStoreCoalesceAudit(t *testing.T) {
 		require.Equal(t, int64(1), rows[1].Count)
 
 		// Past the window, a refusal starts a new entry.
-		later := auth.Coalesce{Since: t0.Add(time.Hour)}
+		later := t0.Add(time.Hour)
 		require.NoError(t, s.CoalesceAudit(ctx, refusal(t0.Add(time.Hour), "192.0.2.1", "failed", "z"), later))
 		rows, err = s.Audit(ctx, 0, 100)
 		require.NoError(t, err)
 		require.Len(t, rows, 4)
 		require.Equal(t, int64(1), rows[0].Count)
+	})
+}
+
+// TestAuthStoreCoalesceAuditConcurrent: refusals of one client racing each
+// other are all counted, in the one existing entry.
+func TestAuthStoreCoalesceAuditConcurrent(t *testing.T) {
+	withAuthStore(t, func(t *testing.T, s *models.AuthStore) {
+		e := auth.AuditEntry{At: t0, Actor: "x", Action: "login", Outcome: "failed", RemoteAddr: "192.0.2.1", Count: 1}
+		require.NoError(t, s.CoalesceAudit(ctx, e, t0))
+		const n = 20
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for range n {
+			wg.Go(func() {
+				errs <- s.Tx(ctx, func(tx auth.Store) error { return tx.CoalesceAudit(ctx, e, t0) })
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		rows, err := s.Audit(ctx, 0, 100)
+		require.NoError(t, err)
+		require.Len(t, rows, 1)
+		require.Equal(t, int64(n+1), rows[0].Count)
 	})
 }

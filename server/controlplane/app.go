@@ -84,7 +84,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.fleetStore = models.NewFleetStore(db, cfg.ReplicaID, nil)
 	a.Metrics = metrics.New(a.pendingCommands)
-	a.Auth = auth.New(db, ring, cfg.Now)
+	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring, Now: cfg.Now})
 	a.Fleet = fleet.New(fleet.Options{
 		Store: a.fleetStore,
 		Keys:  ring,
@@ -104,7 +104,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.Fleet.Deliver(notes, "local") })
 	a.Handler = handlers.New(handlers.Deps{
 		Logger:        log,
-		DB:            db,
+		Ready:         db,
 		Auth:          a.Auth,
 		Fleet:         a.Fleet,
 		Metrics:       a.Metrics,

@@ -180,9 +180,42 @@ func readBootstrap(src string) (*api.Bootstrap, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := problemAsBootstrap(data); err != nil {
+		return nil, err
+	}
 	var b api.Bootstrap
 	if err := json.Unmarshal(data, &b); err != nil {
 		return nil, fmt.Errorf("bootstrap is not valid JSON: %w", err)
 	}
 	return &b, nil
+}
+
+// problemAsBootstrap recognizes an error answer saved in place of a
+// bootstrap (an invitation that failed, e.g. curl -o without --fail), and
+// says what went wrong and what to do rather than that fields are missing.
+func problemAsBootstrap(data []byte) error {
+	var p struct {
+		api.Problem
+		NodeID string `json:"node_id"`
+	}
+	if json.Unmarshal(data, &p) != nil || p.Code == "" || p.NodeID != "" {
+		return nil
+	}
+	detail := p.Detail
+	if detail == "" {
+		detail = p.Title
+	}
+	var todo string
+	switch p.Code {
+	case "identity_exists":
+		todo = "that rental_id and generation were invited before: invite with a new rental_id or a higher generation, or ask for POST /api/v1/nodes/{node_id}/reinvite"
+	case "generation_stale":
+		todo = "a higher generation of that rental_id exists: invite with a higher generation"
+	case "unauthenticated", "permission_denied":
+		todo = "the API token was refused: invite with a valid administrator token"
+	default:
+		todo = "fix what it says and invite again"
+	}
+	return fmt.Errorf("the bootstrap is an error answer from the control plane, not a bootstrap: the invitation failed "+
+		"(code=%s status=%d detail=%q); %s, then start the agent with the new answer", p.Code, p.Status, detail, todo)
 }

@@ -224,6 +224,24 @@ func TestBinary(t *testing.T) {
 		}
 	})
 
+	t.Run("ErrorAnswerSavedAsBootstrap", func(t *testing.T) {
+		// What `curl -o bootstrap.json` saves when the invitation is refused.
+		bad := filepath.Join(dir, "refused.json")
+		os.WriteFile(bad, []byte(identityExists), 0o600)
+		cmd, log := start("--bootstrap", bad, "--allow-insecure-http")
+		if code := exitCode(t, cmd, log); code != 1 {
+			t.Fatalf("exit %d; log:\n%s", code, log.String())
+		}
+		for _, want := range []string{"error answer", "invitation failed", "code=identity_exists", "rack-4-slot-2", "new rental_id"} {
+			if !strings.Contains(log.String(), want) {
+				t.Fatalf("log lacks %q:\n%s", want, log.String())
+			}
+		}
+		if strings.Contains(log.String(), "are required") {
+			t.Fatalf("the log blames missing fields:\n%s", log.String())
+		}
+	})
+
 	agent, log := start("--bootstrap", bsFile, "--allow-insecure-http")
 	eventually(t, "enrolled", log, func() bool { return strings.Contains(log.String(), "msg=enrolled") })
 
@@ -277,5 +295,39 @@ func TestBinary(t *testing.T) {
 	agent, log = start("--allow-insecure-http")
 	if code := exitCode(t, agent, log); code != 2 || !strings.Contains(log.String(), "reinvite") {
 		t.Fatalf("fenced agent exited %d; log:\n%s", code, log.String())
+	}
+}
+
+// identityExists is the control plane's answer to a second invitation of the
+// same rental id and generation.
+const identityExists = `{"type":"https://nodeward.dev/problems/identity_exists","title":"Conflict","status":409,` +
+	`"detail":"rental rack-4-slot-2 generation 1 was already invited","code":"identity_exists",` +
+	`"instance":"/api/v1/nodes/invitations","request_id":"4f2a"}`
+
+func TestReadBootstrapErrorAnswer(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "bootstrap.json")
+	os.WriteFile(file, []byte(identityExists), 0o600)
+	for _, src := range []string{file, identityExists} { // a path, or the JSON itself (the environment)
+		_, err := readBootstrap(src)
+		if err == nil {
+			t.Fatalf("%s: an error answer was taken for a bootstrap", src)
+		}
+		for _, want := range []string{"code=identity_exists", "status=409", "rack-4-slot-2 generation 1 was already invited", "higher generation"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Fatalf("%q lacks %q", err, want)
+			}
+		}
+	}
+
+	unauth := `{"type":"about:blank","title":"Unauthorized","status":401,"code":"unauthenticated"}`
+	if _, err := readBootstrap(unauth); err == nil || !strings.Contains(err.Error(), "code=unauthenticated") ||
+		!strings.Contains(err.Error(), `detail="Unauthorized"`) || !strings.Contains(err.Error(), "token") {
+		t.Fatalf("got %v", err)
+	}
+
+	// A real bootstrap still reads.
+	b, err := readBootstrap(`{"node_id":"n1","generation":1,"enrollment_token":"t","control_plane_url":"https://cp"}`)
+	if err != nil || b.NodeID != "n1" {
+		t.Fatalf("bootstrap: %+v, %v", b, err)
 	}
 }

@@ -1,7 +1,8 @@
 // Package auth owns the administrators: users with argon2id passwords,
 // console sessions (rows referenced by a JWT in the cookie, revoked at
 // logout), API tokens for scripts (random, shown once, stored as SHA-256,
-// revocable) and the administrators' audit log. It knows nothing of HTTP.
+// revocable) and the administrators' audit log. It knows nothing of HTTP,
+// and reaches the database only through its Store (implemented in models).
 package auth
 
 import (
@@ -20,11 +21,9 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
-	"gorm.io/gorm"
 
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/keys"
-	"github.com/nodeward/nodeward/models"
 )
 
 // Errors returned by the service.
@@ -34,6 +33,9 @@ var (
 	ErrUnauthenticated = errcode.New(errcode.Unauthenticated, "missing or invalid credentials")
 	// ErrRateLimited refuses logins after repeated failures.
 	ErrRateLimited = errcode.New(errcode.RateLimited, "too many failed logins; try again later")
+	// ErrOverloaded refuses a login that found every password-hashing slot
+	// busy for the whole queue timeout (DECISIONS.md §44).
+	ErrOverloaded = errcode.New(errcode.Overloaded, "too many sign-ins at once; try again shortly")
 	// ErrUsernameTaken refuses a second user of one name.
 	ErrUsernameTaken = errcode.New(errcode.Conflict, "an administrator with that username exists")
 	// ErrSetupClosed refuses the first-run setup once an administrator exists.
@@ -48,11 +50,24 @@ const (
 	setupTokenPrefix = "nws_"
 )
 
-// Console session lifetime.
+// DefaultSessionTTL is the console session lifetime.
 const DefaultSessionTTL = 12 * time.Hour
 
-// Principal is an authenticated administrator.
+// Login form limits. Anything longer is refused as an ordinary failed
+// login, before any hashing, rate-limiter or audit work sees it.
+const (
+	// MaxUsernameLen is the longest username a login accepts (bytes);
+	// valid usernames are at most 64 characters.
+	MaxUsernameLen = 64
+	// MaxPasswordLen is the longest password accepted (bytes).
+	MaxPasswordLen = 1024
+)
+
+// Principal is an authenticated caller. Today every principal is an
+// administrator (Kind KindAdmin); the ledger adds package hosts, which
+// carry their own kind and id.
 type Principal struct {
+	Kind     PrincipalKind
 	UserID   string
 	Username string
 	// Via is "token" or "session".
@@ -61,20 +76,37 @@ type Principal struct {
 	TokenID   string
 }
 
+// Options configure the service.
+type Options struct {
+	// Store is the persistence (models.AuthStore in production).
+	Store Store
+	// Keys signs console session cookies.
+	Keys *keys.Ring
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+	// HashSlots bounds concurrent password hashes; 0 is DefaultHashSlots().
+	HashSlots int
+	// HashQueueTimeout is how long a login waits for a hashing slot before
+	// ErrOverloaded; 0 is DefaultHashQueueTimeout.
+	HashQueueTimeout time.Duration
+}
+
 // Service is the administrators' service.
 type Service struct {
-	db         *models.DB
+	store      Store
 	sessions   *keys.Signer
 	now        func() time.Time
 	sessionTTL time.Duration
 	limiter    *loginLimiter
+	hashes     *hashGate
 
 	mu         sync.Mutex // guards the following
 	setupToken string
 }
 
-// New returns the service. now may be nil.
-func New(db *models.DB, ring *keys.Ring, now func() time.Time) *Service {
+// New returns the service.
+func New(o Options) *Service {
+	now := o.Now
 	if now == nil {
 		now = time.Now
 	}
@@ -82,12 +114,19 @@ func New(db *models.DB, ring *keys.Ring, now func() time.Time) *Service {
 	// equals the same time read back later.
 	clock := now
 	now = func() time.Time { return clock().UTC().Truncate(time.Microsecond) }
+	if o.HashSlots <= 0 {
+		o.HashSlots = DefaultHashSlots()
+	}
+	if o.HashQueueTimeout <= 0 {
+		o.HashQueueTimeout = DefaultHashQueueTimeout
+	}
 	return &Service{
-		db:         db,
-		sessions:   keys.NewSigner(ring, keys.LabelConsoleSession, "nodeward-console", "console+jwt", now),
+		store:      o.Store,
+		sessions:   keys.NewSigner(o.Keys, keys.LabelConsoleSession, "nodeward-console", "console+jwt", now),
 		now:        now,
 		sessionTTL: DefaultSessionTTL,
-		limiter:    newLoginLimiter(5, 15*time.Minute),
+		limiter:    newLoginLimiter(5, 15*time.Minute, defaultLimiterKeys),
+		hashes:     newHashGate(o.HashSlots, o.HashQueueTimeout),
 	}
 }
 
@@ -100,50 +139,43 @@ func validateNewAdmin(username, password string) error {
 	var v errcode.Validation
 	v.Check(usernamePattern.MatchString(username), "username", "1-64 characters of letters, digits, '.', '_', '@' or '-', starting with a letter or digit")
 	v.Check(len(password) >= MinPasswordLen, "password", "at least %d characters", MinPasswordLen)
-	v.Check(len(password) <= 1024, "password", "at most 1024 characters")
+	v.Check(len(password) <= MaxPasswordLen, "password", "at most %d characters", MaxPasswordLen)
 	return v.Err()
 }
 
-// CreateAdmin adds an administrator. Errors: validation_failed, ErrUsernameTaken.
-func (s *Service) CreateAdmin(ctx context.Context, username, password string) (models.AdminUser, error) {
+// CreateAdmin adds an administrator. Errors: validation_failed,
+// ErrUsernameTaken, ErrOverloaded.
+func (s *Service) CreateAdmin(ctx context.Context, username, password string) (User, error) {
 	if err := validateNewAdmin(username, password); err != nil {
-		return models.AdminUser{}, err
+		return User{}, err
 	}
-	var u models.AdminUser
-	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
+	hash, err := s.hashPassword(ctx, password)
+	if err != nil {
+		return User{}, err
+	}
+	var u User
+	err = s.store.Tx(ctx, func(tx Store) error {
 		var err error
-		u, err = s.createAdminTx(tx, username, password)
+		u, err = s.createAdminTx(ctx, tx, username, hash)
 		return err
 	})
 	return u, err
 }
 
-func (s *Service) createAdminTx(tx *gorm.DB, username, password string) (models.AdminUser, error) {
-	hash, err := HashPassword(password)
-	if err != nil {
-		return models.AdminUser{}, err
-	}
-	var n int64
-	if err := tx.Model(&models.AdminUser{}).Where("username = ?", username).Count(&n).Error; err != nil {
-		return models.AdminUser{}, err
-	}
-	if n > 0 {
-		return models.AdminUser{}, ErrUsernameTaken
-	}
-	u := models.AdminUser{ID: uuid.NewString(), Username: username, PasswordHash: hash, CreatedAt: s.now().UTC()}
-	if err := tx.Create(&u).Error; err != nil {
-		if errors.Is(err, gorm.ErrDuplicatedKey) {
-			return models.AdminUser{}, ErrUsernameTaken
+func (s *Service) createAdminTx(ctx context.Context, tx Store, username, hash string) (User, error) {
+	u := User{ID: uuid.NewString(), Username: username, PasswordHash: hash, CreatedAt: s.now()}
+	if err := tx.InsertUser(ctx, u); err != nil {
+		if errors.Is(err, ErrDuplicate) {
+			return User{}, ErrUsernameTaken
 		}
-		return models.AdminUser{}, err
+		return User{}, err
 	}
-	return u, s.auditTx(tx, "system", "admin.create", username, "ok", "", "")
+	return u, s.audit(ctx, tx, AuditEntry{Actor: "system", Action: "admin.create", Target: username, Outcome: "ok"})
 }
 
 // HasAdmin reports whether any administrator exists.
 func (s *Service) HasAdmin(ctx context.Context) (bool, error) {
-	var n int64
-	err := s.db.WithContext(ctx).Model(&models.AdminUser{}).Count(&n).Error
+	n, err := s.store.CountUsers(ctx)
 	return n > 0, err
 }
 
@@ -173,25 +205,29 @@ func (s *Service) SetupOpen(token string) bool {
 }
 
 // CompleteSetup creates the first administrator with the setup token. Errors:
-// ErrUnauthenticated (wrong or spent token), ErrSetupClosed, validation_failed.
-func (s *Service) CompleteSetup(ctx context.Context, token, username, password, remote string) (models.AdminUser, error) {
+// ErrUnauthenticated (wrong or spent token), ErrSetupClosed,
+// validation_failed, ErrOverloaded.
+func (s *Service) CompleteSetup(ctx context.Context, token, username, password, remote string) (User, error) {
 	if !s.SetupOpen(token) {
-		return models.AdminUser{}, ErrUnauthenticated
+		return User{}, ErrUnauthenticated
 	}
 	if err := validateNewAdmin(username, password); err != nil {
-		return models.AdminUser{}, err
+		return User{}, err
 	}
-	var u models.AdminUser
-	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
-		var n int64
-		if err := tx.Model(&models.AdminUser{}).Count(&n).Error; err != nil {
+	hash, err := s.hashPassword(ctx, password)
+	if err != nil {
+		return User{}, err
+	}
+	var u User
+	err = s.store.Tx(ctx, func(tx Store) error {
+		n, err := tx.CountUsers(ctx)
+		if err != nil {
 			return err
 		}
 		if n > 0 {
 			return ErrSetupClosed
 		}
-		var err error
-		u, err = s.createAdminTx(tx, username, password)
+		u, err = s.createAdminTx(ctx, tx, username, hash)
 		return err
 	})
 	if err != nil {
@@ -200,22 +236,29 @@ func (s *Service) CompleteSetup(ctx context.Context, token, username, password, 
 	s.mu.Lock()
 	s.setupToken = ""
 	s.mu.Unlock()
-	return u, s.audit(ctx, username, "setup.complete", username, "ok", remote, "")
+	return u, s.audit(ctx, s.store, AuditEntry{Actor: username, Action: "setup.complete", Target: username, Outcome: "ok", RemoteAddr: remote})
 }
 
 // Login checks a username and password and opens a console session. It
 // answers the cookie value (a JWT naming the session row) and its expiry.
-// Errors: ErrUnauthenticated, ErrRateLimited.
+// A username or password beyond MaxUsernameLen or MaxPasswordLen is an
+// ordinary failure. Errors: ErrUnauthenticated, ErrRateLimited,
+// ErrOverloaded.
 func (s *Service) Login(ctx context.Context, username, password, remote string) (string, time.Time, error) {
 	now := s.now()
-	key := strings.ToLower(username) + "|" + remoteHost(remote)
+	host := remoteHost(remote)
+	key := limiterKey(username, host)
 	if !s.limiter.allow(key, now) {
-		_ = s.audit(ctx, username, "login", "", "rate_limited", remote, "")
+		s.auditRefusal(ctx, username, "rate_limited", host)
 		return "", time.Time{}, ErrRateLimited
 	}
-	var u models.AdminUser
-	err := s.db.WithContext(ctx).Where("username = ?", username).Take(&u).Error
-	if err != nil && !errors.Is(err, gorm.ErrRecordNotFound) {
+	if len(username) > MaxUsernameLen || len(password) > MaxPasswordLen {
+		s.limiter.fail(key, now)
+		s.auditRefusal(ctx, username, "failed", host)
+		return "", time.Time{}, ErrUnauthenticated
+	}
+	u, err := s.store.UserByName(ctx, username)
+	if err != nil && !errors.Is(err, ErrNoRows) {
 		return "", time.Time{}, err
 	}
 	hash := u.PasswordHash
@@ -224,18 +267,22 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 		// which usernames exist.
 		hash = dummyHash
 	}
-	ok, err := CheckPassword(hash, password)
+	ok, err := s.checkPassword(ctx, hash, password)
+	if errors.Is(err, ErrOverloaded) || (err != nil && ctx.Err() != nil) {
+		// Shed or abandoned before the password was judged: not a guess.
+		return "", time.Time{}, err
+	}
 	if err != nil || !ok || u.ID == "" {
 		s.limiter.fail(key, now)
-		_ = s.audit(ctx, username, "login", "", "failed", remote, "")
+		s.auditRefusal(ctx, username, "failed", host)
 		return "", time.Time{}, ErrUnauthenticated
 	}
 	s.limiter.reset(key)
-	sess := models.ConsoleSession{
-		ID: uuid.NewString(), UserID: u.ID, CreatedAt: now.UTC(),
-		ExpiresAt: now.Add(s.sessionTTL).UTC().Truncate(time.Second), RemoteAddr: remote,
+	sess := ConsoleSession{
+		ID: uuid.NewString(), UserID: u.ID, CreatedAt: now,
+		ExpiresAt: now.Add(s.sessionTTL).Truncate(time.Second), RemoteAddr: remote,
 	}
-	if err := s.db.WithContext(ctx).Create(&sess).Error; err != nil {
+	if err := s.store.InsertSession(ctx, sess); err != nil {
 		return "", time.Time{}, err
 	}
 	tok, err := s.sessions.Sign(consoleClaims{
@@ -250,7 +297,7 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	_ = s.audit(ctx, u.Username, "login", "", "ok", remote, "")
+	_ = s.audit(ctx, s.store, AuditEntry{Actor: u.Username, Action: "login", Outcome: "ok", RemoteAddr: remote})
 	return tok, sess.ExpiresAt, nil
 }
 
@@ -270,25 +317,17 @@ func (s *Service) AuthenticateSession(ctx context.Context, cookie string) (Princ
 	if err := s.sessions.Verify(cookie, &c); err != nil {
 		return Principal{}, ErrUnauthenticated
 	}
-	var row struct {
-		models.ConsoleSession
-		Username string
-	}
-	err := s.db.WithContext(ctx).Table("console_sessions").
-		Select("console_sessions.*, admin_users.username").
-		Joins("JOIN admin_users ON admin_users.id = console_sessions.user_id").
-		Where("console_sessions.id = ? AND console_sessions.user_id = ?", c.ID, c.Subject).
-		Take(&row).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+	sess, u, err := s.store.Session(ctx, c.ID, c.Subject)
+	if errors.Is(err, ErrNoRows) {
 		return Principal{}, ErrUnauthenticated
 	}
 	if err != nil {
 		return Principal{}, err
 	}
-	if row.RevokedAt != nil || !s.now().Before(row.ExpiresAt) {
+	if sess.RevokedAt != nil || !s.now().Before(sess.ExpiresAt) {
 		return Principal{}, ErrUnauthenticated
 	}
-	return Principal{UserID: row.UserID, Username: row.Username, Via: "session", SessionID: row.ID}, nil
+	return Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "session", SessionID: sess.ID}, nil
 }
 
 // Logout revokes a console session. Revoking twice is harmless.
@@ -296,87 +335,82 @@ func (s *Service) Logout(ctx context.Context, p Principal, remote string) error 
 	if p.SessionID == "" {
 		return nil
 	}
-	now := s.now().UTC()
-	err := s.db.WithContext(ctx).Model(&models.ConsoleSession{}).
-		Where("id = ? AND revoked_at IS NULL", p.SessionID).Update("revoked_at", now).Error
-	if err != nil {
+	if err := s.store.RevokeSession(ctx, p.SessionID, s.now()); err != nil {
 		return err
 	}
-	return s.audit(ctx, p.Username, "logout", "", "ok", remote, "")
+	return s.audit(ctx, s.store, AuditEntry{Actor: p.Username, Action: "logout", Outcome: "ok", RemoteAddr: remote})
 }
 
 // CreateToken mints an API token for the principal's user. The token is in
-// the answer only; the store keeps its digest.
-func (s *Service) CreateToken(ctx context.Context, p Principal, name, remote string) (string, models.APIToken, error) {
+// the answer only; the store keeps its digest. Errors: validation_failed.
+func (s *Service) CreateToken(ctx context.Context, p Principal, name, remote string) (string, APIToken, error) {
 	var v errcode.Validation
 	v.Check(strings.TrimSpace(name) != "" && len(name) <= 128, "name", "1-128 characters")
 	if err := v.Err(); err != nil {
-		return "", models.APIToken{}, err
+		return "", APIToken{}, err
 	}
 	tok, err := randomToken(apiTokenPrefix)
 	if err != nil {
-		return "", models.APIToken{}, err
+		return "", APIToken{}, err
 	}
-	row := models.APIToken{ID: uuid.NewString(), Name: name, UserID: p.UserID, TokenHash: digest(tok), CreatedAt: s.now().UTC()}
-	err = s.db.Tx(ctx, func(tx *gorm.DB) error {
-		if err := tx.Create(&row).Error; err != nil {
+	row := APIToken{ID: uuid.NewString(), Name: name, UserID: p.UserID, TokenHash: digest(tok), CreatedAt: s.now()}
+	err = s.store.Tx(ctx, func(tx Store) error {
+		if err := tx.InsertToken(ctx, row); err != nil {
 			return err
 		}
-		return s.auditTx(tx, p.Username, "token.create", row.ID, "ok", remote, "name="+name)
+		return s.audit(ctx, tx, AuditEntry{Actor: p.Username, Action: "token.create", Target: row.ID, Outcome: "ok",
+			RemoteAddr: remote, Detail: "name=" + name})
 	})
 	return tok, row, err
 }
 
 // CreateTokenFor mints a token for the named user; used by the CLI.
-func (s *Service) CreateTokenFor(ctx context.Context, username, name string) (string, models.APIToken, error) {
-	var u models.AdminUser
-	err := s.db.WithContext(ctx).Where("username = ?", username).Take(&u).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return "", models.APIToken{}, errcode.Errorf(errcode.NotFound, "no administrator named %q", username)
+// Errors: not_found, validation_failed.
+func (s *Service) CreateTokenFor(ctx context.Context, username, name string) (string, APIToken, error) {
+	u, err := s.store.UserByName(ctx, username)
+	if errors.Is(err, ErrNoRows) {
+		return "", APIToken{}, errcode.Errorf(errcode.NotFound, "no administrator named %q", username)
 	}
 	if err != nil {
-		return "", models.APIToken{}, err
+		return "", APIToken{}, err
 	}
-	return s.CreateToken(ctx, Principal{UserID: u.ID, Username: u.Username}, name, "cli")
+	return s.CreateToken(ctx, Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username}, name, "cli")
 }
 
 // FirstAdmin returns the oldest administrator, for the CLI's default owner.
-func (s *Service) FirstAdmin(ctx context.Context) (models.AdminUser, error) {
-	var u models.AdminUser
-	err := s.db.WithContext(ctx).Order("created_at, id").Take(&u).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+// Errors: not_found.
+func (s *Service) FirstAdmin(ctx context.Context) (User, error) {
+	u, err := s.store.FirstUser(ctx)
+	if errors.Is(err, ErrNoRows) {
 		return u, errcode.New(errcode.NotFound, "no administrator exists yet: run `admin create` first")
 	}
 	return u, err
 }
 
 // ListTokens lists every API token, newest first (never the token itself).
-func (s *Service) ListTokens(ctx context.Context) ([]models.APIToken, error) {
-	var rows []models.APIToken
-	err := s.db.WithContext(ctx).Order("created_at DESC, id DESC").Find(&rows).Error
-	return rows, err
+func (s *Service) ListTokens(ctx context.Context) ([]APIToken, error) {
+	return s.store.Tokens(ctx)
 }
 
 // RevokeToken revokes a token; revoking a revoked token is harmless.
 // Errors: ErrTokenNotFound.
-func (s *Service) RevokeToken(ctx context.Context, p Principal, id, remote string) (models.APIToken, error) {
-	var row models.APIToken
-	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
-		if err := tx.Where("id = ?", id).Take(&row).Error; err != nil {
-			if errors.Is(err, gorm.ErrRecordNotFound) {
-				return ErrTokenNotFound
-			}
+func (s *Service) RevokeToken(ctx context.Context, p Principal, id, remote string) (APIToken, error) {
+	var row APIToken
+	err := s.store.Tx(ctx, func(tx Store) error {
+		var err error
+		row, err = tx.Token(ctx, id)
+		if errors.Is(err, ErrNoRows) {
+			return ErrTokenNotFound
+		}
+		if err != nil || row.RevokedAt != nil {
 			return err
 		}
-		if row.RevokedAt != nil {
-			return nil
-		}
-		now := s.now().UTC()
+		now := s.now()
 		row.RevokedAt = &now
-		if err := tx.Model(&row).Update("revoked_at", now).Error; err != nil {
+		if err := tx.RevokeToken(ctx, id, now); err != nil {
 			return err
 		}
-		return s.auditTx(tx, p.Username, "token.revoke", id, "ok", remote, "")
+		return s.audit(ctx, tx, AuditEntry{Actor: p.Username, Action: "token.revoke", Target: id, Outcome: "ok", RemoteAddr: remote})
 	})
 	return row, err
 }
@@ -390,15 +424,8 @@ func (s *Service) AuthenticateToken(ctx context.Context, token string) (Principa
 	if !strings.HasPrefix(token, apiTokenPrefix) {
 		return Principal{}, ErrUnauthenticated
 	}
-	var row struct {
-		models.APIToken
-		Username string
-	}
-	err := s.db.WithContext(ctx).Table("api_tokens").
-		Select("api_tokens.*, admin_users.username").
-		Joins("JOIN admin_users ON admin_users.id = api_tokens.user_id").
-		Where("api_tokens.token_hash = ?", digest(token)).Take(&row).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+	row, u, err := s.store.TokenByHash(ctx, digest(token))
+	if errors.Is(err, ErrNoRows) {
 		return Principal{}, ErrUnauthenticated
 	}
 	if err != nil {
@@ -407,35 +434,26 @@ func (s *Service) AuthenticateToken(ctx context.Context, token string) (Principa
 	if row.RevokedAt != nil {
 		return Principal{}, ErrUnauthenticated
 	}
-	now := s.now().UTC()
+	now := s.now()
 	if row.LastUsedAt == nil || now.Sub(*row.LastUsedAt) >= lastUsedResolution {
-		if err := s.db.WithContext(ctx).Model(&models.APIToken{}).Where("id = ?", row.ID).
-			Update("last_used_at", now).Error; err != nil {
+		if err := s.store.TouchToken(ctx, row.ID, now); err != nil {
 			return Principal{}, err
 		}
 	}
-	return Principal{UserID: row.UserID, Username: row.Username, Via: "token", TokenID: row.ID}, nil
+	return Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "token", TokenID: row.ID}, nil
 }
 
-// AuditPage is one page of the admin audit log, newest first.
-func (s *Service) AuditPage(ctx context.Context, before int64, limit int) ([]models.AdminAudit, error) {
-	q := s.db.WithContext(ctx).Order("id DESC").Limit(limit)
-	if before > 0 {
-		q = q.Where("id < ?", before)
-	}
-	var rows []models.AdminAudit
-	return rows, q.Find(&rows).Error
+// AuditPage is one page of the admin audit log, newest first: entries with
+// an id below before (0: from the newest).
+func (s *Service) AuditPage(ctx context.Context, before int64, limit int) ([]AuditEntry, error) {
+	return s.store.Audit(ctx, before, limit)
 }
 
-func (s *Service) audit(ctx context.Context, actor, action, target, outcome, remote, detail string) error {
-	return s.auditTx(s.db.WithContext(ctx), actor, action, target, outcome, remote, detail)
-}
-
-func (s *Service) auditTx(tx *gorm.DB, actor, action, target, outcome, remote, detail string) error {
-	return tx.Create(&models.AdminAudit{
-		At: s.now().UTC(), Actor: actor, Action: action, Target: target,
-		Outcome: outcome, RemoteAddr: remote, Detail: detail,
-	}).Error
+// audit appends e, stamped now, through st (the store or a transaction).
+func (s *Service) audit(ctx context.Context, st Store, e AuditEntry) error {
+	e.At = s.now()
+	e.Count = 1
+	return st.AppendAudit(ctx, e)
 }
 
 func randomToken(prefix string) (string, error) {
@@ -451,6 +469,8 @@ func digest(token string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// remoteHost is the client's address without its port: one client opens
+// many connections.
 func remoteHost(remote string) string {
 	if i := strings.LastIndex(remote, ":"); i > 0 {
 		return strings.Trim(remote[:i], "[]")

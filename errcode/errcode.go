@@ -28,6 +28,7 @@ const (
 	RateLimited          Code = "rate_limited"
 	Draining             Code = "draining"
 	Unavailable          Code = "unavailable"
+	Overloaded           Code = "overloaded" // work shed to protect the server (§44)
 	Internal             Code = "internal"
 	Conflict             Code = "conflict"
 )

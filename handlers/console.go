@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/views"
 )
 
@@ -230,11 +231,19 @@ func (h *handler) consoleError(w http.ResponseWriter, r *http.Request, cc consol
 	}))
 }
 
-// consoleInternal logs err with the request id and shows a generic page.
+// consoleInternal renders the page for an error the handler did not
+// expect, through the API's one mapping (resolve): the same status and, for
+// a coded error, its message; an uncoded error is logged with the request
+// id and shown as a generic page.
 func (h *handler) consoleInternal(w http.ResponseWriter, r *http.Request, err error) {
-	logger(r).Error("console internal error", "err", err.Error())
-	h.consoleError(w, r, consoleFrom(r.Context()), http.StatusInternalServerError, "Something went wrong",
-		"The server could not complete the request. The request id below finds it in the server log.")
+	status, e := resolve(r, err)
+	setRetryAfter(w, status)
+	title, msg := http.StatusText(status), e.Message
+	if e.Code == errcode.Internal {
+		title, msg = "Something went wrong",
+			"The server could not complete the request. The request id below finds it in the server log."
+	}
+	h.consoleError(w, r, consoleFrom(r.Context()), status, title, msg)
 }
 
 // consoleNotFound answers unknown console paths with a page, in the

@@ -33,19 +33,27 @@ func (h *handler) consoleLogin(w http.ResponseWriter, r *http.Request) {
 	username := strings.TrimSpace(r.PostForm.Get("username"))
 	next := localNext(r.PostForm.Get("next"))
 	v := views.LoginView{Username: username, Next: next}
+	if len(username) > auth.MaxUsernameLen {
+		// Refused as any failed sign-in; not echoed back into the page.
+		v.Username = ""
+	}
 	tok, expires, err := h.Auth.Login(r.Context(), username, r.PostForm.Get("password"), r.RemoteAddr)
-	switch {
-	case errors.Is(err, auth.ErrRateLimited):
-		w.Header().Set("Retry-After", "900")
-		v.Error = "Too many failed sign-ins. Wait a few minutes, then try again."
-		h.render(w, r, http.StatusTooManyRequests, views.LoginPage(v))
-		return
-	case errors.Is(err, auth.ErrUnauthenticated):
-		v.Error = loginFailed
-		h.render(w, r, http.StatusUnauthorized, views.LoginPage(v))
-		return
-	case err != nil:
-		h.consoleInternal(w, r, err)
+	if err != nil {
+		status, e := resolve(r, err)
+		switch e.Code {
+		case errcode.RateLimited:
+			w.Header().Set("Retry-After", "900")
+			v.Error = "Too many failed sign-ins. Wait a few minutes, then try again."
+		case errcode.Unauthenticated:
+			v.Error = loginFailed
+		case errcode.Overloaded:
+			v.Error = "The server is busy with other sign-ins. Try again in a few seconds."
+		default:
+			h.consoleInternal(w, r, err)
+			return
+		}
+		setRetryAfter(w, status)
+		h.render(w, r, status, views.LoginPage(v))
 		return
 	}
 	h.setSessionCookie(w, tok, expires)
@@ -87,7 +95,7 @@ func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if has {
-		h.render(w, r, http.StatusForbidden, views.SetupPage(views.SetupView{Closed: true}))
+		h.render(w, r, statusFor(r, auth.ErrSetupClosed), views.SetupPage(views.SetupView{Closed: true}))
 		return
 	}
 	username := strings.TrimSpace(r.PostForm.Get("username"))
@@ -98,12 +106,12 @@ func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 	case errors.Is(err, auth.ErrSetupClosed):
-		h.render(w, r, http.StatusForbidden, views.SetupPage(views.SetupView{Closed: true}))
+		h.render(w, r, statusFor(r, err), views.SetupPage(views.SetupView{Closed: true}))
 		return
 	case errors.Is(err, auth.ErrUnauthenticated):
 		v.Error = "The setup token is wrong or already used. Open the setup link from the server log again."
 		v.FieldErrors = map[string]string{"setup_token": "Not a live setup token."}
-		h.render(w, r, http.StatusUnauthorized, views.SetupPage(v))
+		h.render(w, r, statusFor(r, err), views.SetupPage(v))
 		return
 	case errors.As(err, &ce) && ce.Code == errcode.ValidationFailed:
 		v.Error = "Please correct the fields below."
@@ -111,7 +119,7 @@ func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
 		for _, f := range ce.Fields {
 			v.FieldErrors[f.Field] = f.Message
 		}
-		h.render(w, r, http.StatusUnprocessableEntity, views.SetupPage(v))
+		h.render(w, r, statusFor(r, err), views.SetupPage(v))
 		return
 	default:
 		h.consoleInternal(w, r, err)

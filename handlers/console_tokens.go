@@ -10,11 +10,10 @@ import (
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
-	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/views"
 )
 
-func tokenRows(rows []models.APIToken) []views.TokenRow {
+func tokenRows(rows []auth.APIToken) []views.TokenRow {
 	out := make([]views.TokenRow, 0, len(rows))
 	for _, t := range rows {
 		out = append(out, views.TokenRow{ID: t.ID, Name: t.Name, CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt})
@@ -53,7 +52,7 @@ func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		v := views.TokensView{Tokens: tokenRows(rows), Name: name, NameError: "A name of 1 to 128 characters is required."}
-		h.render(w, r, http.StatusUnprocessableEntity, views.TokensPage(h.shell(r, views.NavTokens), v))
+		h.render(w, r, statusFor(r, err), views.TokensPage(h.shell(r, views.NavTokens), v))
 		return
 	}
 	if err != nil {
@@ -69,7 +68,7 @@ func (h *handler) consoleRevokeToken(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	_, err := h.Auth.RevokeToken(r.Context(), p, id, r.RemoteAddr)
 	if errors.Is(err, auth.ErrTokenNotFound) {
-		h.consoleError(w, r, consoleFrom(r.Context()), http.StatusNotFound, "No such token", "That API token does not exist.")
+		h.consoleError(w, r, consoleFrom(r.Context()), statusFor(r, err), "No such token", "That API token does not exist.")
 		return
 	}
 	if err != nil {
@@ -101,7 +100,7 @@ func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 	for _, a := range rows {
 		v.Entries = append(v.Entries, views.AuditRow{
 			ID: a.ID, At: a.At, Actor: a.Actor, Action: a.Action, Target: a.Target,
-			Outcome: a.Outcome, Remote: a.RemoteAddr, Detail: a.Detail,
+			Outcome: a.Outcome, Remote: a.RemoteAddr, Detail: a.Detail, Count: a.Count,
 		})
 	}
 	if len(rows) == consoleAuditPageSize {

@@ -125,7 +125,7 @@ func TestReadyzWhileDraining(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Open(t, models.SQLite)
 	ring := keys.NewRing([]byte("0123456789abcdef0123456789abcdef"))
-	h := handlers.New(handlers.Deps{DB: db, Auth: auth.New(db, ring, nil), Metrics: metrics.New(nil),
+	h := handlers.New(handlers.Deps{Ready: db, Auth: auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring}), Metrics: metrics.New(nil),
 		OpenAPI: nodeward.OpenAPI, Draining: func() bool { return true }})
 	srv := httptest.NewServer(h)
 	defer srv.Close()

@@ -17,11 +17,11 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	checks := map[string]string{"database": "ok", "migrations": "ok", "draining": "no"}
 	ready := true
-	if err := h.DB.Ping(ctx); err != nil {
+	if err := h.Ready.Ping(ctx); err != nil {
 		checks["database"] = "unreachable"
 		ready = false
 		logger(r).Warn("readyz: database", "err", err)
-	} else if ok, err := h.DB.MigrationsCurrent(ctx); err != nil || !ok {
+	} else if ok, err := h.Ready.MigrationsCurrent(ctx); err != nil || !ok {
 		checks["migrations"] = "pending"
 		ready = false
 	}

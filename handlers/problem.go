@@ -24,6 +24,7 @@ var statusOf = map[errcode.Code]int{
 	errcode.RateLimited:          http.StatusTooManyRequests,
 	errcode.Draining:             http.StatusServiceUnavailable,
 	errcode.Unavailable:          http.StatusServiceUnavailable,
+	errcode.Overloaded:           http.StatusServiceUnavailable,
 	errcode.Internal:             http.StatusInternalServerError,
 	errcode.Conflict:             http.StatusConflict,
 	errcode.InvalidParameter:     http.StatusBadRequest,
@@ -68,10 +69,12 @@ type problem struct {
 	Errors    []errcode.FieldError `json:"errors,omitempty"`
 }
 
-// writeError answers err as problem+json. An error without a code is an
-// internal error: the caller sees "internal error" and the request id, the
-// log gets the whole chain.
-func writeError(w http.ResponseWriter, r *http.Request, err error) {
+// resolve is the one mapping from an error to what a caller is told, for
+// the API and the console alike: the coded error and its HTTP status. An
+// error without a code is an internal error: the caller sees "internal
+// error" and the request id, the log gets the whole chain. A code missing
+// from statusOf is a bug, answered and logged as a 500.
+func resolve(r *http.Request, err error) (int, *errcode.Error) {
 	var e *errcode.Error
 	switch {
 	case errors.As(err, &e):
@@ -86,11 +89,31 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	status, ok := statusOf[e.Code]
 	if !ok {
-		status = http.StatusBadRequest
+		logger(r).Error("error code has no HTTP status", "code", string(e.Code), "err", err.Error())
+		return http.StatusInternalServerError, errcode.New(errcode.Internal, "internal error")
 	}
+	return status, e
+}
+
+// statusFor is the HTTP status of err (see resolve), for console pages that
+// render their own view of an expected error.
+func statusFor(r *http.Request, err error) int {
+	status, _ := resolve(r, err)
+	return status
+}
+
+// setRetryAfter tells a client refused with 503 when to come back, unless
+// the handler already said.
+func setRetryAfter(w http.ResponseWriter, status int) {
 	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", "5")
 	}
+}
+
+// writeError answers err as problem+json (see resolve).
+func writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status, e := resolve(r, err)
+	setRetryAfter(w, status)
 	writeProblem(w, r, status, e)
 }
 

@@ -5,11 +5,11 @@
 package handlers
 
 import (
+	"context"
 	"io/fs"
 	"log/slog"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -19,13 +19,21 @@ import (
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
-	"github.com/nodeward/nodeward/models"
 )
+
+// Readiness is what /readyz asks of the database.
+type Readiness interface {
+	// Ping checks the database answers.
+	Ping(ctx context.Context) error
+	// MigrationsCurrent reports whether every migration is applied.
+	MigrationsCurrent(ctx context.Context) (bool, error)
+}
 
 // Deps are what the HTTP edge needs from the rest of the server.
 type Deps struct {
-	Logger  *slog.Logger
-	DB      *models.DB
+	Logger *slog.Logger
+	// Ready answers /readyz's database checks.
+	Ready   Readiness
 	Auth    *auth.Service
 	Fleet   *fleet.Service
 	Ledger  *ledger.Service
@@ -40,8 +48,6 @@ type Deps struct {
 	SecureCookies bool
 	// BodyLimit overrides DefaultBodyLimit when > 0.
 	BodyLimit int64
-	// Now is the clock; nil is time.Now.
-	Now func() time.Time
 }
 
 type handler struct {
@@ -54,9 +60,6 @@ type handler struct {
 func New(d Deps) http.Handler {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
-	}
-	if d.Now == nil {
-		d.Now = time.Now
 	}
 	if d.BodyLimit <= 0 {
 		d.BodyLimit = DefaultBodyLimit

@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/auth"
 )
 
 type tokenView struct {
@@ -19,7 +19,7 @@ type tokenView struct {
 	RevokedAt  *time.Time `json:"revoked_at"`
 }
 
-func viewToken(t models.APIToken) tokenView {
+func viewToken(t auth.APIToken) tokenView {
 	return tokenView{ID: t.ID, Name: t.Name, UserID: t.UserID, CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt}
 }
 
@@ -85,6 +85,10 @@ type auditView struct {
 	Outcome    string    `json:"outcome"`
 	RemoteAddr string    `json:"remote_addr"`
 	Detail     string    `json:"detail"`
+	// Count and LastAt describe a coalesced entry (repeated refused
+	// sign-ins of one client): how many, and when the latest was.
+	Count  int64      `json:"count"`
+	LastAt *time.Time `json:"last_at"`
 }
 
 func (h *handler) adminAudit(w http.ResponseWriter, r *http.Request) {
@@ -100,7 +104,8 @@ func (h *handler) adminAudit(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]auditView, 0, len(rows))
 	for _, a := range rows {
-		out = append(out, auditView(a))
+		out = append(out, auditView{ID: a.ID, At: a.At, Actor: a.Actor, Action: a.Action, Target: a.Target,
+			Outcome: a.Outcome, RemoteAddr: a.RemoteAddr, Detail: a.Detail, Count: a.Count, LastAt: a.LastAt})
 	}
 	var next *string
 	if len(rows) == limit {

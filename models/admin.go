@@ -33,7 +33,8 @@ type ConsoleSession struct {
 }
 
 // AdminAudit is one row of the administrators' audit log: logins, failed
-// logins, token creation and revocation. It never holds a secret.
+// logins, token creation and revocation. It never holds a secret. Repeated
+// refusals of one client are one row: Count of them, the latest at LastAt.
 type AdminAudit struct {
 	ID         int64 `gorm:"primaryKey"`
 	At         time.Time
@@ -43,6 +44,8 @@ type AdminAudit struct {
 	Outcome    string
 	RemoteAddr string
 	Detail     string
+	Count      int64
+	LastAt     *time.Time
 }
 
 // TableName pins the table name (GORM would pluralise it).

@@ -156,6 +156,17 @@ type AuditRow struct {
 	Outcome string
 	Remote  string
 	Detail  string
+	// Count is how many events a coalesced entry stands for (repeated
+	// refused sign-ins of one client); 1 otherwise.
+	Count int64
+}
+
+// Times is the count of a coalesced entry ("×12"), or "" for one event.
+func (a AuditRow) Times() string {
+	if a.Count <= 1 {
+		return ""
+	}
+	return "×" + strconv.FormatInt(a.Count, 10)
 }
 
 // AuditView is one page of the audit log, newest first.

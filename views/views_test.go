@@ -235,3 +235,11 @@ func TestAuditPager(t *testing.T) {
 	one(t, last, "audit-newest")
 	one(t, last, "no-audit")
 }
+
+func TestAuditCoalescedCount(t *testing.T) {
+	doc := render(t, views.AuditPage(signedIn, views.AuditView{Entries: []views.AuditRow{
+		{ID: 2, Action: "login", Outcome: "failed", Count: 37},
+		{ID: 1, Action: "login", Outcome: "ok", Count: 1},
+	}}))
+	require.Equal(t, "×37", text(one(t, doc, "audit-count")), "only the coalesced entry shows a count")
+}

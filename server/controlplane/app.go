@@ -86,7 +86,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.fleetStore = models.NewFleetStore(db, cfg.ReplicaID, nil)
 	a.Metrics = metrics.New(a.pendingCommands)
-	a.Auth = auth.New(db, ring, cfg.Now)
+	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring, Now: cfg.Now})
 	a.Fleet = fleet.New(fleet.Options{
 		Store: a.fleetStore,
 		Keys:  ring,
@@ -130,7 +130,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.notifications().Deliver(notes, "local") })
 	a.Handler = handlers.New(handlers.Deps{
 		Logger:        log,
-		DB:            db,
+		Ready:         db,
 		Auth:          a.Auth,
 		Fleet:         a.Fleet,
 		Ledger:        a.Ledger,
@@ -170,6 +170,8 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	a.startBackground(bgCtx)
+	stopSocket := a.serveSocket()
+	defer stopSocket()
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

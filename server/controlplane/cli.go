@@ -16,29 +16,47 @@ import (
 	"syscall"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/models"
 )
 
 // Version is set at build time with -ldflags "-X ...controlplane.Version=...".
 var Version = "dev"
 
-const usage = `usage: nodeward [command] [flags]
+// subcommand describes one command for the help texts.
+type subcommand struct {
+	name     string // as typed: "token create"
+	synopsis string // its own flags
+	summary  string // one line
+}
 
-commands:
-  serve                                        serve the control plane (default)
-  migrate                                      apply database migrations and exit
-  admin create --username U --password-stdin   create an administrator
-  token create --name N [--username U]         print a new administrator API token
-  version                                      print the version
+var (
+	cmdServe   = subcommand{"serve", "", "serve the control plane (the default command)"}
+	cmdMigrate = subcommand{"migrate", "", "apply database migrations and exit"}
+	cmdAdmin   = subcommand{"admin create", "--username U --password-stdin", "create an administrator (through the running server, if any)"}
+	cmdToken   = subcommand{"token create", "--name N [--username U]", "print a new API token (through the running server, if any)"}
+	cmdKeygen  = subcommand{"keygen", "--master-key-file F [--force]", "write a new master key file (mode 0600)"}
+	cmdVersion = subcommand{"version", "", "print the version"}
+	cmdHelp    = subcommand{"help", "[command]", "show this list, or a command's flags"}
+	commands   = []subcommand{cmdServe, cmdMigrate, cmdAdmin, cmdToken, cmdKeygen, cmdVersion, cmdHelp}
+)
 
-Every command takes the same configuration flags and NODEWARD_* variables;
-run "nodeward serve -h" to list them.
-`
+// usage is the top-level help: every command, one line each.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage: nodeward [command] [flags]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-47s %s\n", strings.TrimSpace(c.name+" "+c.synopsis), c.summary)
+	}
+	b.WriteString("\nserve, migrate, admin and token take the same configuration flags and\n" +
+		"NODEWARD_* variables; \"nodeward COMMAND --help\" lists a command's flags.\n")
+	return b.String()
+}
 
 // Main runs the server binary with args (without the program name) and
 // returns the exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	if len(args) > 0 && (!strings.HasPrefix(args[0], "-") || isHelp(args[0])) {
 		cmd, args = args[0], args[1:]
 	}
 	var err error
@@ -51,12 +69,22 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = runAdmin(args, stdin, stdout, stderr)
 	case "token":
 		err = runToken(args, stdout, stderr)
+	case "keygen":
+		err = runKeygen(args, stdout, stderr)
 	case "version":
+		if len(args) > 0 && isHelp(args[0]) {
+			printHelp(stdout, cmdVersion, nil)
+			return 0
+		}
 		fmt.Fprintln(stdout, versionString())
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	case "help", "-h", "-help", "--help":
+		if cmd == "help" && len(args) > 0 && !isHelp(args[0]) {
+			// "help token" is "token --help".
+			return Main([]string{args[0], "--help"}, stdin, stdout, stderr)
+		}
+		fmt.Fprint(stdout, usage())
 	default:
-		fmt.Fprintf(stderr, "nodeward: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(stderr, "nodeward: unknown command %q\n\n%s", cmd, usage())
 		return 2
 	}
 	if errors.Is(err, flag.ErrHelp) {
@@ -74,6 +102,26 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 0
 }
 
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "help":
+		return true
+	}
+	return false
+}
+
+// printHelp writes a command's usage line, summary and flags (fs may be nil).
+func printHelp(w io.Writer, c subcommand, fs *flag.FlagSet) {
+	if fs == nil {
+		fmt.Fprintf(w, "usage: nodeward %s\n\n%s\n", strings.TrimSpace(c.name+" "+c.synopsis), c.summary)
+		return
+	}
+	fmt.Fprintf(w, "usage: nodeward %s\n\n%s\n", strings.TrimSpace(c.name+" "+c.synopsis+" [flags]"), c.summary)
+	fmt.Fprint(w, "\nflags:\n")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
@@ -86,25 +134,35 @@ func versionString() string {
 	return "nodeward " + v
 }
 
+// parseFlags parses args into fs; -h prints c's help on stdout and answers
+// flag.ErrHelp.
+func parseFlags(c subcommand, fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	// The flag package's own messages are replaced by ours: help on stdout,
+	// errors as one line.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(stdout, c, fs)
+			return err
+		}
+		return usageError{fmt.Sprintf("%v (see nodeward %s --help)", err, c.name)}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q (see nodeward %s --help)", fs.Arg(0), c.name)}
+	}
+	return nil
+}
+
 // parseConfig parses the common flags (plus extra ones the caller declared).
-func parseConfig(name string, args []string, stderr io.Writer, extra func(fs *flag.FlagSet)) (Config, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var c Config
-	bindFlags(fs, &c, os.Getenv)
+func parseConfig(c subcommand, args []string, stdout io.Writer, extra func(fs *flag.FlagSet)) (Config, error) {
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	var cfg Config
+	bindFlags(fs, &cfg, os.Getenv)
 	if extra != nil {
 		extra(fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return c, err
-		}
-		return c, usageError{err.Error()}
-	}
-	if fs.NArg() > 0 {
-		return c, usageError{fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	return c, nil
+	return cfg, parseFlags(c, fs, args, stdout)
 }
 
 func newLogger(c Config, w io.Writer) *slog.Logger {
@@ -118,7 +176,7 @@ func newLogger(c Config, w io.Writer) *slog.Logger {
 }
 
 func runServe(args []string, stdout, stderr io.Writer) error {
-	cfg, err := parseConfig("serve", args, stderr, nil)
+	cfg, err := parseConfig(cmdServe, args, stdout, nil)
 	if err != nil {
 		return err
 	}
@@ -158,14 +216,17 @@ func (a *App) announce(ctx context.Context, addr string) {
 	if tok != "" {
 		// The setup link is printed once, on this process's log only; it is
 		// spent by creating the first administrator.
+		// The command line needs no server stopped: on SQLite it goes
+		// through the administrative socket, on PostgreSQL to the database.
 		a.Log.Warn("no administrator yet: open this one-time link to create the first one, "+
-			"or stop the server and run `nodeward admin create --username NAME --password-stdin`",
+			"or run this binary's `admin create --username NAME --password-stdin` with the same data folder or database "+
+			"(from a checkout: `go run ./server admin create ...`)",
 			"setup_url", a.Config.PublicURL+"/console/setup#"+tok)
 	}
 }
 
 func runMigrate(args []string, stdout, stderr io.Writer) error {
-	cfg, err := parseConfig("migrate", args, stderr, nil)
+	cfg, err := parseConfig(cmdMigrate, args, stdout, nil)
 	if err != nil {
 		return err
 	}
@@ -179,12 +240,15 @@ func runMigrate(args []string, stdout, stderr io.Writer) error {
 }
 
 func runAdmin(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		args = []string{"create", "--help"}
+	}
 	if len(args) == 0 || args[0] != "create" {
-		return usageError{"usage: nodeward admin create --username U --password-stdin"}
+		return usageError{"usage: nodeward admin create --username U --password-stdin (see nodeward admin create --help)"}
 	}
 	var username string
 	var fromStdin bool
-	cfg, err := parseConfig("admin create", args[1:], stderr, func(fs *flag.FlagSet) {
+	cfg, err := parseConfig(cmdAdmin, args[1:], stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&username, "username", "", "the administrator's username")
 		fs.BoolVar(&fromStdin, "password-stdin", false, "read the password from the first line of standard input")
 	})
@@ -199,25 +263,28 @@ func runAdmin(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return fmt.Errorf("read password: %w", err)
 	}
 	password := strings.TrimRight(line, "\r\n")
-	app, err := Open(context.Background(), cfg, newLogger(cfg, stderr))
+	ops, done, err := openAdminOps(cfg, stderr)
 	if err != nil {
 		return err
 	}
-	defer app.Close()
-	u, err := app.Auth.CreateAdmin(context.Background(), username, password)
+	defer done()
+	name, err := ops.createAdmin(context.Background(), username, password)
 	if err != nil {
 		return describe(err)
 	}
-	fmt.Fprintf(stdout, "created administrator %s\n", u.Username)
+	fmt.Fprintf(stdout, "created administrator %s\n", name)
 	return nil
 }
 
 func runToken(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && isHelp(args[0]) {
+		args = []string{"create", "--help"}
+	}
 	if len(args) == 0 || args[0] != "create" {
-		return usageError{"usage: nodeward token create --name N [--username U]"}
+		return usageError{"usage: nodeward token create --name N [--username U] (see nodeward token create --help)"}
 	}
 	var name, username string
-	cfg, err := parseConfig("token create", args[1:], stderr, func(fs *flag.FlagSet) {
+	cfg, err := parseConfig(cmdToken, args[1:], stdout, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", "", "what the token is for")
 		fs.StringVar(&username, "username", "", "owner (default: the first administrator)")
 	})
@@ -229,24 +296,56 @@ func runToken(args []string, stdout, stderr io.Writer) error {
 	}
 	// Logs go to stderr at warn so stdout carries the token and nothing else.
 	cfg.LogLevel = "warn"
-	app, err := Open(context.Background(), cfg, newLogger(cfg, stderr))
+	ops, done, err := openAdminOps(cfg, stderr)
 	if err != nil {
 		return err
 	}
-	defer app.Close()
-	ctx := context.Background()
-	if username == "" {
-		u, err := app.Auth.FirstAdmin(ctx)
-		if err != nil {
-			return describe(err)
-		}
-		username = u.Username
-	}
-	tok, _, err := app.Auth.CreateTokenFor(ctx, username, name)
+	defer done()
+	tok, owner, err := ops.createToken(context.Background(), username, name)
 	if err != nil {
 		return describe(err)
 	}
+	if username == "" {
+		// Nobody asked for an owner: say whose token this is.
+		fmt.Fprintf(stderr, "nodeward: the token belongs to administrator %s, the first one (choose with --username)\n", owner)
+	}
 	fmt.Fprintln(stdout, tok)
+	return nil
+}
+
+// openAdminOps reaches the server holding cfg's SQLite data folder through
+// its administrative socket, or else opens the database itself (always so on
+// PostgreSQL). done releases what it opened.
+func openAdminOps(cfg Config, stderr io.Writer) (ops adminOps, done func(), err error) {
+	if cfg.DatabaseURL == "" && cfg.DataDir != "" {
+		if c, ok := dialSocket(cfg.DataDir); ok {
+			return c, func() {}, nil
+		}
+	}
+	app, err := Open(context.Background(), cfg, newLogger(cfg, stderr))
+	if errors.Is(err, models.ErrDataDirLocked) {
+		return nil, nil, fmt.Errorf("%w, and its administrative socket %s does not answer", err, SocketPath(cfg.DataDir))
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return direct{app.Auth}, func() { _ = app.Close() }, nil
+}
+
+func runKeygen(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(cmdKeygen.name, flag.ContinueOnError)
+	path := fs.String("master-key-file", os.Getenv("NODEWARD_MASTER_KEY_FILE"), "file to write the new master key to (NODEWARD_MASTER_KEY_FILE)")
+	force := fs.Bool("force", false, "replace an existing file (every credential signed with its keys stops verifying)")
+	if err := parseFlags(cmdKeygen, fs, args, stdout); err != nil {
+		return err
+	}
+	if *path == "" {
+		return usageError{"keygen needs --master-key-file or NODEWARD_MASTER_KEY_FILE"}
+	}
+	if _, err := writeNewKey(*path, *force); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote a new master key to %s (mode 0600): back it up, and give every replica the same file\n", *path)
 	return nil
 }
 

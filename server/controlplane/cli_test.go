@@ -5,6 +5,8 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +73,8 @@ func TestCLIAdminAndTokenCreate(t *testing.T) {
 	require.True(t, strings.HasPrefix(token, "nwa_"), "stdout carries the token and nothing else: %q", r.stdout)
 	require.NotContains(t, r.stderr, token, "the token goes to stdout only")
 
-	// SQLite locks its data folder: the server opens it only now.
+	// With no server holding the folder the commands opened the database
+	// themselves; the server opens it only now.
 	s := apitest.Start(t, apitest.WithConfig(func(c *controlplane.Config) { c.DataDir = dir }))
 	var who struct {
 		Username string `json:"username"`
@@ -94,12 +97,43 @@ func TestCLIAdminAndTokenCreate(t *testing.T) {
 	require.Contains(t, actions, "token.create")
 	require.Contains(t, actions, "admin.create")
 
-	t.Run("RefusedWhileTheServerHoldsTheFolder", func(t *testing.T) {
-		r := mainRun(t, "", "token", "create", "--name", "second", "--data-dir", dir)
-		require.NotEqual(t, 0, r.code)
+	t.Run("ThroughTheRunningServer", func(t *testing.T) {
+		// SQLite locks the folder; the commands go through the server's
+		// socket, which only this user may open.
+		fi, err := os.Stat(controlplane.SocketPath(dir))
+		require.NoError(t, err)
+		require.Equal(t, os.ModeSocket, fi.Mode().Type())
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+
+		r := mainRun(t, "another-long-password\n", "admin", "create", "--username", "ops2", "--password-stdin", "--data-dir", dir)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		require.Equal(t, "created administrator ops2\n", r.stdout)
+
+		r = mainRun(t, "", "token", "create", "--name", "second", "--username", "ops2", "--data-dir", dir)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		second := oneLine(t, r.stdout)
+		require.Empty(t, r.stderr, "an owner named is not announced")
+		s.JSON(t, http.MethodGet, "/api/v1/whoami", nil, second, http.StatusOK, &who)
+		require.Equal(t, "ops2", who.Username, "the token works over TCP")
+
+		r = mainRun(t, "", "token", "create", "--name", "third", "--data-dir", dir)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		third := oneLine(t, r.stdout)
+		require.Contains(t, oneLine(t, r.stderr), "administrator ops,", "says whose token it is")
+		s.JSON(t, http.MethodGet, "/api/v1/whoami", nil, third, http.StatusOK, &who)
+		require.Equal(t, "ops", who.Username)
+
+		// Refusals come back with the domain's words.
+		r = mainRun(t, "another-long-password\n", "admin", "create", "--username", "ops2", "--password-stdin", "--data-dir", dir)
+		require.Equal(t, 1, r.code)
 		require.Empty(t, r.stdout)
-		line := oneLine(t, r.stderr)
-		require.Contains(t, line, "in use")
+		require.Contains(t, oneLine(t, r.stderr), "username exists")
+		r = mainRun(t, "short\n", "admin", "create", "--username", "ops3", "--password-stdin", "--data-dir", dir)
+		require.Equal(t, 1, r.code)
+		require.Contains(t, oneLine(t, r.stderr), "password: at least")
+		r = mainRun(t, "", "token", "create", "--name", "x", "--username", "nobody", "--data-dir", dir)
+		require.Equal(t, 1, r.code)
+		require.Contains(t, oneLine(t, r.stderr), `no administrator named "nobody"`)
 	})
 
 	t.Run("UnknownOwner", func(t *testing.T) {
@@ -219,5 +253,141 @@ func TestCLIBadConfigurationFailsFast(t *testing.T) {
 		r := mainRun(t, "", "serve", "--no-such-flag")
 		require.Equal(t, 2, r.code)
 		require.Contains(t, r.stderr, "no-such-flag")
+	})
+}
+
+// A server killed outright leaves its socket file behind: the commands open
+// the database themselves, and the next server replaces the socket.
+func TestCLIStaleSocket(t *testing.T) {
+	cleanEnv(t)
+	dir := t.TempDir()
+	require.Equal(t, 0, mainRun(t, "", "migrate", "--data-dir", dir).code)
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: controlplane.SocketPath(dir), Net: "unix"})
+	require.NoError(t, err)
+	stale.SetUnlinkOnClose(false)
+	require.NoError(t, stale.Close())
+	_, err = os.Stat(controlplane.SocketPath(dir))
+	require.NoError(t, err, "the stale socket file is there")
+
+	r := mainRun(t, "a-long-enough-password\n", "admin", "create", "--username", "ops", "--password-stdin", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	r = mainRun(t, "", "token", "create", "--name", "ci", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	token := oneLine(t, r.stdout)
+
+	s := apitest.Start(t, apitest.WithConfig(func(c *controlplane.Config) { c.DataDir = dir }))
+	r = mainRun(t, "", "token", "create", "--name", "through-the-new-socket", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	for _, tok := range []string{token, oneLine(t, r.stdout)} {
+		var who struct{ Username string }
+		s.JSON(t, http.MethodGet, "/api/v1/whoami", nil, tok, http.StatusOK, &who)
+		require.Equal(t, "ops", who.Username)
+	}
+}
+
+// On PostgreSQL the commands reach the database while servers run.
+func TestCLIPostgresWhileServing(t *testing.T) {
+	cleanEnv(t)
+	s := apitest.Start(t, apitest.WithDialect(models.Postgres))
+	url := s.App.Config.DatabaseURL
+	t.Setenv("NODEWARD_MASTER_KEY", apitest.TestMasterKey)
+	r := mainRun(t, "a-long-enough-password\n", "admin", "create", "--username", "ops", "--password-stdin", "--database-url", url)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	r = mainRun(t, "", "token", "create", "--name", "ci", "--username", "ops", "--database-url", url)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	var who struct{ Username string }
+	s.JSON(t, http.MethodGet, "/api/v1/whoami", nil, oneLine(t, r.stdout), http.StatusOK, &who)
+	require.Equal(t, "ops", who.Username)
+}
+
+func TestCLIHelp(t *testing.T) {
+	cleanEnv(t)
+	commands := []string{"serve", "migrate", "admin create", "token create", "keygen", "version", "help"}
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+		r := mainRun(t, "", args...)
+		require.Equal(t, 0, r.code, "%v", args)
+		require.Empty(t, r.stderr)
+		for _, c := range commands {
+			require.Regexp(t, `(?m)^  `+c+`\b.* \S`, r.stdout, "%v lists %q with a line of its own", args, c)
+		}
+	}
+
+	flags := map[string][]string{
+		"serve":        {"-listen", "-data-dir", "-database-url"},
+		"migrate":      {"-data-dir", "-database-url"},
+		"admin create": {"-username", "-password-stdin", "-data-dir"},
+		"token create": {"-name", "-username", "-data-dir"},
+		"keygen":       {"-master-key-file", "-force"},
+		"version":      nil,
+	}
+	for c, want := range flags {
+		argsets := [][]string{append(strings.Fields(c), "--help"), {"help", strings.Fields(c)[0]}}
+		if strings.Contains(c, " ") {
+			argsets = append(argsets, []string{strings.Fields(c)[0], "-h"})
+		}
+		for _, args := range argsets {
+			r := mainRun(t, "", args...)
+			require.Equal(t, 0, r.code, "%v: %s", args, r.stderr)
+			require.Empty(t, r.stderr, "%v", args)
+			require.True(t, strings.HasPrefix(r.stdout, "usage: nodeward "+c), "%v:\n%s", args, r.stdout)
+			for _, f := range want {
+				require.Regexp(t, `(?m)^  `+f+`( |$)`, r.stdout, "%v shows %s", args, f)
+			}
+		}
+	}
+}
+
+func TestCLIKeygen(t *testing.T) {
+	cleanEnv(t)
+	path := filepath.Join(t.TempDir(), "etc", "master.key")
+	r := mainRun(t, "", "keygen", "--master-key-file", path)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, oneLine(t, r.stdout), path)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	first, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Regexp(t, `^[0-9a-f]{64}\n$`, string(first))
+
+	// The key serves: PostgreSQL needs one, so the server is started on it.
+	if os.Getenv(dbtest.EnvURL) != "" {
+		s := apitest.Start(t, apitest.WithDialect(models.Postgres), apitest.WithConfig(func(c *controlplane.Config) {
+			c.MasterKey, c.MasterKeyFile = "", path
+		}))
+		s.JSON(t, http.MethodGet, "/api/v1/whoami", nil, s.AdminToken, http.StatusOK, nil)
+	}
+
+	t.Run("RefusesToOverwrite", func(t *testing.T) {
+		r := mainRun(t, "", "keygen", "--master-key-file", path)
+		require.Equal(t, 1, r.code)
+		require.Empty(t, r.stdout)
+		require.Contains(t, oneLine(t, r.stderr), "already exists")
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Equal(t, first, got, "the key is kept")
+	})
+	t.Run("Force", func(t *testing.T) {
+		r := mainRun(t, "", "keygen", "--force", "--master-key-file", path)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Regexp(t, `^[0-9a-f]{64}\n$`, string(got))
+		require.NotEqual(t, first, got)
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	})
+	t.Run("FromTheEnvironment", func(t *testing.T) {
+		other := filepath.Join(t.TempDir(), "k")
+		t.Setenv("NODEWARD_MASTER_KEY_FILE", other)
+		require.Equal(t, 0, mainRun(t, "", "keygen").code)
+		_, err := os.Stat(other)
+		require.NoError(t, err)
+	})
+	t.Run("NoPath", func(t *testing.T) {
+		r := mainRun(t, "", "keygen")
+		require.Equal(t, 2, r.code)
+		require.Contains(t, oneLine(t, r.stderr), "--master-key-file")
 	})
 }

@@ -167,22 +167,9 @@ func (c *Config) loadKeyRing() (ring *keys.Ring, generated string, err error) {
 			if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 				return nil, "", fmt.Errorf("create data folder: %w", err)
 			}
-			k := make([]byte, 32)
-			if _, err := rand.Read(k); err != nil {
-				return nil, "", err
-			}
-			text := hex.EncodeToString(k) + "\n"
-			f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+			text, err := writeNewKey(path, false)
 			if err != nil {
 				return nil, "", fmt.Errorf("write master key: %w", err)
-			}
-			_, werr := io.WriteString(f, text)
-			serr := f.Sync()
-			if cerr := f.Close(); werr == nil && serr == nil {
-				werr = cerr
-			}
-			if werr != nil || serr != nil {
-				return nil, "", fmt.Errorf("write master key: %v", errors.Join(werr, serr))
 			}
 			b, generated = []byte(text), path
 		} else if err != nil {
@@ -197,4 +184,58 @@ func (c *Config) loadKeyRing() (ring *keys.Ring, generated string, err error) {
 		return nil, "", errors.New("the master key is empty")
 	}
 	return ring, generated, nil
+}
+
+// ErrKeyFileExists refuses to replace a master key file without --force.
+var ErrKeyFileExists = errors.New("already exists: a new key there would stop every credential signed with it from verifying " +
+	"(--force replaces it; to rotate instead, put a new key on the first line and keep the old ones below)")
+
+// writeNewKey writes a new random master key (32 bytes, hex, one line) to
+// path with mode 0600, creating its folder 0700, and answers the text. The
+// file appears whole or not at all; an existing one is refused unless
+// replace.
+func writeNewKey(path string, replace bool) (string, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	if _, err := os.Lstat(path); err == nil && !replace {
+		return "", fmt.Errorf("%s %w", path, ErrKeyFileExists)
+	}
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return "", err
+	}
+	text := hex.EncodeToString(k) + "\n"
+	f, err := os.CreateTemp(dir, ".master.key-*") // mode 0600
+	if err != nil {
+		return "", err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	_, werr := io.WriteString(f, text)
+	serr := f.Sync()
+	if cerr := f.Close(); werr == nil && serr == nil {
+		werr = cerr
+	}
+	if werr != nil || serr != nil {
+		return "", errors.Join(werr, serr)
+	}
+	if replace {
+		err = os.Rename(tmp, path)
+	} else {
+		// A link never replaces: a file that appeared meanwhile is kept.
+		err = os.Link(tmp, path)
+		if errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("%s %w", path, ErrKeyFileExists)
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return text, nil
 }

@@ -1,0 +1,65 @@
+package auth
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// refusalWindow is how long repeated refused logins of one client fold
+// into one audit entry: a guessing run costs one row per client per
+// window, whatever the usernames it tries.
+const refusalWindow = 15 * time.Minute
+
+// maxActorLen bounds an audited actor (runes before escaping), so a
+// submitted username cannot make an entry large.
+const maxActorLen = 64
+
+// auditRefusal records a refused login of username from host, folded into
+// the client's entry for this window (the count says how many; the detail
+// names the latest username tried). A failure to record is not the
+// caller's failure: the login is refused either way.
+func (s *Service) auditRefusal(ctx context.Context, username, outcome, host string) {
+	now := s.now()
+	actor := sanitizeActor(username)
+	e := AuditEntry{At: now, Actor: actor, Action: "login", Outcome: outcome, RemoteAddr: host,
+		Detail: "last_username=" + actor, Count: 1}
+	// In one transaction so that, on SQLite, concurrent refusals of one
+	// client cannot both miss the entry and append two.
+	_ = s.store.Tx(ctx, func(tx Store) error {
+		return tx.CoalesceAudit(ctx, e, now.Add(-refusalWindow))
+	})
+}
+
+// sanitizeActor makes a submitted name safe to store and show: at most
+// maxActorLen runes, control and invalid bytes escaped (\n, \x1b, \u2028
+// ...), a cut marked with "…".
+func sanitizeActor(name string) string {
+	var b strings.Builder
+	n := 0
+	for i, r := range name {
+		if n == maxActorLen {
+			if i < len(name) {
+				b.WriteString("…")
+			}
+			break
+		}
+		n++
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(name[i:], "\uFFFD"):
+			fmt.Fprintf(&b, `\x%02x`, name[i])
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r < 0x80 && unicode.IsControl(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case unicode.IsControl(r) || unicode.In(r, unicode.Zl, unicode.Zp, unicode.Cf):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}

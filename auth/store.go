@@ -1,0 +1,133 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNoRows is what a Store returns when a looked-up row does not exist.
+var ErrNoRows = errors.New("no rows")
+
+// ErrDuplicate is what a Store returns when an insert hits a unique key.
+var ErrDuplicate = errors.New("duplicate key")
+
+// PrincipalKind says what kind of caller a Principal is. Administrators are
+// the only kind today; the ledger adds package hosts (DECISIONS.md §15).
+type PrincipalKind string
+
+// Principal kinds.
+const (
+	// KindAdmin is an administrator, by console session or API token.
+	KindAdmin PrincipalKind = "admin"
+)
+
+// User is an administrator who signs in to the console.
+type User struct {
+	ID           string
+	Username     string
+	PasswordHash string
+	CreatedAt    time.Time
+}
+
+// APIToken is an administrator's token for scripts; only its SHA-256 is kept.
+type APIToken struct {
+	ID         string
+	Name       string
+	UserID     string
+	TokenHash  string
+	CreatedAt  time.Time
+	LastUsedAt *time.Time
+	RevokedAt  *time.Time
+}
+
+// ConsoleSession is one console login; the cookie's JWT names it, and
+// logging out revokes it.
+type ConsoleSession struct {
+	ID         string
+	UserID     string
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	RevokedAt  *time.Time
+	RemoteAddr string
+}
+
+// AuditEntry is one row of the administrators' audit log. It never holds a
+// secret. A coalesced entry stands for Count events of one client, the
+// first at At and the latest at LastAt.
+type AuditEntry struct {
+	ID         int64
+	At         time.Time
+	Actor      string
+	Action     string
+	Target     string
+	Outcome    string
+	RemoteAddr string
+	Detail     string
+	// Count is how many events the entry stands for (1 unless coalesced).
+	Count int64
+	// LastAt is the time of the latest coalesced event; nil when Count is 1.
+	LastAt *time.Time
+}
+
+// Store is the persistence the administrators' rules need. Every method
+// may run inside a transaction opened by Tx (the store handed to fn) or on
+// its own.
+type Store interface {
+	// Tx runs fn in one transaction with a Store bound to it; a non-nil
+	// error rolls it back and is returned as is.
+	Tx(ctx context.Context, fn func(tx Store) error) error
+
+	// CountUsers answers how many administrators exist.
+	CountUsers(ctx context.Context) (int64, error)
+	// InsertUser adds an administrator; ErrDuplicate when the id or the
+	// username exists.
+	InsertUser(ctx context.Context, u User) error
+	// UserByName answers the administrator of that exact username, or
+	// ErrNoRows.
+	UserByName(ctx context.Context, username string) (User, error)
+	// FirstUser answers the oldest administrator, or ErrNoRows when none
+	// exists.
+	FirstUser(ctx context.Context) (User, error)
+
+	// InsertSession adds a console session; ErrDuplicate when the id exists.
+	InsertSession(ctx context.Context, s ConsoleSession) error
+	// Session answers the session of that id belonging to userID, with its
+	// user; ErrNoRows when there is none (revoked and expired sessions are
+	// answered: the caller judges them).
+	Session(ctx context.Context, id, userID string) (ConsoleSession, User, error)
+	// RevokeSession marks the session revoked at at; a missing or already
+	// revoked session is left alone and is not an error.
+	RevokeSession(ctx context.Context, id string, at time.Time) error
+
+	// InsertToken adds an API token; ErrDuplicate when the id or the digest
+	// exists.
+	InsertToken(ctx context.Context, t APIToken) error
+	// Token answers the token of that id, or ErrNoRows. Inside a
+	// transaction the row is locked until it ends.
+	Token(ctx context.Context, id string) (APIToken, error)
+	// TokenByHash answers the token with that digest and its user, or
+	// ErrNoRows.
+	TokenByHash(ctx context.Context, hash string) (APIToken, User, error)
+	// Tokens answers every token, newest first.
+	Tokens(ctx context.Context) ([]APIToken, error)
+	// RevokeToken marks the token revoked at at; a missing or already
+	// revoked token is left alone and is not an error.
+	RevokeToken(ctx context.Context, id string, at time.Time) error
+	// TouchToken records a use of the token at at; a missing token is not
+	// an error.
+	TouchToken(ctx context.Context, id string, at time.Time) error
+
+	// AppendAudit adds an audit entry (its ID is assigned; Count below 1
+	// is stored as 1).
+	AppendAudit(ctx context.Context, e AuditEntry) error
+	// CoalesceAudit folds e into the newest entry with the same Action,
+	// Outcome and RemoteAddr whose At is at or after since: one more in its
+	// Count, its LastAt set to e.At and its Detail to e.Detail. When there
+	// is none it appends e. Outside a transaction two concurrent calls may
+	// both append: every event is still counted.
+	CoalesceAudit(ctx context.Context, e AuditEntry, since time.Time) error
+	// Audit answers up to limit entries with ID below before (any ID when
+	// before is 0), newest first.
+	Audit(ctx context.Context, before int64, limit int) ([]AuditEntry, error)
+}

@@ -1,0 +1,238 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/nodeward/nodeward/auth"
+)
+
+// AuthStore implements auth.Store over GORM for both dialects.
+type AuthStore struct {
+	db *DB
+	// g is the database, or the transaction when inTx.
+	g    *gorm.DB
+	inTx bool
+}
+
+var _ auth.Store = (*AuthStore)(nil)
+
+// NewAuthStore returns the administrators' store.
+func NewAuthStore(db *DB) *AuthStore { return &AuthStore{db: db, g: db.DB} }
+
+// Tx runs fn in one transaction; inside one, fn joins it.
+func (s *AuthStore) Tx(ctx context.Context, fn func(auth.Store) error) error {
+	if s.inTx {
+		return fn(s)
+	}
+	return s.db.Tx(ctx, func(g *gorm.DB) error {
+		return fn(&AuthStore{db: s.db, g: g, inTx: true})
+	})
+}
+
+func (s *AuthStore) q(ctx context.Context) *gorm.DB { return s.g.WithContext(ctx) }
+
+func authErr(err error) error {
+	switch {
+	case errors.Is(err, gorm.ErrRecordNotFound):
+		return auth.ErrNoRows
+	case errors.Is(err, gorm.ErrDuplicatedKey):
+		return auth.ErrDuplicate
+	}
+	return err
+}
+
+func userOf(u AdminUser) auth.User {
+	return auth.User{ID: u.ID, Username: u.Username, PasswordHash: u.PasswordHash, CreatedAt: u.CreatedAt}
+}
+
+func tokenOf(t APIToken) auth.APIToken {
+	return auth.APIToken{ID: t.ID, Name: t.Name, UserID: t.UserID, TokenHash: t.TokenHash,
+		CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt}
+}
+
+func auditOf(a AdminAudit) auth.AuditEntry {
+	return auth.AuditEntry{ID: a.ID, At: a.At, Actor: a.Actor, Action: a.Action, Target: a.Target,
+		Outcome: a.Outcome, RemoteAddr: a.RemoteAddr, Detail: a.Detail, Count: a.Count, LastAt: a.LastAt}
+}
+
+// CountUsers implements auth.Store.
+func (s *AuthStore) CountUsers(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.q(ctx).Model(&AdminUser{}).Count(&n).Error
+	return n, err
+}
+
+// InsertUser implements auth.Store.
+func (s *AuthStore) InsertUser(ctx context.Context, u auth.User) error {
+	return authErr(s.q(ctx).Create(&AdminUser{ID: u.ID, Username: u.Username, PasswordHash: u.PasswordHash, CreatedAt: u.CreatedAt}).Error)
+}
+
+// UserByName implements auth.Store.
+func (s *AuthStore) UserByName(ctx context.Context, username string) (auth.User, error) {
+	var u AdminUser
+	if err := s.q(ctx).Where("username = ?", username).Take(&u).Error; err != nil {
+		return auth.User{}, authErr(err)
+	}
+	return userOf(u), nil
+}
+
+// FirstUser implements auth.Store.
+func (s *AuthStore) FirstUser(ctx context.Context) (auth.User, error) {
+	var u AdminUser
+	if err := s.q(ctx).Order("created_at, id").Take(&u).Error; err != nil {
+		return auth.User{}, authErr(err)
+	}
+	return userOf(u), nil
+}
+
+// InsertSession implements auth.Store.
+func (s *AuthStore) InsertSession(ctx context.Context, cs auth.ConsoleSession) error {
+	return authErr(s.q(ctx).Create(&ConsoleSession{ID: cs.ID, UserID: cs.UserID, CreatedAt: cs.CreatedAt,
+		ExpiresAt: cs.ExpiresAt, RevokedAt: cs.RevokedAt, RemoteAddr: cs.RemoteAddr}).Error)
+}
+
+// withUser is a row joined with its administrator, whose columns are
+// renamed so they do not shadow the row's own.
+type withUser struct {
+	UserName         string
+	UserPasswordHash string
+	UserCreatedAt    time.Time
+}
+
+const userColumns = "admin_users.username AS user_name, admin_users.password_hash AS user_password_hash, " +
+	"admin_users.created_at AS user_created_at"
+
+func (w withUser) user(id string) auth.User {
+	return auth.User{ID: id, Username: w.UserName, PasswordHash: w.UserPasswordHash, CreatedAt: w.UserCreatedAt}
+}
+
+// Session implements auth.Store: one query, the session with its user.
+func (s *AuthStore) Session(ctx context.Context, id, userID string) (auth.ConsoleSession, auth.User, error) {
+	var row struct {
+		ConsoleSession
+		User withUser `gorm:"embedded"`
+	}
+	err := s.q(ctx).Table("console_sessions").
+		Select("console_sessions.*, "+userColumns).
+		Joins("JOIN admin_users ON admin_users.id = console_sessions.user_id").
+		Where("console_sessions.id = ? AND console_sessions.user_id = ?", id, userID).
+		Take(&row).Error
+	if err != nil {
+		return auth.ConsoleSession{}, auth.User{}, authErr(err)
+	}
+	cs := row.ConsoleSession
+	return auth.ConsoleSession{ID: cs.ID, UserID: cs.UserID, CreatedAt: cs.CreatedAt, ExpiresAt: cs.ExpiresAt,
+		RevokedAt: cs.RevokedAt, RemoteAddr: cs.RemoteAddr}, row.User.user(cs.UserID), nil
+}
+
+// RevokeSession implements auth.Store.
+func (s *AuthStore) RevokeSession(ctx context.Context, id string, at time.Time) error {
+	return s.q(ctx).Model(&ConsoleSession{}).Where("id = ? AND revoked_at IS NULL", id).Update("revoked_at", at).Error
+}
+
+// InsertToken implements auth.Store.
+func (s *AuthStore) InsertToken(ctx context.Context, t auth.APIToken) error {
+	return authErr(s.q(ctx).Create(&APIToken{ID: t.ID, Name: t.Name, UserID: t.UserID, TokenHash: t.TokenHash,
+		CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt}).Error)
+}
+
+// Token implements auth.Store; inside a transaction on Postgres the row is
+// locked (SQLite transactions hold the write lock from their start).
+func (s *AuthStore) Token(ctx context.Context, id string) (auth.APIToken, error) {
+	q := s.q(ctx).Where("id = ?", id)
+	if s.inTx && s.db.Dialect == Postgres {
+		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	var t APIToken
+	if err := q.Take(&t).Error; err != nil {
+		return auth.APIToken{}, authErr(err)
+	}
+	return tokenOf(t), nil
+}
+
+// TokenByHash implements auth.Store: one query, the token with its user.
+func (s *AuthStore) TokenByHash(ctx context.Context, hash string) (auth.APIToken, auth.User, error) {
+	var row struct {
+		APIToken
+		User withUser `gorm:"embedded"`
+	}
+	err := s.q(ctx).Table("api_tokens").
+		Select("api_tokens.*, "+userColumns).
+		Joins("JOIN admin_users ON admin_users.id = api_tokens.user_id").
+		Where("api_tokens.token_hash = ?", hash).Take(&row).Error
+	if err != nil {
+		return auth.APIToken{}, auth.User{}, authErr(err)
+	}
+	return tokenOf(row.APIToken), row.User.user(row.UserID), nil
+}
+
+// Tokens implements auth.Store.
+func (s *AuthStore) Tokens(ctx context.Context) ([]auth.APIToken, error) {
+	var rows []APIToken
+	if err := s.q(ctx).Order("created_at DESC, id DESC").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]auth.APIToken, 0, len(rows))
+	for _, t := range rows {
+		out = append(out, tokenOf(t))
+	}
+	return out, nil
+}
+
+// RevokeToken implements auth.Store.
+func (s *AuthStore) RevokeToken(ctx context.Context, id string, at time.Time) error {
+	return s.q(ctx).Model(&APIToken{}).Where("id = ? AND revoked_at IS NULL", id).Update("revoked_at", at).Error
+}
+
+// TouchToken implements auth.Store.
+func (s *AuthStore) TouchToken(ctx context.Context, id string, at time.Time) error {
+	return s.q(ctx).Model(&APIToken{}).Where("id = ?", id).Update("last_used_at", at).Error
+}
+
+// AppendAudit implements auth.Store.
+func (s *AuthStore) AppendAudit(ctx context.Context, e auth.AuditEntry) error {
+	if e.Count < 1 {
+		e.Count = 1
+	}
+	return s.q(ctx).Create(&AdminAudit{At: e.At, Actor: e.Actor, Action: e.Action, Target: e.Target,
+		Outcome: e.Outcome, RemoteAddr: e.RemoteAddr, Detail: e.Detail, Count: e.Count, LastAt: e.LastAt}).Error
+}
+
+// CoalesceAudit implements auth.Store. The fold is one UPDATE naming the
+// newest matching row, so it needs no transaction of its own; the
+// (remote_addr, action, outcome, id) index finds that row.
+func (s *AuthStore) CoalesceAudit(ctx context.Context, e auth.AuditEntry, since time.Time) error {
+	newest := s.q(ctx).Model(&AdminAudit{}).Select("MAX(id)").
+		Where("remote_addr = ? AND action = ? AND outcome = ? AND at >= ?", e.RemoteAddr, e.Action, e.Outcome, since)
+	res := s.q(ctx).Model(&AdminAudit{}).Where("id = (?)", newest).
+		Updates(map[string]any{"count": gorm.Expr("count + 1"), "last_at": e.At, "detail": e.Detail})
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected > 0 {
+		return nil
+	}
+	return s.AppendAudit(ctx, e)
+}
+
+// Audit implements auth.Store.
+func (s *AuthStore) Audit(ctx context.Context, before int64, limit int) ([]auth.AuditEntry, error) {
+	q := s.q(ctx).Order("id DESC").Limit(limit)
+	if before > 0 {
+		q = q.Where("id < ?", before)
+	}
+	var rows []AdminAudit
+	if err := q.Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]auth.AuditEntry, 0, len(rows))
+	for _, a := range rows {
+		out = append(out, auditOf(a))
+	}
+	return out, nil
+}

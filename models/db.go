@@ -9,7 +9,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -63,7 +62,6 @@ type Options struct {
 	DataDir string
 	// MaxOpenConns bounds the pool; zero picks a default per dialect.
 	MaxOpenConns int
-	Logger       *slog.Logger
 }
 
 // Open opens (and for SQLite creates) the database. It does not migrate.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/dbtime"
 )
 
 // Facts and payload limits (DECISIONS.md §24).
@@ -103,7 +104,7 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 		n.LeaseExpiresAt = &lease
 		n.AgentVersion = req.AgentVersion
 		n.Facts = facts
-		observed := req.Facts.ObservedAt.UTC()
+		observed := dbtime.Norm(req.Facts.ObservedAt)
 		n.FactsObservedAt, n.FactsReceivedAt = &observed, &now
 		n.Disk = disk
 		n.UpdatedAt = now
@@ -205,7 +206,7 @@ func encodeFacts(f api.Facts, now time.Time) (json.RawMessage, Disk, error) {
 		return nil, Disk{}, &errcode.Error{Code: errcode.ValidationFailed, Message: "facts exceed 16 KiB",
 			Fields: []errcode.FieldError{{Field: "facts", Message: "at most 16 KiB"}}}
 	}
-	observed := f.ObservedAt.UTC()
+	observed := dbtime.Norm(f.ObservedAt)
 	d := Disk{State: DiskUnmeasurable, ObservedAt: &observed}
 	if f.DiskFreeBytes != nil {
 		free := *f.DiskFreeBytes

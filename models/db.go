@@ -22,6 +22,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/migrations"
 )
 
@@ -76,7 +77,7 @@ func gormConfig() *gorm.Config {
 	return &gorm.Config{
 		Logger:                 logger.Discard,
 		SkipDefaultTransaction: true,
-		NowFunc:                func() time.Time { return time.Now().UTC() },
+		NowFunc:                func() time.Time { return dbtime.Norm(time.Now()) },
 		TranslateError:         true,
 	}
 }

@@ -38,6 +38,9 @@ func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 			until := dbtime.Norm(r.Until)
 			// A lease only grows, and only for a live node: a retired node
 			// still reports facts but is never given a lease again.
+			// State: mirrors fleet.CanTransition for a heartbeat — lost
+			// becomes ready, ready stays ready, and enrolling (excluded by
+			// the WHERE clause) and retired nodes never change here.
 			updates := map[string]any{
 				"lease_expires_at": gorm.Expr("CASE WHEN state IN (?, ?) AND (lease_expires_at IS NULL OR lease_expires_at < ?) THEN ? ELSE lease_expires_at END",
 					string(fleet.StateReady), string(fleet.StateLost), until, until),
@@ -87,6 +90,7 @@ func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, 
 				return nil
 			}
 		}
+		// Mirrors fleet.CanTransition: only a ready node becomes lost.
 		var rows []Node
 		if err := g.Raw(`UPDATE nodes SET state = ?, updated_at = ?
 			WHERE state = ? AND lease_expires_at < ? RETURNING id`,

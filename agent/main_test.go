@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/internal/testwait"
 )
 
 // These tests build the real binary and drive it against a minimal control
@@ -159,19 +160,6 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func eventually(t *testing.T, what string, log *syncBuffer, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(patience)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; agent log:\n%s", what, log.String())
-		}
-		<-tick.C
-	}
-}
-
 func exitCode(t *testing.T, cmd *exec.Cmd, log *syncBuffer) int {
 	t.Helper()
 	done := make(chan error, 1)
@@ -243,14 +231,14 @@ func TestBinary(t *testing.T) {
 	})
 
 	agent, log := start("--bootstrap", bsFile, "--allow-insecure-http")
-	eventually(t, "enrolled", log, func() bool { return strings.Contains(log.String(), "msg=enrolled") })
+	testwait.For(t, "enrolled", patience, func() bool { return strings.Contains(log.String(), "msg=enrolled") }, log.String)
 
 	gate := filepath.Join(dir, "gate")
 	cp.push("op-launch", api.KindLaunchWorkload, api.LaunchWorkload{RunID: "run-1", AttemptID: "a1", Command: "sh",
 		Args: []string{"-c", `while [ ! -e "$GATE" ]; do sleep 0.02; done; exit 3`}, Env: map[string]string{"GATE": gate}})
-	eventually(t, "the launch applied and running reported", log, func() bool {
+	testwait.For(t, "the launch applied and running reported", patience, func() bool {
 		return cp.has(func() bool { _, ok := cp.workload["run-1/a1/running"]; return cp.results["op-launch"].Applied && ok })
-	})
+	}, log.String)
 
 	// Kill the agent outright; the workload exits while it is down.
 	agent.Process.Signal(syscall.SIGKILL)
@@ -260,12 +248,12 @@ func TestBinary(t *testing.T) {
 	// Restart without the bootstrap: the stored session is enough, and the
 	// exit that happened while it was down is reported.
 	agent, log = start("--allow-insecure-http")
-	eventually(t, "the exit reported after restart", log, func() bool {
+	testwait.For(t, "the exit reported after restart", patience, func() bool {
 		return cp.has(func() bool {
 			o, ok := cp.workload["run-1/a1/exited"]
 			return ok && o.ExitCode != nil && *o.ExitCode == 3
 		})
-	})
+	}, log.String)
 	if !strings.Contains(log.String(), "session restored") {
 		t.Fatalf("no session restored line:\n%s", log.String())
 	}
@@ -273,9 +261,9 @@ func TestBinary(t *testing.T) {
 	// A long-running workload, then retirement: it is stopped and its exit
 	// delivered before the agent exits 0.
 	cp.push("op-sleep", api.KindLaunchWorkload, api.LaunchWorkload{RunID: "run-2", AttemptID: "a1", Command: "sleep", Args: []string{"300"}})
-	eventually(t, "run-2 running", log, func() bool {
+	testwait.For(t, "run-2 running", patience, func() bool {
 		return cp.has(func() bool { _, ok := cp.workload["run-2/a1/running"]; return ok })
-	})
+	}, log.String)
 	cp.has(func() bool { cp.retired = true; return true })
 	if code := exitCode(t, agent, log); code != 0 {
 		t.Fatalf("retired agent exited %d; log:\n%s", code, log.String())

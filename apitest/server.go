@@ -262,12 +262,6 @@ func (s *Server) JSON(t testing.TB, method, path string, body any, token string,
 	}
 }
 
-// AdminDo is Do with the administrator's API token.
-func (s *Server) AdminDo(t testing.TB, method, path string, body any) (status int, header http.Header, raw []byte) {
-	t.Helper()
-	return s.Do(t, method, path, body, s.AdminToken)
-}
-
 // Admin is JSON with the administrator's API token.
 func (s *Server) Admin(t testing.TB, method, path string, body any, wantStatus int, out any) {
 	t.Helper()

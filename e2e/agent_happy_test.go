@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/internal/testwait"
 )
 
 // TestAgentHappyPath enrolls a real agent (process runtime) and drives it
@@ -102,7 +103,7 @@ func TestAgentHappyPath(t *testing.T) {
 	if len(rec.Pending) != 0 {
 		t.Errorf("reconciliation: pending %v, want none", rec.Pending)
 	}
-	WaitFor(t, "the agent's long-poll to be listed", time.Minute, func() bool { return f.sessionHeld(node) })
+	testwait.For(t, "the agent's long-poll to be listed", time.Minute, func() bool { return f.sessionHeld(node) })
 
 	if code := a.Stop(t); code != 0 {
 		t.Errorf("agent exit code after SIGTERM: %d, want 0", code)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/internal/testwait"
 )
 
 // Agent is one nodeward-agent process over a state directory; Start runs it
@@ -255,7 +256,7 @@ func filterLogs(lines []string, msg string) []map[string]any {
 func (a *Agent) WaitLog(t testing.TB, msg string, timeout time.Duration, match func(map[string]any) bool) map[string]any {
 	t.Helper()
 	var found map[string]any
-	WaitFor(t, fmt.Sprintf("%s to log %q", a.name, msg), timeout, func() bool {
+	testwait.For(t, fmt.Sprintf("%s to log %q", a.name, msg), timeout, func() bool {
 		for _, rec := range a.RunLogs(msg) {
 			if match == nil || match(rec) {
 				found = rec
@@ -377,7 +378,7 @@ func (f fleetAPI) command(operationID string) commandRecord {
 func (f fleetAPI) waitSettled(operationID string, timeout time.Duration) commandRecord {
 	f.t.Helper()
 	var c commandRecord
-	WaitFor(f.t, "command "+operationID+" to settle", timeout, func() bool {
+	testwait.For(f.t, "command "+operationID+" to settle", timeout, func() bool {
 		c = f.command(operationID)
 		return c.State != "pending"
 	})
@@ -404,7 +405,7 @@ func (f fleetAPI) node(nodeID string) nodeRecord {
 func (f fleetAPI) waitNodeState(nodeID, state string, timeout time.Duration) nodeRecord {
 	f.t.Helper()
 	var n nodeRecord
-	WaitFor(f.t, "node "+nodeID+" to be "+state, timeout, func() bool {
+	testwait.For(f.t, "node "+nodeID+" to be "+state, timeout, func() bool {
 		n = f.node(nodeID)
 		return n.State == state
 	})
@@ -421,7 +422,7 @@ func (f fleetAPI) workload(nodeID, run, attempt string) workloadState {
 func (f fleetAPI) waitWorkload(nodeID, run, attempt, state string, timeout time.Duration) workloadState {
 	f.t.Helper()
 	var w workloadState
-	WaitFor(f.t, fmt.Sprintf("workload %s/%s to be %s", run, attempt, state), timeout, func() bool {
+	testwait.For(f.t, fmt.Sprintf("workload %s/%s to be %s", run, attempt, state), timeout, func() bool {
 		w = f.workload(nodeID, run, attempt)
 		return w.State == state
 	})

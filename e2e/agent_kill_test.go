@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/internal/testwait"
 )
 
 // TestAgentKill9MidStream kills the agent with SIGKILL while a burst of
@@ -58,7 +59,7 @@ func TestAgentKill9MidStream(t *testing.T) {
 	}
 
 	a.Start(t)
-	WaitFor(t, "the agent to apply a few of the burst and start the download", time.Minute, func() bool {
+	testwait.For(t, "the agent to apply a few of the burst and start the download", time.Minute, func() bool {
 		select {
 		case <-hanging:
 		default:

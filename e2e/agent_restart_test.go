@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -53,10 +54,10 @@ func TestAgentServerRestart(t *testing.T) {
 
 			// 2. The server restarts under a connected agent, which
 			// notices, backs off and comes back by itself.
-			WaitFor(t, "the agent's long-poll to be held", time.Minute, func() bool { return f.sessionHeld(node) })
+			testwait.For(t, "the agent's long-poll to be held", time.Minute, func() bool { return f.sessionHeld(node) })
 			s.Stop(t, syscall.SIGTERM)
 			s.Start(t)
-			WaitFor(t, "the agent to reconnect to the restarted server", 2*time.Minute, func() bool { return f.sessionHeld(node) })
+			testwait.For(t, "the agent to reconnect to the restarted server", 2*time.Minute, func() bool { return f.sessionHeld(node) })
 			drained, failed := len(a.RunLogs("control plane draining; polling again after its Retry-After")), len(a.RunLogs("poll failed; backing off"))
 			if drained+failed == 0 {
 				t.Errorf("the agent logged neither a draining answer nor a failed poll across the server restart")

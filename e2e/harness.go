@@ -311,18 +311,6 @@ func (s *Server) Call(t testing.TB, method, path string, body any, token string)
 	return resp.StatusCode, raw
 }
 
-// WaitFor polls cond until it holds or a generous deadline passes.
-func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
 // Log answers what the current (or last) process has logged so far.
 func (s *Server) Log() string {
 	s.mu.Lock()

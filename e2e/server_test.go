@@ -18,6 +18,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/agent/client"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
 
@@ -129,10 +130,10 @@ func TestTwoReplicas(t *testing.T) {
 	notifyBefore := metric(t, b, `nodeward_long_poll_wakeups_total{source="notify"}`)
 	pollBefore := metric(t, b, `nodeward_long_poll_wakeups_total{source="poll"}`)
 	held := pollAsync(viaB, 50*time.Second)
-	WaitFor(t, "B to hold the poll", 20*time.Second, func() bool { return metric(t, b, "nodeward_open_long_polls") == 1 })
+	testwait.For(t, "B to hold the poll", 20*time.Second, func() bool { return metric(t, b, "nodeward_open_long_polls") == 1 })
 
 	// A lists the poll B holds (replicas publish what they hold).
-	WaitFor(t, "A to list B's session", 30*time.Second, func() bool {
+	testwait.For(t, "A to list B's session", 30*time.Second, func() bool {
 		var live struct {
 			Sessions []struct {
 				NodeID  string `json:"node_id"`
@@ -168,7 +169,7 @@ func TestTwoReplicas(t *testing.T) {
 
 	// Retiring on A ends the poll held on B.
 	held = pollAsync(viaB, 50*time.Second)
-	WaitFor(t, "B to hold the poll again", 20*time.Second, func() bool { return metric(t, b, "nodeward_open_long_polls") == 1 })
+	testwait.For(t, "B to hold the poll again", 20*time.Second, func() bool { return metric(t, b, "nodeward_open_long_polls") == 1 })
 	a.API(t, "POST", "/api/v1/nodes/"+boot.NodeID+"/retire", nil, 200, nil)
 	got = awaitPoll(t, held)
 	if client.CodeOf(got.err) != "node_retired" {
@@ -211,10 +212,10 @@ func TestDeadPollerClaimsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(conn, "GET /agent/v1/commands?wait=50 HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", s.Addr, c.SessionToken())
-	WaitFor(t, "poll held", 20*time.Second, func() bool { return metric(t, s, "nodeward_open_long_polls") == 1 })
+	testwait.For(t, "poll held", 20*time.Second, func() bool { return metric(t, s, "nodeward_open_long_polls") == 1 })
 	_ = conn.(*net.TCPConn).SetLinger(0)
 	_ = conn.Close()
-	WaitFor(t, "dead poll released", 20*time.Second, func() bool { return metric(t, s, "nodeward_open_long_polls") == 0 })
+	testwait.For(t, "dead poll released", 20*time.Second, func() bool { return metric(t, s, "nodeward_open_long_polls") == 0 })
 	issue(t, s, boot.NodeID, "after-death")
 	resp, err := c.Commands(context.Background(), 0)
 	if err != nil || len(resp.Commands) != 1 {
@@ -259,7 +260,7 @@ func TestDrainThousandPolls(t *testing.T) {
 			}()
 		}
 	}
-	WaitFor(t, "1,000 polls held", 60*time.Second, func() bool { return metric(t, s, "nodeward_open_long_polls") == nodes*perNode })
+	testwait.For(t, "1,000 polls held", 60*time.Second, func() bool { return metric(t, s, "nodeward_open_long_polls") == nodes*perNode })
 	s.Stop(t, syscall.SIGTERM)
 	wg.Wait()
 	close(statuses)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
@@ -92,7 +93,7 @@ func (f *benchFleet) readyNode(b testing.TB) fleet.Session {
 // transaction: enrolling 50,000 one by one would dominate the benchmark.
 func (f *benchFleet) readyNodes(b testing.TB, n int) []fleet.Session {
 	b.Helper()
-	now := time.Now().UTC().Truncate(time.Microsecond)
+	now := dbtime.Norm(time.Now())
 	lease := now.Add(90 * time.Second)
 	out := make([]fleet.Session, 0, n)
 	for len(out) < n {

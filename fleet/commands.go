@@ -101,77 +101,16 @@ func commandDigest(kind string, payload json.RawMessage) string {
 // ErrOperationConflict.
 func (s *Service) Issue(ctx context.Context, actor string, in IssueCommand) (Command, bool, error) {
 	now := s.clock()
-	var v errcode.Validation
-	v.Check(idPattern.MatchString(in.OperationID), "operation_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
-	check, known := commandKinds[in.Kind]
-	v.Check(known, "kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload")
-	v.Check(len(in.Payload) <= MaxPayloadBytes, "payload", "at most 256 KiB")
-	trimmed := bytes.TrimSpace(in.Payload)
-	v.Check(len(trimmed) > 0 && trimmed[0] == '{', "payload", "required: a JSON object")
-	if err := v.Err(); err != nil {
-		return Command{}, false, err
-	}
-	check(in.Payload, &v)
-	if err := v.Err(); err != nil {
-		return Command{}, false, err
-	}
-	payload, err := canonicalPayload(in.Payload)
+	payload, dg, err := validateIssue(in)
 	if err != nil {
-		return Command{}, false, errcode.New(errcode.ValidationFailed, "payload is not valid JSON")
+		return Command{}, false, err
 	}
-	dg := commandDigest(in.Kind, payload)
-
 	var out Command
 	created := false
 	err = s.store.Tx(ctx, func(tx Tx) error {
-		existing, err := tx.LockCommand(ctx, in.OperationID)
-		switch {
-		case err == nil:
-			if existing.NodeID != in.NodeID || existing.PayloadDigest != dg {
-				return ErrOperationConflict
-			}
-			if existing.State != CommandRefused || !leavesNoEffectOnFailure(existing.Kind) {
-				out = existing
-				return nil
-			}
-		case !isNoRows(err):
-			return err
-		}
-		n, err := tx.LockNode(ctx, in.NodeID)
-		if isNoRows(err) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		switch n.State {
-		case StateRetired:
-			return ErrNodeRetired
-		case StateReady:
-		default:
-			return errcode.Errorf(errcode.NodeNotReady, "node is %s; work is sent only to ready nodes", n.State)
-		}
-		out = Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
-			FencingToken: n.FencingToken, IssuedAt: now, State: CommandPending}
-		action := "command.issue"
-		if existing.OperationID != "" {
-			// A refused prepare_* asked again: same identity, fresh delivery.
-			action = "command.reissue"
-			if err := tx.UpdateCommand(ctx, out); err != nil {
-				return err
-			}
-		} else if err := tx.InsertCommand(ctx, out); err != nil {
-			if errors.Is(err, ErrDuplicate) {
-				return ErrOperationConflict
-			}
-			return err
-		}
-		created = true
-		if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: action, NodeID: n.ID,
-			Detail: map[string]any{"operation_id": out.OperationID, "kind": out.Kind, "fencing_token": out.FencingToken}}); err != nil {
-			return err
-		}
-		return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+		var err error
+		out, created, err = issueTx(ctx, tx, actor, in, payload, dg, now)
+		return err
 	})
 	if err != nil {
 		return Command{}, false, err
@@ -180,6 +119,110 @@ func (s *Service) Issue(ctx context.Context, actor string, in IssueCommand) (Com
 		s.metrics.CommandsIssued.Inc()
 	}
 	return out, created, nil
+}
+
+// validateIssue checks a command request (the envelope first, then the
+// kind's payload) and answers its canonical payload and digest.
+func validateIssue(in IssueCommand) (json.RawMessage, string, error) {
+	var v errcode.Validation
+	v.Check(idPattern.MatchString(in.OperationID), "operation_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+	check, known := commandKinds[in.Kind]
+	v.Check(known, "kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload")
+	v.Check(len(in.Payload) <= MaxPayloadBytes, "payload", "at most 256 KiB")
+	trimmed := bytes.TrimSpace(in.Payload)
+	v.Check(len(trimmed) > 0 && trimmed[0] == '{', "payload", "required: a JSON object")
+	if err := v.Err(); err != nil {
+		return nil, "", err
+	}
+	check(in.Payload, &v)
+	if err := v.Err(); err != nil {
+		return nil, "", err
+	}
+	payload, err := canonicalPayload(in.Payload)
+	if err != nil {
+		return nil, "", errcode.New(errcode.ValidationFailed, "payload is not valid JSON")
+	}
+	return payload, commandDigest(in.Kind, payload), nil
+}
+
+// issueTx is Issue's transaction: the operation id's earlier use decides
+// first (same command: its record; different: a conflict), then the node
+// must be ready, then the command is written, audited and announced. It
+// answers the command and whether this call wrote it.
+func issueTx(ctx context.Context, tx Tx, actor string, in IssueCommand, payload json.RawMessage, dg string, now time.Time) (Command, bool, error) {
+	existing, done, err := priorIssue(ctx, tx, in, dg)
+	if err != nil || done {
+		return existing, false, err
+	}
+	n, err := lockReadyNode(ctx, tx, in.NodeID)
+	if err != nil {
+		return Command{}, false, err
+	}
+	out := Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
+		FencingToken: n.FencingToken, IssuedAt: now, State: CommandPending}
+	action := "command.issue"
+	if existing.OperationID != "" {
+		// A refused prepare_* asked again: same identity, fresh delivery.
+		action = "command.reissue"
+		if err := tx.UpdateCommand(ctx, out); err != nil {
+			return Command{}, false, err
+		}
+	} else if err := tx.InsertCommand(ctx, out); err != nil {
+		if errors.Is(err, ErrDuplicate) {
+			return Command{}, false, ErrOperationConflict
+		}
+		return Command{}, false, err
+	}
+	if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: action, NodeID: n.ID,
+		Detail: map[string]any{"operation_id": out.OperationID, "kind": out.Kind, "fencing_token": out.FencingToken}}); err != nil {
+		return Command{}, false, err
+	}
+	if err := tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID}); err != nil {
+		return Command{}, false, err
+	}
+	return out, true, nil
+}
+
+// priorIssue looks up the operation id's earlier use, locked. It answers
+// done with the existing record when that settles the call (the same
+// command again), ErrOperationConflict for a different command under the
+// id, and the existing record with done false when a refused prepare_*
+// may be issued anew. An unused id answers a zero Command.
+func priorIssue(ctx context.Context, tx Tx, in IssueCommand, dg string) (existing Command, done bool, err error) {
+	existing, err = tx.LockCommand(ctx, in.OperationID)
+	if isNoRows(err) {
+		return Command{}, false, nil
+	}
+	if err != nil {
+		return Command{}, false, err
+	}
+	if existing.NodeID != in.NodeID || existing.PayloadDigest != dg {
+		return Command{}, false, ErrOperationConflict
+	}
+	if existing.State != CommandRefused || !leavesNoEffectOnFailure(existing.Kind) {
+		return existing, true, nil
+	}
+	return existing, false, nil
+}
+
+// lockReadyNode answers the node locked, refusing one that is absent,
+// retired or not ready: work is sent only to ready nodes.
+func lockReadyNode(ctx context.Context, tx Tx, nodeID string) (Node, error) {
+	n, err := tx.LockNode(ctx, nodeID)
+	if isNoRows(err) {
+		return Node{}, ErrNotFound
+	}
+	if err != nil {
+		return Node{}, err
+	}
+	switch n.State {
+	case StateRetired:
+		return Node{}, ErrNodeRetired
+	case StateReady:
+		return n, nil
+	default:
+		return Node{}, errcode.Errorf(errcode.NodeNotReady, "node is %s; work is sent only to ready nodes", n.State)
+	}
 }
 
 // Command answers one command. Errors: ErrCommandNotFound.

@@ -12,6 +12,7 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
 )
 
 func launch(op string) fleet.IssueCommand {
@@ -283,18 +284,6 @@ func TestRetireEndsWork(t *testing.T) {
 	})
 }
 
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 type pollResult struct {
 	cmds []fleet.Command
 	err  error
@@ -318,7 +307,7 @@ func TestLongPoll(t *testing.T) {
 			res := b.pollAsync(sess, time.Minute)
 			// Held, and its arrival check done (and found nothing): only a
 			// wake-up can answer it now.
-			waitFor(t, "poll to be held", func() bool {
+			testwait.For(t, "poll to be held", testwait.Patience, func() bool {
 				return b.svc.Hub().HeldFor(id) == 1 && testutil.ToFloat64(b.metrics.PollStoreQueries) == queriesBefore+1
 			})
 			b.issue(t, id, launch("wake"))
@@ -340,7 +329,7 @@ func TestLongPoll(t *testing.T) {
 		t.Run("RetireEndsHeldPoll", func(t *testing.T) {
 			id, sess, _ := b.readyNode(t)
 			res := b.pollAsync(sess, time.Minute)
-			waitFor(t, "poll to be held", func() bool { return b.svc.Hub().HeldFor(id) == 1 })
+			testwait.For(t, "poll to be held", testwait.Patience, func() bool { return b.svc.Hub().HeldFor(id) == 1 })
 			_, err := b.svc.Retire(ctx, "a", id, "")
 			require.NoError(t, err)
 			requireCode(t, (<-res).err, fleet.ErrNodeRetired)
@@ -351,7 +340,7 @@ func TestLongPoll(t *testing.T) {
 			sess, err := b.svc.Authenticate(ctx, resp.SessionToken, fleet.DoorAsk)
 			require.NoError(t, err)
 			res := b.pollAsync(sess, time.Minute)
-			waitFor(t, "poll to be held", func() bool { return b.svc.Hub().HeldFor(boot.NodeID) == 1 })
+			testwait.For(t, "poll to be held", testwait.Patience, func() bool { return b.svc.Hub().HeldFor(boot.NodeID) == 1 })
 			fresh, err := b.svc.Reinvite(ctx, "a", boot.NodeID, nil)
 			require.NoError(t, err)
 			b.enroll(t, fresh)
@@ -369,7 +358,7 @@ func TestHeldPollRenewsLease(t *testing.T) {
 		_, err := b.svc.Poll(ctx, sess, 0, "")
 		require.NoError(t, err)
 		want := b.clock.Now().Add(90 * time.Second)
-		waitFor(t, "coalesced lease renewal", func() bool { return testutil.ToFloat64(b.metrics.HeartbeatsFlushed) == 1 })
+		testwait.For(t, "coalesced lease renewal", testwait.Patience, func() bool { return testutil.ToFloat64(b.metrics.HeartbeatsFlushed) == 1 })
 		n, err := b.svc.Node(ctx, id)
 		require.NoError(t, err)
 		require.Equal(t, want, *n.LeaseExpiresAt)
@@ -445,7 +434,7 @@ func TestManyCommandsManyNodes(t *testing.T) {
 			}()
 		}
 		issuers.Wait()
-		waitFor(t, "every command delivered", func() bool {
+		testwait.For(t, "every command delivered", testwait.Patience, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return len(received) == nodes*perNode || len(errs) > 0
@@ -468,7 +457,7 @@ func TestDrain(t *testing.T) {
 		for range 50 {
 			results = append(results, b.pollAsync(sess, time.Minute))
 		}
-		waitFor(t, "polls held", func() bool { return b.svc.Hub().Held() == 50 })
+		testwait.For(t, "polls held", testwait.Patience, func() bool { return b.svc.Hub().Held() == 50 })
 		b.svc.Drain()
 		for _, r := range results {
 			requireCode(t, (<-r).err, fleet.ErrDraining)
@@ -488,7 +477,7 @@ func TestLiveSessionsPresence(t *testing.T) {
 		_, v0 := hub.Sessions("test")
 		first := b.clock.Now()
 		res := b.pollAsync(sess, time.Minute)
-		waitFor(t, "poll held", func() bool { return hub.HeldFor(id) == 1 })
+		testwait.For(t, "poll held", testwait.Patience, func() bool { return hub.HeldFor(id) == 1 })
 		b.issue(t, id, launch("presence"))
 		require.NoError(t, (<-res).err)
 		listed, v1 := hub.Sessions("test")

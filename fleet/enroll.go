@@ -7,6 +7,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/dbtime"
 )
 
 // Facts and payload limits (DECISIONS.md §24).
@@ -29,125 +30,23 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	if err := validateEnroll(req); err != nil {
 		return api.EnrollResponse{}, err
 	}
-	// node_retired outranks every other refusal.
-	if n, err := s.store.Node(ctx, req.NodeID); err == nil && n.State == StateRetired {
-		return api.EnrollResponse{}, ErrNodeRetired
-	} else if err != nil && !isNoRows(err) {
+	if err := s.refuseRetired(ctx, req.NodeID); err != nil {
 		return api.EnrollResponse{}, err
 	}
-	// Door 1: the signer. Needs nothing durable.
-	var c enrollClaims
-	if err := s.enrollSigner.Verify(req.EnrollmentToken, &c); err != nil {
-		return api.EnrollResponse{}, ErrEnrollmentInvalid
-	}
-	if c.Subject != req.NodeID || c.Generation != req.Generation || c.ID == "" {
-		return api.EnrollResponse{}, ErrEnrollmentInvalid
+	claims, err := s.signerDoor(req)
+	if err != nil {
+		return api.EnrollResponse{}, err
 	}
 	facts, disk, err := encodeFacts(req.Facts, now)
 	if err != nil {
 		return api.EnrollResponse{}, err
 	}
-
 	var n Node
 	var settled []Command
 	err = s.store.Tx(ctx, func(tx Tx) error {
 		var err error
-		n, err = tx.LockNode(ctx, req.NodeID)
-		if isNoRows(err) {
-			return ErrEnrollmentInvalid
-		}
-		if err != nil {
-			return err
-		}
-		if n.State == StateRetired {
-			return ErrNodeRetired
-		}
-		// Door 2: the store.
-		inv, err := tx.Invitation(ctx, c.ID)
-		if isNoRows(err) || (err == nil && (inv.NodeID != n.ID || inv.TokenDigest != digest(req.EnrollmentToken))) {
-			return ErrEnrollmentInvalid
-		}
-		if err != nil {
-			return err
-		}
-		switch inv.State {
-		case InvitationRedeemed:
-			return ErrEnrollmentSpent
-		case InvitationSuperseded:
-			return ErrEnrollmentSuperseded
-		case InvitationRevoked:
-			return ErrNodeRetired
-		}
-		ok, err := tx.SetInvitationState(ctx, inv.ID, InvitationOutstanding, InvitationRedeemed, now)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return ErrEnrollmentSpent
-		}
-
-		// The agent's own account first (DECISIONS.md §1) ...
-		for _, r := range req.UnacknowledgedResults {
-			c, _, err := s.settleTx(ctx, tx, n.ID, r, now)
-			if err == nil && c.OperationID != "" {
-				settled = append(settled, c)
-			} else if err != nil && errcode.Of(err) == errcode.Internal {
-				return err
-			}
-		}
-		// ... then a new fencing token, which ends every older session ...
-		n.FencingToken++
-		n.State = StateReady
-		n.EnrolledAt = &now
-		lease := now.Add(s.settings.Lease)
-		n.LeaseExpiresAt = &lease
-		n.AgentVersion = req.AgentVersion
-		n.Facts = facts
-		observed := req.Facts.ObservedAt.UTC()
-		n.FactsObservedAt, n.FactsReceivedAt = &observed, &now
-		n.Disk = disk
-		n.UpdatedAt = now
-		if err := tx.UpdateNode(ctx, n); err != nil {
-			return err
-		}
-		// ... then every still-unsettled command is redelivered under it or,
-		// if it may have left an effect under an older session, ends
-		// outcome_unknown: never applied twice.
-		pending, err := tx.Commands(ctx, n.ID, CommandPending, 0)
-		if err != nil {
-			return err
-		}
-		redelivered, unknown := 0, 0
-		for _, cmd := range pending {
-			if cmd.DeliveredFencing != nil && !leavesNoEffectOnFailure(cmd.Kind) {
-				cmd.State = CommandRefused
-				cmd.FailureCode = string(errcode.OutcomeUnknown)
-				cmd.FailureMessage = "delivered to an earlier enrollment that never reported it; reconcile from the node's workload reports"
-				cmd.SettledAt = &now
-				unknown++
-				settled = append(settled, cmd)
-			} else {
-				cmd.DeliveredFencing = nil
-				cmd.LastDeliveredAt = nil
-				cmd.FencingToken = n.FencingToken
-				redelivered++
-			}
-			if err := tx.UpdateCommand(ctx, cmd); err != nil {
-				return err
-			}
-		}
-		if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + n.ID, Action: "node.enroll", NodeID: n.ID,
-			Detail: map[string]any{"fencing_token": n.FencingToken, "agent_version": req.AgentVersion, "invitation_id": inv.ID,
-				"results_settled": len(req.UnacknowledgedResults), "redelivered": redelivered, "outcome_unknown": unknown}}); err != nil {
-			return err
-		}
-		if err := tx.Notify(ctx, Notification{Kind: NotifyNode, NodeID: n.ID}); err != nil {
-			return err
-		}
-		if redelivered > 0 {
-			return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
-		}
-		return nil
+		n, settled, err = s.enrollTx(ctx, tx, req, claims, facts, disk, now)
+		return err
 	})
 	if err != nil {
 		return api.EnrollResponse{}, err
@@ -156,6 +55,190 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	for _, c := range settled {
 		s.metrics.CommandsSettled.WithLabelValues(string(c.State)).Inc()
 	}
+	return s.enrollResponse(n)
+}
+
+// refuseRetired answers ErrNodeRetired for a retired node: node_retired
+// outranks every other refusal, so it is asked before either door. An
+// unknown node passes here; the store door refuses it.
+func (s *Service) refuseRetired(ctx context.Context, nodeID string) error {
+	n, err := s.store.Node(ctx, nodeID)
+	switch {
+	case isNoRows(err):
+		return nil
+	case err != nil:
+		return err
+	case n.State == StateRetired:
+		return ErrNodeRetired
+	}
+	return nil
+}
+
+// signerDoor is the first door: the token must verify and name this node,
+// this generation and an invitation. It needs nothing durable.
+func (s *Service) signerDoor(req api.EnrollRequest) (enrollClaims, error) {
+	var c enrollClaims
+	if err := s.enrollSigner.Verify(req.EnrollmentToken, &c); err != nil {
+		return enrollClaims{}, ErrEnrollmentInvalid
+	}
+	if c.Subject != req.NodeID || c.Generation != req.Generation || c.ID == "" {
+		return enrollClaims{}, ErrEnrollmentInvalid
+	}
+	return c, nil
+}
+
+// enrollTx is the enrollment transaction, in its order: the store door, the
+// agent's own account of its results (DECISIONS.md §1), a new fencing token
+// (which ends every older session), the fate of unsettled commands, then
+// the audit entry and notifications. It answers the enrolled node and every
+// command it settled.
+func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims,
+	facts json.RawMessage, disk Disk, now time.Time) (Node, []Command, error) {
+	n, inv, err := storeDoor(ctx, tx, req, c, now)
+	if err != nil {
+		return Node{}, nil, err
+	}
+	settled, err := s.settleUnacknowledged(ctx, tx, n.ID, req.UnacknowledgedResults, now)
+	if err != nil {
+		return Node{}, nil, err
+	}
+	if n, err = s.refence(ctx, tx, n, req, facts, disk, now); err != nil {
+		return Node{}, nil, err
+	}
+	fate, err := settlePendingUnderNewFence(ctx, tx, n, now)
+	if err != nil {
+		return Node{}, nil, err
+	}
+	settled = append(settled, fate.unknown...)
+	if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + n.ID, Action: "node.enroll", NodeID: n.ID,
+		Detail: map[string]any{"fencing_token": n.FencingToken, "agent_version": req.AgentVersion, "invitation_id": inv.ID,
+			"results_settled": len(req.UnacknowledgedResults), "redelivered": fate.redelivered, "outcome_unknown": len(fate.unknown)}}); err != nil {
+		return Node{}, nil, err
+	}
+	if err := tx.Notify(ctx, Notification{Kind: NotifyNode, NodeID: n.ID}); err != nil {
+		return Node{}, nil, err
+	}
+	if fate.redelivered > 0 {
+		if err := tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID}); err != nil {
+			return Node{}, nil, err
+		}
+	}
+	return n, settled, nil
+}
+
+// storeDoor is the second door: the node, locked, must not be retired, and
+// the token must be this node's stored invitation, still outstanding. It
+// redeems the invitation: of two concurrent redemptions only one passes.
+func storeDoor(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims, now time.Time) (Node, Invitation, error) {
+	n, err := tx.LockNode(ctx, req.NodeID)
+	if isNoRows(err) {
+		return Node{}, Invitation{}, ErrEnrollmentInvalid
+	}
+	if err != nil {
+		return Node{}, Invitation{}, err
+	}
+	if n.State == StateRetired {
+		return Node{}, Invitation{}, ErrNodeRetired
+	}
+	inv, err := tx.Invitation(ctx, c.ID)
+	if isNoRows(err) || (err == nil && (inv.NodeID != n.ID || inv.TokenDigest != digest(req.EnrollmentToken))) {
+		return Node{}, Invitation{}, ErrEnrollmentInvalid
+	}
+	if err != nil {
+		return Node{}, Invitation{}, err
+	}
+	switch inv.State {
+	case InvitationRedeemed:
+		return Node{}, Invitation{}, ErrEnrollmentSpent
+	case InvitationSuperseded:
+		return Node{}, Invitation{}, ErrEnrollmentSuperseded
+	case InvitationRevoked:
+		return Node{}, Invitation{}, ErrNodeRetired
+	}
+	ok, err := tx.SetInvitationState(ctx, inv.ID, InvitationOutstanding, InvitationRedeemed, now)
+	if err != nil {
+		return Node{}, Invitation{}, err
+	}
+	if !ok {
+		return Node{}, Invitation{}, ErrEnrollmentSpent
+	}
+	return n, inv, nil
+}
+
+// settleUnacknowledged takes the agent's own account of results it never
+// had acknowledged, before any fencing changes. A result that cannot be
+// taken (unknown operation, another node's) is skipped; only a store
+// failure ends the enrollment. It answers the commands it settled.
+func (s *Service) settleUnacknowledged(ctx context.Context, tx Tx, nodeID string, results []api.Result, now time.Time) ([]Command, error) {
+	var settled []Command
+	for _, r := range results {
+		c, _, err := s.settleTx(ctx, tx, nodeID, r, now)
+		if err == nil && c.OperationID != "" {
+			settled = append(settled, c)
+		} else if err != nil && errcode.Of(err) == errcode.Internal {
+			return nil, err
+		}
+	}
+	return settled, nil
+}
+
+// refence gives n a new fencing token, which ends every older session, and
+// makes it ready with a fresh lease and the facts it enrolled with.
+func (s *Service) refence(ctx context.Context, tx Tx, n Node, req api.EnrollRequest, facts json.RawMessage, disk Disk, now time.Time) (Node, error) {
+	if err := n.moveTo(StateReady); err != nil {
+		return Node{}, err
+	}
+	n.FencingToken++
+	n.EnrolledAt = &now
+	lease := now.Add(s.settings.Lease)
+	n.LeaseExpiresAt = &lease
+	n.AgentVersion = req.AgentVersion
+	n.Facts = facts
+	observed := dbtime.Norm(req.Facts.ObservedAt)
+	n.FactsObservedAt, n.FactsReceivedAt = &observed, &now
+	n.Disk = disk
+	n.UpdatedAt = now
+	return n, tx.UpdateNode(ctx, n)
+}
+
+// pendingFate is what a re-enrollment did with the node's unsettled
+// commands.
+type pendingFate struct {
+	redelivered int
+	unknown     []Command // ended outcome_unknown
+}
+
+// settlePendingUnderNewFence decides each still-unsettled command of n:
+// redelivered under the new fencing token or, if it may have left an effect
+// under an older session, ended outcome_unknown — never applied twice.
+func settlePendingUnderNewFence(ctx context.Context, tx Tx, n Node, now time.Time) (pendingFate, error) {
+	pending, err := tx.Commands(ctx, n.ID, CommandPending, 0)
+	if err != nil {
+		return pendingFate{}, err
+	}
+	var fate pendingFate
+	for _, cmd := range pending {
+		if cmd.DeliveredFencing != nil && !leavesNoEffectOnFailure(cmd.Kind) {
+			cmd.State = CommandRefused
+			cmd.FailureCode = string(errcode.OutcomeUnknown)
+			cmd.FailureMessage = "delivered to an earlier enrollment that never reported it; reconcile from the node's workload reports"
+			cmd.SettledAt = &now
+			fate.unknown = append(fate.unknown, cmd)
+		} else {
+			cmd.DeliveredFencing = nil
+			cmd.LastDeliveredAt = nil
+			cmd.FencingToken = n.FencingToken
+			fate.redelivered++
+		}
+		if err := tx.UpdateCommand(ctx, cmd); err != nil {
+			return pendingFate{}, err
+		}
+	}
+	return fate, nil
+}
+
+// enrollResponse mints the session of n's new fencing token.
+func (s *Service) enrollResponse(n Node) (api.EnrollResponse, error) {
 	sess, err := s.mintSession(n.ID, n.FencingToken)
 	if err != nil {
 		return api.EnrollResponse{}, errNoKey
@@ -205,7 +288,7 @@ func encodeFacts(f api.Facts, now time.Time) (json.RawMessage, Disk, error) {
 		return nil, Disk{}, &errcode.Error{Code: errcode.ValidationFailed, Message: "facts exceed 16 KiB",
 			Fields: []errcode.FieldError{{Field: "facts", Message: "at most 16 KiB"}}}
 	}
-	observed := f.ObservedAt.UTC()
+	observed := dbtime.Norm(f.ObservedAt)
 	d := Disk{State: DiskUnmeasurable, ObservedAt: &observed}
 	if f.DiskFreeBytes != nil {
 		free := *f.DiskFreeBytes

@@ -42,7 +42,9 @@ func (s *Service) RetireTx(ctx context.Context, tx Tx, actor, nodeID, reason str
 
 // retireTx retires n inside tx (DECISIONS.md §3).
 func (s *Service) retireTx(ctx context.Context, tx Tx, n Node, actor string, now time.Time, reason string) (Node, error) {
-	n.State = StateRetired
+	if err := n.moveTo(StateRetired); err != nil {
+		return n, err
+	}
 	n.RetiredAt = &now
 	n.UpdatedAt = now
 	if err := tx.UpdateNode(ctx, n); err != nil {

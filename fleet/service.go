@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/metrics"
 )
@@ -283,9 +284,9 @@ func randomID() string {
 
 func isNoRows(err error) bool { return errors.Is(err, ErrNoRows) }
 
-// clock answers now in UTC at the precision both databases keep, so what a
-// call answers equals what a later read returns.
-func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microsecond) }
+// clock answers now as stored (dbtime.Norm), so what a call answers equals
+// what a later read returns.
+func (s *Service) clock() time.Time { return dbtime.Norm(s.now()) }
 
 // NewNodeID mints a node id, as Invite does when the invitation names none
 // (callers that must fix the id before inviting, like the ledger, use it).

@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// ErrNoRows is what a Store returns when a looked-up row does not exist.
+// ErrNoRows is what a Store returns when the one row a method looks up by
+// key does not exist. Listings answer an empty result instead.
 var ErrNoRows = errors.New("no rows")
 
 // ErrDuplicate is what a Store returns when an insert hits a unique key.
@@ -51,54 +52,77 @@ type FactsUpdate struct {
 
 // Store is the persistence the fleet's rules need. Every method of Tx runs
 // inside the one transaction Store.Tx opened; reads outside a transaction
-// go through Store's own embedded Tx.
+// go through Store's own embedded Reader.
+//
+// Absence and conflict are answered only as each method says: ErrNoRows
+// for a missing row looked up by key, ErrDuplicate for an insert that hits
+// a unique key, a false or empty answer where so documented. Any other
+// error is a store failure.
 type Store interface {
 	Reader
-	// Tx runs fn in one transaction; a non-nil error rolls it back.
+	// Tx runs fn in one transaction; a non-nil error from fn rolls it back
+	// and is answered unchanged. Notifications fn queued are delivered only
+	// once the transaction commits.
 	Tx(ctx context.Context, fn func(tx Tx) error) error
 	// RenewLeases writes a batch of coalesced lease renewals in one commit:
 	// ready and lost nodes get the new lease (lost ones become ready);
 	// retired and enrolling nodes are left alone. It answers how many rows
-	// changed.
+	// changed; an unknown node id changes none and is no error.
 	RenewLeases(ctx context.Context, batch []LeaseRenewal) (int, error)
 	// SweepLeases marks ready nodes whose lease ended before now as lost and
 	// answers their ids. On a shared database only one replica sweeps at a
 	// time; a replica that could not take the lock answers (nil, false, nil).
+	// No lapsed lease answers (nil, true, nil).
 	SweepLeases(ctx context.Context, now time.Time) (lost []string, swept bool, err error)
-	// CountPendingCommands counts commands not yet settled.
+	// CountPendingCommands counts commands not yet settled (0 when none).
 	CountPendingCommands(ctx context.Context) (int64, error)
-	// PublishSessions stores the long-polls this replica holds.
+	// PublishSessions stores the long-polls this replica holds, creating the
+	// replica's row or replacing it whole: there is no conflict.
 	PublishSessions(ctx context.Context, replica string, started, now time.Time, sessions []LiveSession) error
 	// TouchReplica marks this replica alive without rewriting its sessions;
 	// it answers false when the replica has no row yet.
 	TouchReplica(ctx context.Context, replica string, now time.Time) (bool, error)
 	// ListSessions answers the long-polls of every replica that published
-	// since freshAfter.
+	// since freshAfter; none answers an empty list.
 	ListSessions(ctx context.Context, freshAfter time.Time) ([]LiveSession, error)
 }
 
 // Reader is the read half of the store, usable in and out of a transaction.
 type Reader interface {
-	// Node answers the node or ErrNoRows.
+	// Node answers the node, or ErrNoRows.
 	Node(ctx context.Context, id string) (Node, error)
+	// ListNodes answers the nodes f selects, newest first (by creation,
+	// then id); none answers an empty list.
 	ListNodes(ctx context.Context, f NodeFilter) ([]Node, error)
-	// ReadyPricedNodes answers ready, priced nodes (offer candidates).
+	// ReadyPricedNodes answers ready, priced nodes (offer candidates), by
+	// id; none answers an empty list.
 	ReadyPricedNodes(ctx context.Context) ([]Node, error)
+	// Workload answers the latest observation of one workload attempt, or
+	// ErrNoRows when it was never reported.
 	Workload(ctx context.Context, nodeID, runID, attemptID string) (Workload, error)
+	// Workloads answers a node's workload attempts by run and attempt id;
+	// an unknown node, or one that reported none, answers an empty list.
 	Workloads(ctx context.Context, nodeID string) ([]Workload, error)
+	// Command answers the command, or ErrNoRows.
 	Command(ctx context.Context, operationID string) (Command, error)
 	// Commands answers a node's commands, oldest first, optionally only
-	// those in one state.
+	// those in one state, at most limit of them (0: no limit). An unknown
+	// node answers an empty list (callers check the node first).
 	Commands(ctx context.Context, nodeID string, state CommandState, limit int) ([]Command, error)
 	// HasDue reports whether any command is due for d (a plain read: no
 	// write lock is taken to find out there is nothing to do).
 	HasDue(ctx context.Context, d Due) (bool, error)
-	// AppliedOperationIDs answers the ids of commands the node applied.
+	// AppliedOperationIDs answers the ids of commands the node applied,
+	// oldest first; none answers an empty (non-nil) list.
 	AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error)
+	// Audit answers a node's changes, newest first, at most limit (0: no
+	// limit); none answers an empty list.
 	Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error)
-	// RecentAudit answers the latest changes across the fleet, newest first.
+	// RecentAudit answers the latest changes across the fleet, newest first,
+	// at most limit (0: no limit).
 	RecentAudit(ctx context.Context, limit int) ([]AuditEntry, error)
-	// CountNodesByState answers how many nodes are in each state.
+	// CountNodesByState answers how many nodes are in each state; a state
+	// with no node is absent from the map.
 	CountNodesByState(ctx context.Context) (map[State]int64, error)
 }
 
@@ -108,38 +132,55 @@ type Tx interface {
 	// LockNode answers the node, locked against concurrent change until
 	// the transaction ends, or ErrNoRows.
 	LockNode(ctx context.Context, id string) (Node, error)
-	// NodesOfRental answers every generation of a rental, locked.
+	// NodesOfRental answers every generation of a rental, locked, lowest
+	// generation first; an unknown rental answers an empty list.
 	NodesOfRental(ctx context.Context, rentalID string) ([]Node, error)
 	// InsertNode adds a node; ErrDuplicate when the id or the (rental,
 	// generation) exists.
 	InsertNode(ctx context.Context, n Node) error
-	// UpdateNode writes every mutable field of n.
+	// UpdateNode writes every mutable field of n (a cleared field is
+	// cleared). A node that does not exist is not an error and nothing is
+	// written: callers update only a node they locked.
 	UpdateNode(ctx context.Context, n Node) error
 
+	// InsertInvitation adds an invitation; ErrDuplicate when its id exists.
 	InsertInvitation(ctx context.Context, inv Invitation) error
+	// Invitation answers the invitation locked until the transaction ends,
+	// or ErrNoRows.
 	Invitation(ctx context.Context, id string) (Invitation, error)
-	// OutstandingInvitations answers the node's outstanding invitations.
+	// OutstandingInvitations answers the node's outstanding invitations,
+	// locked, newest first; none answers an empty list.
 	OutstandingInvitations(ctx context.Context, nodeID string) ([]Invitation, error)
 	// SetInvitationState moves an invitation from one state to another; it
 	// answers false when the invitation was not in state from (a concurrent
-	// redemption won).
+	// redemption won) or does not exist. Moving to redeemed stamps at.
 	SetInvitationState(ctx context.Context, id string, from, to InvitationState, at time.Time) (bool, error)
 
 	// RecordEventIDs stores event ids for a node and answers which of them
-	// were new.
+	// were new: an id recorded before is no conflict, only absent from the
+	// answer.
 	RecordEventIDs(ctx context.Context, nodeID string, ids []string, at time.Time) (map[string]bool, error)
 	// UpsertWorkload keeps the newer of the stored and the given
-	// observation.
+	// observation (for equal times, the later state of created, running,
+	// exited); an attempt never seen is inserted.
 	UpsertWorkload(ctx context.Context, w Workload) error
 
+	// InsertCommand adds a command; ErrDuplicate when its operation id
+	// exists.
 	InsertCommand(ctx context.Context, c Command) error
 	// LockCommand answers the command locked, or ErrNoRows.
 	LockCommand(ctx context.Context, operationID string) (Command, error)
+	// UpdateCommand writes every mutable field of c. A command that does
+	// not exist is not an error and nothing is written: callers update only
+	// a command they locked.
 	UpdateCommand(ctx context.Context, c Command) error
 	// ClaimDue marks the due commands delivered to d.Fencing at d.Now and
-	// answers them, oldest first.
+	// answers them, oldest first, at most d.Limit; nothing due answers an
+	// empty list. On a shared database two claims never take the same
+	// command.
 	ClaimDue(ctx context.Context, d Due) ([]Command, error)
 
+	// AppendAudit adds an audit entry (the store numbers it).
 	AppendAudit(ctx context.Context, e AuditEntry) error
 	// Notify tells every replica, once this transaction commits, that
 	// something about the node changed (see Notifier).

@@ -31,6 +31,7 @@ package fleet
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -62,7 +63,12 @@ func (s State) Valid() bool {
 	return false
 }
 
-// CanTransition is the node state machine in one place.
+// CanTransition is the node state machine in one place: every change of a
+// node's state in Go goes through Node.moveTo, which asks it, and the two
+// changes made in SQL for a batch of nodes (models: RenewLeases brings lost
+// nodes back to ready, SweepLeases marks ready nodes lost) say there that
+// they mirror it. A node is created enrolling (Invite); that is its start,
+// not a transition.
 func CanTransition(from, to State) bool {
 	switch {
 	case from == StateRetired:
@@ -79,6 +85,17 @@ func CanTransition(from, to State) bool {
 		return false
 	}
 	return false
+}
+
+// moveTo changes n's state to to, or refuses a change the state machine
+// forbids. Callers refuse the forbidden cases with their own errors first
+// (ErrNodeRetired, say); this is the guard that no path slips past them.
+func (n *Node) moveTo(to State) error {
+	if !CanTransition(n.State, to) {
+		return fmt.Errorf("fleet: node %s cannot go from %s to %s", n.ID, n.State, to)
+	}
+	n.State = to
+	return nil
 }
 
 // Disk states: one of three answers, never a boolean.

@@ -9,7 +9,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/migrations"
 )
 
@@ -63,7 +63,6 @@ type Options struct {
 	DataDir string
 	// MaxOpenConns bounds the pool; zero picks a default per dialect.
 	MaxOpenConns int
-	Logger       *slog.Logger
 }
 
 // Open opens (and for SQLite creates) the database. It does not migrate.
@@ -78,7 +77,7 @@ func gormConfig() *gorm.Config {
 	return &gorm.Config{
 		Logger:                 logger.Discard,
 		SkipDefaultTransaction: true,
-		NowFunc:                func() time.Time { return time.Now().UTC() },
+		NowFunc:                func() time.Time { return dbtime.Norm(time.Now()) },
 		TranslateError:         true,
 	}
 }

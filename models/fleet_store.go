@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/dbtime"
 )
 
 // FleetStore implements fleet.Store over GORM for both dialects.
@@ -87,18 +88,6 @@ type fleetTx struct {
 	notes *[]fleet.Notification
 }
 
-// ts normalises a time for storage: UTC (SQLite compares times as text)
-// at the precision both dialects keep.
-func ts(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
-
-func tsp(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
-	}
-	v := ts(*t)
-	return &v
-}
-
 func notFound(err error) error {
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return fleet.ErrNoRows
@@ -134,27 +123,19 @@ func (r fleetReader) forUpdate(q *gorm.DB) *gorm.DB {
 func nodeFromRow(r Node) fleet.Node {
 	n := fleet.Node{
 		ID: r.ID, RentalID: r.RentalID, Generation: r.Generation, State: fleet.State(r.State),
-		FencingToken: r.FencingToken, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
-		EnrolledAt: utcp(r.EnrolledAt), LeaseExpiresAt: utcp(r.LeaseExpiresAt), LastHeartbeatAt: utcp(r.LastHeartbeatAt),
-		RetiredAt: utcp(r.RetiredAt), AgentVersion: r.AgentVersion,
-		FactsObservedAt: utcp(r.FactsObservedAt), FactsReceivedAt: utcp(r.FactsReceivedAt),
-		Disk:        fleet.Disk{State: r.DiskState, FreeBytes: r.DiskFreeBytes, ObservedAt: utcp(r.DiskObservedAt)},
+		FencingToken: r.FencingToken, CreatedAt: dbtime.Norm(r.CreatedAt), UpdatedAt: dbtime.Norm(r.UpdatedAt),
+		EnrolledAt: dbtime.NormPtr(r.EnrolledAt), LeaseExpiresAt: dbtime.NormPtr(r.LeaseExpiresAt), LastHeartbeatAt: dbtime.NormPtr(r.LastHeartbeatAt),
+		RetiredAt: dbtime.NormPtr(r.RetiredAt), AgentVersion: r.AgentVersion,
+		FactsObservedAt: dbtime.NormPtr(r.FactsObservedAt), FactsReceivedAt: dbtime.NormPtr(r.FactsReceivedAt),
+		Disk:        fleet.Disk{State: r.DiskState, FreeBytes: r.DiskFreeBytes, ObservedAt: dbtime.NormPtr(r.DiskObservedAt)},
 		PriceMicros: r.PriceMicros,
-		Purchase:    fleet.Purchase{BillingIntervalSeconds: r.BillingIntervalSeconds, AvailableUntil: utcp(r.AvailableUntil)},
+		Purchase:    fleet.Purchase{BillingIntervalSeconds: r.BillingIntervalSeconds, AvailableUntil: dbtime.NormPtr(r.AvailableUntil)},
 	}
 	if r.Facts != nil {
 		n.Facts = json.RawMessage(*r.Facts)
 	}
 	_ = json.Unmarshal([]byte(r.EligibleClasses), &n.Purchase.EligibleClasses)
 	return n
-}
-
-func utcp(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
-	}
-	v := t.UTC()
-	return &v
 }
 
 func rowFromNode(n fleet.Node) Node {
@@ -165,13 +146,13 @@ func rowFromNode(n fleet.Node) Node {
 	cj, _ := json.Marshal(classes)
 	r := Node{
 		ID: n.ID, RentalID: n.RentalID, Generation: n.Generation, State: string(n.State),
-		FencingToken: n.FencingToken, CreatedAt: ts(n.CreatedAt), UpdatedAt: ts(n.UpdatedAt),
-		EnrolledAt: tsp(n.EnrolledAt), LeaseExpiresAt: tsp(n.LeaseExpiresAt), LastHeartbeatAt: tsp(n.LastHeartbeatAt),
-		RetiredAt: tsp(n.RetiredAt), AgentVersion: n.AgentVersion,
-		FactsObservedAt: tsp(n.FactsObservedAt), FactsReceivedAt: tsp(n.FactsReceivedAt),
-		DiskState: n.Disk.State, DiskFreeBytes: n.Disk.FreeBytes, DiskObservedAt: tsp(n.Disk.ObservedAt),
+		FencingToken: n.FencingToken, CreatedAt: dbtime.Norm(n.CreatedAt), UpdatedAt: dbtime.Norm(n.UpdatedAt),
+		EnrolledAt: dbtime.NormPtr(n.EnrolledAt), LeaseExpiresAt: dbtime.NormPtr(n.LeaseExpiresAt), LastHeartbeatAt: dbtime.NormPtr(n.LastHeartbeatAt),
+		RetiredAt: dbtime.NormPtr(n.RetiredAt), AgentVersion: n.AgentVersion,
+		FactsObservedAt: dbtime.NormPtr(n.FactsObservedAt), FactsReceivedAt: dbtime.NormPtr(n.FactsReceivedAt),
+		DiskState: n.Disk.State, DiskFreeBytes: n.Disk.FreeBytes, DiskObservedAt: dbtime.NormPtr(n.Disk.ObservedAt),
 		PriceMicros: n.PriceMicros, BillingIntervalSeconds: n.Purchase.BillingIntervalSeconds,
-		EligibleClasses: string(cj), AvailableUntil: tsp(n.Purchase.AvailableUntil),
+		EligibleClasses: string(cj), AvailableUntil: dbtime.NormPtr(n.Purchase.AvailableUntil),
 	}
 	if r.DiskState == "" {
 		r.DiskState = fleet.DiskNeverReported
@@ -197,7 +178,7 @@ func (r fleetReader) ListNodes(ctx context.Context, f fleet.NodeFilter) ([]fleet
 		q = q.Where("state = ?", string(f.State))
 	}
 	if f.BeforeCreated != nil {
-		c := ts(*f.BeforeCreated)
+		c := dbtime.Norm(*f.BeforeCreated)
 		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", c, c, f.BeforeID)
 	}
 	if f.Limit > 0 {
@@ -230,7 +211,7 @@ func (r fleetReader) ReadyPricedNodes(ctx context.Context) ([]fleet.Node, error)
 
 func workloadFromRow(w Workload) fleet.Workload {
 	return fleet.Workload{NodeID: w.NodeID, RunID: w.RunID, AttemptID: w.AttemptID, State: w.State,
-		ExitCode: w.ExitCode, ObservedAt: w.ObservedAt.UTC(), ReceivedAt: w.ReceivedAt.UTC()}
+		ExitCode: w.ExitCode, ObservedAt: dbtime.Norm(w.ObservedAt), ReceivedAt: dbtime.Norm(w.ReceivedAt)}
 }
 
 func (r fleetReader) Workload(ctx context.Context, nodeID, runID, attemptID string) (fleet.Workload, error) {
@@ -257,10 +238,10 @@ func (r fleetReader) Workloads(ctx context.Context, nodeID string) ([]fleet.Work
 func commandFromRow(c Command) fleet.Command {
 	out := fleet.Command{
 		OperationID: c.OperationID, NodeID: c.NodeID, Kind: c.Kind, Payload: json.RawMessage(c.Payload),
-		PayloadDigest: c.PayloadDigest, FencingToken: c.FencingToken, IssuedAt: c.IssuedAt.UTC(),
+		PayloadDigest: c.PayloadDigest, FencingToken: c.FencingToken, IssuedAt: dbtime.Norm(c.IssuedAt),
 		State: fleet.CommandState(c.State), DeliveredFencing: c.DeliveredFencing,
-		FirstDeliveredAt: utcp(c.FirstDeliveredAt), LastDeliveredAt: utcp(c.LastDeliveredAt),
-		DeliveryCount: c.DeliveryCount, SettledAt: utcp(c.SettledAt),
+		FirstDeliveredAt: dbtime.NormPtr(c.FirstDeliveredAt), LastDeliveredAt: dbtime.NormPtr(c.LastDeliveredAt),
+		DeliveryCount: c.DeliveryCount, SettledAt: dbtime.NormPtr(c.SettledAt),
 	}
 	if c.FailureCode != nil {
 		out.FailureCode = *c.FailureCode
@@ -281,10 +262,10 @@ func strp(s string) *string {
 func rowFromCommand(c fleet.Command) Command {
 	return Command{
 		OperationID: c.OperationID, NodeID: c.NodeID, Kind: c.Kind, Payload: string(c.Payload),
-		PayloadDigest: c.PayloadDigest, FencingToken: c.FencingToken, IssuedAt: ts(c.IssuedAt),
+		PayloadDigest: c.PayloadDigest, FencingToken: c.FencingToken, IssuedAt: dbtime.Norm(c.IssuedAt),
 		State: string(c.State), FailureCode: strp(c.FailureCode), FailureMessage: strp(c.FailureMessage),
-		DeliveredFencing: c.DeliveredFencing, FirstDeliveredAt: tsp(c.FirstDeliveredAt),
-		LastDeliveredAt: tsp(c.LastDeliveredAt), DeliveryCount: c.DeliveryCount, SettledAt: tsp(c.SettledAt),
+		DeliveredFencing: c.DeliveredFencing, FirstDeliveredAt: dbtime.NormPtr(c.FirstDeliveredAt),
+		LastDeliveredAt: dbtime.NormPtr(c.LastDeliveredAt), DeliveryCount: c.DeliveryCount, SettledAt: dbtime.NormPtr(c.SettledAt),
 	}
 }
 
@@ -319,7 +300,7 @@ func (r fleetReader) HasDue(ctx context.Context, d fleet.Due) (bool, error) {
 	var ids []string
 	err := r.db(ctx).Model(&Command{}).
 		Where("node_id = ? AND state = ? AND (last_delivered_at IS NULL OR last_delivered_at <= ?)",
-			d.NodeID, string(fleet.CommandPending), ts(d.RedeliverBefore)).
+			d.NodeID, string(fleet.CommandPending), dbtime.Norm(d.RedeliverBefore)).
 		Limit(1).Pluck("operation_id", &ids).Error
 	return len(ids) > 0, err
 }
@@ -365,7 +346,7 @@ func (r fleetReader) audit(ctx context.Context, q *gorm.DB, limit int) ([]fleet.
 	}
 	out := make([]fleet.AuditEntry, len(rows))
 	for i, a := range rows {
-		out[i] = fleet.AuditEntry{ID: a.ID, At: a.At.UTC(), Actor: a.Actor, Action: a.Action, NodeID: a.NodeID}
+		out[i] = fleet.AuditEntry{ID: a.ID, At: dbtime.Norm(a.At), Actor: a.Actor, Action: a.Action, NodeID: a.NodeID}
 		_ = json.Unmarshal([]byte(a.Detail), &out[i].Detail)
 	}
 	return out, nil
@@ -406,12 +387,12 @@ func (t *fleetTx) UpdateNode(ctx context.Context, n fleet.Node) error {
 
 func invitationFromRow(r Invitation) fleet.Invitation {
 	return fleet.Invitation{ID: r.ID, NodeID: r.NodeID, Generation: r.Generation, TokenDigest: r.TokenDigest,
-		IssuedAt: r.IssuedAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(), State: fleet.InvitationState(r.State), RedeemedAt: utcp(r.RedeemedAt)}
+		IssuedAt: dbtime.Norm(r.IssuedAt), ExpiresAt: dbtime.Norm(r.ExpiresAt), State: fleet.InvitationState(r.State), RedeemedAt: dbtime.NormPtr(r.RedeemedAt)}
 }
 
 func (t *fleetTx) InsertInvitation(ctx context.Context, inv fleet.Invitation) error {
 	row := Invitation{ID: inv.ID, NodeID: inv.NodeID, Generation: inv.Generation, TokenDigest: inv.TokenDigest,
-		IssuedAt: ts(inv.IssuedAt), ExpiresAt: ts(inv.ExpiresAt), State: string(inv.State), RedeemedAt: tsp(inv.RedeemedAt)}
+		IssuedAt: dbtime.Norm(inv.IssuedAt), ExpiresAt: dbtime.Norm(inv.ExpiresAt), State: string(inv.State), RedeemedAt: dbtime.NormPtr(inv.RedeemedAt)}
 	return dup(t.db(ctx).Create(&row).Error)
 }
 
@@ -440,7 +421,7 @@ func (t *fleetTx) OutstandingInvitations(ctx context.Context, nodeID string) ([]
 func (t *fleetTx) SetInvitationState(ctx context.Context, id string, from, to fleet.InvitationState, at time.Time) (bool, error) {
 	updates := map[string]any{"state": string(to)}
 	if to == fleet.InvitationRedeemed {
-		updates["redeemed_at"] = ts(at)
+		updates["redeemed_at"] = dbtime.Norm(at)
 	}
 	// The state in the WHERE clause is the exactly-once guard: of two
 	// concurrent redemptions only one changes the row.
@@ -452,7 +433,7 @@ func (t *fleetTx) RecordEventIDs(ctx context.Context, nodeID string, ids []strin
 	fresh := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		res := t.db(ctx).Clauses(clause.OnConflict{DoNothing: true}).
-			Create(&NodeEvent{NodeID: nodeID, EventID: id, ReceivedAt: ts(at)})
+			Create(&NodeEvent{NodeID: nodeID, EventID: id, ReceivedAt: dbtime.Norm(at)})
 		if res.Error != nil {
 			return nil, res.Error
 		}
@@ -471,15 +452,15 @@ func (t *fleetTx) UpsertWorkload(ctx context.Context, w fleet.Workload) error {
 	var cur Workload
 	err := t.forUpdate(t.db(ctx)).Where("node_id = ? AND run_id = ? AND attempt_id = ?", w.NodeID, w.RunID, w.AttemptID).Take(&cur).Error
 	row := Workload{NodeID: w.NodeID, RunID: w.RunID, AttemptID: w.AttemptID, State: w.State, ExitCode: w.ExitCode,
-		ObservedAt: ts(w.ObservedAt), ReceivedAt: ts(w.ReceivedAt)}
+		ObservedAt: dbtime.Norm(w.ObservedAt), ReceivedAt: dbtime.Norm(w.ReceivedAt)}
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return t.db(ctx).Create(&row).Error
 	}
 	if err != nil {
 		return err
 	}
-	newer := row.ObservedAt.After(cur.ObservedAt.UTC()) ||
-		(row.ObservedAt.Equal(cur.ObservedAt.UTC()) && workloadRank[row.State] > workloadRank[cur.State])
+	newer := row.ObservedAt.After(dbtime.Norm(cur.ObservedAt)) ||
+		(row.ObservedAt.Equal(dbtime.Norm(cur.ObservedAt)) && workloadRank[row.State] > workloadRank[cur.State])
 	if !newer {
 		return nil
 	}
@@ -512,7 +493,7 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, e
 		// claim the same command twice within the visibility timeout.
 		lock = " FOR UPDATE SKIP LOCKED"
 	}
-	now := ts(d.Now)
+	now := dbtime.Norm(d.Now)
 	var rows []Command
 	err := t.db(ctx).Raw(`UPDATE commands SET
 			delivered_fencing = ?, fencing_token = ?, last_delivered_at = ?,
@@ -523,7 +504,7 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, e
 			  AND (last_delivered_at IS NULL OR last_delivered_at <= ?)
 			ORDER BY issued_at, operation_id LIMIT ?`+lock+`)
 		RETURNING *`,
-		d.Fencing, d.Fencing, now, now, d.NodeID, ts(d.RedeliverBefore), d.Limit).Scan(&rows).Error
+		d.Fencing, d.Fencing, now, now, d.NodeID, dbtime.Norm(d.RedeliverBefore), d.Limit).Scan(&rows).Error
 	if err != nil {
 		return nil, err
 	}
@@ -544,7 +525,7 @@ func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
 		}
 		detail = string(b)
 	}
-	return t.db(ctx).Create(&NodeAudit{At: ts(e.At), Actor: e.Actor, Action: e.Action, NodeID: e.NodeID, Detail: detail}).Error
+	return t.db(ctx).Create(&NodeAudit{At: dbtime.Norm(e.At), Actor: e.Actor, Action: e.Action, NodeID: e.NodeID, Detail: detail}).Error
 }
 
 func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {

@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/dbtime"
 )
 
 func sortCommands(cs []fleet.Command) {
@@ -34,26 +35,29 @@ func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 	err := s.db.Tx(ctx, func(g *gorm.DB) error {
 		changed = 0
 		for _, r := range batch {
-			until := ts(r.Until)
+			until := dbtime.Norm(r.Until)
 			// A lease only grows, and only for a live node: a retired node
 			// still reports facts but is never given a lease again.
+			// State: mirrors fleet.CanTransition for a heartbeat — lost
+			// becomes ready, ready stays ready, and enrolling (excluded by
+			// the WHERE clause) and retired nodes never change here.
 			updates := map[string]any{
 				"lease_expires_at": gorm.Expr("CASE WHEN state IN (?, ?) AND (lease_expires_at IS NULL OR lease_expires_at < ?) THEN ? ELSE lease_expires_at END",
 					string(fleet.StateReady), string(fleet.StateLost), until, until),
 				"state": gorm.Expr("CASE WHEN state = ? THEN ? ELSE state END", string(fleet.StateLost), string(fleet.StateReady)),
 			}
 			if r.HeartbeatAt != nil {
-				updates["last_heartbeat_at"] = ts(*r.HeartbeatAt)
+				updates["last_heartbeat_at"] = dbtime.Norm(*r.HeartbeatAt)
 			}
 			if r.Facts != nil {
 				f := string(r.Facts.JSON)
 				updates["facts"] = f
-				updates["facts_observed_at"] = ts(r.Facts.ObservedAt)
-				updates["facts_received_at"] = ts(r.Facts.ReceivedAt)
+				updates["facts_observed_at"] = dbtime.Norm(r.Facts.ObservedAt)
+				updates["facts_received_at"] = dbtime.Norm(r.Facts.ReceivedAt)
 				updates["agent_version"] = r.Facts.AgentVersion
 				updates["disk_state"] = r.Facts.Disk.State
 				updates["disk_free_bytes"] = r.Facts.Disk.FreeBytes
-				updates["disk_observed_at"] = tsp(r.Facts.Disk.ObservedAt)
+				updates["disk_observed_at"] = dbtime.NormPtr(r.Facts.Disk.ObservedAt)
 			}
 			res := g.Model(&Node{}).Where("id = ? AND state <> ?", r.NodeID, string(fleet.StateEnrolling)).Updates(updates)
 			if res.Error != nil {
@@ -86,10 +90,11 @@ func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, 
 				return nil
 			}
 		}
+		// Mirrors fleet.CanTransition: only a ready node becomes lost.
 		var rows []Node
 		if err := g.Raw(`UPDATE nodes SET state = ?, updated_at = ?
 			WHERE state = ? AND lease_expires_at < ? RETURNING id`,
-			string(fleet.StateLost), ts(now), string(fleet.StateReady), ts(now)).Scan(&rows).Error; err != nil {
+			string(fleet.StateLost), dbtime.Norm(now), string(fleet.StateReady), dbtime.Norm(now)).Scan(&rows).Error; err != nil {
 			return err
 		}
 		for _, r := range rows {
@@ -124,20 +129,20 @@ func (s *FleetStore) PublishSessions(ctx context.Context, replica string, starte
 	if err != nil {
 		return err
 	}
-	row := Replica{ID: replica, StartedAt: ts(started), HeartbeatAt: ts(now), Sessions: string(b)}
+	row := Replica{ID: replica, StartedAt: dbtime.Norm(started), HeartbeatAt: dbtime.Norm(now), Sessions: string(b)}
 	return s.db.WithContext(ctx).Save(&row).Error
 }
 
 // TouchReplica refreshes this replica's heartbeat only.
 func (s *FleetStore) TouchReplica(ctx context.Context, replica string, now time.Time) (bool, error) {
-	res := s.db.WithContext(ctx).Model(&Replica{}).Where("id = ?", replica).Update("heartbeat_at", ts(now))
+	res := s.db.WithContext(ctx).Model(&Replica{}).Where("id = ?", replica).Update("heartbeat_at", dbtime.Norm(now))
 	return res.RowsAffected == 1, res.Error
 }
 
 // ListSessions merges the sessions of every replica fresh since freshAfter.
 func (s *FleetStore) ListSessions(ctx context.Context, freshAfter time.Time) ([]fleet.LiveSession, error) {
 	var rows []Replica
-	if err := s.db.WithContext(ctx).Where("heartbeat_at >= ?", ts(freshAfter)).Order("id").Find(&rows).Error; err != nil {
+	if err := s.db.WithContext(ctx).Where("heartbeat_at >= ?", dbtime.Norm(freshAfter)).Order("id").Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := []fleet.LiveSession{}

@@ -136,6 +136,70 @@ func TestFleetStoreInvitations(t *testing.T) {
 	})
 }
 
+// TestFleetStoreAbsenceAndConflict: what each method documented in
+// fleet/store.go answers for a row that is not there, or already is.
+func TestFleetStoreAbsenceAndConflict(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		insert(t, s, sampleNode("n1", "rent", 1))
+		inv := fleet.Invitation{ID: "i1", NodeID: "n1", Generation: 1, TokenDigest: "d1", IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), State: fleet.InvitationOutstanding}
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertInvitation(ctx, inv) }))
+		err := s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertInvitation(ctx, inv) })
+		require.ErrorIs(t, err, fleet.ErrDuplicate, "same invitation id")
+
+		_, err = s.Workload(ctx, "n1", "run", "attempt")
+		require.ErrorIs(t, err, fleet.ErrNoRows, "a workload never reported")
+		_, err = s.Command(ctx, "missing")
+		require.ErrorIs(t, err, fleet.ErrNoRows)
+		for _, list := range []func() (int, error){
+			func() (int, error) { c, err := s.Commands(ctx, "missing", "", 0); return len(c), err },
+			func() (int, error) { w, err := s.Workloads(ctx, "missing"); return len(w), err },
+			func() (int, error) { a, err := s.Audit(ctx, "missing", 0); return len(a), err },
+			func() (int, error) { ids, err := s.AppliedOperationIDs(ctx, "missing"); return len(ids), err },
+		} {
+			n, err := list()
+			require.NoError(t, err, "a listing of an unknown node is no error")
+			require.Zero(t, n)
+		}
+		ids, err := s.AppliedOperationIDs(ctx, "missing")
+		require.NoError(t, err)
+		require.NotNil(t, ids, "an empty list, not nil")
+
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			_, err := tx.LockNode(ctx, "missing")
+			require.ErrorIs(t, err, fleet.ErrNoRows)
+			_, err = tx.LockCommand(ctx, "missing")
+			require.ErrorIs(t, err, fleet.ErrNoRows)
+			_, err = tx.Invitation(ctx, "missing")
+			require.ErrorIs(t, err, fleet.ErrNoRows)
+			ok, err := tx.SetInvitationState(ctx, "missing", fleet.InvitationOutstanding, fleet.InvitationRevoked, t0)
+			require.NoError(t, err)
+			require.False(t, ok, "no such invitation")
+			rental, err := tx.NodesOfRental(ctx, "missing")
+			require.NoError(t, err)
+			require.Empty(t, rental)
+			// Updates of rows that are not there write nothing and are no error.
+			require.NoError(t, tx.UpdateNode(ctx, sampleNode("ghost", "ghost", 1)))
+			require.NoError(t, tx.UpdateCommand(ctx, fleet.Command{OperationID: "ghost", NodeID: "n1", Kind: "stop_workload",
+				Payload: json.RawMessage(`{}`), IssuedAt: t0, State: fleet.CommandPending}))
+			claimed, err := tx.ClaimDue(ctx, fleet.Due{NodeID: "n1", Fencing: 1, RedeliverBefore: t0, Now: t0, Limit: 10})
+			require.NoError(t, err)
+			require.Empty(t, claimed, "nothing due")
+			return nil
+		}))
+		_, err = s.Node(ctx, "ghost")
+		require.ErrorIs(t, err, fleet.ErrNoRows, "an update creates nothing")
+		_, err = s.Command(ctx, "ghost")
+		require.ErrorIs(t, err, fleet.ErrNoRows, "an update creates nothing")
+
+		changed, err := s.RenewLeases(ctx, []fleet.LeaseRenewal{{NodeID: "missing", Until: t0}})
+		require.NoError(t, err)
+		require.Zero(t, changed)
+		found, err := s.TouchReplica(ctx, "nobody", t0)
+		require.NoError(t, err)
+		require.False(t, found)
+	})
+}
+
 func TestFleetStoreEventsAndWorkloads(t *testing.T) {
 	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
 		var fresh1, fresh2 map[string]bool
@@ -303,6 +367,54 @@ func TestFleetStoreLeases(t *testing.T) {
 		require.Len(t, recent, 1)
 		require.Equal(t, "node.lost", recent[0].Action)
 		require.Equal(t, "stale", recent[0].NodeID)
+	})
+}
+
+// TestFleetStoreStateChangesMirrorTheStateMachine: the two state changes
+// written in SQL (the lease sweep and a heartbeat's renewal) make only the
+// changes fleet.CanTransition allows, from every state.
+func TestFleetStoreStateChangesMirrorTheStateMachine(t *testing.T) {
+	cases := []struct {
+		from, afterSweep, afterRenewal fleet.State
+	}{
+		{fleet.StateEnrolling, fleet.StateEnrolling, fleet.StateEnrolling},
+		{fleet.StateReady, fleet.StateLost, fleet.StateReady},
+		{fleet.StateLost, fleet.StateLost, fleet.StateReady},
+		{fleet.StateRetired, fleet.StateRetired, fleet.StateRetired},
+	}
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		for i, c := range cases {
+			n := sampleNode(string(c.from), fmt.Sprintf("rental-%d", i), 1)
+			// Every lease has lapsed, so the sweep may move any node it would.
+			n.State, n.LeaseExpiresAt = c.from, tp(t0.Add(-time.Minute))
+			insert(t, s, n)
+		}
+		state := func(id fleet.State) fleet.State {
+			n, err := s.Node(ctx, string(id))
+			require.NoError(t, err)
+			return n.State
+		}
+		allowed := func(from, to fleet.State) bool { return from == to || fleet.CanTransition(from, to) }
+
+		_, _, err := s.SweepLeases(ctx, t0)
+		require.NoError(t, err)
+		for _, c := range cases {
+			got := state(c.from)
+			require.Equal(t, c.afterSweep, got, "sweep of a %s node", c.from)
+			require.True(t, allowed(c.from, got), "sweep moved %s to %s", c.from, got)
+		}
+
+		var batch []fleet.LeaseRenewal
+		for _, c := range cases {
+			batch = append(batch, fleet.LeaseRenewal{NodeID: string(c.from), Until: t0.Add(time.Hour), HeartbeatAt: tp(t0)})
+		}
+		_, err = s.RenewLeases(ctx, batch)
+		require.NoError(t, err)
+		for _, c := range cases {
+			got := state(c.from)
+			require.Equal(t, c.afterRenewal, got, "heartbeat to a %s node (%s after the sweep)", c.from, c.afterSweep)
+			require.True(t, allowed(c.afterSweep, got), "heartbeat moved %s to %s", c.afterSweep, got)
+		}
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/ledger"
 )
 
@@ -82,9 +83,9 @@ func rowFromOperation(o ledger.Operation) Operation {
 		Channel: string(o.Channel), Attempt: o.Attempt, Targets: string(targets),
 		TargetKind: o.TargetKind, TargetID: o.TargetID, ParentID: strp(o.ParentID), Reason: o.Reason,
 		Operation: string(o.Operation), Result: rawp(o.Result), Evidence: rawp(o.Evidence),
-		CancelRequestedAt: tsp(o.CancelRequestedAt), CancelReason: o.CancelReason, Owner: o.Owner,
-		CreatedAt: ts(o.CreatedAt), AcceptedAt: tsp(o.AcceptedAt), FinishedAt: tsp(o.FinishedAt),
-		Deadline: ts(o.Deadline), UpdatedAt: ts(o.UpdatedAt),
+		CancelRequestedAt: dbtime.NormPtr(o.CancelRequestedAt), CancelReason: o.CancelReason, Owner: o.Owner,
+		CreatedAt: dbtime.Norm(o.CreatedAt), AcceptedAt: dbtime.NormPtr(o.AcceptedAt), FinishedAt: dbtime.NormPtr(o.FinishedAt),
+		Deadline: dbtime.Norm(o.Deadline), UpdatedAt: dbtime.Norm(o.UpdatedAt),
 	}
 	if o.Counts != nil {
 		c, _ := json.Marshal(o.Counts)
@@ -104,8 +105,8 @@ func operationFromRow(r Operation) ledger.Operation {
 		Family:                r.Family, Kind: r.Kind, State: ledger.State(r.State), Channel: ledger.Channel(r.Channel),
 		Attempt: r.Attempt, TargetKind: r.TargetKind, TargetID: r.TargetID, ParentID: deref(r.ParentID),
 		Reason: r.Reason, Operation: json.RawMessage(r.Operation), Result: raw(r.Result), Evidence: raw(r.Evidence),
-		CancelRequestedAt: utcp(r.CancelRequestedAt), CancelReason: r.CancelReason, Owner: r.Owner,
-		CreatedAt: r.CreatedAt.UTC(), AcceptedAt: utcp(r.AcceptedAt), FinishedAt: utcp(r.FinishedAt),
+		CancelRequestedAt: dbtime.NormPtr(r.CancelRequestedAt), CancelReason: r.CancelReason, Owner: r.Owner,
+		CreatedAt: r.CreatedAt.UTC(), AcceptedAt: dbtime.NormPtr(r.AcceptedAt), FinishedAt: dbtime.NormPtr(r.FinishedAt),
 		Deadline: r.Deadline.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
 	}
 	_ = json.Unmarshal([]byte(r.Targets), &o.Targets)
@@ -284,7 +285,7 @@ func appendEvents(g *gorm.DB, events []ledger.Event) error {
 		if data == "" {
 			data = "{}"
 		}
-		rows[i] = OperationEvent{OperationID: e.OperationID, Type: e.Type, At: ts(e.At), Data: data}
+		rows[i] = OperationEvent{OperationID: e.OperationID, Type: e.Type, At: dbtime.Norm(e.At), Data: data}
 	}
 	return g.Create(&rows).Error
 }
@@ -306,7 +307,7 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 		if t.r.dialect == Postgres {
 			lock = " FOR UPDATE SKIP LOCKED"
 		}
-		now := ts(now)
+		now := dbtime.Norm(now)
 		// Mirrors ledger.CanTransition(pending, running).
 		var rows []Operation
 		err := t.r.db(ctx).Raw(`UPDATE operations
@@ -331,7 +332,7 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 // RenewOwner upserts the replica's lease.
 func (s *LedgerStore) RenewOwner(ctx context.Context, replica string, until time.Time) error {
 	return s.fleet.db.WithContext(ctx).Exec(`INSERT INTO operation_owners (replica, expires_at) VALUES (?, ?)
-		ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at`, replica, ts(until)).Error
+		ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at`, replica, dbtime.Norm(until)).Error
 }
 
 // DropOwner deletes the replica's lease.
@@ -346,7 +347,7 @@ func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time,
 	err := s.fleet.db.WithContext(ctx).Raw(`SELECT * FROM operations
 		WHERE state = 'running' AND channel = 'local' AND owner <> ?
 		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
-		ORDER BY seq LIMIT ?`, except, ts(now), limit).Scan(&rows).Error
+		ORDER BY seq LIMIT ?`, except, dbtime.Norm(now), limit).Scan(&rows).Error
 	return operationsFromRows(rows), err
 }
 
@@ -372,7 +373,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 		}
 		var ids []string
 		if err := g.Raw(`SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`,
-			ts(opsBefore), batch).Scan(&ids).Error; err != nil {
+			dbtime.Norm(opsBefore), batch).Scan(&ids).Error; err != nil {
 			return err
 		}
 		if len(ids) > 0 {
@@ -386,7 +387,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 			ops = int(res.RowsAffected)
 		}
 		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (SELECT seq FROM operation_events WHERE at < ? LIMIT ?)`,
-			ts(eventsBefore), batch)
+			dbtime.Norm(eventsBefore), batch)
 		events = int(res.RowsAffected)
 		return res.Error
 	})

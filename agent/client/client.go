@@ -198,9 +198,6 @@ func IsLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// BaseURL is the control plane URL.
-func (c *Client) BaseURL() string { return c.base.String() }
-
 // SetSessionToken sets the bearer credential used by every door but Enroll.
 func (c *Client) SetSessionToken(tok string) {
 	c.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/internal/testwait"
 )
 
 // The test binary doubles as the supervisor: Launch re-executes it with this
@@ -55,20 +56,6 @@ func newProcess(t *testing.T, dir string) *Process {
 		}
 	})
 	return p
-}
-
-// eventually polls cond until it holds or a generous deadline passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		<-tick.C
-	}
 }
 
 func observation(t *testing.T, p *Process, run, attempt string) (Observation, bool) {
@@ -109,7 +96,7 @@ func TestProcess(t *testing.T) {
 		}
 		p2 := newProcess(t, dir)
 		var o Observation
-		eventually(t, 20*time.Second, "the exit", func() bool {
+		testwait.For(t, "the exit", 20*time.Second, func() bool {
 			o, _ = observation(t, p2, "run-1", "a1")
 			return o.State == api.WorkloadExited
 		})
@@ -133,7 +120,7 @@ func TestProcess(t *testing.T) {
 		if err := p.Launch(context.Background(), api.LaunchWorkload{RunID: "r", AttemptID: "a", Command: "/bin/sh", Args: []string{"-c", "exit 7"}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 20*time.Second, "the exit", func() bool {
+		testwait.For(t, "the exit", 20*time.Second, func() bool {
 			o, _ := observation(t, p, "r", "a")
 			return o.State == api.WorkloadExited && o.ExitCode != nil && *o.ExitCode == 7
 		})
@@ -148,7 +135,7 @@ func TestProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 20*time.Second, "the exit", func() bool {
+		testwait.For(t, "the exit", 20*time.Second, func() bool {
 			o, _ := observation(t, p, "r", "a")
 			return o.State == api.WorkloadExited
 		})
@@ -185,7 +172,7 @@ func TestProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 20*time.Second, "the trap to be installed", func() bool { _, err := os.Stat(ready); return err == nil })
+		testwait.For(t, "the trap to be installed", 20*time.Second, func() bool { _, err := os.Stat(ready); return err == nil })
 		if err := p.Stop(ctx, api.StopWorkload{RunID: "r", AttemptID: "a", GraceSeconds: 1}); err != nil {
 			t.Fatal(err)
 		}
@@ -232,16 +219,16 @@ func TestProcess(t *testing.T) {
 		if err := p.Launch(ctx, api.LaunchWorkload{RunID: "r", AttemptID: "a", Command: "sh", Args: []string{"-c", "exit 5"}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 20*time.Second, "exit", func() bool { o, _ := observation(t, p, "r", "a"); return o.State == api.WorkloadExited })
+		testwait.For(t, "exit", 20*time.Second, func() bool { o, _ := observation(t, p, "r", "a"); return o.State == api.WorkloadExited })
 		d := p.attemptDir("r", "a")
-		eventually(t, 20*time.Second, "the supervisor to exit", func() bool { return !lockHeld(d) })
+		testwait.For(t, "the supervisor to exit", 20*time.Second, func() bool { return !lockHeld(d) })
 		for _, f := range []string{fileShim, fileStatus, fileExit, fileStdout, fileStderr} {
 			os.Remove(filepath.Join(d, f))
 		}
 		if err := p.Launch(ctx, api.LaunchWorkload{RunID: "r", AttemptID: "a"}); err != nil {
 			t.Fatalf("resume: %v", err)
 		}
-		eventually(t, 20*time.Second, "exit", func() bool {
+		testwait.For(t, "exit", 20*time.Second, func() bool {
 			o, _ := observation(t, p, "r", "a")
 			return o.State == api.WorkloadExited && o.ExitCode != nil && *o.ExitCode == 5
 		})
@@ -250,7 +237,7 @@ func TestProcess(t *testing.T) {
 		}
 		// The resumed supervisor may still be writing after the exit is
 		// visible; the temp dir can only go once it has.
-		eventually(t, 20*time.Second, "the resumed supervisor to exit", func() bool { return !lockHeld(d) })
+		testwait.For(t, "the resumed supervisor to exit", 20*time.Second, func() bool { return !lockHeld(d) })
 	})
 }
 
@@ -339,7 +326,7 @@ func TestArtifacts(t *testing.T) {
 		if err := p.Launch(ctx, api.LaunchWorkload{RunID: "r", AttemptID: "a", Image: "hello:1", Command: "hello"}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 20*time.Second, "exit", func() bool {
+		testwait.For(t, "exit", 20*time.Second, func() bool {
 			o, _ := observation(t, p, "r", "a")
 			return o.State == api.WorkloadExited && o.ExitCode != nil && *o.ExitCode == 4
 		})

@@ -66,7 +66,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		log.Warn("generated a new master key; back it up with the database: losing it invalidates every credential",
 			"path", generated)
 	}
-	db, err := models.Open(ctx, models.Options{URL: cfg.DatabaseURL, DataDir: cfg.DataDir, Logger: log})
+	db, err := models.Open(ctx, models.Options{URL: cfg.DatabaseURL, DataDir: cfg.DataDir})
 	if err != nil {
 		return nil, err
 	}
@@ -145,9 +145,6 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 
 // Close releases the database.
 func (a *App) Close() error { return a.DB.Close() }
-
-// Draining reports whether shutdown has begun.
-func (a *App) Draining() bool { return a.draining.Load() }
 
 // Serve answers on ln until ctx ends, then drains: it refuses new work,
 // answers held long-polls at once, and waits at most the shutdown grace for

@@ -199,7 +199,7 @@ func priorIssue(ctx context.Context, tx Tx, in IssueCommand, dg string) (existin
 	if existing.NodeID != in.NodeID || existing.PayloadDigest != dg {
 		return Command{}, false, ErrOperationConflict
 	}
-	if existing.State != CommandRefused || !leavesNoEffectOnFailure(existing.Kind) {
+	if existing.State != CommandRefused || !LeavesNoEffectOnFailure(existing.Kind) {
 		return existing, true, nil
 	}
 	return existing, false, nil
@@ -215,14 +215,64 @@ func lockReadyNode(ctx context.Context, tx Tx, nodeID string) (Node, error) {
 	if err != nil {
 		return Node{}, err
 	}
+	return n, readyForWork(n)
+}
+
+// readyForWork refuses a node that is retired or not ready.
+func readyForWork(n Node) error {
 	switch n.State {
 	case StateRetired:
-		return Node{}, ErrNodeRetired
+		return ErrNodeRetired
 	case StateReady:
-		return n, nil
+		return nil
 	default:
-		return Node{}, errcode.Errorf(errcode.NodeNotReady, "node is %s; work is sent only to ready nodes", n.State)
+		return errcode.Errorf(errcode.NodeNotReady, "node is %s; work is sent only to ready nodes", n.State)
 	}
+}
+
+// ValidateCommand checks a command's kind and payload (validation_failed).
+func ValidateCommand(kind string, payload json.RawMessage) error {
+	_, _, err := validateIssue(IssueCommand{OperationID: "validate", Kind: kind, Payload: payload})
+	return err
+}
+
+// CheckIssue refuses, without writing anything, a command IssueTx would
+// refuse now: validation_failed, ErrNotFound, ErrNodeRetired,
+// node_not_ready.
+func (s *Service) CheckIssue(ctx context.Context, in IssueCommand) error {
+	if _, _, err := validateIssue(in); err != nil {
+		return err
+	}
+	n, err := s.Node(ctx, in.NodeID)
+	if err != nil {
+		return err
+	}
+	return readyForWork(n)
+}
+
+// IssueTx records a new command inside a transaction the caller owns: the
+// ledger's, which records the command's operation beside it under the same
+// id (and so keeps who asked; no node audit row is written). Errors: those
+// of CheckIssue, ErrOperationConflict when the id exists.
+func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command, error) {
+	payload, dg, err := validateIssue(in)
+	if err != nil {
+		return Command{}, err
+	}
+	n, err := lockReadyNode(ctx, tx, in.NodeID)
+	if err != nil {
+		return Command{}, err
+	}
+	c := Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
+		FencingToken: n.FencingToken, IssuedAt: s.clock(), State: CommandPending}
+	if err := tx.InsertCommand(ctx, c); err != nil {
+		if errors.Is(err, ErrDuplicate) {
+			return Command{}, ErrOperationConflict
+		}
+		return Command{}, err
+	}
+	s.metrics.CommandsIssued.Inc()
+	return c, tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
 }
 
 // Command answers one command. Errors: ErrCommandNotFound.
@@ -432,11 +482,13 @@ func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Resu
 		c.FailureMessage = scrubFailure(r.Failure)
 	}
 	c.SettledAt = &now
+	c.Duplicate = r.Duplicate
+	// The settlement is recorded as the end of the command's operation (the
+	// store keeps the two in step), not as a node audit row.
 	if err := tx.UpdateCommand(ctx, c); err != nil {
 		return Command{}, false, err
 	}
-	return c, true, tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + nodeID, Action: "command.settle", NodeID: nodeID,
-		Detail: map[string]any{"operation_id": c.OperationID, "state": c.State, "duplicate": r.Duplicate}})
+	return c, true, nil
 }
 
 // scrubFailure bounds a node's failure text and keeps it printable. (Known

@@ -218,7 +218,7 @@ func settlePendingUnderNewFence(ctx context.Context, tx Tx, n Node, now time.Tim
 	}
 	var fate pendingFate
 	for _, cmd := range pending {
-		if cmd.DeliveredFencing != nil && !leavesNoEffectOnFailure(cmd.Kind) {
+		if cmd.DeliveredFencing != nil && !LeavesNoEffectOnFailure(cmd.Kind) {
 			cmd.State = CommandRefused
 			cmd.FailureCode = string(errcode.OutcomeUnknown)
 			cmd.FailureMessage = "delivered to an earlier enrollment that never reported it; reconcile from the node's workload reports"

@@ -174,6 +174,10 @@ type Tx interface {
 	// not exist is not an error and nothing is written: callers update only
 	// a command they locked.
 	UpdateCommand(ctx context.Context, c Command) error
+	// WithdrawCommand cancels a pending command never delivered to any
+	// session and answers true; a command delivered at least once, settled,
+	// or absent is left as it is and answers false.
+	WithdrawCommand(ctx context.Context, operationID string, at time.Time) (bool, error)
 	// ClaimDue marks the due commands delivered to d.Fencing at d.Now and
 	// answers them, oldest first, at most d.Limit; nothing due answers an
 	// empty list. On a shared database two claims never take the same

@@ -179,6 +179,9 @@ const (
 	CommandPending CommandState = "pending"
 	CommandApplied CommandState = "applied"
 	CommandRefused CommandState = "refused"
+	// CommandCancelled: withdrawn before it was ever delivered (its
+	// operation was cancelled or passed its deadline). Terminal.
+	CommandCancelled CommandState = "cancelled"
 )
 
 // Command is a durable unit of work for one node.
@@ -198,6 +201,10 @@ type Command struct {
 	LastDeliveredAt  *time.Time
 	DeliveryCount    int
 	SettledAt        *time.Time
+	// Duplicate is set by a settlement whose node said it had already
+	// applied the command (not stored on the command; its operation's
+	// result records it).
+	Duplicate bool
 }
 
 // Wire returns the command as delivered to an agent.
@@ -206,9 +213,9 @@ func (c Command) Wire() api.Command {
 		FencingToken: c.FencingToken, IssuedAt: c.IssuedAt, Payload: c.Payload}
 }
 
-// leavesNoEffectOnFailure reports whether a refused command of kind can be
+// LeavesNoEffectOnFailure reports whether a refused command of kind can be
 // asked again safely: preparing content either completes or leaves nothing.
-func leavesNoEffectOnFailure(kind string) bool {
+func LeavesNoEffectOnFailure(kind string) bool {
 	return kind == api.KindPrepareImage || kind == api.KindPrepareArtifact
 }
 

@@ -3,6 +3,7 @@ package handlers
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
 )
 
 func actor(r *http.Request) string {
@@ -293,6 +295,10 @@ func (h *handler) listOffers(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"offers": out})
 }
 
+// issueCommand is the command wrapper over the ledger (DECISIONS.md §35):
+// it submits node.<kind> with the caller's operation_id as the
+// operation's id and the Idempotency-Key (else the operation_id) as its
+// request id, and answers the command as before.
 func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Kind        string          `json:"kind"`
@@ -303,8 +309,34 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	c, created, err := h.Fleet.Issue(r.Context(), actor(r), fleet.IssueCommand{NodeID: chi.URLParam(r, "id"),
-		OperationID: body.OperationID, Kind: body.Kind, Payload: body.Payload})
+	kind := "node." + body.Kind
+	if _, known := ledger.CommandKinds[kind]; !known {
+		writeError(w, r, validationError("kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload"))
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	requestID := key
+	if requestID == "" {
+		requestID = body.OperationID
+	}
+	payload := body.Payload
+	if len(payload) == 0 || string(payload) == "null" {
+		writeError(w, r, validationError("payload", "required: a JSON object"))
+		return
+	}
+	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
+		OperationID: body.OperationID, RequestID: requestID, Kind: kind,
+		Targets:   []ledger.Target{{Kind: ledger.TargetNode, ID: chi.URLParam(r, "id")}},
+		Operation: payload,
+	})
+	if errors.Is(err, ledger.ErrRequestConflict) && key == "" {
+		err = errcode.Errorf(errcode.OperationConflict, "operation id %q was used for another command", body.OperationID)
+	}
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	c, err := h.Fleet.Command(r.Context(), op.ID)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -317,14 +349,21 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, viewCommand(c))
 }
 
+// validationError is a 422 naming one field.
+func validationError(field, message string) error {
+	var v errcode.Validation
+	v.Add(field, "%s", message)
+	return v.Err()
+}
+
 func (h *handler) listNodeCommands(w http.ResponseWriter, r *http.Request) {
 	var state fleet.CommandState
 	switch s := r.URL.Query().Get("state"); s {
 	case "":
-	case string(fleet.CommandPending), string(fleet.CommandApplied), string(fleet.CommandRefused):
+	case string(fleet.CommandPending), string(fleet.CommandApplied), string(fleet.CommandRefused), string(fleet.CommandCancelled):
 		state = fleet.CommandState(s)
 	default:
-		writeError(w, r, invalidParameter("state", "one of pending, applied, refused"))
+		writeError(w, r, invalidParameter("state", "one of pending, applied, refused, cancelled"))
 		return
 	}
 	limit, err := queryLimit(r, 100, 1000)

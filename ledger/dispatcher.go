@@ -242,6 +242,39 @@ func (s *Service) ownerLoop(ctx context.Context) {
 			s.log.Error("ledger: owner lease", "err", err)
 		}
 		s.recover(ctx, false)
+		s.expire(ctx)
+	}
+}
+
+// expire ends node operations still undelivered at their deadline: the
+// command is withdrawn and the operation fails timed_out (retryable). One
+// delivered meanwhile is left to the node's answer.
+func (s *Service) expire(ctx context.Context) {
+	now := s.clock()
+	overdue, err := s.store.Overdue(ctx, now, 100)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("ledger: find overdue", "err", err)
+		}
+		return
+	}
+	for _, o := range overdue {
+		err := s.store.Tx(ctx, func(tx Tx) error {
+			cur, err := tx.LockOperation(ctx, o.ID)
+			if err != nil || cur.State != StatePending {
+				return err
+			}
+			withdrawn, err := tx.Fleet().WithdrawCommand(ctx, cur.ID, now)
+			if err != nil || !withdrawn {
+				return err
+			}
+			_, err = s.endTx(ctx, tx, cur, StateFailed, nil, &Error{Code: CodeTimedOut,
+				Message: "no node took it before its deadline", Retryable: true}, now)
+			return err
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Error("ledger: expire", "operation_id", o.ID, "err", err)
+		}
 	}
 }
 

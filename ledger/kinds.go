@@ -53,6 +53,11 @@ type Kind struct {
 	// Run carries the operation out outside any transaction (work that
 	// waits on the world); the dispatcher records its answer after.
 	Run func(ctx context.Context, op Operation) (json.RawMessage, error)
+	// Record hands the operation to a node: it writes, in the submitting
+	// transaction, what the node will be sent (DECISIONS.md §34). Such an
+	// operation is on channel long_poll, never passes through the
+	// dispatcher, and ends with the node's answer.
+	Record func(ctx context.Context, tx Tx, op Operation) error
 }
 
 // Registry maps kind names to kinds. A kind it does not hold is not served.
@@ -75,8 +80,14 @@ func (r *Registry) Register(k *Kind) {
 	if _, dup := r.kinds[k.Name]; dup {
 		panic("ledger: kind registered twice: " + k.Name)
 	}
-	if k.Prepare == nil || (k.RunTx == nil) == (k.Run == nil) {
-		panic("ledger: kind " + k.Name + " needs Prepare and exactly one of RunTx, Run")
+	ways := 0
+	for _, set := range []bool{k.RunTx != nil, k.Run != nil, k.Record != nil} {
+		if set {
+			ways++
+		}
+	}
+	if k.Prepare == nil || ways != 1 {
+		panic("ledger: kind " + k.Name + " needs Prepare and exactly one of RunTx, Run, Record")
 	}
 	r.kinds[k.Name] = k
 }

@@ -145,7 +145,11 @@ func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microse
 
 // Submission is a request to record an operation.
 type Submission struct {
-	RequestID string
+	// OperationID is the caller's own id for the operation (the command
+	// wrapper's operation_id); empty mints a UUID. Ids are globally
+	// unique: one taken by another request is operation_conflict.
+	OperationID string
+	RequestID   string
 	Kind      string
 	Targets   []Target
 	// Operation is the kind's request body (a JSON object).
@@ -166,6 +170,9 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	v.Check(sub.Kind != "", "kind", "required")
 	v.Check(sub.Wait >= 0 && sub.Wait <= s.settings.MaxWait, "wait_timeout_ms", "0 to %d", s.settings.MaxWait.Milliseconds())
 	v.Check(len(sub.Reason) <= 1024, "reason", "at most 1024 bytes")
+	if sub.OperationID != "" {
+		v.Check(ValidRequestID(sub.OperationID), "operation_id", "1-128 characters of letters, digits, '.', '_', ':' or '-'")
+	}
 	for i, t := range sub.Targets {
 		v.Check(t.Kind != "", "targets/"+itoa(i)+"/kind", "required")
 	}
@@ -201,10 +208,18 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	}
 
 	now := s.clock()
+	id := sub.OperationID
+	if id == "" {
+		id = uuid.NewString()
+	}
+	channel := ChannelLocal
+	if kind.Record != nil {
+		channel = ChannelLongPoll
+	}
 	op := Operation{
-		ID: uuid.NewString(), RequestID: sub.RequestID, Digest: digest,
+		ID: id, RequestID: sub.RequestID, Digest: digest,
 		PrincipalKind: p.Kind, PrincipalID: p.ID, PrincipalName: p.Name, PackageHostGeneration: p.Generation,
-		Family: kind.Family, Kind: kind.Name, State: StatePending, Channel: ChannelLocal,
+		Family: kind.Family, Kind: kind.Name, State: StatePending, Channel: channel,
 		Targets: d.Targets, Operation: d.Operation, Reason: sub.Reason,
 		CreatedAt: now, Deadline: now.Add(s.settings.Deadline), UpdatedAt: now,
 	}
@@ -213,18 +228,28 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 		if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
 			return err
 		}
-		if err := tx.InsertOperation(ctx, &op); err != nil {
+		submitted := Event{OperationID: op.ID, Type: EventSubmitted, At: now,
+			Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}
+		if err := tx.InsertOperation(ctx, &op, submitted); err != nil {
 			return err
 		}
-		if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: EventSubmitted, At: now,
-			Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}); err != nil {
-			return err
+		if kind.Record != nil {
+			// The node's long-poll is woken by what Record writes; nothing
+			// here waits on the operation yet.
+			if err := kind.Record(ctx, tx, op); err != nil {
+				return err
+			}
+			return s.checkNodeQuota(ctx, tx, kind, op, true)
 		}
 		return tx.Notify(ctx, op.ID)
 	})
 	if errors.Is(err, ErrDuplicate) {
-		// A concurrent submit of the same request won the insert.
+		// A concurrent submit of the same request won the insert; or the
+		// caller's operation id belongs to another request.
 		op, err := s.replay(ctx, p, sub.RequestID, digest)
+		if errors.Is(err, ErrNoRows) {
+			err = errcode.Errorf(errcode.OperationConflict, "operation id %q is taken by another request", id)
+		}
 		return s.waitAnswer(ctx, op, false, sub.Wait, err)
 	}
 	if err != nil {
@@ -255,8 +280,8 @@ func (s *Service) waitAnswer(ctx context.Context, op Operation, created bool, wa
 
 // checkQuotas refuses a submission past the open-operation quotas
 // (DECISIONS.md §38): per package host (top-level operations), and per
-// target node for everyone but quota-exempt kinds. The keys it locks
-// serialise concurrent submissions, so a quota is never overrun.
+// target node for everyone but quota-exempt kinds. What it locks
+// serialises concurrent submissions, so a quota is never overrun.
 func (s *Service) checkQuotas(ctx context.Context, tx Tx, p Principal, k *Kind, op Operation) error {
 	if p.Kind == PrincipalPackageHost {
 		if err := tx.LockKey(ctx, "principal:"+p.Key()); err != nil {
@@ -270,17 +295,35 @@ func (s *Service) checkQuotas(ctx context.Context, tx Tx, p Principal, k *Kind, 
 			return errcode.Errorf(errcode.QuotaExceeded, "this package host has %d operations not yet ended (at most %d)", n, s.settings.PackageHostQuota)
 		}
 	}
-	if nodeID := op.TargetID; op.TargetKind == TargetNode && nodeID != "" && !k.QuotaExempt {
+	if k.Record == nil {
+		return s.checkNodeQuota(ctx, tx, k, op, false)
+	}
+	return nil
+}
+
+// checkNodeQuota refuses an operation past its target node's quota. A kind
+// that records a command counts after recording it (recorded true): the
+// command locked the node's row, which serialises submissions to the node
+// without a lock of the ledger's own.
+func (s *Service) checkNodeQuota(ctx context.Context, tx Tx, k *Kind, op Operation, recorded bool) error {
+	nodeID := op.TargetID
+	if op.TargetKind != TargetNode || nodeID == "" || k.QuotaExempt {
+		return nil
+	}
+	if !recorded {
 		if err := tx.LockKey(ctx, "node:"+nodeID); err != nil {
 			return err
 		}
-		n, err := tx.CountOpenForNode(ctx, nodeID, s.quotaExempt())
-		if err != nil {
-			return err
-		}
-		if n >= s.settings.NodeQuota {
-			return errcode.Errorf(errcode.QuotaExceeded, "node %s has %d operations not yet ended (at most %d)", nodeID, n, s.settings.NodeQuota)
-		}
+	}
+	n, err := tx.CountOpenForNode(ctx, nodeID, s.quotaExempt())
+	if err != nil {
+		return err
+	}
+	if recorded {
+		n-- // this operation is counted already
+	}
+	if n >= s.settings.NodeQuota {
+		return errcode.Errorf(errcode.QuotaExceeded, "node %s has %d operations not yet ended (at most %d)", nodeID, n, s.settings.NodeQuota)
 	}
 	return nil
 }
@@ -372,7 +415,16 @@ func (s *Service) cancelTx(ctx context.Context, tx Tx, op Operation, reason stri
 		return op, nil
 	}
 	op.CancelRequestedAt, op.CancelReason = &now, reason
-	if op.State == StatePending {
+	withdrawn := op.State == StatePending
+	if op.Channel == ChannelLongPoll {
+		// A node's command is withdrawn only while undelivered; once
+		// delivered, its operation ends with the node's answer.
+		var err error
+		if withdrawn, err = tx.Fleet().WithdrawCommand(ctx, op.ID, now); err != nil {
+			return op, err
+		}
+	}
+	if withdrawn {
 		return s.endTx(ctx, tx, op, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(reason)}, now)
 	}
 	op.UpdatedAt = now

@@ -145,7 +145,8 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 	for _, m := range mutate {
 		m(&st)
 	}
-	reg := ledger.NewRegistry(append(tk.kinds(), ledger.NodeKinds(b.fleet)...)...)
+	kinds := append(tk.kinds(), ledger.NodeKinds(b.fleet)...)
+	reg := ledger.NewRegistry(append(kinds, ledger.CommandKindsOf(b.fleet)...)...)
 	b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
 		Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler), CrossReplica: db.Dialect == models.Postgres})
 	b.fstore.SetOnCommit(func(notes []fleet.Notification) {

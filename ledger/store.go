@@ -54,6 +54,9 @@ type Store interface {
 	// Orphans answers up to limit running local operations owned by a
 	// replica other than except that holds no lease current at leaseAt.
 	Orphans(ctx context.Context, except string, leaseAt time.Time, limit int) ([]Operation, error)
+	// Overdue answers up to limit pending operations of channel long_poll
+	// whose deadline passed before now, oldest deadline first.
+	Overdue(ctx context.Context, now time.Time, limit int) ([]Operation, error)
 	// Prune deletes up to batch ended operations finished before opsBefore
 	// (with their events) and up to batch events older than eventsBefore,
 	// and answers how many of each went. On a shared database only one
@@ -89,9 +92,10 @@ type Tx interface {
 	// LockOperation answers the operation locked against concurrent change,
 	// or ErrNoRows.
 	LockOperation(ctx context.Context, id string) (Operation, error)
-	// InsertOperation records op and sets its Cursor; ErrDuplicate when its
-	// id, or its principal's request id, exists.
-	InsertOperation(ctx context.Context, op *Operation) error
+	// InsertOperation records op with its first events and sets its
+	// Cursor; ErrDuplicate when its id, or its principal's request id,
+	// exists.
+	InsertOperation(ctx context.Context, op *Operation, events ...Event) error
 	// UpdateOperation writes every mutable field of op.
 	UpdateOperation(ctx context.Context, op Operation) error
 	// CountOpenForNode counts operations not yet ended that target the

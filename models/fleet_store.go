@@ -483,37 +483,73 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 
 func (t *fleetTx) UpdateCommand(ctx context.Context, c fleet.Command) error {
 	row := rowFromCommand(c)
-	return t.db(ctx).Model(&Command{OperationID: c.OperationID}).Select("*").Omit("operation_id").Updates(&row).Error
+	if err := t.db(ctx).Model(&Command{OperationID: c.OperationID}).Select("*").Omit("operation_id").Updates(&row).Error; err != nil {
+		return err
+	}
+	return t.mirrorCommandEnd(ctx, c)
 }
 
 func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, error) {
-	lock := ""
-	if t.dialect == Postgres {
-		// Two polls of one node (an old connection not yet gone) never
-		// claim the same command twice within the visibility timeout.
-		lock = " FOR UPDATE SKIP LOCKED"
-	}
 	now := dbtime.Norm(d.Now)
-	var rows []Command
-	err := t.db(ctx).Raw(`UPDATE commands SET
+	const claim = `UPDATE commands SET
 			delivered_fencing = ?, fencing_token = ?, last_delivered_at = ?,
 			first_delivered_at = COALESCE(first_delivered_at, ?), delivery_count = delivery_count + 1
 		WHERE operation_id IN (
 			SELECT operation_id FROM commands
 			WHERE node_id = ? AND state = 'pending'
 			  AND (last_delivered_at IS NULL OR last_delivered_at <= ?)
-			ORDER BY issued_at, operation_id LIMIT ?`+lock+`)
-		RETURNING *`,
-		d.Fencing, d.Fencing, now, now, d.NodeID, dbtime.Norm(d.RedeliverBefore), d.Limit).Scan(&rows).Error
-	if err != nil {
+			ORDER BY issued_at, operation_id LIMIT ?`
+	args := []any{d.Fencing, d.Fencing, now, now, d.NodeID, dbtime.Norm(d.RedeliverBefore), d.Limit}
+	var out []fleet.Command
+	if t.dialect == Postgres {
+		// One statement claims the commands (two polls of one node, an old
+		// connection not yet gone, never claim the same command twice within
+		// the visibility timeout: SKIP LOCKED) and marks the operations of
+		// first deliveries running, with their events and notifications.
+		var rows []claimedRow
+		err := t.db(ctx).Raw(`WITH claimed AS (`+claim+` FOR UPDATE SKIP LOCKED) RETURNING *),
+			ops AS (
+				UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
+				WHERE id IN (SELECT operation_id FROM claimed WHERE delivery_count = 1) AND state = 'pending'
+				RETURNING id),
+			ev AS (
+				INSERT INTO operation_events (operation_id, type, at, data)
+				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
+				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
+				RETURNING operation_id)
+			SELECT claimed.*, EXISTS (SELECT 1 FROM ev WHERE ev.operation_id = claimed.operation_id) AS operation_running
+			FROM claimed`,
+			append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica))...).Scan(&rows).Error
+		if err != nil {
+			return nil, err
+		}
+		var running []string
+		for _, r := range rows {
+			out = append(out, commandFromRow(r.Command))
+			if r.OperationRunning {
+				running = append(running, r.OperationID)
+			}
+		}
+		t.noteOperations(running)
+		sortCommands(out)
+		return out, nil
+	}
+	var rows []Command
+	if err := t.db(ctx).Raw(claim+`) RETURNING *`, args...).Scan(&rows).Error; err != nil {
 		return nil, err
 	}
-	out := make([]fleet.Command, len(rows))
-	for i, row := range rows {
-		out[i] = commandFromRow(row)
+	for _, row := range rows {
+		out = append(out, commandFromRow(row))
 	}
 	sortCommands(out)
-	return out, nil
+	return out, t.mirrorFirstDeliveries(ctx, out, d.Now)
+}
+
+// claimedRow is a claimed command and whether its operation just became
+// running.
+type claimedRow struct {
+	Command          `gorm:"embedded"`
+	OperationRunning bool
 }
 
 func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {

@@ -232,7 +232,7 @@ func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operati
 	return operationFromRow(row), nil
 }
 
-func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation) error {
+func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, events ...ledger.Event) error {
 	row := rowFromOperation(*op)
 	row.Seq = 0
 	if err := t.r.db(ctx).Create(&row).Error; err != nil {
@@ -242,7 +242,7 @@ func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation) er
 		return err
 	}
 	op.Cursor = row.Seq
-	return nil
+	return appendEvents(t.r.db(ctx), events)
 }
 
 func (t *ledgerTx) UpdateOperation(ctx context.Context, op ledger.Operation) error {
@@ -348,6 +348,15 @@ func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time,
 		WHERE state = 'running' AND channel = 'local' AND owner <> ?
 		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
 		ORDER BY seq LIMIT ?`, except, dbtime.Norm(now), limit).Scan(&rows).Error
+	return operationsFromRows(rows), err
+}
+
+// Overdue answers undelivered node operations past their deadline.
+func (s *LedgerStore) Overdue(ctx context.Context, now time.Time, limit int) ([]ledger.Operation, error) {
+	var rows []Operation
+	err := s.fleet.db.WithContext(ctx).Raw(`SELECT * FROM operations
+		WHERE state = 'pending' AND channel = 'long_poll' AND deadline < ?
+		ORDER BY deadline LIMIT ?`, dbtime.Norm(now), limit).Scan(&rows).Error
 	return operationsFromRows(rows), err
 }
 

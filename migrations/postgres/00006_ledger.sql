@@ -50,6 +50,7 @@ CREATE INDEX operations_target ON operations(target_kind, target_id, seq);
 CREATE INDEX operations_request_id ON operations(request_id, seq);
 -- The dispatcher's queue and the quota counts look at open operations only.
 CREATE INDEX operations_claimable ON operations(seq) WHERE state = 'pending' AND channel = 'local';
+CREATE INDEX operations_undelivered ON operations(deadline) WHERE state = 'pending' AND channel = 'long_poll';
 CREATE INDEX operations_owned ON operations(owner) WHERE state = 'running' AND channel = 'local';
 CREATE INDEX operations_open_target ON operations(target_id) WHERE terminal = FALSE;
 CREATE INDEX operations_open_principal ON operations(principal_kind, principal_id) WHERE terminal = FALSE AND parent_id IS NULL;

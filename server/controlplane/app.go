@@ -106,7 +106,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	ledgerStore := models.NewLedgerStore(a.fleetStore)
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
-		Kinds:        ledger.NewRegistry(ledger.NodeKinds(a.Fleet)...),
+		Kinds:        ledger.NewRegistry(append(ledger.NodeKinds(a.Fleet), ledger.CommandKindsOf(a.Fleet)...)...),
 		Settings:     ledger.Settings{SingleProcess: db.Dialect == models.SQLite},
 		Replica:      cfg.ReplicaID,
 		Now:          cfg.Now,

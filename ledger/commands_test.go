@@ -1,0 +1,212 @@
+package ledger_test
+
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+var rentalN int
+
+// readyNode invites and enrolls a node and answers its id, session and
+// enrollment answer's fencing token.
+func (b *bundle) readyNode(t *testing.T) (string, fleet.Session) {
+	t.Helper()
+	rentalN++
+	boot, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "rack-" + strconv.Itoa(rentalN) + "-" + b.replica, Generation: 1})
+	require.NoError(t, err)
+	resp, err := b.fleet.Enroll(ctx, enrollRequest(boot, b.clock.Now(), nil))
+	require.NoError(t, err)
+	sess, err := b.fleet.Authenticate(ctx, resp.SessionToken, fleet.DoorAsk)
+	require.NoError(t, err)
+	return boot.NodeID, sess
+}
+
+func enrollRequest(boot api.Bootstrap, at time.Time, unacked []api.Result) api.EnrollRequest {
+	free := int64(1 << 30)
+	return api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation, EnrollmentToken: boot.EnrollmentToken,
+		AgentVersion: "1.0.0", UnacknowledgedResults: unacked,
+		Facts: api.Facts{Hostname: "h", OS: "linux", Arch: "amd64", CPUs: 2, MemoryBytes: 1 << 30, DiskFreeBytes: &free,
+			AgentVersion: "1.0.0", Runtimes: []string{"process"}, ObservedAt: at}}
+}
+
+func (b *bundle) command(t *testing.T, nodeID, kind, payload string) ledger.Operation {
+	t.Helper()
+	op, created, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: kind,
+		Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: nodeID}}, Operation: json.RawMessage(payload)})
+	require.NoError(t, err)
+	require.True(t, created)
+	return op
+}
+
+const launch = `{"run_id":"r1","attempt_id":"a1","command":"/bin/true"}`
+const prepare = `{"image":"busybox:1"}`
+
+func (b *bundle) poll(t *testing.T, sess fleet.Session) []fleet.Command {
+	t.Helper()
+	cmds, err := b.fleet.Poll(ctx, sess, 0, "test")
+	require.NoError(t, err)
+	return cmds
+}
+
+func (b *bundle) settle(t *testing.T, sess fleet.Session, results ...api.Result) {
+	t.Helper()
+	_, err := b.fleet.Settle(ctx, sess, results)
+	require.NoError(t, err)
+}
+
+func TestCommandOperations(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		t.Run("OneIdOneCommandToSuccess", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			op := b.command(t, node, ledger.KindNodeLaunchWorkload, launch)
+			require.Equal(t, ledger.ChannelLongPoll, op.Channel)
+			require.Equal(t, ledger.StatePending, op.State)
+			c, err := b.fleet.Command(ctx, op.ID)
+			require.NoError(t, err, "the command shares the operation's id")
+			require.Equal(t, api.KindLaunchWorkload, c.Kind)
+			require.JSONEq(t, launch, string(c.Payload))
+
+			cmds := b.poll(t, sess)
+			require.Len(t, cmds, 1)
+			running, err := b.store.Operation(ctx, op.ID)
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateRunning, running.State, "running once first delivered")
+			require.NotNil(t, running.AcceptedAt)
+
+			b.settle(t, sess, api.Result{OperationID: op.ID, Applied: true, Duplicate: true})
+			done, err := b.store.Operation(ctx, op.ID)
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateSucceeded, done.State)
+			require.JSONEq(t, `{"applied":true,"duplicate":true}`, string(done.Result))
+			require.Equal(t, []string{"submitted", "running", "succeeded"}, eventTypes(t, b, op.ID))
+			// Settling again changes nothing.
+			b.settle(t, sess, api.Result{OperationID: op.ID, Applied: true})
+			require.Equal(t, []string{"submitted", "running", "succeeded"}, eventTypes(t, b, op.ID))
+			require.Zero(t, dbtest.Count(t, b.db.DB, &models.NodeAudit{}, "action IN ?", []string{"command.issue", "command.settle"}),
+				"who asked and what the node answered are the operation's events, not node audit rows")
+		})
+		t.Run("RefusalsAndRetryability", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			p := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+			l := b.command(t, node, ledger.KindNodeLaunchWorkload, launch)
+			b.poll(t, sess)
+			b.settle(t, sess, api.Result{OperationID: p.ID, Failure: "pull failed"}, api.Result{OperationID: l.ID, Failure: "exec failed"})
+			pf, _ := b.store.Operation(ctx, p.ID)
+			lf, _ := b.store.Operation(ctx, l.ID)
+			require.Equal(t, ledger.StateFailed, pf.State)
+			require.Equal(t, &ledger.Error{Code: "refused_by_node", Message: "pull failed", Retryable: true}, pf.Error)
+			require.Equal(t, &ledger.Error{Code: "refused_by_node", Message: "exec failed", Retryable: false}, lf.Error)
+		})
+		t.Run("RefusedAtSubmitRecordsNothing", func(t *testing.T) {
+			boot, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "enrolling-" + b.replica, Generation: 1})
+			require.NoError(t, err)
+			before := countOps(t, b)
+			target := []ledger.Target{{Kind: ledger.TargetNode, ID: boot.NodeID}}
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeLaunchWorkload, Targets: target, Operation: json.RawMessage(launch)})
+			requireCode(t, err, errcode.NodeNotReady)
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeLaunchWorkload,
+				Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "ghost"}}, Operation: json.RawMessage(launch)})
+			requireCode(t, err, errcode.NotFound)
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeLaunchWorkload, Targets: target, Operation: json.RawMessage(`{"run_id":"r"}`)})
+			requireCode(t, err, errcode.ValidationFailed)
+			require.Equal(t, before, countOps(t, b))
+			require.Zero(t, dbtest.Count(t, b.db.DB, &models.Command{}, "node_id = ?", boot.NodeID))
+		})
+		t.Run("CancelWithdrawsOnlyUndelivered", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			undelivered := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+			got, err := b.svc.Cancel(ctx, admin, undelivered.ID, "not needed")
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateCancelled, got.State)
+			c, _ := b.fleet.Command(ctx, undelivered.ID)
+			require.Equal(t, fleet.CommandCancelled, c.State)
+			require.Empty(t, b.poll(t, sess), "a withdrawn command is never delivered")
+
+			delivered := b.command(t, node, ledger.KindNodeLaunchWorkload, launch)
+			require.Len(t, b.poll(t, sess), 1)
+			got, err = b.svc.Cancel(ctx, admin, delivered.ID, "too late")
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateRunning, got.State, "once delivered, it ends with the node's answer")
+			require.NotNil(t, got.CancelRequestedAt)
+			b.settle(t, sess, api.Result{OperationID: delivered.ID, Applied: true})
+			done, _ := b.store.Operation(ctx, delivered.ID)
+			require.Equal(t, ledger.StateSucceeded, done.State)
+		})
+		t.Run("RetirementCancelsUndelivered", func(t *testing.T) {
+			node, _ := b.readyNode(t)
+			op := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+			_, err := b.fleet.Retire(ctx, "admin:test", node, "")
+			require.NoError(t, err)
+			done, _ := b.store.Operation(ctx, op.ID)
+			require.Equal(t, ledger.StateCancelled, done.State)
+			require.Equal(t, "node_retired", done.Error.Code)
+		})
+		t.Run("ReenrollmentEndsDeliveredLaunchOutcomeUnknown", func(t *testing.T) {
+			rentalN++
+			boot, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "re-" + strconv.Itoa(rentalN) + b.replica, Generation: 1})
+			require.NoError(t, err)
+			resp, err := b.fleet.Enroll(ctx, enrollRequest(boot, b.clock.Now(), nil))
+			require.NoError(t, err)
+			sess, err := b.fleet.Authenticate(ctx, resp.SessionToken, fleet.DoorAsk)
+			require.NoError(t, err)
+			op := b.command(t, boot.NodeID, ledger.KindNodeLaunchWorkload, launch)
+			require.Len(t, b.poll(t, sess), 1)
+			again, err := b.fleet.Reinvite(ctx, "admin:test", boot.NodeID, nil)
+			require.NoError(t, err)
+			_, err = b.fleet.Enroll(ctx, enrollRequest(again, b.clock.Now(), nil))
+			require.NoError(t, err)
+			done, _ := b.store.Operation(ctx, op.ID)
+			require.Equal(t, ledger.StateFailed, done.State)
+			require.Equal(t, &ledger.Error{Code: "outcome_unknown", Message: done.Error.Message, Retryable: false}, done.Error)
+		})
+		t.Run("NodeQuota", func(t *testing.T) {
+			node, _ := b.readyNode(t)
+			for i := range 32 {
+				b.command(t, node, ledger.KindNodePrepareImage, `{"image":"img-`+strconv.Itoa(i)+`"}`)
+			}
+			before := countOps(t, b)
+			_, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodePrepareImage,
+				Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}, Operation: json.RawMessage(prepare)})
+			requireCode(t, err, errcode.QuotaExceeded)
+			require.Equal(t, before, countOps(t, b))
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeRetire,
+				Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}})
+			require.NoError(t, err, "retirement is exempt from the node quota")
+		})
+		t.Run("CallerOperationIDs", func(t *testing.T) {
+			node, _ := b.readyNode(t)
+			sub := ledger.Submission{OperationID: "op-" + b.replica, RequestID: "op-" + b.replica, Kind: ledger.KindNodePrepareImage,
+				Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}, Operation: json.RawMessage(prepare)}
+			op, created, err := b.svc.Submit(ctx, admin, sub)
+			require.NoError(t, err)
+			require.True(t, created)
+			require.Equal(t, sub.OperationID, op.ID)
+			sub.RequestID = "another-request"
+			_, _, err = b.svc.Submit(ctx, admin, sub)
+			requireCode(t, err, errcode.OperationConflict)
+		})
+	})
+}
+
+func TestUndeliveredCommandTimesOut(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, sess := b.readyNode(t)
+		op := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+		b.clock.Advance(11 * time.Minute)
+		b.start(t)
+		done := b.waitState(t, op.ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeTimedOut, done.Error.Code)
+		require.Empty(t, b.poll(t, sess))
+	}, func(s *ledger.Settings) { s.OwnerLease = 300 * time.Millisecond })
+}

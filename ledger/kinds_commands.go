@@ -1,0 +1,92 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/fleet"
+)
+
+// Command kinds (family commands) are carried out by a node. Each is one
+// durable command recorded in the submitting transaction under the
+// operation's id (DECISIONS.md §34): it never passes through the
+// dispatcher, is running once first delivered, and ends with the node's
+// answer. Its operation is the command's payload.
+const (
+	KindNodePrepareImage    = "node.prepare_image"
+	KindNodePrepareArtifact = "node.prepare_artifact"
+	KindNodeLaunchWorkload  = "node.launch_workload"
+	KindNodeStopWorkload    = "node.stop_workload"
+)
+
+// CommandKinds maps each command kind to the agent's command kind.
+var CommandKinds = map[string]string{
+	KindNodePrepareImage:    api.KindPrepareImage,
+	KindNodePrepareArtifact: api.KindPrepareArtifact,
+	KindNodeLaunchWorkload:  api.KindLaunchWorkload,
+	KindNodeStopWorkload:    api.KindStopWorkload,
+}
+
+// CommandResult is what a command operation that succeeded records.
+type CommandResult struct {
+	Applied bool `json:"applied"`
+	// Duplicate: the node had applied it already (a redelivery).
+	Duplicate bool `json:"duplicate"`
+}
+
+// CommandEnding is how a command's end ends its operation.
+type CommandEnding struct {
+	State  State
+	Error  *Error
+	Result json.RawMessage
+}
+
+// CommandEnd answers how a command's operation ends once the command has
+// (ok false while it has not, and for a withdrawal, which the ledger ends
+// itself). Refusals by the node are retryable only for kinds that leave no
+// effect when refused (preparing); a command refused because its node was
+// retired before delivery is cancelled; one whose outcome cannot be known
+// after a re-enrollment fails outcome_unknown (DECISIONS.md §1, §38).
+func CommandEnd(c fleet.Command) (CommandEnding, bool) {
+	switch c.State {
+	case fleet.CommandApplied:
+		return CommandEnding{State: StateSucceeded, Result: mustJSON(CommandResult{Applied: true, Duplicate: c.Duplicate})}, true
+	case fleet.CommandRefused:
+		e := &Error{Code: c.FailureCode, Message: c.FailureMessage}
+		switch c.FailureCode {
+		case "node_retired":
+			return CommandEnding{State: StateCancelled, Error: e}, true
+		case "outcome_unknown":
+			return CommandEnding{State: StateFailed, Error: e}, true
+		}
+		e.Retryable = fleet.LeavesNoEffectOnFailure(c.Kind)
+		return CommandEnding{State: StateFailed, Error: e}, true
+	}
+	return CommandEnding{}, false
+}
+
+// CommandKindsOf are the command kinds, carried out through f.
+func CommandKindsOf(f *fleet.Service) []*Kind {
+	var out []*Kind
+	for name, agentKind := range CommandKinds {
+		out = append(out, &Kind{
+			Name: name, Family: FamilyCommands, Capability: "commands.v1", LevelTriggered: true,
+			// The node's state (absent, retired, not ready) is checked by
+			// Record, in the submitting transaction: its refusal rolls the
+			// operation back, so nothing is recorded, at no extra read.
+			Prepare: func(ctx context.Context, d *Draft) error {
+				if _, err := oneNodeTarget(d); err != nil {
+					return err
+				}
+				return fleet.ValidateCommand(agentKind, d.Operation)
+			},
+			Record: func(ctx context.Context, tx Tx, op Operation) error {
+				_, err := f.IssueTx(ctx, tx.Fleet(), fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
+					Kind: agentKind, Payload: op.Operation})
+				return err
+			},
+		})
+	}
+	return out
+}

@@ -150,8 +150,8 @@ type Submission struct {
 	// unique: one taken by another request is operation_conflict.
 	OperationID string
 	RequestID   string
-	Kind      string
-	Targets   []Target
+	Kind        string
+	Targets     []Target
 	// Operation is the kind's request body (a JSON object).
 	Operation json.RawMessage
 	Reason    string

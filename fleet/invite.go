@@ -202,7 +202,7 @@ func (s *Service) inviteTx(ctx context.Context, tx Tx, actor string, in Invite) 
 }
 
 func (s *Service) bootstrap(n Node, inv Invitation, token string) api.Bootstrap {
-	return api.Bootstrap{NodeID: n.ID, RentalID: n.RentalID, Generation: n.Generation, EnrollmentToken: token,
+	return api.Bootstrap{NodeID: n.ID, RentalID: n.RentalID, Generation: n.Generation, EnrollmentToken: token, InvitationID: inv.ID,
 		ExpiresAt: inv.ExpiresAt, ControlPlaneURL: s.settings.PublicURL, AgentVersion: s.settings.AgentVersion,
 		CACertificatePEM: s.settings.CACertificatePEM}
 }
@@ -310,5 +310,38 @@ func (s *Service) ReinviteTx(ctx context.Context, tx Tx, actor, nodeID string, r
 		return tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: "node.reinvite", NodeID: n.ID,
 			Detail: map[string]any{"invitation_id": inv.ID, "expires_at": inv.ExpiresAt, "superseded": len(outstanding)}})
 	}()
+	return out, err
+}
+
+// RemintBootstrap answers an invitation's bootstrap with its enrollment
+// token minted again from the stored claims: an HMAC-signed token is
+// deterministic, so it is the identical token, shown again to an
+// administrator replaying the request that created it (DECISIONS.md §35).
+// Errors: ErrNotFound; unavailable when the master key rotated since (the
+// re-mint no longer matches the stored digest).
+func (s *Service) RemintBootstrap(ctx context.Context, invitationID string) (api.Bootstrap, error) {
+	var out api.Bootstrap
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		inv, err := tx.Invitation(ctx, invitationID)
+		if isNoRows(err) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		n, err := tx.Node(ctx, inv.NodeID)
+		if err != nil {
+			return err
+		}
+		tok, err := s.mintEnrollment(inv)
+		if err != nil {
+			return errNoKey
+		}
+		if digest(tok) != inv.TokenDigest {
+			return errcode.New(errcode.Unavailable, "the enrollment token can no longer be shown (the master key was rotated since); reinvite the node")
+		}
+		out = s.bootstrap(n, inv, tok)
+		return nil
+	})
 	return out, err
 }

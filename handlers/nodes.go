@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
@@ -35,6 +36,75 @@ func parseTime(v *errcode.Validation, field string, s *string) *time.Time {
 	return &t
 }
 
+// The node wrappers submit their ledger kinds and wait to the end (they
+// are local and quick), answering as before the ledger (DECISIONS.md §35).
+// The Idempotency-Key header, when given, is the request id: a replay
+// answers the same result, with the identical enrollment token minted again
+// for an administrator.
+
+// submitAndWait submits a wrapper's operation and waits for its end. It
+// answers false after writing the answer itself: an error, the operation's
+// own failure as problem+json, or 202 with the operation when it has not
+// ended within the wait.
+func (h *handler) submitAndWait(w http.ResponseWriter, r *http.Request, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, bool) {
+	body, err := json.Marshal(operation)
+	if err != nil {
+		writeError(w, r, err)
+		return ledger.Operation{}, false, false
+	}
+	requestID := r.Header.Get("Idempotency-Key")
+	if requestID == "" {
+		requestID = uuid.NewString()
+	}
+	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
+		RequestID: requestID, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait})
+	switch {
+	case err != nil:
+		writeError(w, r, err)
+		return op, created, false
+	case !op.Terminal():
+		w.Header().Set("Location", "/api/v1/operations/"+op.ID)
+		writeJSON(w, http.StatusAccepted, viewOperation(op))
+		return op, created, false
+	case op.State != ledger.StateSucceeded:
+		writeError(w, r, operationFailure(op))
+		return op, created, false
+	}
+	return op, created, true
+}
+
+// operationFailure is an ended operation's error as the wrapper answers it.
+func operationFailure(op ledger.Operation) error {
+	if op.Error == nil {
+		return errcode.Errorf(errcode.Conflict, "operation %s ended %s", op.ID, op.State)
+	}
+	return errcode.New(errcode.Code(op.Error.Code), op.Error.Message)
+}
+
+// bootstrapAnswer re-reads the bootstrap an invite or reinvite recorded,
+// with its enrollment token minted again (the identical token).
+func (h *handler) bootstrapAnswer(w http.ResponseWriter, r *http.Request, op ledger.Operation, status int) {
+	var res ledger.BootstrapResult
+	if err := json.Unmarshal(op.Result, &res); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	b, err := h.Fleet.RemintBootstrap(r.Context(), res.InvitationID)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/api/v1/nodes/"+b.NodeID)
+	writeJSON(w, status, b)
+}
+
+func replayStatus(created bool, fresh int) int {
+	if created {
+		return fresh
+	}
+	return http.StatusOK
+}
+
 type invitationBody struct {
 	NodeID            string   `json:"node_id"`
 	RentalID          string   `json:"rental_id"`
@@ -55,23 +125,20 @@ func (h *handler) inviteNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var v errcode.Validation
-	in := fleet.Invite{NodeID: body.NodeID, RentalID: body.RentalID, Generation: body.Generation,
+	in := ledger.InviteOperation{NodeID: body.NodeID, RentalID: body.RentalID, Generation: body.Generation,
 		ShadowPriceUSD: body.ShadowPriceUSD, RedeemableThrough: parseTime(&v, "redeemable_through", body.RedeemableThrough)}
 	if p := body.Purchase; p != nil {
-		in.Purchase = &fleet.PurchaseTerms{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: p.EligibleClasses,
+		in.Purchase = &ledger.PurchaseOperation{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: p.EligibleClasses,
 			AvailableUntil: parseTime(&v, "purchase.available_until", p.AvailableUntil)}
 	}
 	if err := v.Err(); err != nil {
 		writeError(w, r, err)
 		return
 	}
-	b, err := h.Fleet.Invite(r.Context(), actor(r), in)
-	if err != nil {
-		writeError(w, r, err)
-		return
+	op, created, ok := h.submitAndWait(w, r, ledger.KindNodeInvite, nil, in)
+	if ok {
+		h.bootstrapAnswer(w, r, op, replayStatus(created, http.StatusCreated))
 	}
-	w.Header().Set("Location", "/api/v1/nodes/"+b.NodeID)
-	writeJSON(w, http.StatusCreated, b)
 }
 
 func (h *handler) reinviteNode(w http.ResponseWriter, r *http.Request) {
@@ -88,12 +155,11 @@ func (h *handler) reinviteNode(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	b, err := h.Fleet.Reinvite(r.Context(), actor(r), chi.URLParam(r, "id"), through)
-	if err != nil {
-		writeError(w, r, err)
-		return
+	target := []ledger.Target{{Kind: ledger.TargetNode, ID: chi.URLParam(r, "id")}}
+	op, _, ok := h.submitAndWait(w, r, ledger.KindNodeReinvite, target, ledger.ReinviteOperation{RedeemableThrough: through})
+	if ok {
+		h.bootstrapAnswer(w, r, op, http.StatusOK)
 	}
-	writeJSON(w, http.StatusOK, b)
 }
 
 func (h *handler) retireNode(w http.ResponseWriter, r *http.Request) {
@@ -105,11 +171,14 @@ func (h *handler) retireNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(body.Reason) > 512 {
-		writeError(w, r, &errcode.Error{Code: errcode.ValidationFailed, Message: "reason: at most 512 characters",
-			Fields: []errcode.FieldError{{Field: "reason", Message: "at most 512 characters"}}})
+		writeError(w, r, validationError("reason", "at most 512 characters"))
 		return
 	}
-	n, err := h.Fleet.Retire(r.Context(), actor(r), chi.URLParam(r, "id"), body.Reason)
+	target := []ledger.Target{{Kind: ledger.TargetNode, ID: chi.URLParam(r, "id")}}
+	if _, _, ok := h.submitAndWait(w, r, ledger.KindNodeRetire, target, ledger.RetireOperation{Reason: body.Reason}); !ok {
+		return
+	}
+	n, err := h.Fleet.Node(r.Context(), chi.URLParam(r, "id"))
 	if err != nil {
 		writeError(w, r, err)
 		return

@@ -70,11 +70,14 @@ type BootstrapResult struct {
 	ExpiresAt       time.Time `json:"expires_at"`
 	ControlPlaneURL string    `json:"control_plane_url"`
 	AgentVersion    string    `json:"agent_version"`
+	// InvitationID lets an administrator's replay mint the identical
+	// token again from the invitation's stored claims.
+	InvitationID string `json:"invitation_id"`
 }
 
 func bootstrapResult(b api.Bootstrap) json.RawMessage {
 	return mustJSON(BootstrapResult{NodeID: b.NodeID, RentalID: b.RentalID, Generation: b.Generation,
-		ExpiresAt: b.ExpiresAt, ControlPlaneURL: b.ControlPlaneURL, AgentVersion: b.AgentVersion})
+		ExpiresAt: b.ExpiresAt, ControlPlaneURL: b.ControlPlaneURL, AgentVersion: b.AgentVersion, InvitationID: b.InvitationID})
 }
 
 // RetireResult is what node.retire records.

@@ -42,6 +42,9 @@ type Bootstrap struct {
 	AgentVersion    string    `json:"agent_version"`
 	// CACertificatePEM pins the control plane's private CA, when it has one.
 	CACertificatePEM string `json:"ca_certificate_pem,omitempty"`
+	// InvitationID names the invitation behind the token (never sent: the
+	// ledger keeps it to mint the identical token again for a replay).
+	InvitationID string `json:"-"`
 }
 
 // EnrollRequest is the body of POST /agent/v1/enroll.

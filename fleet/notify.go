@@ -22,6 +22,9 @@ const (
 	// the operation's id. The fleet ignores it; the ledger wakes its
 	// waiters and dispatcher.
 	NotifyOperation NotificationKind = "o"
+	// NotifyChildEnded: a child of the fan-out operation NodeID ended on
+	// this replica (never sent to others); the ledger advances the parent.
+	NotifyChildEnded NotificationKind = "p"
 )
 
 // Notification is one change other replicas must hear about.

@@ -21,9 +21,10 @@ func (s *Service) Run(ctx context.Context) {
 	// lease need not be waited out.
 	s.recover(ctx, s.settings.SingleProcess)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); s.ownerLoop(ctx) }()
 	go func() { defer wg.Done(); s.pruneLoop(ctx) }()
+	go func() { defer wg.Done(); s.advanceLoop(ctx) }()
 	s.dispatch(ctx)
 	wg.Wait()
 	// A clean stop hands what it ran to the next owner at once.
@@ -114,8 +115,12 @@ func (s *Service) execute(ctx context.Context, op Operation) {
 
 	started := time.Now()
 	defer func() { s.metrics.ExecutorRunTime.WithLabelValues(op.Kind).Observe(time.Since(started).Seconds()) }()
-	if kind.RunTx != nil {
+	switch {
+	case kind.RunTx != nil:
 		s.executeTx(ctx, runCtx, kind, op)
+		return
+	case kind.FanOut != nil:
+		s.executeFanOut(ctx, runCtx, kind, op)
 		return
 	}
 	result, err := kind.Run(runCtx, op)
@@ -243,6 +248,7 @@ func (s *Service) ownerLoop(ctx context.Context) {
 		}
 		s.recover(ctx, false)
 		s.expire(ctx)
+		s.sweepParents(ctx)
 	}
 }
 
@@ -264,9 +270,11 @@ func (s *Service) expire(ctx context.Context) {
 			if err != nil || cur.State != StatePending {
 				return err
 			}
-			withdrawn, err := tx.Fleet().WithdrawCommand(ctx, cur.ID, now)
-			if err != nil || !withdrawn {
-				return err
+			withdrawn := cur.Held // nothing was handed out yet
+			if !withdrawn {
+				if withdrawn, err = tx.Fleet().WithdrawCommand(ctx, cur.ID, now); err != nil || !withdrawn {
+					return err
+				}
 			}
 			_, err = s.endTx(ctx, tx, cur, StateFailed, nil, &Error{Code: CodeTimedOut,
 				Message: "no node took it before its deadline", Retryable: true}, now)
@@ -318,7 +326,7 @@ func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) er
 			return nil // someone else got there first
 		}
 		kind, ok := s.kinds.Kind(cur.Kind)
-		if ok && (kind.LevelTriggered || kind.RunTx != nil) && cur.CancelRequestedAt == nil {
+		if ok && (kind.LevelTriggered || kind.RunTx != nil || kind.FanOut != nil) && cur.CancelRequestedAt == nil {
 			if !CanTransition(cur.State, StatePending) {
 				return nil
 			}

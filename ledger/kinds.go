@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
+
+	"github.com/nodeward/nodeward/fleet"
 )
 
 // Families (DECISIONS.md §12).
@@ -58,6 +60,10 @@ type Kind struct {
 	// operation is on channel long_poll, never passes through the
 	// dispatcher, and ends with the node's answer.
 	Record func(ctx context.Context, tx Tx, op Operation) error
+	// FanOut ends the operation's own work by recording one child per
+	// target (see fanout.go); it runs in the claiming transaction, so a
+	// crash before it committed leaves nothing recorded.
+	FanOut func(ctx context.Context, tx Tx, op Operation) (Plan, error)
 }
 
 // Registry maps kind names to kinds. A kind it does not hold is not served.
@@ -81,13 +87,13 @@ func (r *Registry) Register(k *Kind) {
 		panic("ledger: kind registered twice: " + k.Name)
 	}
 	ways := 0
-	for _, set := range []bool{k.RunTx != nil, k.Run != nil, k.Record != nil} {
+	for _, set := range []bool{k.RunTx != nil, k.Run != nil, k.Record != nil, k.FanOut != nil} {
 		if set {
 			ways++
 		}
 	}
 	if k.Prepare == nil || ways != 1 {
-		panic("ledger: kind " + k.Name + " needs Prepare and exactly one of RunTx, Run, Record")
+		panic("ledger: kind " + k.Name + " needs Prepare and exactly one of RunTx, Run, Record, FanOut")
 	}
 	r.kinds[k.Name] = k
 }
@@ -106,4 +112,11 @@ func (r *Registry) Kinds() []*Kind {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// ServedKinds are the kinds this product serves, carried out through f.
+func ServedKinds(f *fleet.Service) []*Kind {
+	kinds := NodeKinds(f)
+	kinds = append(kinds, CommandKindsOf(f)...)
+	return append(kinds, FleetKinds()...)
 }

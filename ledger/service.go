@@ -99,7 +99,8 @@ type Service struct {
 	log      *slog.Logger
 	metrics  *metrics.Metrics
 
-	wake chan struct{} // the dispatcher's: something may be claimable
+	wake    chan struct{} // the dispatcher's: something may be claimable
+	parents chan string   // fan-out parents whose children ended here
 
 	mu           sync.Mutex // guards the following
 	waiters      map[string]map[chan struct{}]struct{}
@@ -128,6 +129,7 @@ func New(o Options) *Service {
 		store: o.Store, kinds: o.Kinds, settings: o.Settings, replica: o.Replica,
 		now: o.Now, log: o.Logger, metrics: o.Metrics,
 		wake:         make(chan struct{}, 1),
+		parents:      make(chan string, 1024),
 		waiters:      map[string]map[chan struct{}]struct{}{},
 		running:      map[string]context.CancelFunc{},
 		drained:      make(chan struct{}),
@@ -424,8 +426,24 @@ func (s *Service) cancelTx(ctx context.Context, tx Tx, op Operation, reason stri
 			return op, err
 		}
 	}
+	if op.Held {
+		withdrawn = true // nothing was handed out yet
+	}
 	if withdrawn {
 		return s.endTx(ctx, tx, op, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(reason)}, now)
+	}
+	if op.Counts != nil {
+		// A fan-out parent: its children are cancelled; it ends once they
+		// have.
+		op.UpdatedAt = now
+		if err := tx.UpdateOperation(ctx, op); err != nil {
+			return op, err
+		}
+		if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: EventCancelRequested, At: now,
+			Data: mustJSON(map[string]any{"reason": reason})}); err != nil {
+			return op, err
+		}
+		return op, s.cancelChildren(ctx, tx, op, reason)
 	}
 	op.UpdatedAt = now
 	if err := tx.UpdateOperation(ctx, op); err != nil {
@@ -465,6 +483,11 @@ func (s *Service) endTx(ctx context.Context, tx Tx, op Operation, to State, resu
 		return op, err
 	}
 	s.metrics.OperationsEnded.WithLabelValues(op.Kind, string(to)).Inc()
+	if op.ParentID != "" {
+		if err := tx.NotifyParent(ctx, op.ParentID); err != nil {
+			return op, err
+		}
+	}
 	return op, tx.Notify(ctx, op.ID)
 }
 

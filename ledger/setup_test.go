@@ -145,15 +145,17 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 	for _, m := range mutate {
 		m(&st)
 	}
-	kinds := append(tk.kinds(), ledger.NodeKinds(b.fleet)...)
-	reg := ledger.NewRegistry(append(kinds, ledger.CommandKindsOf(b.fleet)...)...)
+	reg := ledger.NewRegistry(append(tk.kinds(), ledger.ServedKinds(b.fleet)...)...)
 	b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
 		Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler), CrossReplica: db.Dialect == models.Postgres})
 	b.fstore.SetOnCommit(func(notes []fleet.Notification) {
 		b.fleet.Deliver(notes, "local")
 		for _, n := range notes {
-			if n.Kind == fleet.NotifyOperation {
+			switch n.Kind {
+			case fleet.NotifyOperation:
 				b.svc.Changed(ctx, n.NodeID)
+			case fleet.NotifyChildEnded:
+				b.svc.ChildEnded(n.NodeID)
 			}
 		}
 	})

@@ -54,6 +54,8 @@ type Store interface {
 	// Orphans answers up to limit running local operations owned by a
 	// replica other than except that holds no lease current at leaseAt.
 	Orphans(ctx context.Context, except string, leaseAt time.Time, limit int) ([]Operation, error)
+	// FanningOut answers up to limit ids of running fan-out parents.
+	FanningOut(ctx context.Context, limit int) ([]string, error)
 	// Overdue answers up to limit pending operations of channel long_poll
 	// whose deadline passed before now, oldest deadline first.
 	Overdue(ctx context.Context, now time.Time, limit int) ([]Operation, error)
@@ -104,9 +106,24 @@ type Tx interface {
 	// CountOpenForPrincipal counts the principal's top-level operations
 	// not yet ended (a fan-out counts once).
 	CountOpenForPrincipal(ctx context.Context, p Principal) (int, error)
+	// ChildCounts counts a parent's children by state, and how many of
+	// them are held.
+	ChildCounts(ctx context.Context, parentID string) (byState map[State]int, held int, err error)
+	// HeldChildren answers up to limit of a parent's held pending
+	// children, oldest first, locked.
+	HeldChildren(ctx context.Context, parentID string, limit int) ([]Operation, error)
+	// OpenChildren answers a parent's children not yet ended, oldest
+	// first.
+	OpenChildren(ctx context.Context, parentID string) ([]Operation, error)
 	// AppendEvents records events (one multi-row insert).
 	AppendEvents(ctx context.Context, events ...Event) error
 	// Notify tells every replica, once this transaction commits, that the
 	// operation changed (waiters, watchers and dispatchers wake).
 	Notify(ctx context.Context, operationID string) error
+	// NotifyParent tells this replica, once this transaction commits, that
+	// a child of the fan-out parent ended (the parent is advanced).
+	NotifyParent(ctx context.Context, parentID string) error
+	// Savepoint runs fn so that its writes are undone, and the
+	// transaction goes on, when it fails.
+	Savepoint(ctx context.Context, fn func() error) error
 }

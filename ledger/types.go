@@ -193,7 +193,12 @@ type Operation struct {
 	TargetKind string
 	TargetID   string
 	ParentID   string
-	Counts     *Counts
+	// Held: a fan-out child waiting for a slot under its parent's
+	// max_concurrency; nothing was handed to its node yet.
+	Held bool
+	// Counts are set on a fan-out parent once it recorded its children:
+	// it then waits on them, holding no executor slot.
+	Counts *Counts
 	Reason     string
 
 	// Operation is the canonical request body of the kind (handles, never
@@ -227,6 +232,8 @@ const (
 	EventCancelled       = "cancelled"
 	EventCancelRequested = "cancel_requested"
 	EventRecovered       = "recovered"
+	EventFannedOut       = "fanned_out"
+	EventReleased        = "released"
 )
 
 // Event is one entry of an operation's history.

@@ -69,35 +69,47 @@ func (t *fleetTx) mirrorCommandEnd(ctx context.Context, c fleet.Command) error {
 		code, msg, retryable = &end.Error.Code, &end.Error.Message, &end.Error.Retryable
 	}
 	data, _ := json.Marshal(map[string]any{"from": "command", "error": end.Error})
+	var ended []endedOperation
 	if t.dialect == Postgres {
-		var ended []string
 		err := t.db(ctx).Raw(`WITH op AS (
 				UPDATE operations SET state = ?, terminal = TRUE, result = ?, error_code = ?, error_message = ?,
 					error_retryable = ?, finished_at = ?, updated_at = ?
-				WHERE id = ? AND terminal = FALSE RETURNING id)
-			INSERT INTO operation_events (operation_id, type, at, data)
-			SELECT op.id, ?, ?, ? FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
-			RETURNING operation_id`,
+				WHERE id = ? AND terminal = FALSE RETURNING id, parent_id),
+			ev AS (
+				INSERT INTO operation_events (operation_id, type, at, data)
+				SELECT op.id, ?, ?, ? FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
+				RETURNING operation_id)
+			SELECT op.id, op.parent_id FROM op JOIN ev ON ev.operation_id = op.id`,
 			string(end.State), rawp(end.Result), code, msg, retryable, at, at, c.OperationID,
 			string(end.State), at, string(data), t.store.channel, notifyPrefix(t.store.replica)).Scan(&ended).Error
 		if err != nil {
 			return err
 		}
-		t.noteOperations(ended)
-		return nil
+	} else {
+		err := t.db(ctx).Raw(`UPDATE operations SET state = ?, terminal = TRUE, result = ?, error_code = ?, error_message = ?,
+				error_retryable = ?, finished_at = ?, updated_at = ?
+			WHERE id = ? AND terminal = FALSE RETURNING id, parent_id`,
+			string(end.State), rawp(end.Result), code, msg, retryable, at, at, c.OperationID).Scan(&ended).Error
+		if err != nil || len(ended) == 0 {
+			return err
+		}
+		if err := appendEvents(t.db(ctx), []ledger.Event{{OperationID: c.OperationID, Type: string(end.State), At: at, Data: data}}); err != nil {
+			return err
+		}
 	}
-	res := t.db(ctx).Exec(`UPDATE operations SET state = ?, terminal = TRUE, result = ?, error_code = ?, error_message = ?,
-			error_retryable = ?, finished_at = ?, updated_at = ?
-		WHERE id = ? AND terminal = FALSE`,
-		string(end.State), rawp(end.Result), code, msg, retryable, at, at, c.OperationID)
-	if res.Error != nil || res.RowsAffected == 0 {
-		return res.Error
+	for _, e := range ended {
+		t.noteOperations([]string{e.ID})
+		if e.ParentID != nil {
+			*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: *e.ParentID})
+		}
 	}
-	if err := appendEvents(t.db(ctx), []ledger.Event{{OperationID: c.OperationID, Type: string(end.State), At: at, Data: data}}); err != nil {
-		return err
-	}
-	t.noteOperations([]string{c.OperationID})
 	return nil
+}
+
+// endedOperation is an operation a command's end ended, and its parent.
+type endedOperation struct {
+	ID       string
+	ParentID *string
 }
 
 // notifyPrefix is fleet.Notification.Encode's payload for an operation,

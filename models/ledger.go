@@ -22,6 +22,7 @@ type Operation struct {
 	TargetKind            string
 	TargetID              string
 	ParentID              *string
+	Held                  bool
 	Counts                *string
 	Reason                string
 	Operation             string

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sort"
+	"strconv"
 	"time"
 
 	"gorm.io/gorm"
@@ -31,7 +32,8 @@ type ledgerReader struct{ r fleetReader }
 
 type ledgerTx struct {
 	ledgerReader
-	ftx *fleetTx
+	ftx        *fleetTx
+	savepoints int
 }
 
 func (s *LedgerStore) reader() ledgerReader { return ledgerReader{r: s.fleet.fleetReader} }
@@ -81,7 +83,7 @@ func rowFromOperation(o ledger.Operation) Operation {
 		PackageHostGeneration: o.PackageHostGeneration,
 		Family:                o.Family, Kind: o.Kind, State: string(o.State), Terminal: o.State.Terminal(),
 		Channel: string(o.Channel), Attempt: o.Attempt, Targets: string(targets),
-		TargetKind: o.TargetKind, TargetID: o.TargetID, ParentID: strp(o.ParentID), Reason: o.Reason,
+		TargetKind: o.TargetKind, TargetID: o.TargetID, ParentID: strp(o.ParentID), Held: o.Held, Reason: o.Reason,
 		Operation: string(o.Operation), Result: rawp(o.Result), Evidence: rawp(o.Evidence),
 		CancelRequestedAt: dbtime.NormPtr(o.CancelRequestedAt), CancelReason: o.CancelReason, Owner: o.Owner,
 		CreatedAt: dbtime.Norm(o.CreatedAt), AcceptedAt: dbtime.NormPtr(o.AcceptedAt), FinishedAt: dbtime.NormPtr(o.FinishedAt),
@@ -103,7 +105,7 @@ func operationFromRow(r Operation) ledger.Operation {
 		PrincipalKind: ledger.PrincipalKind(r.PrincipalKind), PrincipalID: r.PrincipalID, PrincipalName: r.PrincipalName,
 		PackageHostGeneration: r.PackageHostGeneration,
 		Family:                r.Family, Kind: r.Kind, State: ledger.State(r.State), Channel: ledger.Channel(r.Channel),
-		Attempt: r.Attempt, TargetKind: r.TargetKind, TargetID: r.TargetID, ParentID: deref(r.ParentID),
+		Attempt: r.Attempt, TargetKind: r.TargetKind, TargetID: r.TargetID, ParentID: deref(r.ParentID), Held: r.Held,
 		Reason: r.Reason, Operation: json.RawMessage(r.Operation), Result: raw(r.Result), Evidence: raw(r.Evidence),
 		CancelRequestedAt: dbtime.NormPtr(r.CancelRequestedAt), CancelReason: r.CancelReason, Owner: r.Owner,
 		CreatedAt: r.CreatedAt.UTC(), AcceptedAt: dbtime.NormPtr(r.AcceptedAt), FinishedAt: dbtime.NormPtr(r.FinishedAt),
@@ -248,7 +250,7 @@ func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, ev
 func (t *ledgerTx) UpdateOperation(ctx context.Context, op ledger.Operation) error {
 	row := rowFromOperation(op)
 	return t.r.db(ctx).Model(&Operation{}).Where("id = ?", op.ID).Select(
-		"state", "terminal", "attempt", "counts", "result", "error_code", "error_message", "error_retryable",
+		"state", "terminal", "attempt", "held", "counts", "result", "error_code", "error_message", "error_retryable",
 		"evidence", "cancel_requested_at", "cancel_reason", "owner", "accepted_at", "finished_at", "updated_at",
 	).Updates(&row).Error
 }
@@ -294,6 +296,29 @@ func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
 	return t.ftx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: operationID})
 }
 
+func (t *ledgerTx) NotifyParent(ctx context.Context, parentID string) error {
+	*t.ftx.notes = append(*t.ftx.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: parentID})
+	return nil
+}
+
+func (t *ledgerTx) Savepoint(ctx context.Context, fn func() error) error {
+	t.savepoints++
+	name := "ledger_sp" + strconv.Itoa(t.savepoints)
+	g := t.r.db(ctx)
+	if err := g.SavePoint(name).Error; err != nil {
+		return err
+	}
+	notes := len(*t.ftx.notes)
+	if err := fn(); err != nil {
+		*t.ftx.notes = (*t.ftx.notes)[:notes]
+		if rerr := g.RollbackTo(name).Error; rerr != nil {
+			return rerr
+		}
+		return err
+	}
+	return nil
+}
+
 // Store.
 
 // Claim takes pending local operations in one statement: on Postgres the
@@ -312,7 +337,7 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 		var rows []Operation
 		err := t.r.db(ctx).Raw(`UPDATE operations
 			SET state = 'running', owner = ?, attempt = attempt + 1, accepted_at = COALESCE(accepted_at, ?), updated_at = ?
-			WHERE seq IN (SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' ORDER BY seq LIMIT ?`+lock+`)
+			WHERE seq IN (SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' AND held = FALSE ORDER BY seq LIMIT ?`+lock+`)
 			RETURNING *`, replica, now, now, limit).Scan(&rows).Error
 		if err != nil {
 			return err
@@ -345,10 +370,53 @@ func (s *LedgerStore) DropOwner(ctx context.Context, replica string) error {
 func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time, limit int) ([]ledger.Operation, error) {
 	var rows []Operation
 	err := s.fleet.db.WithContext(ctx).Raw(`SELECT * FROM operations
-		WHERE state = 'running' AND channel = 'local' AND owner <> ?
+		WHERE state = 'running' AND channel = 'local' AND counts IS NULL AND owner <> ?
 		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
 		ORDER BY seq LIMIT ?`, except, dbtime.Norm(now), limit).Scan(&rows).Error
 	return operationsFromRows(rows), err
+}
+
+// ChildCounts counts a parent's children by state, and those held.
+func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger.State]int, int, error) {
+	type row struct {
+		State string
+		Held  bool
+		N     int
+	}
+	var rows []row
+	err := t.r.db(ctx).Raw(`SELECT state, held, COUNT(*) AS n FROM operations WHERE parent_id = ? GROUP BY state, held`, parentID).
+		Scan(&rows).Error
+	out, held := map[ledger.State]int{}, 0
+	for _, r := range rows {
+		out[ledger.State(r.State)] += r.N
+		if r.Held {
+			held += r.N
+		}
+	}
+	return out, held, err
+}
+
+// HeldChildren answers a parent's held children, oldest first, locked.
+func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {
+	var rows []Operation
+	q := t.r.db(ctx).Where("parent_id = ? AND held = ? AND state = 'pending'", parentID, true).Order("seq").Limit(limit)
+	err := t.r.forUpdate(q).Find(&rows).Error
+	return operationsFromRows(rows), err
+}
+
+// OpenChildren answers a parent's children not yet ended, oldest first.
+func (t *ledgerTx) OpenChildren(ctx context.Context, parentID string) ([]ledger.Operation, error) {
+	var rows []Operation
+	err := t.r.db(ctx).Where("parent_id = ? AND terminal = FALSE", parentID).Order("seq").Find(&rows).Error
+	return operationsFromRows(rows), err
+}
+
+// FanningOut answers the ids of running fan-out parents.
+func (s *LedgerStore) FanningOut(ctx context.Context, limit int) ([]string, error) {
+	var ids []string
+	err := s.fleet.db.WithContext(ctx).Raw(`SELECT id FROM operations WHERE state = 'running' AND counts IS NOT NULL ORDER BY seq LIMIT ?`, limit).
+		Scan(&ids).Error
+	return ids, err
 }
 
 // Overdue answers undelivered node operations past their deadline.

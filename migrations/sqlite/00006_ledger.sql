@@ -1,6 +1,9 @@
 -- +goose Up
 -- The operations ledger (ARCHITECTURE.md §3). seq is the keyset cursor of
 -- every listing (newest first); id is the operation's public identity.
+-- held marks a fan-out child waiting for a slot under its parent's
+-- max_concurrency (nothing was handed to its node yet); counts is set on a
+-- fan-out parent once it recorded its children.
 CREATE TABLE operations (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id                      TEXT NOT NULL UNIQUE,
@@ -20,6 +23,7 @@ CREATE TABLE operations (
     target_kind             TEXT NOT NULL DEFAULT '',
     target_id               TEXT NOT NULL DEFAULT '',
     parent_id               TEXT,
+    held                    BOOLEAN NOT NULL DEFAULT FALSE,
     counts                  TEXT,
     reason                  TEXT NOT NULL DEFAULT '',
     operation               TEXT NOT NULL,
@@ -46,10 +50,11 @@ CREATE INDEX operations_family ON operations(family, seq);
 CREATE INDEX operations_kind ON operations(kind, seq);
 CREATE INDEX operations_state ON operations(state, seq);
 CREATE INDEX operations_parent ON operations(parent_id, seq) WHERE parent_id IS NOT NULL;
+CREATE INDEX operations_fanning_out ON operations(seq) WHERE state = 'running' AND counts IS NOT NULL;
 CREATE INDEX operations_target ON operations(target_kind, target_id, seq);
 CREATE INDEX operations_request_id ON operations(request_id, seq);
 -- The dispatcher's queue and the quota counts look at open operations only.
-CREATE INDEX operations_claimable ON operations(seq) WHERE state = 'pending' AND channel = 'local';
+CREATE INDEX operations_claimable ON operations(seq) WHERE state = 'pending' AND channel = 'local' AND held = FALSE;
 CREATE INDEX operations_undelivered ON operations(deadline) WHERE state = 'pending' AND channel = 'long_poll';
 CREATE INDEX operations_owned ON operations(owner) WHERE state = 'running' AND channel = 'local';
 CREATE INDEX operations_open_target ON operations(target_id) WHERE terminal = FALSE;

@@ -106,7 +106,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	ledgerStore := models.NewLedgerStore(a.fleetStore)
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
-		Kinds:        ledger.NewRegistry(append(ledger.NodeKinds(a.Fleet), ledger.CommandKindsOf(a.Fleet)...)...),
+		Kinds:        ledger.NewRegistry(ledger.ServedKinds(a.Fleet)...),
 		Settings:     ledger.Settings{SingleProcess: db.Dialect == models.SQLite},
 		Replica:      cfg.ReplicaID,
 		Now:          cfg.Now,
@@ -237,6 +237,8 @@ func (n notifySink) Deliver(notes []fleet.Notification, source string) {
 		switch note.Kind {
 		case fleet.NotifyOperation:
 			n.ledger.Changed(context.Background(), note.NodeID)
+		case fleet.NotifyChildEnded:
+			n.ledger.ChildEnded(note.NodeID)
 		case fleet.NotifyResync:
 			n.ledger.Resync()
 		}

@@ -1,0 +1,268 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// Fan-out: an executor may end its own work by recording one child
+// operation per target. The parent then waits on its children, holding no
+// executor slot (it is running with Counts set); at most MaxConcurrency
+// children are handed out at once, the others are held until a slot frees.
+// The parent ends when every child has: succeeded only if all did, failed
+// `children_failed` otherwise, cancelled when it was cancelled. Cancelling
+// a parent cancels its children.
+
+// Child is one operation a fan-out records.
+type Child struct {
+	Kind      string
+	Targets   []Target
+	Operation json.RawMessage
+}
+
+// Plan is what a fan-out executor decided: its children and how many may
+// run at once (0: all).
+type Plan struct {
+	Children       []Child
+	MaxConcurrency int
+}
+
+// CodeChildrenFailed ends a parent some of whose children did not succeed.
+const CodeChildrenFailed = "children_failed"
+
+// executeFanOut records the plan's children inside the claiming replica's
+// transaction and leaves the parent running, waiting on them.
+func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Operation) {
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		cur, err := tx.LockOperation(ctx, op.ID)
+		if err != nil {
+			return err
+		}
+		if cur.State != StateRunning || cur.Owner != s.replica || cur.Counts != nil {
+			return nil
+		}
+		plan, err := kind.FanOut(runCtx, tx, cur)
+		if err != nil {
+			return err
+		}
+		now := s.clock()
+		children := make([]Operation, len(plan.Children))
+		for i, c := range plan.Children {
+			ck, ok := s.kinds.Kind(c.Kind)
+			if !ok {
+				return fmt.Errorf("fan-out child kind %q is not served", c.Kind)
+			}
+			canon, err := Canonical(c.Operation)
+			if err != nil {
+				return err
+			}
+			digest, err := Digest(c.Kind, c.Targets, canon)
+			if err != nil {
+				return err
+			}
+			ch := Operation{
+				ID: uuid.NewString(), RequestID: cur.ID + ":" + itoa(i), Digest: digest,
+				PrincipalKind: cur.PrincipalKind, PrincipalID: cur.PrincipalID, PrincipalName: cur.PrincipalName,
+				PackageHostGeneration: cur.PackageHostGeneration,
+				Family:                ck.Family, Kind: ck.Name, State: StatePending, Channel: ChannelLocal,
+				Targets: c.Targets, ParentID: cur.ID, Held: true, Operation: canon,
+				CreatedAt: now, Deadline: cur.Deadline, UpdatedAt: now,
+			}
+			if ck.Record != nil {
+				ch.Channel = ChannelLongPoll
+			}
+			ch.TargetKind, ch.TargetID = indexTarget(ch.Targets)
+			if err := tx.InsertOperation(ctx, &ch, Event{OperationID: ch.ID, Type: EventSubmitted, At: now,
+				Data: mustJSON(map[string]any{"parent_id": cur.ID})}); err != nil {
+				return err
+			}
+			children[i] = ch
+		}
+		max := plan.MaxConcurrency
+		if max <= 0 || max > len(children) {
+			max = len(children)
+		}
+		cur.Counts = &Counts{Total: len(children), Pending: len(children)}
+		cur.Owner, cur.UpdatedAt = "", now
+		cur.Result = mustJSON(map[string]any{"max_concurrency": max})
+		if err := tx.UpdateOperation(ctx, cur); err != nil {
+			return err
+		}
+		if err := tx.AppendEvents(ctx, Event{OperationID: cur.ID, Type: EventFannedOut, At: now,
+			Data: mustJSON(map[string]any{"children": len(children), "max_concurrency": max})}); err != nil {
+			return err
+		}
+		if err := tx.Notify(ctx, cur.ID); err != nil {
+			return err
+		}
+		// The parent's progress (releasing children, ending) runs as for
+		// any child's end.
+		return tx.NotifyParent(ctx, cur.ID)
+	})
+	if err != nil {
+		s.finishRun(ctx, runCtx, op, nil, err)
+	}
+}
+
+// maxConcurrencyOf reads back the limit a parent recorded.
+func maxConcurrencyOf(parent Operation) int {
+	var r struct {
+		MaxConcurrency int `json:"max_concurrency"`
+	}
+	_ = json.Unmarshal(parent.Result, &r)
+	return r.MaxConcurrency
+}
+
+// advance moves a fan-out parent on: it releases held children into free
+// slots, refreshes the counts, and ends the parent once every child has.
+// Safe to run any number of times, on any replica.
+func (s *Service) advance(ctx context.Context, parentID string) error {
+	return s.store.Tx(ctx, func(tx Tx) error {
+		parent, err := tx.LockOperation(ctx, parentID)
+		if err != nil {
+			return err
+		}
+		if parent.Terminal() || parent.Counts == nil {
+			return nil
+		}
+		now := s.clock()
+		byState, held, err := tx.ChildCounts(ctx, parentID)
+		if err != nil {
+			return err
+		}
+		inFlight := byState[StatePending] + byState[StateRunning] - held
+		if free := maxConcurrencyOf(parent) - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil {
+			waiting, err := tx.HeldChildren(ctx, parentID, free)
+			if err != nil {
+				return err
+			}
+			for _, ch := range waiting {
+				if err := s.release(ctx, tx, ch, now); err != nil {
+					return err
+				}
+			}
+			if byState, _, err = tx.ChildCounts(ctx, parentID); err != nil {
+				return err
+			}
+		}
+		counts := Counts{Succeeded: byState[StateSucceeded], Failed: byState[StateFailed], Cancelled: byState[StateCancelled],
+			Pending: byState[StatePending] + byState[StateRunning]}
+		counts.Total = counts.Succeeded + counts.Failed + counts.Cancelled + counts.Pending
+		changed := *parent.Counts != counts
+		parent.Counts = &counts
+		if counts.Pending > 0 {
+			if !changed {
+				return nil
+			}
+			parent.UpdatedAt = now
+			if err := tx.UpdateOperation(ctx, parent); err != nil {
+				return err
+			}
+			return tx.Notify(ctx, parent.ID)
+		}
+		result := mustJSON(map[string]any{"max_concurrency": maxConcurrencyOf(parent), "counts": counts})
+		switch {
+		case parent.CancelRequestedAt != nil:
+			_, err = s.endTx(ctx, tx, parent, StateCancelled, result, &Error{Code: "cancelled", Message: cancelMessage(parent.CancelReason)}, now)
+		case counts.Succeeded == counts.Total:
+			_, err = s.endTx(ctx, tx, parent, StateSucceeded, result, nil, now)
+		default:
+			_, err = s.endTx(ctx, tx, parent, StateFailed, result, &Error{Code: CodeChildrenFailed,
+				Message: fmt.Sprintf("%d of %d children did not succeed", counts.Total-counts.Succeeded, counts.Total)}, now)
+		}
+		return err
+	})
+}
+
+// release hands a held child to its channel: a node kind records its
+// command now (a refusal — the node retired, not ready, over its quota —
+// ends the child failed with that code), a local kind becomes claimable.
+func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Time) error {
+	ch.Held, ch.UpdatedAt = false, now
+	if err := tx.UpdateOperation(ctx, ch); err != nil {
+		return err
+	}
+	if err := tx.AppendEvents(ctx, Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}); err != nil {
+		return err
+	}
+	kind, ok := s.kinds.Kind(ch.Kind)
+	if !ok || kind.Record == nil {
+		return tx.Notify(ctx, ch.ID)
+	}
+	err := tx.Savepoint(ctx, func() error {
+		if err := kind.Record(ctx, tx, ch); err != nil {
+			return err
+		}
+		return s.checkNodeQuota(ctx, tx, kind, ch, true)
+	})
+	var coded *errcode.Error
+	if errors.As(err, &coded) {
+		_, err = s.endTx(ctx, tx, ch, StateFailed, nil, operationError(err), now)
+	}
+	return err
+}
+
+// cancelChildren cancels a parent's open children: held and undelivered
+// ones end at once, delivered ones end with their node's answer.
+func (s *Service) cancelChildren(ctx context.Context, tx Tx, parent Operation, reason string) error {
+	open, err := tx.OpenChildren(ctx, parent.ID)
+	if err != nil {
+		return err
+	}
+	for _, ch := range open {
+		if _, err := s.cancelTx(ctx, tx, ch, strings.TrimSpace("parent cancelled "+reason), s.clock()); err != nil {
+			return err
+		}
+	}
+	return tx.NotifyParent(ctx, parent.ID)
+}
+
+// ChildEnded tells this replica that a child of parentID ended here: the
+// parent is advanced soon, off the committing caller's path.
+func (s *Service) ChildEnded(parentID string) {
+	select {
+	case s.parents <- parentID:
+	default:
+		// Full: the periodic sweep advances it.
+	}
+}
+
+// advanceLoop advances parents whose children ended here, and every
+// running parent on each owner-lease tick (so a parent whose replica died
+// before advancing it still ends).
+func (s *Service) advanceLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case id := <-s.parents:
+			if err := s.advance(ctx, id); err != nil && ctx.Err() == nil {
+				s.log.Error("ledger: advance fan-out", "operation_id", id, "err", err)
+			}
+		}
+	}
+}
+
+// sweepParents advances every running fan-out parent.
+func (s *Service) sweepParents(ctx context.Context) {
+	ids, err := s.store.FanningOut(ctx, 1000)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("ledger: find fan-outs", "err", err)
+		}
+		return
+	}
+	for _, id := range ids {
+		if err := s.advance(ctx, id); err != nil && ctx.Err() == nil {
+			s.log.Error("ledger: advance fan-out", "operation_id", id, "err", err)
+		}
+	}
+}

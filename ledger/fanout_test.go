@@ -1,0 +1,174 @@
+package ledger_test
+
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+func nodeTargets(ids ...string) []ledger.Target {
+	out := make([]ledger.Target, len(ids))
+	for i, id := range ids {
+		out[i] = ledger.Target{Kind: ledger.TargetNode, ID: id}
+	}
+	return out
+}
+
+func (b *bundle) children(t *testing.T, parentID string) []ledger.Operation {
+	t.Helper()
+	ops, err := b.store.List(ctx, ledger.Filter{ParentID: parentID, Limit: 500})
+	require.NoError(t, err)
+	return ops
+}
+
+// handedOut counts a parent's children whose command exists.
+func (b *bundle) handedOut(t *testing.T, parentID string) int64 {
+	t.Helper()
+	return dbtest.Count(t, b.db.DB, &models.Command{}, "operation_id IN (SELECT id FROM operations WHERE parent_id = ?)", parentID)
+}
+
+const (
+	waitLong = 20 * time.Second
+	tick     = 5 * time.Millisecond
+)
+
+// settleAll answers every command the sessions are handed as applied
+// until the parent has ended.
+func (b *bundle) settleAll(t *testing.T, parentID string, sessions map[string]fleet.Session) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, sess := range sessions {
+			for _, c := range b.poll(t, sess) {
+				b.settle(t, sess, api.Result{OperationID: c.OperationID, Applied: true})
+			}
+		}
+		op, err := b.store.Operation(ctx, parentID)
+		require.NoError(t, err)
+		return op.Terminal()
+	}, waitLong, tick, "the fan-out never ended")
+}
+
+func (b *bundle) readyNodeOfClass(t *testing.T, class string) (string, fleet.Session) {
+	t.Helper()
+	rentalN++
+	boot, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "class-" + strconv.Itoa(rentalN) + "-" + b.replica, Generation: 1,
+		Purchase: &fleet.PurchaseTerms{EligibleClasses: []string{class}}})
+	require.NoError(t, err)
+	resp, err := b.fleet.Enroll(ctx, enrollRequest(boot, b.clock.Now(), nil))
+	require.NoError(t, err)
+	sess, err := b.fleet.Authenticate(ctx, resp.SessionToken, fleet.DoorAsk)
+	require.NoError(t, err)
+	return boot.NodeID, sess
+}
+
+func TestFleetCommand(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		t.Run("MixedChildrenUnderMaxConcurrency", func(t *testing.T) {
+			var ids []string
+			sessions := map[string]fleet.Session{}
+			for range 4 {
+				id, sess := b.readyNode(t)
+				ids = append(ids, id)
+				sessions[id] = sess
+			}
+			enrolling, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "fan-enrolling-" + b.replica, Generation: 1})
+			require.NoError(t, err)
+			ids = append(ids, enrolling.NodeID)
+
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+				Targets:   nodeTargets(ids...),
+				Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"busybox:1"},"max_concurrency":2}`)})
+			require.NoError(t, err)
+			b.waitState(t, parent.ID, ledger.StateRunning)
+			require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == 5 }, waitLong, tick)
+
+			// At most two children are handed out at once (the child of the
+			// node that is not ready fails at release, without a command).
+			require.Eventually(t, func() bool { return b.handedOut(t, parent.ID) == 2 }, waitLong, tick)
+			require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 2 }, 100*time.Millisecond, 10*time.Millisecond)
+			b.settleAll(t, parent.ID, sessions)
+			done := b.waitState(t, parent.ID, ledger.StateFailed)
+			require.Equal(t, ledger.CodeChildrenFailed, done.Error.Code)
+			require.Equal(t, &ledger.Counts{Total: 5, Succeeded: 4, Failed: 1}, done.Counts)
+			for _, ch := range b.children(t, parent.ID) {
+				require.Equal(t, parent.ID, ch.ParentID)
+				require.Equal(t, "commands", ch.Family)
+				if ch.TargetID == enrolling.NodeID {
+					require.Equal(t, ledger.StateFailed, ch.State)
+					require.Equal(t, string(errcode.NodeNotReady), ch.Error.Code)
+				} else {
+					require.Equal(t, ledger.StateSucceeded, ch.State)
+				}
+			}
+		})
+		t.Run("AllSucceedBySelector", func(t *testing.T) {
+			sessions := map[string]fleet.Session{}
+			for range 3 {
+				id, sess := b.readyNodeOfClass(t, "gpu-"+b.replica)
+				sessions[id] = sess
+			}
+			b.readyNode(t) // not of the class: not picked
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+				Targets:   []ledger.Target{{Kind: ledger.TargetFleet}},
+				Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"x"},"selector":{"class":"gpu-` + b.replica + `"}}`)})
+			require.NoError(t, err)
+			b.settleAll(t, parent.ID, sessions)
+			done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: 3, Succeeded: 3}, done.Counts)
+		})
+		t.Run("CancelParentCancelsChildren", func(t *testing.T) {
+			id1, s1 := b.readyNode(t)
+			id2, _ := b.readyNode(t)
+			id3, _ := b.readyNode(t)
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+				Targets:   nodeTargets(id1, id2, id3),
+				Operation: json.RawMessage(`{"kind":"node.launch_workload","payload":{"run_id":"r","attempt_id":"a","command":"x"},"max_concurrency":2}`)})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return b.handedOut(t, parent.ID) == 2 }, waitLong, tick)
+			delivered := b.poll(t, s1)
+			require.Len(t, delivered, 1)
+			_, err = b.svc.Cancel(ctx, admin, parent.ID, "stop")
+			require.NoError(t, err)
+			// The undelivered and the held child end at once; the delivered
+			// one ends with its node's answer, and then the parent.
+			got, _ := b.store.Operation(ctx, parent.ID)
+			require.Equal(t, ledger.StateRunning, got.State)
+			b.settle(t, s1, api.Result{OperationID: delivered[0].OperationID, Applied: true})
+			done := b.waitState(t, parent.ID, ledger.StateCancelled)
+			require.Equal(t, &ledger.Counts{Total: 3, Succeeded: 1, Cancelled: 2}, done.Counts)
+			require.Equal(t, int64(2), b.handedOut(t, parent.ID), "the held child was never handed out")
+		})
+		t.Run("BadOperationsRecordNothing", func(t *testing.T) {
+			before := countOps(t, b)
+			for _, c := range []struct {
+				targets []ledger.Target
+				op      string
+				code    errcode.Code
+			}{
+				{nodeTargets("a"), `{"kind":"node.teleport","payload":{}}`, errcode.ValidationFailed},
+				{nodeTargets("a"), `{"kind":"node.prepare_image","payload":{}}`, errcode.ValidationFailed},
+				{nil, `{"kind":"node.prepare_image","payload":{"image":"x"}}`, errcode.ValidationFailed},
+				{[]ledger.Target{{Kind: ledger.TargetFleet}}, `{"kind":"node.prepare_image","payload":{"image":"x"}}`, errcode.ValidationFailed},
+				{nodeTargets("a", "a"), `{"kind":"node.prepare_image","payload":{"image":"x"}}`, errcode.ValidationFailed},
+				{nodeTargets("a"), `{"kind":"node.prepare_image","payload":{"image":"x"},"max_concurrency":-1}`, errcode.ValidationFailed},
+				{nodeTargets("a"), `{"kind":"node.prepare_image","payload":{"image":"x"},"surprise":1}`, errcode.InvalidJSON},
+			} {
+				_, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+					Targets: c.targets, Operation: json.RawMessage(c.op)})
+				requireCode(t, err, c.code)
+			}
+			require.Equal(t, before, countOps(t, b))
+		})
+	})
+}

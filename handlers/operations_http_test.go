@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -188,6 +189,26 @@ func dbtestCountOperations(t *testing.T, s *apitest.Server) int64 {
 	return n
 }
 
+// insertOpenOperations records n pending command operations for a node
+// straight into the table: no dispatcher claims them (they wait for a node
+// on the long-poll channel), so they stay open until cancelled. It answers
+// their ids.
+func insertOpenOperations(t *testing.T, s *apitest.Server, nodeID string, n int) []string {
+	t.Helper()
+	now := time.Now().UTC()
+	rows := make([]models.Operation, n)
+	ids := make([]string, n)
+	for i := range rows {
+		ids[i] = uuid.NewString()
+		rows[i] = models.Operation{ID: ids[i], RequestID: "open-" + ids[i], Digest: strings.Repeat("0", 64),
+			PrincipalKind: "admin", PrincipalID: s.AdminUserID, PrincipalName: apitest.AdminUsername, Family: "commands",
+			Kind: "node.prepare_image", State: "pending", Channel: "long_poll", Targets: `[{"kind":"node","id":"` + nodeID + `"}]`,
+			TargetKind: "node", TargetID: nodeID, Operation: `{"image":"busybox"}`, CreatedAt: now, Deadline: now.Add(time.Hour), UpdatedAt: now}
+	}
+	require.NoError(t, s.App.DB.DB.Create(&rows).Error)
+	return ids
+}
+
 // TestOperationsQuotaHTTP fills a node's quota of open operations (rows
 // left pending on the node channel, which no dispatcher claims) and checks
 // the refusal a script sees: 429 with Retry-After, nothing recorded.
@@ -201,16 +222,7 @@ func TestOperationsQuotaHTTP(t *testing.T) {
 				"operation": map[string]any{"rental_id": "rental-q", "generation": 1}}
 		}
 		submitAndWait(t, s, invite())
-		quota := s.App.Ledger.Settings().NodeQuota
-		now := time.Now().UTC()
-		rows := make([]models.Operation, quota)
-		for i := range rows {
-			rows[i] = models.Operation{ID: uuid.NewString(), RequestID: "open-" + strconv.Itoa(i), Digest: strings.Repeat("0", 64),
-				PrincipalKind: "admin", PrincipalID: s.AdminUserID, PrincipalName: apitest.AdminUsername, Family: "commands",
-				Kind: "node.prepare_image", State: "pending", Channel: "long_poll", Targets: `[{"kind":"node","id":"` + nodeID + `"}]`,
-				TargetKind: "node", TargetID: nodeID, Operation: "{}", CreatedAt: now, Deadline: now.Add(time.Hour), UpdatedAt: now}
-		}
-		require.NoError(t, s.App.DB.DB.Create(&rows).Error)
+		insertOpenOperations(t, s, nodeID, s.App.Ledger.Settings().NodeQuota)
 		before := dbtestCountOperations(t, s)
 
 		status, h, raw := s.AdminDo(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "reinvite-q", "kind": ledger.KindNodeReinvite, "targets": target})
@@ -411,6 +423,28 @@ func TestOperationWatchHTTP(t *testing.T) {
 		resumed := readSSE(t, s, path, all[0].ID)
 		require.Equal(t, all[1:], resumed, "Last-Event-ID resumes after the event given")
 		require.Empty(t, readSSE(t, s, path, all[2].ID), "nothing after the last event")
+
+		t.Run("LiveStreamEndsWithTheOperation", func(t *testing.T) {
+			id := insertOpenOperations(t, s, apitest.RandomID("node-"), 1)[0]
+			req := s.NewRequest(t, http.MethodGet, "/api/v1/operations/"+id+"/watch", nil, s.AdminToken)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			resp, err := s.Client.Do(req.WithContext(ctx))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+
+			// The stream is open and the operation pending: cancelling it
+			// ends it at once, and the watcher sees the end and is let go.
+			var got opJSON
+			s.Admin(t, http.MethodPost, "/api/v1/operations/"+id+"/cancel", map[string]any{"reason": "changed my mind"}, http.StatusOK, &got)
+			require.Equal(t, "cancelled", got.State)
+			require.NotNil(t, got.CancelRequestedAt)
+			require.Equal(t, "cancelled", got.Error.Code)
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err, "the server closes the stream once the operation ended")
+			require.Contains(t, string(body), "event: cancelled\n")
+		})
 
 		for _, bad := range []string{"abc", "0", "-1", "+5"} {
 			req := s.NewRequest(t, http.MethodGet, path, nil, s.AdminToken)

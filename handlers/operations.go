@@ -126,6 +126,11 @@ func (h *handler) submitOperation(w http.ResponseWriter, r *http.Request) {
 		Reason: body.Reason, Wait: wait,
 	})
 	if err != nil {
+		if errcode.Of(err) == errcode.QuotaExceeded {
+			// A quota frees up as operations end; tell scripts when to
+			// look again instead of leaving them to spin.
+			w.Header().Set("Retry-After", "5")
+		}
 		writeError(w, r, err)
 		return
 	}

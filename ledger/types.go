@@ -199,7 +199,7 @@ type Operation struct {
 	// Counts are set on a fan-out parent once it recorded its children:
 	// it then waits on them, holding no executor slot.
 	Counts *Counts
-	Reason     string
+	Reason string
 
 	// Operation is the canonical request body of the kind (handles, never
 	// secret values).

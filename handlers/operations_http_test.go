@@ -62,7 +62,7 @@ func TestOperationsSubmitHTTP(t *testing.T) {
 	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		body := inviteBody("invite-1", apitest.RandomID("rental-"))
-		status, h, raw := s.AdminDo(t, http.MethodPost, "/api/v1/operations", body)
+		status, h, raw := s.Do(t, http.MethodPost, "/api/v1/operations", body, s.AdminToken)
 		require.Equal(t, http.StatusCreated, status, "%s", raw)
 		var first opJSON
 		require.NoError(t, json.Unmarshal(raw, &first))
@@ -73,7 +73,7 @@ func TestOperationsSubmitHTTP(t *testing.T) {
 		require.Equal(t, "admin", first.Principal["kind"])
 
 		t.Run("ReplayAnswersTheSameOperation", func(t *testing.T) {
-			status, h, raw := s.AdminDo(t, http.MethodPost, "/api/v1/operations", body)
+			status, h, raw := s.Do(t, http.MethodPost, "/api/v1/operations", body, s.AdminToken)
 			require.Equal(t, http.StatusOK, status, "%s", raw)
 			var again opJSON
 			require.NoError(t, json.Unmarshal(raw, &again))
@@ -144,10 +144,10 @@ func TestOperationsSubmitHTTP(t *testing.T) {
 			}
 			s.Admin(t, http.MethodPost, "/api/v1/nodes/"+nodeID+"/reinvite", nil, http.StatusOK, &boot)
 			require.NotEmpty(t, boot.EnrollmentToken)
-			_, _, raw := s.AdminDo(t, http.MethodGet, "/api/v1/operations/"+op.OperationID, nil)
+			_, _, raw := s.Do(t, http.MethodGet, "/api/v1/operations/"+op.OperationID, nil, s.AdminToken)
 			require.NotContains(t, string(raw), "enrollment_token")
 			require.NotContains(t, string(raw), boot.EnrollmentToken)
-			_, _, raw = s.AdminDo(t, http.MethodPost, "/api/v1/operations", body)
+			_, _, raw = s.Do(t, http.MethodPost, "/api/v1/operations", body, s.AdminToken)
 			require.NotContains(t, string(raw), boot.EnrollmentToken)
 
 			t.Run("ReinviteAndRetire", func(t *testing.T) {
@@ -202,7 +202,7 @@ func insertOpenOperations(t *testing.T, s *apitest.Server, nodeID string, n int)
 		ids[i] = uuid.NewString()
 		rows[i] = models.Operation{ID: ids[i], RequestID: "open-" + ids[i], Digest: strings.Repeat("0", 64),
 			PrincipalKind: "admin", PrincipalID: s.AdminUserID, PrincipalName: apitest.AdminUsername, Family: "commands",
-			Kind: "node.prepare_image", State: "pending", Channel: "long_poll", Targets: `[{"kind":"node","id":"` + nodeID + `"}]`,
+			Kind: "node.prepare_image", State: "pending", Channel: "long_poll", Held: true, Targets: `[{"kind":"node","id":"` + nodeID + `"}]`,
 			TargetKind: "node", TargetID: nodeID, Operation: `{"image":"busybox"}`, CreatedAt: now, Deadline: now.Add(time.Hour), UpdatedAt: now}
 	}
 	require.NoError(t, s.App.DB.DB.Create(&rows).Error)
@@ -210,7 +210,8 @@ func insertOpenOperations(t *testing.T, s *apitest.Server, nodeID string, n int)
 }
 
 // TestOperationsQuotaHTTP fills a node's quota of open operations (rows
-// left pending on the node channel, which no dispatcher claims) and checks
+// held pending on the node channel, as fan-out children waiting for a
+// slot: no dispatcher claims them) and checks
 // the refusal a script sees: 429 with Retry-After, nothing recorded.
 func TestOperationsQuotaHTTP(t *testing.T) {
 	t.Parallel()
@@ -225,7 +226,7 @@ func TestOperationsQuotaHTTP(t *testing.T) {
 		insertOpenOperations(t, s, nodeID, s.App.Ledger.Settings().NodeQuota)
 		before := dbtestCountOperations(t, s)
 
-		status, h, raw := s.AdminDo(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "reinvite-q", "kind": ledger.KindNodeReinvite, "targets": target})
+		status, h, raw := s.Do(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "reinvite-q", "kind": ledger.KindNodeReinvite, "targets": target}, s.AdminToken)
 		apitest.RequireProblem(t, status, h, raw, http.StatusTooManyRequests, "quota_exceeded")
 		require.NotEmpty(t, h.Get("Retry-After"))
 		require.Equal(t, before, dbtestCountOperations(t, s), "a refused submit records nothing")

@@ -86,6 +86,9 @@ type Reader interface {
 	ReadyPricedNodes(ctx context.Context) ([]Node, error)
 	Workload(ctx context.Context, nodeID, runID, attemptID string) (Workload, error)
 	Workloads(ctx context.Context, nodeID string) ([]Workload, error)
+	// WorkloadOutput answers the output reported for one attempt, or
+	// ErrNoRows when none was.
+	WorkloadOutput(ctx context.Context, nodeID, runID, attemptID string) (WorkloadOutput, error)
 	Command(ctx context.Context, operationID string) (Command, error)
 	// Commands answers a node's commands, oldest first, optionally only
 	// those in one state.
@@ -131,6 +134,10 @@ type Tx interface {
 	// UpsertWorkload keeps the newer of the stored and the given
 	// observation.
 	UpsertWorkload(ctx context.Context, w Workload) error
+	// InsertWorkloadOutput stores an attempt's output unless output for
+	// (node, run, attempt) is stored already, in which case it changes
+	// nothing; it answers whether it stored o.
+	InsertWorkloadOutput(ctx context.Context, o WorkloadOutput) (bool, error)
 
 	InsertCommand(ctx context.Context, c Command) error
 	// LockCommand answers the command locked, or ErrNoRows.

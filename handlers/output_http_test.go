@@ -9,6 +9,8 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
 )
 
 type outputView struct {
@@ -67,11 +69,12 @@ func TestWorkloadOutputHTTP(t *testing.T) {
 				"NUL":            {api.OutputRequest{RunID: "r", AttemptID: "a", StdoutTail: "a\x00b"}, 422, "validation_failed"},
 			} {
 				t.Run(name, func(t *testing.T) {
+					before := dbtest.Count(t, s.App.DB.DB, &models.WorkloadOutput{})
 					p := s.Problem(t, "POST", "/agent/v1/output", c.body, sess.SessionToken, c.status, c.code)
 					require.NotContains(t, p.Raw, "xxxxxxxx", "a refusal does not echo the output")
+					require.Equal(t, before, dbtest.Count(t, s.App.DB.DB, &models.WorkloadOutput{}), "a refused report stores nothing")
 				})
 			}
-			s.Problem(t, "GET", "/api/v1/nodes/"+boot.NodeID+"/workloads/r/a/output", nil, s.AdminToken, 404, "not_found")
 		})
 
 		t.Run("MissingSession", func(t *testing.T) {
@@ -100,6 +103,7 @@ func TestWorkloadOutputFenced(t *testing.T) {
 		AgentVersion: "x", Facts: agentFacts()}, "", http.StatusOK, nil)
 	s.Problem(t, "POST", "/agent/v1/output", api.OutputRequest{RunID: "r", AttemptID: "a", StdoutTail: "late"}, sess.SessionToken, 409, "fenced")
 	s.Problem(t, "GET", "/api/v1/nodes/"+boot.NodeID+"/workloads/r/a/output", nil, s.AdminToken, 404, "not_found")
+	require.Zero(t, dbtest.Count(t, s.App.DB.DB, &models.WorkloadOutput{}))
 }
 
 func FuzzOutputDecode(f *testing.F) {

@@ -6,6 +6,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
 )
 
@@ -19,8 +20,13 @@ func (h *handler) postOutput(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var req api.OutputRequest
-	if err := decodeJSON(r, &req, false); err != nil {
+	var body outputBody
+	if err := decodeJSON(r, &body, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	req, err := body.request()
+	if err != nil {
 		writeError(w, r, err)
 		return
 	}
@@ -30,6 +36,33 @@ func (h *handler) postOutput(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.OutputResponse{Recorded: recorded})
+}
+
+// outputBody is api.OutputRequest as decoded: every field is required and
+// none may be null (DECISIONS §44), which plain strings could not tell from
+// empty ones.
+type outputBody struct {
+	RunID      *string `json:"run_id"`
+	AttemptID  *string `json:"attempt_id"`
+	StdoutTail *string `json:"stdout_tail"`
+	StderrTail *string `json:"stderr_tail"`
+	Truncated  *bool   `json:"truncated"`
+}
+
+func (b outputBody) request() (api.OutputRequest, error) {
+	var v errcode.Validation
+	for _, f := range []struct {
+		name    string
+		present bool
+	}{{"run_id", b.RunID != nil}, {"attempt_id", b.AttemptID != nil}, {"stdout_tail", b.StdoutTail != nil},
+		{"stderr_tail", b.StderrTail != nil}, {"truncated", b.Truncated != nil}} {
+		v.Check(f.present, f.name, "required, and not null")
+	}
+	if err := v.Err(); err != nil {
+		return api.OutputRequest{}, err
+	}
+	return api.OutputRequest{RunID: *b.RunID, AttemptID: *b.AttemptID, StdoutTail: *b.StdoutTail,
+		StderrTail: *b.StderrTail, Truncated: *b.Truncated}, nil
 }
 
 // outputView is the administrator's view of an attempt's output.

@@ -42,7 +42,7 @@ func TestWorkloadOutputHTTP(t *testing.T) {
 
 		t.Run("SameAttemptAgainKeepsTheFirst", func(t *testing.T) {
 			var resp api.OutputResponse
-			s.JSON(t, "POST", "/agent/v1/output", api.OutputRequest{RunID: "r1", AttemptID: "a1", StdoutTail: "other"},
+			s.JSON(t, "POST", "/agent/v1/output", api.OutputRequest{RunID: "r1", AttemptID: "a1", StdoutTail: "other", StderrTail: "other"},
 				sess.SessionToken, http.StatusOK, &resp)
 			require.False(t, resp.Recorded)
 			var got outputView
@@ -58,20 +58,28 @@ func TestWorkloadOutputHTTP(t *testing.T) {
 				body   any
 				status int
 				code   string
+				field  string // the field a validation_failed names
 			}{
-				"UnknownField":   {apitest.Raw(`{"run_id":"r","attempt_id":"a","stdout_tail":"","stderr_tail":"","truncated":false,"exit_code":0}`), 400, "invalid_json"},
-				"Malformed":      {apitest.Raw(`{"run_id":`), 400, "invalid_json"},
-				"TailNotAString": {apitest.Raw(`{"run_id":"r","attempt_id":"a","stdout_tail":7,"stderr_tail":"","truncated":false}`), 400, "invalid_json"},
-				"RunIDMissing":   {api.OutputRequest{AttemptID: "a"}, 422, "validation_failed"},
-				"AttemptIDBad":   {api.OutputRequest{RunID: "r", AttemptID: "../etc"}, 422, "validation_failed"},
-				"StdoutTooLong":  {api.OutputRequest{RunID: "r", AttemptID: "a", StdoutTail: tooLong}, 422, "validation_failed"},
-				"StderrTooLong":  {api.OutputRequest{RunID: "r", AttemptID: "a", StderrTail: tooManyBytes}, 422, "validation_failed"},
-				"NUL":            {api.OutputRequest{RunID: "r", AttemptID: "a", StdoutTail: "a\x00b"}, 422, "validation_failed"},
+				"UnknownField":   {apitest.Raw(`{"run_id":"r","attempt_id":"a","stdout_tail":"","stderr_tail":"","truncated":false,"exit_code":0}`), 400, "invalid_json", ""},
+				"Malformed":      {apitest.Raw(`{"run_id":`), 400, "invalid_json", ""},
+				"TailNotAString": {apitest.Raw(`{"run_id":"r","attempt_id":"a","stdout_tail":7,"stderr_tail":"","truncated":false}`), 400, "invalid_json", ""},
+				"RunIDEmpty":     {api.OutputRequest{AttemptID: "a"}, 422, "validation_failed", "run_id"},
+				"TailMissing":    {apitest.Raw(`{"run_id":"r","attempt_id":"a","stderr_tail":"","truncated":false}`), 422, "validation_failed", "stdout_tail"},
+				"TailNull":       {apitest.Raw(`{"run_id":"r","attempt_id":"a","stdout_tail":null,"stderr_tail":"","truncated":false}`), 422, "validation_failed", "stdout_tail"},
+				"TruncatedNull":  {apitest.Raw(`{"run_id":"r","attempt_id":"a","stdout_tail":"","stderr_tail":"","truncated":null}`), 422, "validation_failed", "truncated"},
+				"AttemptIDBad":   {api.OutputRequest{RunID: "r", AttemptID: "../etc"}, 422, "validation_failed", "attempt_id"},
+				"StdoutTooLong":  {api.OutputRequest{RunID: "r", AttemptID: "a", StdoutTail: tooLong}, 422, "validation_failed", "stdout_tail"},
+				"StderrTooLong":  {api.OutputRequest{RunID: "r", AttemptID: "a", StderrTail: tooManyBytes}, 422, "validation_failed", "stderr_tail"},
+				"NUL":            {api.OutputRequest{RunID: "r", AttemptID: "a", StdoutTail: "a\x00b"}, 422, "validation_failed", "stdout_tail"},
 			} {
 				t.Run(name, func(t *testing.T) {
 					before := dbtest.Count(t, s.App.DB.DB, &models.WorkloadOutput{})
 					p := s.Problem(t, "POST", "/agent/v1/output", c.body, sess.SessionToken, c.status, c.code)
 					require.NotContains(t, p.Raw, "xxxxxxxx", "a refusal does not echo the output")
+					if c.field != "" {
+						require.Len(t, p.Errors, 1)
+						require.Equal(t, c.field, p.Errors[0].Field)
+					}
 					require.Equal(t, before, dbtest.Count(t, s.App.DB.DB, &models.WorkloadOutput{}), "a refused report stores nothing")
 				})
 			}

@@ -40,6 +40,15 @@ func TestWorkloadOutputHTTP(t *testing.T) {
 			require.Equal(t, outputView{StdoutTail: "hello\n", StderrTail: full, Truncated: true}, got)
 		})
 
+		t.Run("WorstCaseEscapingFitsTheBodyLimit", func(t *testing.T) {
+			// Every byte a control character: JSON spells each in six bytes.
+			worst := strings.Repeat("\x01", api.MaxOutputTail)
+			var resp api.OutputResponse
+			s.JSON(t, "POST", "/agent/v1/output", api.OutputRequest{RunID: "r1", AttemptID: "worst", StdoutTail: worst, StderrTail: worst, Truncated: true},
+				sess.SessionToken, http.StatusOK, &resp)
+			require.True(t, resp.Recorded)
+		})
+
 		t.Run("SameAttemptAgainKeepsTheFirst", func(t *testing.T) {
 			var resp api.OutputResponse
 			s.JSON(t, "POST", "/agent/v1/output", api.OutputRequest{RunID: "r1", AttemptID: "a1", StdoutTail: "other", StderrTail: "other"},

@@ -1,6 +1,7 @@
 // Package core is the node agent's state machine: enroll once, then keep a
-// session (renewal), report (heartbeats, workload events, results) and
-// long-poll for commands, applying each command's effect exactly once.
+// session (renewal), report (heartbeats, workload events, results, each
+// exited attempt's output) and long-poll for commands, applying each
+// command's effect exactly once.
 //
 // It runs over three collaborators: the wire client (package client), the
 // state directory (package state) and a runtime (package runtime). The agent

@@ -63,7 +63,8 @@ func TestAgentHappyPath(t *testing.T) {
 
 	// Workloads: launched, then their exits observed through the API.
 	f.issue(node, api.KindLaunchWorkload, "happy-launch-hi", launchPayload("hello", "echo hi; exit 0", nil))
-	f.issue(node, api.KindLaunchWorkload, "happy-launch-3", launchPayload("three", "exit 3", nil))
+	f.issue(node, api.KindLaunchWorkload, "happy-launch-3", launchPayload("three",
+		"head -c 70000 /dev/zero | tr '\\0' z; echo; echo end; echo bad >&2; exit 3", nil))
 	f.waitApplied("happy-launch-hi", time.Minute)
 	f.waitApplied("happy-launch-3", time.Minute)
 	w := f.waitWorkload(node, "hello", "a1", "exited", time.Minute)
@@ -80,6 +81,18 @@ func TestAgentHappyPath(t *testing.T) {
 	a.WaitLog(t, "workload", time.Minute, func(r map[string]any) bool {
 		return r["run_id"] == "three" && r["state"] == "exited" && r["exit_code"] == float64(3)
 	})
+
+	// Their output, uploaded after the exits, read through the API: the
+	// last 64 KiB of each stream.
+	out := f.waitOutput(node, "hello", "a1", time.Minute)
+	if out.StdoutTail != "hi\n" || out.StderrTail != "" || out.Truncated {
+		t.Errorf("hello output: %+v; want stdout \"hi\\n\", nothing else", out)
+	}
+	out = f.waitOutput(node, "three", "a1", time.Minute)
+	if len(out.StdoutTail) != api.MaxOutputTail || !strings.HasSuffix(out.StdoutTail, "zzz\nend\n") || out.StderrTail != "bad\n" || !out.Truncated {
+		t.Errorf("three output: %d bytes of stdout ending %q, stderr %q, truncated %v; want the last 64 KiB ending \"end\\n\", \"bad\\n\", true",
+			len(out.StdoutTail), out.StdoutTail[max(0, len(out.StdoutTail)-16):], out.StderrTail, out.Truncated)
+	}
 
 	// Facts and heartbeat, with the disk measured.
 	n := f.node(node)

@@ -429,6 +429,34 @@ func (f fleetAPI) waitWorkload(nodeID, run, attempt, state string, timeout time.
 	return w
 }
 
+// workloadOutput is GET /api/v1/nodes/{id}/workloads/{run}/{attempt}/output.
+type workloadOutput struct {
+	StdoutTail string `json:"stdout_tail"`
+	StderrTail string `json:"stderr_tail"`
+	Truncated  bool   `json:"truncated"`
+}
+
+// waitOutput waits for the attempt's output to be uploaded (404 until then).
+func (f fleetAPI) waitOutput(nodeID, run, attempt string, timeout time.Duration) workloadOutput {
+	f.t.Helper()
+	var o workloadOutput
+	path := "/api/v1/nodes/" + nodeID + "/workloads/" + run + "/" + attempt + "/output"
+	testwait.For(f.t, fmt.Sprintf("output of %s/%s", run, attempt), timeout, func() bool {
+		status, raw := f.s.Call(f.t, http.MethodGet, path, nil, f.s.Token)
+		if status == http.StatusNotFound {
+			return false
+		}
+		if status != http.StatusOK {
+			f.t.Fatalf("GET %s: status %d: %s", path, status, raw)
+		}
+		if err := json.Unmarshal(raw, &o); err != nil {
+			f.t.Fatalf("GET %s: decode: %v: %s", path, err, raw)
+		}
+		return true
+	})
+	return o
+}
+
 // sessionHeld reports whether a long-poll of the node is held now.
 func (f fleetAPI) sessionHeld(nodeID string) bool {
 	f.t.Helper()

@@ -19,7 +19,8 @@ import (
 // TestAgentKill9MidStream kills the agent with SIGKILL while a burst of
 // commands is being applied and restarts it on the same state dir: every
 // command ends applied, and every workload ran exactly once — each writes a
-// line to a marker file named after its run, outside the state dir.
+// line to a marker file named after its run, outside the state dir — and
+// its output is readable through the API afterwards.
 func TestAgentKill9MidStream(t *testing.T) {
 	t.Parallel()
 	s := StartServer(t, ServerOptions{})
@@ -55,7 +56,7 @@ func TestAgentKill9MidStream(t *testing.T) {
 		op := fmt.Sprintf("burst-launch-%02d", i)
 		ops = append(ops, op)
 		f.issue(node, api.KindLaunchWorkload, op, launchPayload(fmt.Sprintf("burst-%02d", i),
-			`echo x >> "$MARKER_DIR/$NODEWARD_RUN_ID"`, map[string]string{"MARKER_DIR": markers}))
+			`echo x >> "$MARKER_DIR/$NODEWARD_RUN_ID"; echo "ran $NODEWARD_RUN_ID"`, map[string]string{"MARKER_DIR": markers}))
 	}
 
 	a.Start(t)
@@ -95,6 +96,11 @@ func TestAgentKill9MidStream(t *testing.T) {
 		}
 		if !slices.Equal(lines, []string{"x"}) {
 			t.Errorf("%s ran %d times (marker %q), want exactly once", run, len(lines), lines)
+		}
+		// Its output arrives too, whether it exited before the kill or
+		// its upload was still owed when the agent died.
+		if o := f.waitOutput(node, run, "a1", time.Minute); o.StdoutTail != "ran "+run+"\n" || o.Truncated {
+			t.Errorf("%s output: %+v; want stdout \"ran %s\\n\"", run, o, run)
 		}
 	}
 	entries, err := os.ReadDir(markers)

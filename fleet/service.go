@@ -72,6 +72,7 @@ type Service struct {
 	now      func() time.Time
 	log      *slog.Logger
 	metrics  *metrics.Metrics
+	scrub    OutputScrubber
 
 	enrollSigner  *keys.Signer
 	sessionSigner *keys.Signer
@@ -98,6 +99,9 @@ type Options struct {
 	// Postgres dialect): long-polls then fall back to polling until a
 	// notification listener reports healthy.
 	CrossReplica bool
+	// ScrubOutput removes secret values from workload output before it is
+	// stored (default: nothing to remove while nodes hold no secrets).
+	ScrubOutput OutputScrubber
 }
 
 // New returns the fleet service. Call Run to start its background work.
@@ -112,12 +116,16 @@ func New(o Options) *Service {
 	if o.Metrics == nil {
 		o.Metrics = metrics.New(nil)
 	}
+	if o.ScrubOutput == nil {
+		o.ScrubOutput = noScrub
+	}
 	s := &Service{
 		store:           o.Store,
 		settings:        o.Settings,
 		now:             o.Now,
 		log:             o.Logger,
 		metrics:         o.Metrics,
+		scrub:           o.ScrubOutput,
 		enrollSigner:    keys.NewSigner(o.Keys, keys.LabelNodeEnrollment, "nodeward-enroll", "enroll+jwt", o.Now),
 		sessionSigner:   keys.NewSigner(o.Keys, keys.LabelNodeSession, "nodeward-node", "node+jwt", o.Now),
 		notifierHealthy: !o.CrossReplica,

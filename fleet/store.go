@@ -103,6 +103,9 @@ type Reader interface {
 	// Workloads answers a node's workload attempts by run and attempt id;
 	// an unknown node, or one that reported none, answers an empty list.
 	Workloads(ctx context.Context, nodeID string) ([]Workload, error)
+	// WorkloadOutput answers the output reported for one attempt, or
+	// ErrNoRows when none was.
+	WorkloadOutput(ctx context.Context, nodeID, runID, attemptID string) (WorkloadOutput, error)
 	// Command answers the command, or ErrNoRows.
 	Command(ctx context.Context, operationID string) (Command, error)
 	// Commands answers a node's commands, oldest first, optionally only
@@ -164,6 +167,10 @@ type Tx interface {
 	// observation (for equal times, the later state of created, running,
 	// exited); an attempt never seen is inserted.
 	UpsertWorkload(ctx context.Context, w Workload) error
+	// InsertWorkloadOutput stores an attempt's output unless output for
+	// (node, run, attempt) is stored already, in which case it changes
+	// nothing; it answers whether it stored o.
+	InsertWorkloadOutput(ctx context.Context, o WorkloadOutput) (bool, error)
 
 	// InsertCommand adds a command; ErrDuplicate when its operation id
 	// exists.

@@ -94,6 +94,11 @@ func TestContractWalk(t *testing.T) {
 		s.Admin(t, http.MethodGet, node+"/commands?state=applied", nil, http.StatusOK, nil)
 		s.Admin(t, http.MethodGet, node+"/reconciliation", nil, http.StatusOK, nil)
 		s.Admin(t, http.MethodGet, node+"/workloads/r1/a1", nil, http.StatusOK, nil)
+		s.Problem(t, http.MethodGet, node+"/workloads/r1/a1/output", nil, s.AdminToken, http.StatusNotFound, "not_found")
+		out, err := ac.Output(ctx, api.OutputRequest{RunID: "r1", AttemptID: "a1", StdoutTail: "done\n", StderrTail: ""})
+		require.NoError(t, err)
+		require.True(t, out.Recorded)
+		s.Admin(t, http.MethodGet, node+"/workloads/r1/a1/output", nil, http.StatusOK, nil)
 		var absent map[string]any
 		s.Admin(t, http.MethodGet, node+"/workloads/r9/a9", nil, http.StatusOK, &absent)
 		require.Equal(t, "absent", absent["state"])

@@ -95,6 +95,7 @@ func New(d Deps) http.Handler {
 		r.Get("/commands", h.pollCommands)
 		r.Post("/results", h.postResults)
 		r.Post("/events", h.postEvents)
+		r.Post("/output", h.postOutput)
 	})
 
 	// Administration and scripts: authentication before routing, so no
@@ -117,6 +118,7 @@ func New(d Deps) http.Handler {
 			r.Post("/nodes/{id}/retire", h.retireNode)
 			r.Get("/nodes/{id}/reconciliation", h.reconciliation)
 			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}", h.getWorkload)
+			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}/output", h.getWorkloadOutput)
 			r.Get("/nodes/{id}/audit", h.nodeAudit)
 			r.Post("/nodes/{id}/commands", h.issueCommand)
 			r.Get("/nodes/{id}/commands", h.listNodeCommands)

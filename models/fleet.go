@@ -59,6 +59,17 @@ type Workload struct {
 	ReceivedAt time.Time
 }
 
+// WorkloadOutput is the output tails one exited attempt reported.
+type WorkloadOutput struct {
+	NodeID     string `gorm:"primaryKey"`
+	RunID      string `gorm:"primaryKey"`
+	AttemptID  string `gorm:"primaryKey"`
+	StdoutTail string
+	StderrTail string
+	Truncated  bool
+	ReceivedAt time.Time
+}
+
 // NodeAudit is one change to a node.
 type NodeAudit struct {
 	ID     int64 `gorm:"primaryKey"`

@@ -235,6 +235,16 @@ func (r fleetReader) Workloads(ctx context.Context, nodeID string) ([]fleet.Work
 	return out, nil
 }
 
+func (r fleetReader) WorkloadOutput(ctx context.Context, nodeID, runID, attemptID string) (fleet.WorkloadOutput, error) {
+	var row WorkloadOutput
+	err := r.db(ctx).Where("node_id = ? AND run_id = ? AND attempt_id = ?", nodeID, runID, attemptID).Take(&row).Error
+	if err != nil {
+		return fleet.WorkloadOutput{}, notFound(err)
+	}
+	return fleet.WorkloadOutput{NodeID: row.NodeID, RunID: row.RunID, AttemptID: row.AttemptID,
+		StdoutTail: row.StdoutTail, StderrTail: row.StderrTail, Truncated: row.Truncated, ReceivedAt: dbtime.Norm(row.ReceivedAt)}, nil
+}
+
 func commandFromRow(c Command) fleet.Command {
 	out := fleet.Command{
 		OperationID: c.OperationID, NodeID: c.NodeID, Kind: c.Kind, Payload: json.RawMessage(c.Payload),
@@ -466,6 +476,15 @@ func (t *fleetTx) UpsertWorkload(ctx context.Context, w fleet.Workload) error {
 	}
 	return t.db(ctx).Model(&Workload{}).Where("node_id = ? AND run_id = ? AND attempt_id = ?", w.NodeID, w.RunID, w.AttemptID).
 		Select("state", "exit_code", "observed_at", "received_at").Updates(&row).Error
+}
+
+func (t *fleetTx) InsertWorkloadOutput(ctx context.Context, o fleet.WorkloadOutput) (bool, error) {
+	row := WorkloadOutput{NodeID: o.NodeID, RunID: o.RunID, AttemptID: o.AttemptID,
+		StdoutTail: o.StdoutTail, StderrTail: o.StderrTail, Truncated: o.Truncated, ReceivedAt: dbtime.Norm(o.ReceivedAt)}
+	// The first report wins: a retry after a lost answer must not replace
+	// what an administrator may already have read.
+	res := t.db(ctx).Clauses(clause.OnConflict{DoNothing: true}).Create(&row)
+	return res.RowsAffected == 1, res.Error
 }
 
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {

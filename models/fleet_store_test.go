@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -241,6 +242,39 @@ func TestFleetStoreEventsAndWorkloads(t *testing.T) {
 		require.Equal(t, "exited", w.State, "same time: the later state wins")
 		require.Equal(t, 1, *w.ExitCode)
 		_, err = s.Workload(ctx, "n1", "r", "2")
+		require.ErrorIs(t, err, fleet.ErrNoRows)
+	})
+}
+
+func TestFleetStoreWorkloadOutput(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		put := func(o fleet.WorkloadOutput) bool {
+			var stored bool
+			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+				var err error
+				stored, err = tx.InsertWorkloadOutput(ctx, o)
+				return err
+			}))
+			return stored
+		}
+		// A full 64 KiB tail of multi-byte text, to prove the column
+		// holds it on every dialect byte for byte.
+		big := strings.Repeat("é", 32<<10)
+		first := fleet.WorkloadOutput{NodeID: "n1", RunID: "r", AttemptID: "1", StdoutTail: big,
+			StderrTail: "warn: ☃\n", Truncated: true, ReceivedAt: t0}
+		require.True(t, put(first))
+		require.False(t, put(fleet.WorkloadOutput{NodeID: "n1", RunID: "r", AttemptID: "1", StdoutTail: "other",
+			ReceivedAt: t0.Add(time.Minute)}), "the same attempt again is not stored")
+		require.True(t, put(fleet.WorkloadOutput{NodeID: "n2", RunID: "r", AttemptID: "1", ReceivedAt: t0}), "attempts are per node")
+
+		got, err := s.WorkloadOutput(ctx, "n1", "r", "1")
+		require.NoError(t, err)
+		require.Equal(t, first, got, "the first report is kept")
+		empty, err := s.WorkloadOutput(ctx, "n2", "r", "1")
+		require.NoError(t, err)
+		require.Equal(t, "", empty.StdoutTail)
+		require.False(t, empty.Truncated)
+		_, err = s.WorkloadOutput(ctx, "n1", "r", "2")
 		require.ErrorIs(t, err, fleet.ErrNoRows)
 	})
 }

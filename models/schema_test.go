@@ -24,6 +24,7 @@ var allModels = []any{
 	&models.Invitation{},
 	&models.NodeEvent{},
 	&models.Workload{},
+	&models.WorkloadOutput{},
 	&models.NodeAudit{},
 	&models.Command{},
 	&models.Replica{},

@@ -1,6 +1,7 @@
 // Package core is the node agent's state machine: enroll once, then keep a
-// session (renewal), report (heartbeats, workload events, results) and
-// long-poll for commands, applying each command's effect exactly once.
+// session (renewal), report (heartbeats, workload events, results, each
+// exited attempt's output) and long-poll for commands, applying each
+// command's effect exactly once.
 //
 // It runs over three collaborators: the wire client (package client), the
 // state directory (package state) and a runtime (package runtime). The agent
@@ -148,6 +149,8 @@ type Stats struct {
 	Duplicates      int // redeliveries answered from the journal
 	ResultsSettled  int
 	EventsDelivered int
+	// OutputsDelivered counts attempts whose output the server took.
+	OutputsDelivered int
 	// Backoffs lists the delays chosen after failed polls, in order.
 	Backoffs []time.Duration
 }
@@ -819,12 +822,15 @@ func (a *Agent) flushLoop(ctx context.Context) error {
 	}
 }
 
-// flush sends every owed result and spooled event once.
+// flush sends every owed result, spooled event and owed output once.
 func (a *Agent) flush(ctx context.Context) error {
 	if err := a.flushResults(ctx); err != nil {
 		return err
 	}
-	return a.flushEvents(ctx)
+	if err := a.flushEvents(ctx); err != nil {
+		return err
+	}
+	return a.flushOutputs(ctx)
 }
 
 func (a *Agent) flushResults(ctx context.Context) error {
@@ -965,6 +971,14 @@ func (a *Agent) observeOnce(ctx context.Context) {
 			}
 			if at.IsZero() {
 				at = a.clock.Now()
+			}
+			if st == api.WorkloadExited {
+				// Owed before the exit is spooled: a crash in between
+				// re-spools the exit and finds the output owed already.
+				if err := a.store.OweOutput(state.OwedOutput{RunID: o.RunID, AttemptID: o.AttemptID}); err != nil {
+					a.log.Error("cannot record owed workload output; the exit stays unreported", "run_id", o.RunID, "attempt_id", o.AttemptID, "err", err)
+					break
+				}
 			}
 			w.ObservedAt = at.UTC()
 			ev := api.Event{

@@ -118,12 +118,18 @@ type fakeCP struct {
 	results      []api.Result
 	events       []api.Event
 	eventIDs     map[string]bool
+	outputDown   int                          // answer 503 to this many output posts
+	outputPosts  int                          // output posts answered 200
+	outputRefuse []string                     // run/attempt of each output post answered 422
+	refuseOutput bool                         // answer 422 to every output post
+	outputs      map[string]api.OutputRequest // by run/attempt, the first kept
 }
 
 func newFakeCP(t *testing.T, clk *fakeClock) *fakeCP {
 	cp := &fakeCP{
 		t: t, clk: clk, enrollToken: "enroll-secret", tokens: map[string]int64{},
 		ttl: 1800, heartbeatSec: 30, wake: make(chan struct{}, 1), eventIDs: map[string]bool{},
+		outputs: map[string]api.OutputRequest{},
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /agent/v1/enroll", cp.enroll)
@@ -131,6 +137,7 @@ func newFakeCP(t *testing.T, clk *fakeClock) *fakeCP {
 	mux.HandleFunc("GET /agent/v1/commands", cp.auth(cp.commands, false))
 	mux.HandleFunc("POST /agent/v1/results", cp.auth(cp.resultsH, true))
 	mux.HandleFunc("POST /agent/v1/events", cp.auth(cp.eventsH, true))
+	mux.HandleFunc("POST /agent/v1/output", cp.auth(cp.outputH, true))
 	cp.srv = httptest.NewServer(mux)
 	t.Cleanup(cp.srv.Close)
 	return cp
@@ -302,6 +309,33 @@ func (cp *fakeCP) eventsH(w http.ResponseWriter, r *http.Request) {
 		resp.Recorded++
 	}
 	writeJSON(w, resp)
+}
+
+func (cp *fakeCP) outputH(w http.ResponseWriter, r *http.Request) {
+	var req api.OutputRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		problem(w, 400, "invalid_json")
+		return
+	}
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if cp.outputDown > 0 {
+		cp.outputDown--
+		problem(w, 503, "unavailable")
+		return
+	}
+	if cp.refuseOutput {
+		cp.outputRefuse = append(cp.outputRefuse, req.RunID+"/"+req.AttemptID)
+		problem(w, 422, "validation_failed")
+		return
+	}
+	cp.outputPosts++
+	key := req.RunID + "/" + req.AttemptID
+	_, seen := cp.outputs[key]
+	if !seen {
+		cp.outputs[key] = req
+	}
+	writeJSON(w, api.OutputResponse{Recorded: !seen})
 }
 
 func (cp *fakeCP) push(cmds ...api.Command) {

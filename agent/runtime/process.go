@@ -556,3 +556,26 @@ func (p *Process) observe(dir string) (Observation, error) {
 	}
 	return o, nil
 }
+
+// Output reads the tails of the attempt's stdout.log and stderr.log, which
+// its supervisor writes (and keeps after the attempt exits).
+func (p *Process) Output(_ context.Context, runID, attemptID string) (Output, error) {
+	if CheckID("run_id", runID) != nil || CheckID("attempt_id", attemptID) != nil {
+		return Output{}, ErrUnknownWorkload
+	}
+	dir := p.attemptDir(runID, attemptID)
+	if !exists(filepath.Join(dir, fileRecord)) {
+		return Output{}, ErrUnknownWorkload
+	}
+	var out Output
+	var cutOut, cutErr bool
+	var err error
+	if out.Stdout, cutOut, err = readTail(filepath.Join(dir, fileStdout)); err != nil {
+		return Output{}, err
+	}
+	if out.Stderr, cutErr, err = readTail(filepath.Join(dir, fileStderr)); err != nil {
+		return Output{}, err
+	}
+	out.Truncated = cutOut || cutErr
+	return out, nil
+}

@@ -61,6 +61,10 @@ type Runtime interface {
 	// Observe reports the current state of every workload attempt the runtime
 	// knows, including those started before an agent restart.
 	Observe(ctx context.Context) ([]Observation, error)
+	// Output answers the tail of what an attempt wrote to stdout and
+	// stderr so far (complete once it exited). ErrUnknownWorkload for an
+	// attempt never launched.
+	Output(ctx context.Context, runID, attemptID string) (Output, error)
 }
 
 // Observation is what a runtime knows about one attempt.

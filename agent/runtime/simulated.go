@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +20,9 @@ import (
 //   - anything else: the workload runs until Stop (exit code 143, SIGTERM) or
 //     until a test calls Exit.
 //
+// Every attempt writes one line to each stream at launch: stdout
+// "RUN/ATTEMPT: COMMAND ARGS...", stderr "RUN/ATTEMPT: simulated".
+//
 // Artifacts are accepted when their sha256 is well formed, unless the URL is
 // listed in FailURLs; images need their artifact prepared first. Like real
 // workloads, its state outlives an agent: hand the same Simulated to the
@@ -31,6 +35,7 @@ type Simulated struct {
 	artifacts map[string]string
 	images    map[string]string
 	workloads map[string]*Observation
+	outputs   map[string]Output
 	order     []string
 	calls     map[string]int
 	failURLs  map[string]string
@@ -44,6 +49,7 @@ func NewSimulated() *Simulated {
 		artifacts: map[string]string{},
 		images:    map[string]string{},
 		workloads: map[string]*Observation{},
+		outputs:   map[string]Output{},
 		calls:     map[string]int{},
 		failURLs:  map[string]string{},
 	}
@@ -158,6 +164,10 @@ func (s *Simulated) Launch(_ context.Context, l api.LaunchWorkload) error {
 		o.State, o.ExitCode, o.ExitedAt = api.WorkloadExited, intPtr(code), now
 	}
 	s.workloads[key] = o
+	s.outputs[key] = Output{
+		Stdout: key + ": " + strings.Join(append([]string{l.Command}, l.Args...), " ") + "\n",
+		Stderr: key + ": simulated\n",
+	}
 	s.order = append(s.order, key)
 	return nil
 }
@@ -204,6 +214,17 @@ func (s *Simulated) Observe(context.Context) ([]Observation, error) {
 		out = append(out, o)
 	}
 	return out, nil
+}
+
+// Output answers the attempt's simulated output (see Simulated).
+func (s *Simulated) Output(_ context.Context, runID, attemptID string) (Output, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.outputs[runID+"/"+attemptID]
+	if !ok {
+		return Output{}, ErrUnknownWorkload
+	}
+	return o, nil
 }
 
 // Workloads lists the keys of all attempts ever launched, in order.

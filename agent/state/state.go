@@ -15,6 +15,7 @@
 //	                            result; acked once the server settled the result
 //	<dir>/spool/<seq>.json      events not yet recorded by the server, oldest first
 //	<dir>/reported.json         the last workload state reported per attempt
+//	<dir>/outputs.json          exited attempts whose output is not yet uploaded
 //	<dir>/fatal.json            why the agent stopped needing a reinvite (removed
 //	                            by the next successful enrollment)
 //	<dir>/artifacts/sha256/<hex>   content-addressed artifact cache (package runtime)
@@ -151,6 +152,7 @@ type Store struct {
 	spoolIDs          map[string]bool
 	nextSeq           uint64
 	reported          map[string]string
+	outputs           map[string]OwedOutput // by run/attempt
 	droppedHeartbeats int
 }
 
@@ -257,7 +259,7 @@ func (s *Store) load() error {
 	if s.reported == nil {
 		s.reported = map[string]string{}
 	}
-	return nil
+	return s.loadOutputs()
 }
 
 // Close releases the directory lock.

@@ -1,0 +1,74 @@
+package core
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+)
+
+func TestWorkloadOutput(t *testing.T) {
+	t.Run("UploadedOnceAfterExitThroughAnOutage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.outputDown = 3 })
+		b.start(b.cp.bootstrap())
+		b.cp.push(launch("op-1", "run-1", "a1", "exit", "3"))
+		b.eventually("the output, through the outage", 500*time.Millisecond, func() bool {
+			return b.agent.Stats().OutputsDelivered == 1
+		})
+		b.cp.with(func() {
+			require.Equal(t, api.OutputRequest{RunID: "run-1", AttemptID: "a1",
+				StdoutTail: "run-1/a1: exit 3\n", StderrTail: "run-1/a1: simulated\n"}, b.cp.outputs["run-1/a1"])
+			require.Equal(t, 1, b.cp.outputPosts, "sent once it was taken, never again")
+		})
+		require.Empty(t, b.store.OwedOutputs())
+		require.Equal(t, "exited", states(b.cp.workloadEvents("run-1", "a1"))[2])
+	})
+
+	t.Run("OwedOutputUploadedAfterRestart", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		bs := b.cp.bootstrap()
+		b.cp.with(func() { b.cp.outputDown = 1 << 30 }) // down for this whole run
+		b.start(bs)
+		b.cp.push(launch("op-1", "run-1", "a1", "exit", "0"))
+		b.eventually("the exit event", 0, func() bool { return len(b.cp.workloadEvents("run-1", "a1")) == 3 })
+		require.Len(t, b.store.OwedOutputs(), 1)
+		require.NoError(t, b.stop())
+
+		b.cp.with(func() { b.cp.outputDown = 0 })
+		b.start(bs)
+		b.eventually("the output after the restart", 500*time.Millisecond, func() bool {
+			return b.agent.Stats().OutputsDelivered == 1
+		})
+		b.cp.with(func() {
+			require.Equal(t, "run-1/a1: exit 0\n", b.cp.outputs["run-1/a1"].StdoutTail)
+			require.Equal(t, 1, b.cp.outputPosts)
+		})
+		require.Empty(t, b.store.OwedOutputs())
+	})
+
+	t.Run("RefusedOutputIsDroppedNotRetried", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.refuseOutput = true })
+		b.start(b.cp.bootstrap())
+		b.cp.push(launch("op-1", "run-1", "a1", "exit", "0"))
+		refused := func() []string {
+			var out []string
+			b.cp.with(func() { out = append(out, b.cp.outputRefuse...) })
+			return out
+		}
+		b.eventually("the refusal", 0, func() bool { return len(refused()) == 1 })
+		b.eventually("the owed output dropped", 0, func() bool { return len(b.store.OwedOutputs()) == 0 })
+		// Later flushes do not send it again: the next output posted is
+		// the next attempt's.
+		b.cp.push(launch("op-2", "run-2", "a1", "exit", "0"))
+		b.eventually("the second refusal", 0, func() bool { return len(refused()) >= 2 })
+		require.Equal(t, []string{"run-1/a1", "run-2/a1"}, refused()[:2])
+		require.Zero(t, b.agent.Stats().OutputsDelivered)
+	})
+}

@@ -27,6 +27,7 @@ type opJSON struct {
 	RequestID         string            `json:"request_id"`
 	Kind              string            `json:"kind"`
 	State             string            `json:"state"`
+	Channel           string            `json:"channel"`
 	Terminal          bool              `json:"terminal"`
 	Targets           []ledger.Target   `json:"targets"`
 	Result            map[string]any    `json:"result"`

@@ -1,0 +1,122 @@
+package handlers_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/apitest"
+)
+
+// TestCommandOperationsHTTP: a command submitted through the ledger or the
+// wrapper is one operation with the command's id, and it follows the
+// command: running once delivered, succeeded once the node answered.
+func TestCommandOperationsHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, sess := inviteAndEnroll(t, s)
+		target := []any{map[string]any{"kind": "node", "id": boot.NodeID}}
+		var op opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "cmd-1", "kind": "node.prepare_image",
+			"targets": target, "operation": map[string]any{"image": "busybox:1"}}, http.StatusCreated, &op)
+		require.Equal(t, "pending", op.State)
+		require.Equal(t, "long_poll", op.Channel)
+		var cmd map[string]any
+		s.Admin(t, http.MethodGet, "/api/v1/commands/"+op.OperationID, nil, http.StatusOK, &cmd)
+		require.Equal(t, "prepare_image", cmd["kind"], "the command shares the operation's id")
+
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Len(t, polled.Commands, 1)
+		s.Admin(t, http.MethodGet, "/api/v1/operations/"+op.OperationID, nil, http.StatusOK, &op)
+		require.Equal(t, "running", op.State)
+		s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{{OperationID: op.OperationID, Applied: true}}},
+			sess.SessionToken, http.StatusOK, nil)
+		s.Admin(t, http.MethodGet, "/api/v1/operations/"+op.OperationID, nil, http.StatusOK, &op)
+		require.Equal(t, "succeeded", op.State)
+
+		// The wrapper: the caller's operation_id is the operation's id;
+		// a pending command's operation is withdrawn by a cancel.
+		path := "/api/v1/nodes/" + boot.NodeID + "/commands"
+		s.Admin(t, http.MethodPost, path, map[string]any{"kind": "prepare_image", "operation_id": "wrapped-1",
+			"payload": map[string]any{"image": "alpine"}}, http.StatusCreated, &cmd)
+		s.Admin(t, http.MethodPost, "/api/v1/operations/wrapped-1/cancel", map[string]any{"reason": "no"}, http.StatusOK, &op)
+		require.Equal(t, "cancelled", op.State)
+		s.Admin(t, http.MethodGet, "/api/v1/commands/wrapped-1", nil, http.StatusOK, &cmd)
+		require.Equal(t, "cancelled", cmd["state"])
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=0", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Empty(t, polled.Commands, "a withdrawn command is never delivered")
+		var list map[string][]map[string]any
+		s.Admin(t, http.MethodGet, path+"?state=cancelled", nil, http.StatusOK, &list)
+		require.Len(t, list["commands"], 1)
+	})
+}
+
+// TestFleetCommandHTTP: a fan-out over two nodes ends succeeded with its
+// counts once both nodes answered.
+func TestFleetCommandHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		a, sa := inviteAndEnroll(t, s)
+		b, sb := inviteAndEnroll(t, s)
+		var parent opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-1", "kind": "fleet.command",
+			"targets":   []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
+			"operation": map[string]any{"kind": "node.prepare_image", "payload": map[string]any{"image": "x"}, "max_concurrency": 1}},
+			http.StatusCreated, &parent)
+		for _, sess := range []api.EnrollResponse{sa, sb} {
+			var polled api.CommandsResponse
+			deadline := time.Now().Add(30 * time.Second)
+			for len(polled.Commands) == 0 && time.Now().Before(deadline) {
+				s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+			}
+			require.Len(t, polled.Commands, 1, "each node is handed its child in turn")
+			s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{{OperationID: polled.Commands[0].OperationID, Applied: true}}},
+				sess.SessionToken, http.StatusOK, nil)
+		}
+		var done opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-1", "kind": "fleet.command",
+			"targets":   []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
+			"operation": map[string]any{"kind": "node.prepare_image", "payload": map[string]any{"image": "x"}, "max_concurrency": 1},
+			"wait_timeout_ms": 30000}, http.StatusOK, &done)
+		require.Equal(t, "succeeded", done.State)
+		var page struct {
+			Operations []opJSON `json:"operations"`
+		}
+		s.Admin(t, http.MethodGet, "/api/v1/node-operations?parent="+parent.OperationID, nil, http.StatusOK, &page)
+		require.Len(t, page.Operations, 2)
+	})
+}
+
+// TestNodeWrapperReplays: with an Idempotency-Key, inviting again answers
+// the same bootstrap and the identical token (an administrator's replay).
+func TestNodeWrapperReplays(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		body := map[string]any{"rental_id": apitest.RandomID("rep"), "generation": 1}
+		first := inviteWithKey(t, s, body, "invite-key-1", http.StatusCreated)
+		again := inviteWithKey(t, s, body, "invite-key-1", http.StatusOK)
+		require.Equal(t, first, again)
+		require.NotEmpty(t, first.EnrollmentToken)
+		body["generation"] = 2
+		req := s.NewRequest(t, http.MethodPost, "/api/v1/nodes/invitations", body, s.AdminToken)
+		req.Header.Set("Idempotency-Key", "invite-key-1")
+		status, _, raw := s.Send(t, req)
+		require.Equal(t, http.StatusConflict, status, "the same key with another body: %s", raw)
+	})
+}
+
+func inviteWithKey(t *testing.T, s *apitest.Server, body map[string]any, key string, want int) api.Bootstrap {
+	t.Helper()
+	req := s.NewRequest(t, http.MethodPost, "/api/v1/nodes/invitations", body, s.AdminToken)
+	req.Header.Set("Idempotency-Key", key)
+	status, _, raw := s.Send(t, req)
+	require.Equal(t, want, status, "%s", raw)
+	var out api.Bootstrap
+	require.NoError(t, json.Unmarshal(raw, &out))
+	return out
+}

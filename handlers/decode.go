@@ -8,13 +8,18 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"reflect"
+	"time"
 
 	"github.com/nodeward/nodeward/errcode"
 )
 
 // DefaultBodyLimit bounds every request body (DECISIONS.md §24).
 const DefaultBodyLimit = 1 << 20
+
+// DefaultBodyReadTimeout bounds the time to receive a request body.
+const DefaultBodyReadTimeout = 10 * time.Second
 
 // decodeJSON reads the whole body into v: application/json only, unknown
 // fields and trailing data refused. An empty body is allowed when
@@ -25,6 +30,9 @@ func decodeJSON(r *http.Request, v any, allowEmpty bool) error {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", mbe.Limit)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errcode.New(errcode.InvalidJSON, "request body not received in time")
 		}
 		return errcode.New(errcode.InvalidJSON, "could not read request body")
 	}

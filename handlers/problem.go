@@ -76,7 +76,7 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case r.Context().Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		// The client went away mid-request: its transaction rolled back and
 		// nobody reads this answer. Not a fault of the server.
-		logger(r).Info("client went away", "err", err.Error())
+		logger(r).Debug("client went away", "err", err.Error())
 		e = errcode.New(errcode.Unavailable, "request cancelled by the client")
 	default:
 		logger(r).Error("internal error", "err", err.Error())

@@ -38,6 +38,8 @@ type Deps struct {
 	SecureCookies bool
 	// BodyLimit overrides DefaultBodyLimit when > 0.
 	BodyLimit int64
+	// BodyReadTimeout overrides DefaultBodyReadTimeout when > 0.
+	BodyReadTimeout time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -59,13 +61,16 @@ func New(d Deps) http.Handler {
 	if d.BodyLimit <= 0 {
 		d.BodyLimit = DefaultBodyLimit
 	}
+	if d.BodyReadTimeout <= 0 {
+		d.BodyReadTimeout = DefaultBodyReadTimeout
+	}
 	if d.Draining == nil {
 		d.Draining = func() bool { return false }
 	}
 	h := &handler{Deps: d, log: d.Logger, metrics: d.Metrics}
 
 	r := chi.NewRouter()
-	r.Use(h.requestID, recoverer, h.accessLog, securityHeaders, bodyLimit(d.BodyLimit))
+	r.Use(bodyReadTimeout(d.BodyReadTimeout), h.requestID, recoverer, h.accessLog, securityHeaders, bodyLimit(d.BodyLimit))
 	// Browsers say where a request comes from; a cross-site state change is
 	// refused for the console and for cookie-authenticated API calls alike.
 	// Scripts and agents send no such headers and are unaffected.

@@ -27,6 +27,26 @@ func (h *handler) enroll(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// enrollPath is the one agent door that authenticates by its body.
+const enrollPath = "/agent/v1/enroll"
+
+// requireAgentSession answers 401 session_invalid, before routing, decoding
+// or method checks, to any agent request but enroll that carries no valid
+// session credential: an anonymous caller learns nothing about the doors.
+// Other refusals (fenced, retired) depend on the door and are left to it.
+func (h *handler) requireAgentSession(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != enrollPath {
+			if _, err := h.Fleet.Authenticate(r.Context(), bearer(r), fleet.DoorReport); errors.Is(err, fleet.ErrSessionInvalid) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward-agent"`)
+				writeError(w, r, err)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // agentSession authenticates the request's session for a door, answering
 // the refusal itself when there is none.
 func (h *handler) agentSession(w http.ResponseWriter, r *http.Request, door fleet.Door) (fleet.Session, bool) {

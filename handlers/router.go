@@ -88,8 +88,12 @@ func New(d Deps) http.Handler {
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
 	r.Get("/openapi.yaml", h.openapi)
 
-	// Agents: enrollment by token, everything else on a fenced session.
+	// Agents: enrollment by token, everything else on a fenced session,
+	// authenticated before routing.
 	r.Route("/agent/v1", func(r chi.Router) {
+		r.Use(h.requireAgentSession)
+		r.NotFound(h.notFound)
+		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Post("/enroll", h.enroll)
 		r.Post("/session/renew", h.renewSession)
 		r.Get("/commands", h.pollCommands)

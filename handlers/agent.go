@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -86,12 +85,12 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait := DefaultPollWait
-	if s := r.URL.Query().Get("wait"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 || n > int(fleet.MaxPollWait/time.Second) {
-			writeError(w, r, invalidParameter("wait", "whole seconds from 0 to 60"))
-			return
-		}
+	n, ok, err := queryOf(r).number("wait", 0, int64(fleet.MaxPollWait/time.Second), "whole seconds from 0 to 60")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if ok {
 		wait = time.Duration(n) * time.Second
 	}
 	if h.Draining() {

@@ -2,9 +2,9 @@ package handlers
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"net/url"
-	"strconv"
 
 	"github.com/go-chi/chi/v5"
 
@@ -85,8 +85,8 @@ const consoleAuditPageSize = 50
 func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 	var before int64
 	if s := r.URL.Query().Get("before"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n <= 0 {
+		n, ok := wholeNumber(s, math.MaxInt64)
+		if !ok || n <= 0 {
 			h.consoleError(w, r, consoleFrom(r.Context()), http.StatusBadRequest, "Bad page link", "The audit page cursor is not valid.")
 			return
 		}

@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -116,13 +117,9 @@ func pageParams(r *http.Request) (int, int64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	var before int64
-	if s := r.URL.Query().Get("before"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n <= 0 {
-			return 0, 0, invalidParameter("before", "a cursor from next_before")
-		}
-		before = n
+	before, _, err := queryOf(r).number("before", 1, math.MaxInt64, "a cursor from next_before")
+	if err != nil {
+		return 0, 0, err
 	}
 	return limit, before, nil
 }

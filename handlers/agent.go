@@ -3,10 +3,12 @@ package handlers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
 )
 
@@ -15,6 +17,13 @@ import (
 func (h *handler) enroll(w http.ResponseWriter, r *http.Request) {
 	var req api.EnrollRequest
 	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var v errcode.Validation
+	checkDisplayable(&v, "agent_version", req.AgentVersion)
+	checkFacts(&v, "facts", req.Facts)
+	if err := v.Err(); err != nil {
 		writeError(w, r, err)
 		return
 	}
@@ -145,6 +154,16 @@ func (h *handler) postEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	var req api.EventsRequest
 	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var v errcode.Validation
+	for i, e := range req.Events {
+		if e.Facts != nil {
+			checkFacts(&v, fmt.Sprintf("events[%d].facts", i), *e.Facts)
+		}
+	}
+	if err := v.Err(); err != nil {
 		writeError(w, r, err)
 		return
 	}

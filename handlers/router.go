@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -145,6 +146,13 @@ func staticHandler(fsys fs.FS) http.Handler {
 	}
 	fileServer := http.FileServerFS(fsys)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Files only: a folder is not listed (nor redirected to, nor its
+		// index served).
+		name := strings.TrimPrefix(path.Clean("/"+r.URL.Path), "/")
+		if fi, err := fs.Stat(fsys, name); name == "" || err != nil || fi.IsDir() {
+			http.NotFound(w, r)
+			return
+		}
 		w.Header().Set("Cache-Control", "public, max-age=300")
 		fileServer.ServeHTTP(w, r)
 	})

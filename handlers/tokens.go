@@ -8,6 +8,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/nodeward/nodeward/errcode"
+
 	"github.com/nodeward/nodeward/models"
 )
 
@@ -34,6 +36,12 @@ func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
 		Name string `json:"name"`
 	}
 	if err := decodeJSON(r, &body, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var v errcode.Validation
+	checkDisplayable(&v, "name", body.Name)
+	if err := v.Err(); err != nil {
 		writeError(w, r, err)
 		return
 	}

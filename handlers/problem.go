@@ -99,7 +99,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, e *errcode
 		Status:    status,
 		Detail:    e.Message,
 		Code:      e.Code,
-		Instance:  r.URL.Path,
+		Instance:  clip(r.URL.Path, maxLoggedText),
 		RequestID: requestIDFrom(r.Context()),
 		Errors:    e.Fields,
 	}

@@ -167,7 +167,7 @@ func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
 		h.consoleNotFound(w, r)
 		return
 	}
-	writeError(w, r, errcode.Errorf(errcode.NotFound, "no such resource: %s", r.URL.Path))
+	writeError(w, r, errcode.Errorf(errcode.NotFound, "no such resource: %s", clip(r.URL.Path, maxLoggedText)))
 }
 
 func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {

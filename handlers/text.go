@@ -12,14 +12,17 @@ import (
 // displayable reports whether a client-supplied name is fit to show in
 // the console and in listings: valid UTF-8 without control characters or
 // the formatting characters that reorder or hide text (bidirectional
-// overrides, isolates and marks; line and paragraph separators), with
+// overrides, isolates and marks; line and paragraph separators) or the
+// replacement character, with
 // which a name could pass for another or break the line it is shown in.
 func displayable(s string) bool {
 	if !utf8.ValidString(s) {
 		return false
 	}
 	for _, r := range s {
-		if unicode.IsControl(r) || isBidiControl(r) || r == '\u2028' || r == '\u2029' {
+		// U+FFFD stands in for text that was not valid (a lone
+		// surrogate escape, for one).
+		if unicode.IsControl(r) || isBidiControl(r) || r == '\u2028' || r == '\u2029' || r == utf8.RuneError {
 			return false
 		}
 	}

@@ -185,8 +185,8 @@ func TestHostileRequests(t *testing.T) {
 			{"EnrollFieldInAnotherCase", "POST", "/agent/v1/enroll", rawJSON(`{"NODE_ID":"n","generation":1,"enrollment_token":"t","agent_version":"v","facts":` + facts + `}`), "", 400, "invalid_json"},
 			{"EnrollNodeNull", "POST", "/agent/v1/enroll", rawJSON(`{"node_id":null,"generation":1,"enrollment_token":"t","agent_version":"v","facts":` + facts + `}`), "", 422, "validation_failed"},
 			{"EnrollFactsNull", "POST", "/agent/v1/enroll", enroll(`"agent_version":"v","facts":null`), "", 422, "validation_failed"},
-			{"EnrollHostnameControl", "POST", "/agent/v1/enroll", enroll(`"agent_version":"v","facts":`+strings.Replace(facts, `"h"`, `"h\r\nx"`, 1)), "", 422, "validation_failed"},
-			{"EnrollVersionInvalidUTF8", "POST", "/agent/v1/enroll", enroll("\"agent_version\":\"v\xc0\",\"facts\":"+facts), "", 422, "validation_failed"},
+			{"EnrollHostnameControl", "POST", "/agent/v1/enroll", enroll(`"agent_version":"v","facts":` + strings.Replace(facts, `"h"`, `"h\r\nx"`, 1)), "", 422, "validation_failed"},
+			{"EnrollVersionInvalidUTF8", "POST", "/agent/v1/enroll", enroll("\"agent_version\":\"v\xc0\",\"facts\":" + facts), "", 422, "validation_failed"},
 			{"EnrollWrongMethod", "GET", "/agent/v1/enroll", nil, "", 405, "method_not_allowed"},
 			// The console.
 			{"ConsoleTokenNameBidi", "POST", "/console/tokens", form("name", "a\u202eb"), "console", 422, ""},

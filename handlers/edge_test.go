@@ -183,3 +183,21 @@ func TestAccessLogClipsClientText(t *testing.T) {
 	require.NoError(t, sc.Err())
 	require.True(t, found, "the request was logged")
 }
+
+// A client that invents methods does not mint a metric series per method.
+func TestMetricsLabelsAreBounded(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	for _, m := range []string{"BREW", "WHEN", "X-" + strings.Repeat("A", 200)} {
+		req, err := http.NewRequest(m, s.URL+"/healthz", nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	}
+	require.Equal(t, 3.0, testutil.ToFloat64(s.App.Metrics.HTTPRequests.WithLabelValues("unmatched", "other", "405")))
+	series := testutil.CollectAndCount(s.App.Metrics.HTTPRequests)
+	require.LessOrEqual(t, series, 2, "one series for the invented methods (and none per method)")
+}

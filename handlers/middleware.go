@@ -114,6 +114,18 @@ func clientGone(r *http.Request) bool {
 	return st == nil || !st.timedOut.Load()
 }
 
+// methodLabel names a request's method for metrics: a client may send any
+// token as a method, and each new label value would be a new series kept
+// in memory for good.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "other"
+}
+
 // accessLog logs one structured line per request and counts it. It logs the
 // route pattern, never the query string (which could carry a secret), and
 // client-controlled text clipped.
@@ -136,7 +148,7 @@ func (h *handler) accessLog(next http.Handler) http.Handler {
 			status = http.StatusOK
 		}
 		elapsed := time.Since(start)
-		h.metrics.HTTPRequests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
+		h.metrics.HTTPRequests.WithLabelValues(route, methodLabel(r.Method), strconv.Itoa(status)).Inc()
 		h.metrics.HTTPDuration.WithLabelValues(route).Observe(elapsed.Seconds())
 		level := slog.LevelInfo
 		switch {

@@ -171,5 +171,5 @@ func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	writeError(w, r, errcode.Errorf(errcode.MethodNotAllowed, "method %s is not allowed here", r.Method))
+	writeError(w, r, errcode.Errorf(errcode.MethodNotAllowed, "method %s is not allowed here", clip(r.Method, 16)))
 }

@@ -104,12 +104,26 @@ func TestClientHangUpIsNoServerError(t *testing.T) {
 	})
 
 	t.Run("ConsoleSignedInPage", func(t *testing.T) {
+		cookie, _ := consoleSignIn(t, s)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/console/tokens", nil)
-		req.AddCookie(&http.Cookie{Name: "nodeward_session", Value: "eyJhbGciOiJIUzI1NiJ9.e30.x"})
+		req.AddCookie(&http.Cookie{Name: "nodeward_session", Value: cookie})
 		s.App.Handler.ServeHTTP(httptest.NewRecorder(), req)
+		require.Equal(t, 1.0, testutil.ToFloat64(requests.WithLabelValues("/console/tokens", "GET", "499")))
 		require.Zero(t, testutil.ToFloat64(requests.WithLabelValues("/console/tokens", "GET", "500")))
+	})
+
+	t.Run("API", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/api/v1/tokens", nil)
+		req.Header.Set("Authorization", "Bearer "+s.AdminToken)
+		s.App.Handler.ServeHTTP(httptest.NewRecorder(), req)
+		require.Equal(t, 1.0, testutil.ToFloat64(requests.WithLabelValues("/api/*", "GET", "499")))
+		for _, code := range []string{"500", "503"} {
+			require.Zero(t, testutil.ToFloat64(requests.WithLabelValues("/api/*", "GET", code)))
+		}
 	})
 
 	t.Run("LongPoll", func(t *testing.T) {

@@ -114,3 +114,14 @@ func FuzzDecodeJSON(f *testing.F) {
 		require.True(t, utf8.Valid(body), "invalid UTF-8 was accepted")
 	})
 }
+
+func TestDisplayable(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"ci", "déploiement — 部署 🚀", "a b", "Ωmega"} {
+		require.True(t, displayable(s), "%q", s)
+	}
+	for _, s := range []string{"a\x00", "a\tb", "a\nb", "\x7f", "\u0085", "a\u202eb", "\u202a", "\u2066x", "\u2069", "\u200e", "\u200f", "\u061c",
+		"a\u2028b", "\u2029", "\ufffd", "bad\xff", "\xc3"} {
+		require.False(t, displayable(s), "%q", s)
+	}
+}

@@ -10,11 +10,11 @@ import (
 )
 
 // displayable reports whether a client-supplied name is fit to show in
-// the console and in listings: valid UTF-8 without control characters or
-// the formatting characters that reorder or hide text (bidirectional
-// overrides, isolates and marks; line and paragraph separators) or the
-// replacement character, with
-// which a name could pass for another or break the line it is shown in.
+// the console and in listings: valid UTF-8 without control characters, the
+// formatting characters that reorder text (bidirectional overrides,
+// isolates and marks) or break it (line and paragraph separators), with
+// which a name could pass for another or spoil the line it is shown in, or
+// the replacement character.
 func displayable(s string) bool {
 	if !utf8.ValidString(s) {
 		return false
@@ -49,7 +49,7 @@ func checkDisplayable(v *errcode.Validation, field, s string) {
 }
 
 // checkFacts holds the names in a node's facts, which the console shows,
-// to displayable text.
+// to displayable text. (The domain bounds their count and size.)
 func checkFacts(v *errcode.Validation, field string, f api.Facts) {
 	checkDisplayable(v, field+".hostname", f.Hostname)
 	checkDisplayable(v, field+".os", f.OS)

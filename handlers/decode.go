@@ -136,10 +136,10 @@ var nullable = map[reflect.Type]map[string]bool{
 // checkShape reads body (already decoded into a value of type t) again and
 // refuses what encoding/json lets through: a field name that matches only
 // in another case and a repeated field (400 invalid_json), a null where the
-// contract allows none and text that is not valid UTF-8 (422
-// validation_failed naming each field). It walks the JSON alongside t;
+// contract allows none, text that is not valid UTF-8 and text holding
+// U+0000 (422 validation_failed naming each field). It walks the JSON alongside t;
 // values of opaque types (json.RawMessage, interfaces, custom decoders) are
-// left to whoever reads them, except for their UTF-8.
+// left to whoever reads them, except for their text.
 func checkShape(body []byte, t reflect.Type) error {
 	w := shapeWalker{dec: json.NewDecoder(bytes.NewReader(body)), bad: -1}
 	if !utf8.Valid(body) {
@@ -173,6 +173,7 @@ type shapeWalker struct {
 	dec     *json.Decoder
 	bad     int64 // offset of the body's first invalid UTF-8, or -1
 	badSeen bool  // bad was found inside a value and reported
+	nulSeen map[string]bool
 	v       errcode.Validation
 }
 
@@ -195,6 +196,18 @@ func (w *shapeWalker) text(start, end int64, field string) {
 	if w.bad >= start && w.bad < end && !w.badSeen {
 		w.badSeen = true
 		w.v.Add(fieldName(field), "must be valid UTF-8 text")
+	}
+}
+
+// noNUL records against field a string token holding U+0000, which no
+// text of the API needs and PostgreSQL cannot store in text.
+func (w *shapeWalker) noNUL(tok json.Token, field string) {
+	if s, ok := tok.(string); ok && strings.IndexByte(s, 0) >= 0 && !w.nulSeen[field] {
+		if w.nulSeen == nil {
+			w.nulSeen = map[string]bool{}
+		}
+		w.nulSeen[field] = true
+		w.v.Add(fieldName(field), "must not contain the character U+0000")
 	}
 }
 
@@ -246,6 +259,7 @@ func (w *shapeWalker) value(t reflect.Type, path string, canBeNull bool) error {
 	d, isDelim := tok.(json.Delim)
 	if !isDelim {
 		w.text(start, end, path)
+		w.noNUL(tok, path)
 		return nil
 	}
 	if opaque(t) {
@@ -303,6 +317,7 @@ func (w *shapeWalker) mapping(t reflect.Type, path string) error {
 		}
 		key, _ := tok.(string)
 		w.text(start, end, path)
+		w.noNUL(key, path)
 		if seen[key] {
 			return errcode.Errorf(errcode.InvalidJSON, "key %q appears more than once in %s", clip(key, maxEchoedName), fieldName(path))
 		}
@@ -330,6 +345,7 @@ func (w *shapeWalker) skip(start int64, path string) error {
 				depth--
 			}
 		}
+		w.noNUL(tok, path)
 	}
 	w.text(start, w.dec.InputOffset(), path)
 	return nil

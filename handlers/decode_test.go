@@ -57,6 +57,8 @@ func TestDecodeJSONShape(t *testing.T) {
 		{"InvalidUTF8Value", "{\"name\":\"a\xff\"}", errcode.ValidationFailed, "name"},
 		{"InvalidUTF8InArray", "{\"tags\":[\"ok\",\"\xc3\"]}", errcode.ValidationFailed, "tags[1]"},
 		{"InvalidUTF8MapKey", "{\"labels\":{\"\xfe\":\"v\"}}", errcode.ValidationFailed, "labels"},
+		{"NULInValue", `{"name":"a\u0000"}`, errcode.ValidationFailed, "name"},
+		{"NULInMapKey", `{"labels":{"k\u0000":"v"}}`, errcode.ValidationFailed, "labels"},
 		{"InvalidUTF8FieldName", "{\"na\xffme\":\"v\"}", errcode.InvalidJSON, ""},
 	}
 	for _, tc := range cases {

@@ -130,6 +130,8 @@ func TestHostileRequests(t *testing.T) {
 			{"InviteGenerationNegative", "POST", "/api/v1/nodes/invitations", rawJSON(`{"rental_id":"r","generation":-1}`), "admin", 422, "validation_failed"},
 			{"CommandPayloadNull", "POST", node + "/commands", rawJSON(`{"kind":"prepare_image","operation_id":"op-h1","payload":null}`), "admin", 422, "validation_failed"},
 			{"CommandFieldInAnotherCase", "POST", node + "/commands", rawJSON(`{"Kind":"prepare_image","operation_id":"op-h2","payload":{}}`), "admin", 400, "invalid_json"},
+			{"RetireReasonNUL", "POST", node + "/retire", rawJSON(`{"reason":"gone\u0000"}`), "admin", 422, "validation_failed"},
+			{"CommandPayloadNUL", "POST", node + "/commands", rawJSON(`{"kind":"prepare_image","operation_id":"op-h3","payload":{"image":"img\u0000"}}`), "admin", 422, "validation_failed"},
 			{"RetireReasonNull", "POST", node + "/retire", rawJSON(`{"reason":null}`), "admin", 422, "validation_failed"},
 			{"ReinviteThroughNull", "POST", node + "/reinvite", rawJSON(`{"redeemable_through":null}`), "admin", 422, "validation_failed"},
 			// The administration API: queries and paths.
@@ -176,6 +178,8 @@ func TestHostileRequests(t *testing.T) {
 			{"ResultsNull", "POST", "/agent/v1/results", rawJSON(`{"results":null}`), "agent", 422, "validation_failed"},
 			{"ResultsItemNull", "POST", "/agent/v1/results", rawJSON(`{"results":[null]}`), "agent", 422, "validation_failed"},
 			{"ResultsAppliedNull", "POST", "/agent/v1/results", rawJSON(`{"results":[{"operation_id":"op","applied":null}]}`), "agent", 422, "validation_failed"},
+			{"EventsIDNUL", "POST", "/agent/v1/events", rawJSON(`{"events":[{"id":"e\u0000","kind":"workload","observed_at":"2026-01-01T00:00:00Z","workload":{"run_id":"r","attempt_id":"a","state":"running","observed_at":"2026-01-01T00:00:00Z"}}]}`), "agent", 422, "validation_failed"},
+			{"ResultsFailureNUL", "POST", "/agent/v1/results", rawJSON(`{"results":[{"operation_id":"op-none","applied":false,"failure":"x\u0000"}]}`), "agent", 422, "validation_failed"},
 			{"EventsObservedNull", "POST", "/agent/v1/events", rawJSON(`{"events":[{"id":"e1","kind":"heartbeat","observed_at":null}]}`), "agent", 422, "validation_failed"},
 			{"EventsHostnameBidi", "POST", "/agent/v1/events", heartbeat(strings.Replace(facts, `"h"`, `"h\u202e"`, 1)), "agent", 422, "validation_failed"},
 			{"EventsLabelControl", "POST", "/agent/v1/events", heartbeat(strings.Replace(facts, `"runtimes"`, `"labels":{"role":"db\u001b[31m"},"runtimes"`, 1)), "agent", 422, "validation_failed"},

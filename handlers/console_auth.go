@@ -33,6 +33,13 @@ func (h *handler) consoleLogin(w http.ResponseWriter, r *http.Request) {
 	username := strings.TrimSpace(r.PostForm.Get("username"))
 	next := localNext(r.PostForm.Get("next"))
 	v := views.LoginView{Username: username, Next: next}
+	if len(username) > 64 || !displayable(username) {
+		// No administrator has such a name (auth allows 1-64 plain
+		// characters): nothing to look up, rate-limit or record.
+		v.Username, v.Error = "", loginFailed
+		h.render(w, r, http.StatusUnauthorized, views.LoginPage(v))
+		return
+	}
 	tok, expires, err := h.Auth.Login(r.Context(), username, r.PostForm.Get("password"), r.RemoteAddr)
 	switch {
 	case errors.Is(err, auth.ErrRateLimited):

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
@@ -228,6 +229,36 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		b.state.timedOut.Store(true)
 	}
 	return n, err
+}
+
+// plainText reports whether s is valid UTF-8 without control characters:
+// text that may be looked up in the database (PostgreSQL refuses invalid
+// UTF-8 and U+0000 in text, which would be a 500).
+func plainText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// plainPath answers 404 to a request whose path is not plain text: no
+// resource has such a name. Under /api and /agent it runs after
+// authentication (skip), so an anonymous caller still gets only 401 there.
+func (h *handler) plainPath(skip func(path string) bool) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !plainText(r.URL.Path) && (skip == nil || !skip(r.URL.Path)) {
+				h.notFound(w, r)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
 // bodyLimit caps every request body.

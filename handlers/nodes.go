@@ -141,7 +141,7 @@ func decodeNodeCursor(s string) (time.Time, string, bool) {
 		return time.Time{}, "", false
 	}
 	us, id, ok := strings.Cut(string(b), "|")
-	if !ok || id == "" {
+	if !ok || id == "" || !plainText(id) {
 		return time.Time{}, "", false
 	}
 	n, ok := wholeNumber(us, math.MaxInt64)

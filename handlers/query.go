@@ -11,7 +11,8 @@ import (
 // query reads a request's query parameters strictly. Every listing filter
 // and option is one value: a parameter given empty (`class=`) or more than
 // once is a 400 invalid_parameter naming it, never read as absent or as
-// its first value, and a query string that is not well formed is refused.
+// its first value, and so is one that is not plain text (invalid UTF-8,
+// control characters). A query string that is not well formed is refused.
 type query struct {
 	values url.Values
 	err    error
@@ -40,6 +41,8 @@ func (q query) get(name string) (string, error) {
 		return "", invalidParameter(name, "given more than once")
 	case vs[0] == "":
 		return "", invalidParameter(name, "given empty; leave it out instead")
+	case !plainText(vs[0]):
+		return "", invalidParameter(name, "not valid UTF-8 text without control characters")
 	}
 	return vs[0], nil
 }

@@ -34,6 +34,8 @@ func TestQueryIsStrict(t *testing.T) {
 		{"limit=5&limit=6", 0, false, true},
 		{"limit=5;x=1", 0, false, true},
 		{"limit=%zz", 0, false, true},
+		{"limit=%00", 0, false, true},
+		{"limit=%FF", 0, false, true},
 		{"other=1", 0, false, false},
 	}
 	for _, tc := range cases {

@@ -79,7 +79,7 @@ func New(d Deps) http.Handler {
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, errcode.New(errcode.PermissionDenied, "cross-origin request refused"))
 	}))
-	r.Use(cop.Handler)
+	r.Use(cop.Handler, h.plainPath(isAPIPath))
 	r.NotFound(h.notFound)
 	r.MethodNotAllowed(h.methodNotAllowed)
 
@@ -92,7 +92,7 @@ func New(d Deps) http.Handler {
 	// Agents: enrollment by token, everything else on a fenced session,
 	// authenticated before routing.
 	r.Route("/agent/v1", func(r chi.Router) {
-		r.Use(h.requireAgentSession)
+		r.Use(h.requireAgentSession, h.plainPath(nil))
 		r.NotFound(h.notFound)
 		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Post("/enroll", h.enroll)
@@ -105,7 +105,7 @@ func New(d Deps) http.Handler {
 	// Administration and scripts: authentication before routing, so no
 	// /api path answers anything but 401 to an anonymous caller.
 	r.Route("/api", func(r chi.Router) {
-		r.Use(h.requireAdmin)
+		r.Use(h.requireAdmin, h.plainPath(nil))
 		r.NotFound(h.notFound)
 		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Route("/v1", func(r chi.Router) {

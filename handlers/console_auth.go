@@ -31,15 +31,14 @@ func (h *handler) consoleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	username := strings.TrimSpace(r.PostForm.Get("username"))
-	next := localNext(r.PostForm.Get("next"))
-	v := views.LoginView{Username: username, Next: next}
-	if len(username) > 64 || !displayable(username) {
-		// No administrator has such a name (auth allows 1-64 plain
-		// characters): nothing to look up, rate-limit or record.
-		v.Username, v.Error = "", loginFailed
-		h.render(w, r, http.StatusUnauthorized, views.LoginPage(v))
+	if !plainText(username) {
+		// No administrator has such a name, and PostgreSQL cannot look it
+		// up (invalid UTF-8, U+0000): a failed sign-in, not a 500.
+		h.render(w, r, http.StatusUnauthorized, views.LoginPage(views.LoginView{Error: loginFailed, Next: localNext(r.PostForm.Get("next"))}))
 		return
 	}
+	next := localNext(r.PostForm.Get("next"))
+	v := views.LoginView{Username: username, Next: next}
 	tok, expires, err := h.Auth.Login(r.Context(), username, r.PostForm.Get("password"), r.RemoteAddr)
 	switch {
 	case errors.Is(err, auth.ErrRateLimited):

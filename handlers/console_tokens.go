@@ -44,23 +44,20 @@ func (h *handler) consoleTokens(w http.ResponseWriter, r *http.Request) {
 func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
 	p, _ := principalFrom(r.Context())
 	name := r.PostForm.Get("name")
-	refuse := func(nameError string) {
-		rows, err := h.Auth.ListTokens(r.Context())
-		if err != nil {
-			h.consoleInternal(w, r, err)
-			return
-		}
-		v := views.TokensView{Tokens: tokenRows(rows), Name: name, NameError: nameError}
-		h.render(w, r, http.StatusUnprocessableEntity, views.TokensPage(h.shell(r, views.NavTokens), v))
-	}
 	if !displayable(name) {
-		refuse("A name may not hold control characters, bidirectional formatting characters or invalid UTF-8.")
+		h.refuseTokenName(w, r, name)
 		return
 	}
 	tok, row, err := h.Auth.CreateToken(r.Context(), p, name, r.RemoteAddr)
 	var ce *errcode.Error
 	if errors.As(err, &ce) && ce.Code == errcode.ValidationFailed {
-		refuse("A name of 1 to 128 characters is required.")
+		rows, lerr := h.Auth.ListTokens(r.Context())
+		if lerr != nil {
+			h.consoleInternal(w, r, lerr)
+			return
+		}
+		v := views.TokensView{Tokens: tokenRows(rows), Name: name, NameError: "A name of 1 to 128 characters is required."}
+		h.render(w, r, http.StatusUnprocessableEntity, views.TokensPage(h.shell(r, views.NavTokens), v))
 		return
 	}
 	if err != nil {
@@ -115,4 +112,17 @@ func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 		v.OlderBefore = rows[len(rows)-1].ID
 	}
 	h.render(w, r, http.StatusOK, views.AuditPage(h.shell(r, views.NavAudit), v))
+}
+
+// refuseTokenName shows the tokens page again, 422, for a name the console
+// could not show faithfully (see displayable).
+func (h *handler) refuseTokenName(w http.ResponseWriter, r *http.Request, name string) {
+	rows, err := h.Auth.ListTokens(r.Context())
+	if err != nil {
+		h.consoleInternal(w, r, err)
+		return
+	}
+	v := views.TokensView{Tokens: tokenRows(rows), Name: name,
+		NameError: "A name may not hold control characters, bidirectional formatting characters or invalid UTF-8."}
+	h.render(w, r, http.StatusUnprocessableEntity, views.TokensPage(h.shell(r, views.NavTokens), v))
 }

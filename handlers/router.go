@@ -37,10 +37,10 @@ type Deps struct {
 	Draining func() bool
 	// SecureCookies marks cookies Secure (the server terminates TLS).
 	SecureCookies bool
-	// BodyLimit overrides DefaultBodyLimit when > 0.
-	BodyLimit int64
 	// BodyReadTimeout overrides DefaultBodyReadTimeout when > 0.
 	BodyReadTimeout time.Duration
+	// BodyLimit overrides DefaultBodyLimit when > 0.
+	BodyLimit int64
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }

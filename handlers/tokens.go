@@ -9,7 +9,6 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/nodeward/nodeward/errcode"
-
 	"github.com/nodeward/nodeward/models"
 )
 

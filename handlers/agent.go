@@ -38,17 +38,26 @@ func (h *handler) enroll(w http.ResponseWriter, r *http.Request) {
 // enrollPath is the one agent door that authenticates by its body.
 const enrollPath = "/agent/v1/enroll"
 
+type agentSessionKey struct{}
+
 // requireAgentSession answers 401 session_invalid, before routing, decoding
 // or method checks, to any agent request but enroll that carries no valid
 // session credential: an anonymous caller learns nothing about the doors.
 // Other refusals (fenced, retired) depend on the door and are left to it.
+// A session good for every door is kept for the handler (agentSession).
 func (h *handler) requireAgentSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != enrollPath {
-			if _, err := h.Fleet.Authenticate(r.Context(), bearer(r), fleet.DoorReport); errors.Is(err, fleet.ErrSessionInvalid) {
+			sess, err := h.Fleet.Authenticate(r.Context(), bearer(r), fleet.DoorAsk)
+			switch {
+			case errors.Is(err, fleet.ErrSessionInvalid):
 				w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward-agent"`)
 				writeError(w, r, err)
 				return
+			case err == nil:
+				// DoorAsk asks the most of the node: the session holds
+				// for DoorReport too.
+				r = r.WithContext(context.WithValue(r.Context(), agentSessionKey{}, sess))
 			}
 		}
 		next.ServeHTTP(w, r)
@@ -58,6 +67,9 @@ func (h *handler) requireAgentSession(next http.Handler) http.Handler {
 // agentSession authenticates the request's session for a door, answering
 // the refusal itself when there is none.
 func (h *handler) agentSession(w http.ResponseWriter, r *http.Request, door fleet.Door) (fleet.Session, bool) {
+	if sess, ok := r.Context().Value(agentSessionKey{}).(fleet.Session); ok {
+		return sess, true
+	}
 	sess, err := h.Fleet.Authenticate(r.Context(), bearer(r), door)
 	if err != nil {
 		if errors.Is(err, fleet.ErrSessionInvalid) {

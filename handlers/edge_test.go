@@ -209,3 +209,19 @@ func TestMetricsLabelsAreBounded(t *testing.T) {
 	series := testutil.CollectAndCount(s.App.Metrics.HTTPRequests)
 	require.LessOrEqual(t, series, 2, "one series for the invented methods (and none per method)")
 }
+
+// Authentication before routing keeps each door's own rule: a retired
+// node's session still reports (results, events) but asks for nothing, and
+// is a session (404, not 401) on an unknown path.
+func TestAgentDoorsOfARetiredNode(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	boot, enrolled := inviteAndEnroll(t, s)
+	s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/retire", nil, http.StatusOK, nil)
+	var settled struct {
+		Settled []any `json:"settled"`
+	}
+	s.JSON(t, http.MethodPost, "/agent/v1/results", map[string]any{"results": []any{}}, enrolled.SessionToken, http.StatusOK, &settled)
+	s.Problem(t, http.MethodGet, "/agent/v1/commands?wait=0", nil, enrolled.SessionToken, http.StatusGone, "node_retired")
+	s.Problem(t, http.MethodGet, "/agent/v1/xyz", nil, enrolled.SessionToken, http.StatusNotFound, "not_found")
+}

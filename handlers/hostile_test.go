@@ -61,7 +61,7 @@ type hostile struct {
 	method string
 	path   string
 	body   any    // nil, apitest.Body, or url.Values (a console form)
-	as     string // "": nobody; "admin"; "agent"; "console"; else a raw Authorization header
+	as     string // "": nobody; "admin"; "agent"; "console"; "Name: value", that header; else an Authorization header
 	status int
 	code   string // the problem code; "" for a console page or a file
 }
@@ -163,6 +163,11 @@ func TestHostileRequests(t *testing.T) {
 			{"OffersClassNUL", "GET", "/api/v1/offers?class=%00", nil, "admin", 400, "invalid_parameter"},
 			{"OffersClassInvalidUTF8", "GET", "/api/v1/offers?class=%FF", nil, "admin", 400, "invalid_parameter"},
 			{"APIPathNULAnonymous", "GET", "/api/v1/nodes/%00", nil, "", 401, "unauthenticated"},
+			{"APIForgedCookie", "GET", "/api/v1/whoami", nil, "Cookie: nodeward_session=eyJhbGciOiJub25lIn0.e30.", 401, "unauthenticated"},
+			{"APIHugeCookie", "GET", "/api/v1/whoami", nil, "Cookie: nodeward_session=" + strings.Repeat("A", 64<<10), 401, "unauthenticated"},
+			{"APIHugeBearer", "GET", "/api/v1/whoami", nil, "Bearer nwa_" + strings.Repeat("A", 64<<10), 401, "unauthenticated"},
+			{"APIHostileRequestID", "GET", "/api/v1/whoami", nil, "X-Request-Id: " + strings.Repeat("<script>", 1000), 401, "unauthenticated"},
+			{"AgentCookieIsNoSession", "GET", "/agent/v1/commands?wait=0", nil, "Cookie: nodeward_session=x", 401, "session_invalid"},
 			{"APIAnonymous", "POST", "/api/v1/tokens", rawJSON(`{"NAME":`), "", 401, "unauthenticated"},
 			// The agent API without a session: 401 before anything else.
 			{"AgentUnknownPathAnonymous", "GET", "/agent/v1/xyz", nil, "", 401, "session_invalid"},
@@ -240,7 +245,11 @@ func TestHostileRequests(t *testing.T) {
 				case "console":
 					req.AddCookie(&http.Cookie{Name: "nodeward_session", Value: cookie})
 				default:
-					req.Header.Set("Authorization", tc.as)
+					if k, v, ok := strings.Cut(tc.as, ": "); ok && !strings.Contains(k, " ") {
+						req.Header.Set(k, v) // a header of its own
+					} else {
+						req.Header.Set("Authorization", tc.as)
+					}
 				}
 				status, h, raw := s.Send(t, req)
 				require.Less(t, status, 500, "answer: %.300s", raw)

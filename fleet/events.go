@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"math"
 	"strconv"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -40,6 +41,7 @@ func validateEvents(events []api.Event) error {
 			v.Check(idPattern.MatchString(w.AttemptID), field+"/workload/attempt_id", "required")
 			v.Check(workloadStates[w.State], field+"/workload/state", "one of created, running, exited")
 			v.Check((w.State == api.WorkloadExited) == (w.ExitCode != nil), field+"/workload/exit_code", "required with exited, and only then")
+			v.Check(w.ExitCode == nil || (*w.ExitCode >= math.MinInt32 && *w.ExitCode <= math.MaxInt32), field+"/workload/exit_code", "a 32-bit integer")
 			v.Check(!w.ObservedAt.IsZero(), field+"/workload/observed_at", "required")
 		default:
 			v.Add(field+"/kind", "one of heartbeat, workload")

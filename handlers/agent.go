@@ -3,11 +3,12 @@ package handlers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
 )
 
@@ -19,6 +20,13 @@ func (h *handler) enroll(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
+	var v errcode.Validation
+	checkDisplayable(&v, "agent_version", req.AgentVersion)
+	checkFacts(&v, "facts", req.Facts)
+	if err := v.Err(); err != nil {
+		writeError(w, r, err)
+		return
+	}
 	resp, err := h.Fleet.Enroll(r.Context(), req)
 	if err != nil {
 		writeError(w, r, err)
@@ -27,9 +35,41 @@ func (h *handler) enroll(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
+// enrollPath is the one agent door that authenticates by its body.
+const enrollPath = "/agent/v1/enroll"
+
+type agentSessionKey struct{}
+
+// requireAgentSession answers 401 session_invalid, before routing, decoding
+// or method checks, to any agent request but enroll that carries no valid
+// session credential: an anonymous caller learns nothing about the doors.
+// Other refusals (fenced, retired) depend on the door and are left to it.
+// A session good for every door is kept for the handler (agentSession).
+func (h *handler) requireAgentSession(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != enrollPath {
+			sess, err := h.Fleet.Authenticate(r.Context(), bearer(r), fleet.DoorAsk)
+			switch {
+			case errors.Is(err, fleet.ErrSessionInvalid):
+				w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward-agent"`)
+				writeError(w, r, err)
+				return
+			case err == nil:
+				// DoorAsk asks the most of the node: the session holds
+				// for DoorReport too.
+				r = r.WithContext(context.WithValue(r.Context(), agentSessionKey{}, sess))
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // agentSession authenticates the request's session for a door, answering
 // the refusal itself when there is none.
 func (h *handler) agentSession(w http.ResponseWriter, r *http.Request, door fleet.Door) (fleet.Session, bool) {
+	if sess, ok := r.Context().Value(agentSessionKey{}).(fleet.Session); ok {
+		return sess, true
+	}
 	sess, err := h.Fleet.Authenticate(r.Context(), bearer(r), door)
 	if err != nil {
 		if errors.Is(err, fleet.ErrSessionInvalid) {
@@ -66,12 +106,12 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait := DefaultPollWait
-	if s := r.URL.Query().Get("wait"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 || n > int(fleet.MaxPollWait/time.Second) {
-			writeError(w, r, invalidParameter("wait", "whole seconds from 0 to 60"))
-			return
-		}
+	n, ok, err := queryOf(r).number("wait", 0, int64(fleet.MaxPollWait/time.Second), "whole seconds from 0 to 60")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if ok {
 		wait = time.Duration(n) * time.Second
 	}
 	if h.Draining() {
@@ -126,6 +166,16 @@ func (h *handler) postEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	var req api.EventsRequest
 	if err := decodeJSON(r, &req, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var v errcode.Validation
+	for i, e := range req.Events {
+		if e.Facts != nil {
+			checkFacts(&v, fmt.Sprintf("events[%d].facts", i), *e.Facts)
+		}
+	}
+	if err := v.Err(); err != nil {
 		writeError(w, r, err)
 		return
 	}

@@ -140,7 +140,7 @@ func (h *handler) consoleSession(next http.Handler) http.Handler {
 			}
 			got := r.PostForm.Get("csrf_token")
 			if subtle.ConstantTimeCompare([]byte(got), []byte(cc.csrf)) != 1 {
-				logger(r).Warn("console CSRF token mismatch", "path", r.URL.Path, "user", p.Username)
+				logger(r).Warn("console CSRF token mismatch", "path", clip(r.URL.Path, maxLoggedText), "user", p.Username)
 				h.consoleError(w, r, cc, http.StatusForbidden, "Form expired",
 					"This form did not come from your current console session. Go back, reload the page and try again.")
 				return
@@ -203,8 +203,15 @@ func (h *handler) shell(r *http.Request, active string) views.Shell {
 // render writes a complete page; a page that fails to render is a 500, not
 // half a page.
 func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, c templ.Component) {
+	if clientGone(r) {
+		// Nobody is waiting for this page; the access log counts it.
+		logger(r).Debug("client went away before the page was rendered")
+		return
+	}
 	var buf bytes.Buffer
-	if err := c.Render(r.Context(), &buf); err != nil {
+	// The page is rendered into memory; a render error is a fault of the
+	// page, never of a connection broken by a body that did not arrive.
+	if err := c.Render(context.WithoutCancel(r.Context()), &buf); err != nil {
 		logger(r).Error("render console page", "err", err.Error())
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
@@ -236,6 +243,10 @@ func (h *handler) consoleError(w http.ResponseWriter, r *http.Request, cc consol
 // a coded error, its message; an uncoded error is logged with the request
 // id and shown as a generic page.
 func (h *handler) consoleInternal(w http.ResponseWriter, r *http.Request, err error) {
+	if clientGone(r) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		logger(r).Debug("client went away", "err", err.Error())
+		return
+	}
 	status, e := resolve(r, err)
 	setRetryAfter(w, status)
 	title, msg := http.StatusText(status), e.Message

@@ -31,6 +31,12 @@ func (h *handler) consoleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	username := strings.TrimSpace(r.PostForm.Get("username"))
+	if !plainText(username) {
+		// No administrator has such a name, and PostgreSQL cannot look it
+		// up (invalid UTF-8, U+0000): a failed sign-in, not a 500.
+		h.render(w, r, http.StatusUnauthorized, views.LoginPage(views.LoginView{Error: loginFailed, Next: localNext(r.PostForm.Get("next"))}))
+		return
+	}
 	next := localNext(r.PostForm.Get("next"))
 	v := views.LoginView{Username: username, Next: next}
 	if len(username) > auth.MaxUsernameLen {

@@ -2,9 +2,9 @@ package handlers
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"net/url"
-	"strconv"
 
 	"github.com/go-chi/chi/v5"
 
@@ -43,6 +43,10 @@ func (h *handler) consoleTokens(w http.ResponseWriter, r *http.Request) {
 func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
 	p, _ := principalFrom(r.Context())
 	name := r.PostForm.Get("name")
+	if !displayable(name) {
+		h.refuseTokenName(w, r, name)
+		return
+	}
 	tok, row, err := h.Auth.CreateToken(r.Context(), p, name, r.RemoteAddr)
 	var ce *errcode.Error
 	if errors.As(err, &ce) && ce.Code == errcode.ValidationFailed {
@@ -84,8 +88,8 @@ const consoleAuditPageSize = 50
 func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 	var before int64
 	if s := r.URL.Query().Get("before"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n <= 0 {
+		n, ok := wholeNumber(s, math.MaxInt64)
+		if !ok || n <= 0 {
 			h.consoleError(w, r, consoleFrom(r.Context()), http.StatusBadRequest, "Bad page link", "The audit page cursor is not valid.")
 			return
 		}
@@ -107,4 +111,17 @@ func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 		v.OlderBefore = rows[len(rows)-1].ID
 	}
 	h.render(w, r, http.StatusOK, views.AuditPage(h.shell(r, views.NavAudit), v))
+}
+
+// refuseTokenName shows the tokens page again, 422, for a name the console
+// could not show faithfully (see displayable).
+func (h *handler) refuseTokenName(w http.ResponseWriter, r *http.Request, name string) {
+	rows, err := h.Auth.ListTokens(r.Context())
+	if err != nil {
+		h.consoleInternal(w, r, err)
+		return
+	}
+	v := views.TokensView{Tokens: tokenRows(rows), Name: name,
+		NameError: "A name may not hold control characters, bidirectional formatting characters or invalid UTF-8."}
+	h.render(w, r, http.StatusUnprocessableEntity, views.TokensPage(h.shell(r, views.NavTokens), v))
 }

@@ -240,7 +240,7 @@ func TestRouting(t *testing.T) {
 			require.Contains(t, p.Detail, c.method)
 		}
 		// Outside /api the same shapes hold.
-		s.Problem(t, http.MethodGet, "/agent/v1/no-such-door", nil, "", http.StatusNotFound, "not_found")
+		s.Problem(t, http.MethodGet, "/agent/v1/no-such-door", nil, "", http.StatusUnauthorized, "session_invalid")
 		s.Problem(t, http.MethodPost, "/healthz", map[string]any{}, "", http.StatusMethodNotAllowed, "method_not_allowed")
 	})
 }

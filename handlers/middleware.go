@@ -4,12 +4,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"regexp"
 	"runtime/debug"
 	"strconv"
+	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -23,6 +29,7 @@ const (
 	requestIDKey ctxKey = iota
 	loggerKey
 	principalKey
+	bodyStateKey
 )
 
 func requestIDFrom(ctx context.Context) string {
@@ -73,8 +80,56 @@ func recoverer(next http.Handler) http.Handler {
 	})
 }
 
+// statusClientClosed labels, in metrics and the access log, a request whose
+// client hung up before it was answered (nginx's 499). It is no server
+// fault: 5xx counts stay for real ones.
+const statusClientClosed = 499
+
+// maxLoggedText bounds each piece of client-controlled text in a log line
+// (the path, the user agent), so a client cannot make the log grow by more
+// than a few hundred bytes per request.
+const maxLoggedText = 256
+
+// clip shortens client-controlled text for logging: at most max bytes,
+// cut on a rune boundary, with how much was left out.
+func clip(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(+" + strconv.Itoa(len(s)-cut) + " bytes)"
+}
+
+// clientGone reports that the client hung up: the request's context is
+// cancelled while the server was still at it. A body that did not arrive in
+// time also cancels the context (the connection is broken), but that
+// client gets its answer and is not counted as gone.
+func clientGone(r *http.Request) bool {
+	if !errors.Is(r.Context().Err(), context.Canceled) {
+		return false
+	}
+	st, _ := r.Context().Value(bodyStateKey).(*bodyState)
+	return st == nil || !st.timedOut.Load()
+}
+
+// methodLabel names a request's method for metrics: a client may send any
+// token as a method, and each new label value would be a new series kept
+// in memory for good.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "other"
+}
+
 // accessLog logs one structured line per request and counts it. It logs the
-// route pattern, never the query string (which could carry a secret).
+// route pattern, never the query string (which could carry a secret), and
+// client-controlled text clipped.
 func (h *handler) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -85,20 +140,29 @@ func (h *handler) accessLog(next http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		status := ww.Status()
+		// A request given up by its client is counted apart unless it was
+		// already answered with a verdict of its own (2xx-4xx).
+		if clientGone(r) && (status == 0 || status >= 500) {
+			status = statusClientClosed
+		}
 		if status == 0 {
 			status = http.StatusOK
 		}
 		elapsed := time.Since(start)
-		h.metrics.HTTPRequests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
+		h.metrics.HTTPRequests.WithLabelValues(route, methodLabel(r.Method), strconv.Itoa(status)).Inc()
 		h.metrics.HTTPDuration.WithLabelValues(route).Observe(elapsed.Seconds())
 		level := slog.LevelInfo
+		switch {
+		case status == statusClientClosed:
+			level = slog.LevelDebug
 		// 503 is the server saying "not now" (draining); it is no fault.
-		if status >= 500 && status != http.StatusServiceUnavailable {
+		case status >= 500 && status != http.StatusServiceUnavailable:
 			level = slog.LevelError
 		}
 		logger(r).Log(r.Context(), level, "http",
-			"method", r.Method, "path", r.URL.Path, "route", route, "status", status,
-			"bytes", ww.BytesWritten(), "duration_ms", elapsed.Milliseconds(), "remote", r.RemoteAddr)
+			"method", clip(r.Method, 16), "path", clip(r.URL.Path, maxLoggedText), "route", route, "status", status,
+			"bytes", ww.BytesWritten(), "duration_ms", elapsed.Milliseconds(), "remote", r.RemoteAddr,
+			"user_agent", clip(r.UserAgent(), maxLoggedText))
 	})
 }
 
@@ -116,6 +180,85 @@ func securityHeaders(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bodyReadTimeout bounds the time to receive a request's body: a client
+// that declares a body and then trickles or withholds it is cut off after
+// timeout instead of holding the connection. A request without a body is
+// never bounded, and the bound ends with the body (net/http lifts the
+// connection's read deadline once the body has been read to its end, to
+// watch for a hang-up), so a handler that then waits (a long-poll, a
+// waiting submit, a watch) is not cut short by it. The headers are bounded
+// by the server's ReadHeaderTimeout.
+func bodyReadTimeout(timeout time.Duration) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+				next.ServeHTTP(w, r)
+				return
+			}
+			rc := http.NewResponseController(w)
+			if err := rc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+				// A writer without deadlines (a test recorder): nothing
+				// to bound.
+				next.ServeHTTP(w, r)
+				return
+			}
+			st := &bodyState{}
+			r = r.WithContext(context.WithValue(r.Context(), bodyStateKey, st))
+			r.Body = &deadlineBody{ReadCloser: r.Body, state: st}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// bodyState is what the request's context knows of its body's deadline.
+type bodyState struct {
+	timedOut atomic.Bool
+}
+
+// deadlineBody notes when the body's deadline cut it off.
+type deadlineBody struct {
+	io.ReadCloser
+	state *bodyState
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		b.state.timedOut.Store(true)
+	}
+	return n, err
+}
+
+// plainText reports whether s is valid UTF-8 without control characters:
+// text that may be looked up in the database (PostgreSQL refuses invalid
+// UTF-8 and U+0000 in text, which would be a 500).
+func plainText(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// plainPath answers 404 to a request whose path is not plain text: no
+// resource has such a name. Under /api and /agent it runs after
+// authentication (skip), so an anonymous caller still gets only 401 there.
+func (h *handler) plainPath(skip func(path string) bool) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !plainText(r.URL.Path) && (skip == nil || !skip(r.URL.Path)) {
+				h.notFound(w, r)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
 // bodyLimit caps every request body.

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -194,15 +195,11 @@ func invalidParameter(name, format string, args ...any) error {
 }
 
 func queryLimit(r *http.Request, def, max int) (int, error) {
-	s := r.URL.Query().Get("limit")
-	if s == "" {
-		return def, nil
+	n, ok, err := queryOf(r).number("limit", 1, int64(max), "an integer from 1 to %d", max)
+	if err != nil || !ok {
+		return def, err
 	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > max {
-		return 0, invalidParameter("limit", "an integer from 1 to %d", max)
-	}
-	return n, nil
+	return int(n), nil
 }
 
 func encodeNodeCursor(n fleet.Node) string {
@@ -215,28 +212,38 @@ func decodeNodeCursor(s string) (time.Time, string, bool) {
 		return time.Time{}, "", false
 	}
 	us, id, ok := strings.Cut(string(b), "|")
-	if !ok || id == "" {
+	if !ok || id == "" || !plainText(id) {
 		return time.Time{}, "", false
 	}
-	n, err := strconv.ParseInt(us, 10, 64)
-	if err != nil {
+	n, ok := wholeNumber(us, math.MaxInt64)
+	if !ok {
 		return time.Time{}, "", false
 	}
 	return time.UnixMicro(n).UTC(), id, true
 }
 
 func (h *handler) listNodes(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q := queryOf(r)
 	f := fleet.NodeFilter{}
-	if s := q.Get("state"); s != "" {
-		if !fleet.State(s).Valid() {
+	state, err := q.get("state")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	before, err := q.get("before")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if state != "" {
+		if !fleet.State(state).Valid() {
 			writeError(w, r, invalidParameter("state", "one of enrolling, ready, lost, retired"))
 			return
 		}
-		f.State = fleet.State(s)
+		f.State = fleet.State(state)
 	}
-	if s := q.Get("before"); s != "" {
-		t, id, ok := decodeNodeCursor(s)
+	if before != "" {
+		t, id, ok := decodeNodeCursor(before)
 		if !ok {
 			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
 			return
@@ -333,19 +340,29 @@ func (h *handler) getWorkload(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) listOffers(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q := queryOf(r)
 	var f fleet.OfferFilter
-	f.Class = q.Get("class")
-	if s := q.Get("min_free_disk_bytes"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n < 0 {
-			writeError(w, r, invalidParameter("min_free_disk_bytes", "a whole number of bytes, 0 or more"))
-			return
-		}
+	class, err := q.get("class")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	f.Class = class
+	n, ok, err := q.number("min_free_disk_bytes", 0, math.MaxInt64, "a whole number of bytes, 0 or more")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if ok {
 		f.MinFreeDiskBytes = &n
 	}
-	if s := q.Get("until"); s != "" {
-		t, err := time.Parse(time.RFC3339, s)
+	until, err := q.get("until")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if until != "" {
+		t, err := time.Parse(time.RFC3339, until)
 		if err != nil {
 			writeError(w, r, invalidParameter("until", "an RFC 3339 time"))
 			return
@@ -427,7 +444,12 @@ func validationError(field, message string) error {
 
 func (h *handler) listNodeCommands(w http.ResponseWriter, r *http.Request) {
 	var state fleet.CommandState
-	switch s := r.URL.Query().Get("state"); s {
+	s, err := queryOf(r).get("state")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	switch s {
 	case "":
 	case string(fleet.CommandPending), string(fleet.CommandApplied), string(fleet.CommandRefused), string(fleet.CommandCancelled):
 		state = fleet.CommandState(s)

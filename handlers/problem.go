@@ -81,7 +81,7 @@ func resolve(r *http.Request, err error) (int, *errcode.Error) {
 	case r.Context().Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		// The client went away mid-request: its transaction rolled back and
 		// nobody reads this answer. Not a fault of the server.
-		logger(r).Info("client went away", "err", err.Error())
+		logger(r).Debug("client went away", "err", err.Error())
 		e = errcode.New(errcode.Unavailable, "request cancelled by the client")
 	default:
 		logger(r).Error("internal error", "err", err.Error())
@@ -124,7 +124,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, e *errcode
 		Status:    status,
 		Detail:    e.Message,
 		Code:      e.Code,
-		Instance:  r.URL.Path,
+		Instance:  clip(r.URL.Path, maxLoggedText),
 		RequestID: requestIDFrom(r.Context()),
 		Errors:    e.Fields,
 	}

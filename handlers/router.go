@@ -9,7 +9,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -46,6 +48,8 @@ type Deps struct {
 	Draining func() bool
 	// SecureCookies marks cookies Secure (the server terminates TLS).
 	SecureCookies bool
+	// BodyReadTimeout overrides DefaultBodyReadTimeout when > 0.
+	BodyReadTimeout time.Duration
 	// BodyLimit overrides DefaultBodyLimit when > 0.
 	BodyLimit int64
 }
@@ -64,13 +68,16 @@ func New(d Deps) http.Handler {
 	if d.BodyLimit <= 0 {
 		d.BodyLimit = DefaultBodyLimit
 	}
+	if d.BodyReadTimeout <= 0 {
+		d.BodyReadTimeout = DefaultBodyReadTimeout
+	}
 	if d.Draining == nil {
 		d.Draining = func() bool { return false }
 	}
 	h := &handler{Deps: d, log: d.Logger, metrics: d.Metrics}
 
 	r := chi.NewRouter()
-	r.Use(h.requestID, recoverer, h.accessLog, securityHeaders, bodyLimit(d.BodyLimit))
+	r.Use(bodyReadTimeout(d.BodyReadTimeout), h.requestID, recoverer, h.accessLog, securityHeaders, bodyLimit(d.BodyLimit))
 	// Browsers say where a request comes from; a cross-site state change is
 	// refused for the console and for cookie-authenticated API calls alike.
 	// Scripts and agents send no such headers and are unaffected.
@@ -78,7 +85,7 @@ func New(d Deps) http.Handler {
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, errcode.New(errcode.PermissionDenied, "cross-origin request refused"))
 	}))
-	r.Use(cop.Handler)
+	r.Use(cop.Handler, h.plainPath(isAPIPath))
 	r.NotFound(h.notFound)
 	r.MethodNotAllowed(h.methodNotAllowed)
 
@@ -88,8 +95,12 @@ func New(d Deps) http.Handler {
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(d.Metrics.Registry, promhttp.HandlerOpts{}))
 	r.Get("/openapi.yaml", h.openapi)
 
-	// Agents: enrollment by token, everything else on a fenced session.
+	// Agents: enrollment by token, everything else on a fenced session,
+	// authenticated before routing.
 	r.Route("/agent/v1", func(r chi.Router) {
+		r.Use(h.requireAgentSession, h.plainPath(nil))
+		r.NotFound(h.notFound)
+		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Post("/enroll", h.enroll)
 		r.Post("/session/renew", h.renewSession)
 		r.Get("/commands", h.pollCommands)
@@ -101,7 +112,7 @@ func New(d Deps) http.Handler {
 	// Administration and scripts: authentication before routing, so no
 	// /api path answers anything but 401 to an anonymous caller.
 	r.Route("/api", func(r chi.Router) {
-		r.Use(h.requireAdmin)
+		r.Use(h.requireAdmin, h.plainPath(nil))
 		r.NotFound(h.notFound)
 		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Route("/v1", func(r chi.Router) {
@@ -149,6 +160,13 @@ func staticHandler(fsys fs.FS) http.Handler {
 	}
 	fileServer := http.FileServerFS(fsys)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Files only: a folder is not listed (nor redirected to, nor its
+		// index served).
+		name := strings.TrimPrefix(path.Clean("/"+r.URL.Path), "/")
+		if fi, err := fs.Stat(fsys, name); name == "" || err != nil || fi.IsDir() {
+			http.NotFound(w, r)
+			return
+		}
 		w.Header().Set("Cache-Control", "public, max-age=300")
 		fileServer.ServeHTTP(w, r)
 	})
@@ -163,9 +181,9 @@ func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
 		h.consoleNotFound(w, r)
 		return
 	}
-	writeError(w, r, errcode.Errorf(errcode.NotFound, "no such resource: %s", r.URL.Path))
+	writeError(w, r, errcode.Errorf(errcode.NotFound, "no such resource: %s", clip(r.URL.Path, maxLoggedText)))
 }
 
 func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
-	writeError(w, r, errcode.Errorf(errcode.MethodNotAllowed, "method %s is not allowed here", r.Method))
+	writeError(w, r, errcode.Errorf(errcode.MethodNotAllowed, "method %s is not allowed here", clip(r.Method, 16)))
 }

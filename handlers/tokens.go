@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/errcode"
 )
 
 type tokenView struct {
@@ -33,6 +35,12 @@ func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
 		Name string `json:"name"`
 	}
 	if err := decodeJSON(r, &body, false); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var v errcode.Validation
+	checkDisplayable(&v, "name", body.Name)
+	if err := v.Err(); err != nil {
 		writeError(w, r, err)
 		return
 	}
@@ -121,13 +129,9 @@ func pageParams(r *http.Request) (int, int64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	var before int64
-	if s := r.URL.Query().Get("before"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n <= 0 {
-			return 0, 0, invalidParameter("before", "a cursor from next_before")
-		}
-		before = n
+	before, _, err := queryOf(r).number("before", 1, math.MaxInt64, "a cursor from next_before")
+	if err != nil {
+		return 0, 0, err
 	}
 	return limit, before, nil
 }

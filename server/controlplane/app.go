@@ -139,6 +139,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Static:        static.Files,
 		Draining:      a.draining.Load,
 		SecureCookies: cfg.TLSCertFile != "",
+		// The same bound for the body as the server sets for the headers.
+		BodyReadTimeout: cfg.ReadTimeout,
 	})
 	return a, nil
 }
@@ -151,8 +153,11 @@ func (a *App) Close() error { return a.DB.Close() }
 // requests in flight. It returns nil after a clean drain.
 func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
-		Handler:           a.Handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler: a.Handler,
+		// Headers are bounded here; bodies per request by the handler, so
+		// that long-polls and waits, which have no body, are not (a
+		// whole-request ReadTimeout would also end their hang-up watch).
+		ReadHeaderTimeout: a.Config.ReadTimeout,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(a.Log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },

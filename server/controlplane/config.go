@@ -41,10 +41,17 @@ type Config struct {
 	ReplicaID     string        // NODEWARD_REPLICA_ID; default hostname-pid
 	Lease         time.Duration // NODEWARD_LEASE; default 90s
 	SessionTTL    time.Duration // NODEWARD_SESSION_TTL; default 30m
+	// ReadTimeout bounds the time a client may take to send a request's
+	// headers, and again its body (NODEWARD_READ_TIMEOUT; default 10s).
+	// Long-polls and other waits are not bounded by it.
+	ReadTimeout time.Duration
 
 	// Now is the clock (tests inject one); nil is time.Now.
 	Now func() time.Time
 }
+
+// DefaultReadTimeout is the default of Config.ReadTimeout.
+const DefaultReadTimeout = 10 * time.Second
 
 // envOr returns the environment value of name, or def.
 func envOr(getenv func(string) string, name, def string) string {
@@ -74,6 +81,8 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 	fs.DurationVar(&c.Lease, "lease", lease, "node lease; heartbeats are asked for every third of it (NODEWARD_LEASE)")
 	ttl, _ := time.ParseDuration(envOr(getenv, "NODEWARD_SESSION_TTL", "30m"))
 	fs.DurationVar(&c.SessionTTL, "session-ttl", ttl, "agent session credential lifetime (NODEWARD_SESSION_TTL)")
+	readTimeout, _ := time.ParseDuration(envOr(getenv, "NODEWARD_READ_TIMEOUT", DefaultReadTimeout.String()))
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", readTimeout, "time a client may take to send a request's headers, and its body (NODEWARD_READ_TIMEOUT)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
 }
 
@@ -88,6 +97,12 @@ func (c *Config) Validate() error {
 	}
 	if c.SessionTTL != 0 && c.SessionTTL < time.Minute {
 		return errors.New("session TTL must be at least 1m")
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = DefaultReadTimeout
+	}
+	if c.ReadTimeout < 0 {
+		return errors.New("read timeout must be a positive duration, like 10s")
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q is not host:port", c.Listen)

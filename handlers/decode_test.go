@@ -1,0 +1,129 @@
+package handlers
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+)
+
+func decodeString(body string, v any) error {
+	r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader([]byte(body)))
+	r.Header.Set("Content-Type", "application/json")
+	return decodeJSON(r, v, false)
+}
+
+type shapeBody struct {
+	Name     string            `json:"name"`
+	Count    int               `json:"count"`
+	When     time.Time         `json:"when"`
+	Optional *string           `json:"optional"`
+	Tags     []string          `json:"tags"`
+	Labels   map[string]string `json:"labels"`
+	Inner    *struct {
+		Value string `json:"value"`
+	} `json:"inner"`
+}
+
+func TestDecodeJSONShape(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, body string
+		code       errcode.Code
+		field      string
+	}{
+		{"Exact", `{"name":"x","count":1,"tags":["a"],"labels":{"k":"v"},"inner":{"value":"v"}}`, "", ""},
+		{"FieldInAnotherCase", `{"NAME":"x"}`, errcode.InvalidJSON, ""},
+		{"NestedFieldInAnotherCase", `{"inner":{"Value":"x"}}`, errcode.InvalidJSON, ""},
+		{"RepeatedField", `{"name":"a","name":"b"}`, errcode.InvalidJSON, ""},
+		{"RepeatedMapKey", `{"labels":{"k":"a","k":"b"}}`, errcode.InvalidJSON, ""},
+		{"NullString", `{"name":null}`, errcode.ValidationFailed, "name"},
+		{"NullNumber", `{"count":null}`, errcode.ValidationFailed, "count"},
+		{"NullTime", `{"when":null}`, errcode.ValidationFailed, "when"},
+		{"NullOptional", `{"optional":null}`, errcode.ValidationFailed, "optional"},
+		{"NullArray", `{"tags":null}`, errcode.ValidationFailed, "tags"},
+		{"NullArrayItem", `{"tags":["a",null]}`, errcode.ValidationFailed, "tags[1]"},
+		{"NullMapValue", `{"labels":{"k":null}}`, errcode.ValidationFailed, "labels.k"},
+		{"NullObject", `{"inner":null}`, errcode.ValidationFailed, "inner"},
+		{"NullBody", `null`, errcode.InvalidJSON, ""},
+		{"InvalidUTF8Value", "{\"name\":\"a\xff\"}", errcode.ValidationFailed, "name"},
+		{"InvalidUTF8InArray", "{\"tags\":[\"ok\",\"\xc3\"]}", errcode.ValidationFailed, "tags[1]"},
+		{"InvalidUTF8MapKey", "{\"labels\":{\"\xfe\":\"v\"}}", errcode.ValidationFailed, "labels"},
+		{"NULInValue", `{"name":"a\u0000"}`, errcode.ValidationFailed, "name"},
+		{"NULInMapKey", `{"labels":{"k\u0000":"v"}}`, errcode.ValidationFailed, "labels"},
+		{"InvalidUTF8FieldName", "{\"na\xffme\":\"v\"}", errcode.InvalidJSON, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var v shapeBody
+			err := decodeString(tc.body, &v)
+			if tc.code == "" {
+				require.NoError(t, err)
+				return
+			}
+			var e *errcode.Error
+			require.True(t, errors.As(err, &e), "err %v", err)
+			require.Equal(t, tc.code, e.Code, e.Message)
+			if tc.field != "" {
+				require.NotEmpty(t, e.Fields)
+				require.Equal(t, tc.field, e.Fields[0].Field)
+			}
+		})
+	}
+}
+
+// The contract's nullable request fields accept null; their siblings do not.
+func TestDecodeJSONNullableFields(t *testing.T) {
+	t.Parallel()
+	var req api.EnrollRequest
+	require.NoError(t, decodeString(`{"node_id":"n","generation":1,"enrollment_token":"t","agent_version":"v",
+		"facts":{"hostname":"h","os":"linux","arch":"amd64","cpus":1,"memory_bytes":1,"agent_version":"v","runtimes":null,"observed_at":"2026-01-01T00:00:00Z"},
+		"unacknowledged_results":null}`, &req))
+	var ev api.EventsRequest
+	require.NoError(t, decodeString(`{"events":[{"id":"e","kind":"workload","observed_at":"2026-01-01T00:00:00Z",
+		"workload":{"run_id":"r","attempt_id":"a","state":"running","exit_code":null,"observed_at":"2026-01-01T00:00:00Z"}}]}`, &ev))
+	err := decodeString(`{"node_id":"n","generation":1,"enrollment_token":"t","agent_version":"v","facts":{"hostname":null}}`, &req)
+	require.Equal(t, errcode.ValidationFailed, errcode.Of(err))
+	require.Equal(t, "facts.hostname", err.(*errcode.Error).Fields[0].Field)
+}
+
+// FuzzDecodeJSON: no body makes the decoder panic or fail without a code,
+// and nothing it accepts holds invalid UTF-8.
+func FuzzDecodeJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"name":"x","count":1,"tags":["a"],"labels":{"k":"v"},"inner":{"value":"v"}}`,
+		`{"NAME":"x"}`, `{"name":null}`, `{"labels":{"k":"a","k":"b"}}`, "{\"name\":\"\xff\"}", `null`, `[]`, `{"inner":{"value":{}}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var v shapeBody
+		err := decodeString(string(body), &v)
+		if err != nil {
+			var e *errcode.Error
+			require.True(t, errors.As(err, &e), "every refusal has a code: %v", err)
+			require.Contains(t, []errcode.Code{errcode.InvalidJSON, errcode.ValidationFailed, errcode.UnsupportedMediaType}, e.Code)
+			return
+		}
+		require.True(t, utf8.Valid(body), "invalid UTF-8 was accepted")
+	})
+}
+
+func TestDisplayable(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"ci", "déploiement — 部署 🚀", "a b", "Ωmega"} {
+		require.True(t, displayable(s), "%q", s)
+	}
+	for _, s := range []string{"a\x00", "a\tb", "a\nb", "\x7f", "\u0085", "a\u202eb", "\u202a", "\u2066x", "\u2069", "\u200e", "\u200f", "\u061c",
+		"a\u2028b", "\u2029", "\ufffd", "bad\xff", "\xc3"} {
+		require.False(t, displayable(s), "%q", s)
+	}
+}

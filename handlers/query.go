@@ -1,0 +1,80 @@
+package handlers
+
+import (
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/nodeward/nodeward/errcode"
+)
+
+// query reads a request's query parameters strictly. Every listing filter
+// and option is one value: a parameter given empty (`class=`) or more than
+// once is a 400 invalid_parameter naming it, never read as absent or as
+// its first value, and so is one that is not plain text (invalid UTF-8,
+// control characters). A query string that is not well formed is refused.
+type query struct {
+	values url.Values
+	err    error
+}
+
+func queryOf(r *http.Request) query {
+	v, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		e := errcode.New(errcode.InvalidParameter, "the query string is not well formed")
+		e.Fields = []errcode.FieldError{{Field: "query", Message: e.Message}}
+		return query{err: e}
+	}
+	return query{values: v}
+}
+
+// get answers the value of name, "" when it is absent.
+func (q query) get(name string) (string, error) {
+	if q.err != nil {
+		return "", q.err
+	}
+	vs, ok := q.values[name]
+	switch {
+	case !ok:
+		return "", nil
+	case len(vs) > 1:
+		return "", invalidParameter(name, "given more than once")
+	case vs[0] == "":
+		return "", invalidParameter(name, "given empty; leave it out instead")
+	case !plainText(vs[0]):
+		return "", invalidParameter(name, "not valid UTF-8 text without control characters")
+	}
+	return vs[0], nil
+}
+
+// wholeNumber parses s as a decimal whole number from 0 to max: digits
+// only, no sign, no spaces (strconv would take "+5").
+func wholeNumber(s string, max int64) (int64, bool) {
+	if s == "" || len(s) > 19 {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n > max {
+		return 0, false
+	}
+	return n, true
+}
+
+// number reads name as a whole number from min to max; ok is false when
+// it is absent.
+func (q query) number(name string, min, max int64, format string, args ...any) (n int64, ok bool, err error) {
+	s, err := q.get(name)
+	if err != nil || s == "" {
+		return 0, false, err
+	}
+	n, valid := wholeNumber(s, max)
+	if !valid || n < min {
+		return 0, false, invalidParameter(name, format, args...)
+	}
+	return n, true, nil
+}

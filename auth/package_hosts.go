@@ -156,17 +156,20 @@ func (s *Service) CheckNewPackageHost(ctx context.Context, name string, families
 	return fams, nil
 }
 
-// CreatePackageHostTx creates a host at generation 1 inside tx, records
+// NewPackageHostID mints a package host's identity.
+func NewPackageHostID() string { return uuid.NewString() }
+
+// CreatePackageHostTx creates host id at generation 1 inside tx, records
 // the digest of its first token (minted from operationID) and audits it
 // (DECISIONS.md §22). The token itself is not answered: PackageHostToken
 // re-derives it. Errors: validation_failed, ErrPackageHostNameTaken.
-func (s *Service) CreatePackageHostTx(ctx context.Context, tx Store, actor, operationID, name string, families []string) (PackageHost, error) {
+func (s *Service) CreatePackageHostTx(ctx context.Context, tx Store, actor, operationID, id, name string, families []string) (PackageHost, error) {
 	fams, err := ValidatePackageHost(name, families, "operation/")
 	if err != nil {
 		return PackageHost{}, err
 	}
 	now := s.now()
-	h := PackageHost{ID: uuid.NewString(), Name: name, Families: fams, Generation: 1, CreatedAt: now, UpdatedAt: now}
+	h := PackageHost{ID: id, Name: name, Families: fams, Generation: 1, CreatedAt: now, UpdatedAt: now}
 	if err := tx.InsertPackageHost(ctx, h); err != nil {
 		if errors.Is(err, ErrDuplicate) {
 			return PackageHost{}, ErrPackageHostNameTaken

@@ -106,13 +106,16 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	ledgerStore := models.NewLedgerStore(a.fleetStore)
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
-		Kinds:        ledger.NewRegistry(ledger.NodeKinds(a.Fleet)...),
+		Kinds:        ledger.NewRegistry(append(ledger.NodeKinds(a.Fleet), ledger.CredentialKinds(a.Auth)...)...),
 		Settings:     ledger.Settings{SingleProcess: db.Dialect == models.SQLite},
 		Replica:      cfg.ReplicaID,
 		Now:          cfg.Now,
 		Logger:       log,
 		Metrics:      a.Metrics,
 		CrossReplica: db.Dialect == models.Postgres,
+		// A package host's token revoked while its request was in flight
+		// records nothing.
+		CheckPrincipal: ledger.CheckPackageHostCurrent,
 	})
 	a.Metrics.OperationStates = func() map[string]float64 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -97,7 +97,8 @@ func checkHostName(name string) string {
 		return rule
 	}
 	for _, r := range name {
-		if unicode.IsControl(r) || bidiControl(r) {
+		// A JSON decoder reads invalid UTF-8 as U+FFFD: refused alike.
+		if unicode.IsControl(r) || bidiControl(r) || r == utf8.RuneError {
 			return rule
 		}
 	}

@@ -83,6 +83,10 @@ func (h *handler) submitCredential(w http.ResponseWriter, r *http.Request, kind 
 		e := &errcode.Error{Code: errcode.Internal, Message: "internal error"}
 		if op.Error != nil && op.Error.Code != ledger.CodeInternal {
 			e = errcode.New(errcode.Code(op.Error.Code), op.Error.Message)
+			if _, ok := statusOf[e.Code]; !ok {
+				// The ledger's own ends (cancelled, timed_out, interrupted).
+				e = errcode.Errorf(errcode.Conflict, "operation %s ended %s: %s", op.ID, op.State, op.Error.Message)
+			}
 		}
 		writeError(w, r, e)
 		return op, false, false

@@ -106,7 +106,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	ledgerStore := models.NewLedgerStore(a.fleetStore)
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
-		Kinds:        ledger.NewRegistry(append(ledger.NodeKinds(a.Fleet), ledger.CredentialKinds(a.Auth)...)...),
+		Kinds:        ledger.NewRegistry(ledger.NodeKinds(a.Fleet)...),
 		Settings:     ledger.Settings{SingleProcess: db.Dialect == models.SQLite},
 		Replica:      cfg.ReplicaID,
 		Now:          cfg.Now,
@@ -117,6 +117,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		// records nothing.
 		CheckPrincipal: ledger.CheckPackageHostCurrent,
 	})
+	// The credential kinds carry out their work through the auth service.
+	for _, k := range ledger.CredentialKinds(a.Auth) {
+		a.Ledger.Kinds().Register(k)
+	}
 	a.Metrics.OperationStates = func() map[string]float64 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -31,15 +31,17 @@ type credBundle struct {
 func eachCred(t *testing.T, fn func(t *testing.T, b *credBundle)) {
 	t.Helper()
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		b := newLedger(t, db, newTestKinds(), newClock())
+		b := newLedger(t, db, newTestKinds(), newClock(), func(s *ledger.Settings) { s.PackageHostQuota = 100000 })
 		a := auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: keys.NewRing(bytes.Repeat([]byte{9}, 32)), Now: b.clock.Now})
-		reg := ledger.NewRegistry(append(ledger.NodeKinds(b.fleet), ledger.CredentialKinds(a)...)...)
-		// Replaces the service newLedger built; its commit hook reads b.svc
-		// when it runs, so it reaches this one.
-		b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Replica: b.replica, Now: b.clock.Now,
-			Settings: ledger.Settings{FallbackPoll: 50 * time.Millisecond, PackageHostQuota: 100000},
-			Metrics:  b.metrics, Logger: slog.New(slog.DiscardHandler), CrossReplica: db.Dialect == models.Postgres,
-			CheckPrincipal: ledger.CheckPackageHostCurrent})
+		reg := b.svc.Kinds()
+		for _, k := range ledger.CredentialKinds(a) {
+			reg.Register(k)
+		}
+		// The same ledger with the server's submit-time check; the commit
+		// hook newLedger set reads b.svc when it runs, so it reaches this one.
+		b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: b.svc.Settings(), Replica: b.replica,
+			Now: b.clock.Now, Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler),
+			CrossReplica: db.Dialect == models.Postgres, CheckPrincipal: ledger.CheckPackageHostCurrent})
 		b.start(t)
 		fn(t, &credBundle{bundle: b, auth: a})
 	})
@@ -149,6 +151,38 @@ func TestCredentialIssue(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, int64(2), p.Generation)
 			require.Contains(t, auditActions(t, b.auth), "package_host.issue "+res.PackageHostID)
+		})
+		t.Run("ConcurrentCreatesOfOneNameMakeOneHost", func(t *testing.T) {
+			const n = 8
+			var wg sync.WaitGroup
+			ops := make([]ledger.Operation, n)
+			errs := make([]error, n)
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ops[i], _, errs[i] = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindCredentialIssue,
+						Operation: json.RawMessage(`{"name":"racer","families":["fleet"]}`), Wait: 30 * time.Second})
+				}()
+			}
+			wg.Wait()
+			won := 0
+			for i := range n {
+				switch {
+				case errs[i] != nil:
+					requireCode(t, errs[i], errcode.Conflict)
+				case ops[i].State == ledger.StateSucceeded:
+					won++
+				default:
+					require.Equal(t, ledger.StateFailed, ops[i].State)
+					require.Equal(t, string(errcode.Conflict), ops[i].Error.Code, "the loser's effect rolled back with its end")
+				}
+			}
+			require.Equal(t, 1, won)
+			require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.PackageHost{}, "name = ?", "racer"))
+			h, err := b.auth.ListPackageHosts(ctx, 0, 1)
+			require.NoError(t, err)
+			require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.PackageHostToken{}, "host_id = ?", h[0].ID), "one token, no strays")
 		})
 		t.Run("RefusalsRecordNothing", func(t *testing.T) {
 			b.issue(t, "taken", "nodes")

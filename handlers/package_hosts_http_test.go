@@ -287,7 +287,10 @@ func TestPackageHostsHTTP(t *testing.T) {
 			require.Equal(t, h.PackageHostID, seen[len(seen)-1], "the oldest last")
 			require.Equal(t, other.PackageHostID, seen[len(seen)-2])
 			s.Problem(t, http.MethodGet, "/api/v1/package-hosts?limit=501", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
-			s.Problem(t, http.MethodGet, "/api/v1/package-hosts?before=x", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+			for _, bad := range []string{"x", "0", "-1", "007", "99999999999999999999"} {
+				p := s.Problem(t, http.MethodGet, "/api/v1/package-hosts?before="+bad, nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+				require.Equal(t, "before", p.Errors[0].Field)
+			}
 		})
 		t.Run("Audited", func(t *testing.T) {
 			var audit struct {

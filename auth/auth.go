@@ -42,12 +42,17 @@ var (
 	ErrSetupClosed = errcode.New(errcode.PermissionDenied, "setup is closed: an administrator already exists")
 	// ErrTokenNotFound is a revoke of a token that does not exist.
 	ErrTokenNotFound = errcode.New(errcode.NotFound, "no such API token")
+	// ErrPackageHostNotFound names a package host that does not exist.
+	ErrPackageHostNotFound = errcode.New(errcode.NotFound, "no such package host")
+	// ErrPackageHostNameTaken refuses a second package host of one name.
+	ErrPackageHostNameTaken = errcode.New(errcode.Conflict, "a package host with that name exists")
 )
 
 // Token prefixes make a leaked credential recognisable to secret scanners.
 const (
 	apiTokenPrefix   = "nwa_"
 	setupTokenPrefix = "nws_"
+	hostTokenPrefix  = "nwh_"
 )
 
 // DefaultSessionTTL is the console session lifetime.
@@ -63,17 +68,26 @@ const (
 	MaxPasswordLen = 1024
 )
 
-// Principal is an authenticated caller. Today every principal is an
-// administrator (Kind KindAdmin); the ledger adds package hosts, which
-// carry their own kind and id.
+// Principal is an authenticated caller: an administrator (Kind KindAdmin,
+// with UserID and Username) or a package host (Kind KindPackageHost, with
+// the PackageHost fields).
 type Principal struct {
 	Kind     PrincipalKind
 	UserID   string
 	Username string
-	// Via is "token" or "session".
+	// Via is "token" or "session" (administrators), "package_host_token".
 	Via       string
 	SessionID string
 	TokenID   string
+
+	// PackageHostID and PackageHostName name a package host.
+	PackageHostID   string
+	PackageHostName string
+	// Generation is the generation of the package host token presented,
+	// which is the host's current one when it authenticated.
+	Generation int64
+	// Families are the package host's granted operation families.
+	Families []string
 }
 
 // Options configure the service.
@@ -95,6 +109,7 @@ type Options struct {
 type Service struct {
 	store      Store
 	sessions   *keys.Signer
+	keys       *keys.Ring
 	now        func() time.Time
 	sessionTTL time.Duration
 	limiter    *loginLimiter
@@ -123,6 +138,7 @@ func New(o Options) *Service {
 	return &Service{
 		store:      o.Store,
 		sessions:   keys.NewSigner(o.Keys, keys.LabelConsoleSession, "nodeward-console", "console+jwt", now),
+		keys:       o.Keys,
 		now:        now,
 		sessionTTL: DefaultSessionTTL,
 		limiter:    newLoginLimiter(5, 15*time.Minute, defaultLimiterKeys),

@@ -12,14 +12,16 @@ var ErrNoRows = errors.New("no rows")
 // ErrDuplicate is what a Store returns when an insert hits a unique key.
 var ErrDuplicate = errors.New("duplicate key")
 
-// PrincipalKind says what kind of caller a Principal is. Administrators are
-// the only kind today; the ledger adds package hosts (DECISIONS.md §15).
+// PrincipalKind says what kind of caller a Principal is (DECISIONS.md §15).
 type PrincipalKind string
 
 // Principal kinds.
 const (
 	// KindAdmin is an administrator, by console session or API token.
 	KindAdmin PrincipalKind = "admin"
+	// KindPackageHost is an automation service, by its bearer token: it
+	// may submit operations of its granted families and read its own.
+	KindPackageHost PrincipalKind = "package_host"
 )
 
 // User is an administrator who signs in to the console.
@@ -117,6 +119,28 @@ type Store interface {
 	// TouchToken records a use of the token at at; a missing token is not
 	// an error.
 	TouchToken(ctx context.Context, id string, at time.Time) error
+
+	// InsertPackageHost adds a package host; ErrDuplicate when the id or
+	// the name exists.
+	InsertPackageHost(ctx context.Context, h PackageHost) error
+	// PackageHost answers the package host of that id, or ErrNoRows. Inside
+	// a transaction the row is locked until it ends, so a revocation and a
+	// submission checking the host's generation are serialised.
+	PackageHost(ctx context.Context, id string) (PackageHost, error)
+	// PackageHostByName answers the package host of that exact name, or
+	// ErrNoRows.
+	PackageHostByName(ctx context.Context, name string) (PackageHost, error)
+	// PackageHosts answers up to limit package hosts with a cursor below
+	// before (any when before is 0), newest first.
+	PackageHosts(ctx context.Context, before int64, limit int) ([]PackageHost, error)
+	// UpdatePackageHost writes the host's generation and revocation.
+	UpdatePackageHost(ctx context.Context, h PackageHost) error
+	// InsertPackageHostToken records a minted token's digest;
+	// ErrDuplicate when the digest exists.
+	InsertPackageHostToken(ctx context.Context, t PackageHostToken) error
+	// PackageHostByToken answers the token with that digest and its host,
+	// or ErrNoRows.
+	PackageHostByToken(ctx context.Context, hash string) (PackageHostToken, PackageHost, error)
 
 	// AppendAudit adds an audit entry (its ID is assigned; Count below 1
 	// is stored as 1).

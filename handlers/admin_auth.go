@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/errcode"
 )
 
 // SessionCookie is the console's session cookie.
@@ -29,11 +30,11 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-// authenticateAdmin accepts an API token (Bearer) or a console session
-// cookie.
-func (h *handler) authenticateAdmin(r *http.Request) (auth.Principal, error) {
+// authenticate accepts a Bearer token (an administrator's API token or a
+// package host's token) or a console session cookie.
+func (h *handler) authenticate(r *http.Request) (auth.Principal, error) {
 	if tok := bearer(r); tok != "" {
-		return h.Auth.AuthenticateToken(r.Context(), tok)
+		return h.Auth.AuthenticateBearer(r.Context(), tok)
 	}
 	if c, err := r.Cookie(SessionCookie); err == nil && c.Value != "" {
 		return h.Auth.AuthenticateSession(r.Context(), c.Value)
@@ -41,16 +42,58 @@ func (h *handler) authenticateAdmin(r *http.Request) (auth.Principal, error) {
 	return auth.Principal{}, auth.ErrUnauthenticated
 }
 
-// requireAdmin refuses every request without a valid administrator
-// credential, before routing.
-func (h *handler) requireAdmin(next http.Handler) http.Handler {
+// requirePrincipal refuses every request without a valid credential,
+// before routing (401), and a package host's request to anything but the
+// few endpoints it may call (403, DECISIONS.md §15).
+func (h *handler) requirePrincipal(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := h.authenticateAdmin(r)
+		p, err := h.authenticate(r)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward"`)
 			writeError(w, r, err)
 			return
 		}
+		if p.Kind == auth.KindPackageHost && !packageHostMayCall(r.Method, r.URL.Path) {
+			writeError(w, r, errcode.New(errcode.PermissionDenied, "package hosts may not call this endpoint"))
+			return
+		}
 		next.ServeHTTP(w, withPrincipal(r, p))
 	})
+}
+
+// packageHostRoutes are what a package host may call: submit operations
+// (the ledger checks its families), and read, watch and cancel its own
+// (the ledger hides everyone else's). Sealing and reveals join them when
+// they are served. A {segment} matches one non-empty path segment.
+var packageHostRoutes = []struct{ method, pattern string }{
+	{http.MethodPost, "/api/v1/operations"},
+	{http.MethodGet, "/api/v1/operations/{id}"},
+	{http.MethodGet, "/api/v1/operations/{id}/watch"},
+	{http.MethodPost, "/api/v1/operations/{id}/cancel"},
+	{http.MethodGet, "/api/v1/node-operations"},
+}
+
+func packageHostMayCall(method, path string) bool {
+	got := strings.Split(path, "/")
+	for _, rt := range packageHostRoutes {
+		if rt.method != method {
+			continue
+		}
+		want := strings.Split(rt.pattern, "/")
+		if len(want) != len(got) {
+			continue
+		}
+		ok := true
+		for i, w := range want {
+			if strings.HasPrefix(w, "{") {
+				ok = ok && got[i] != ""
+			} else {
+				ok = ok && got[i] == w
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
 }

@@ -10,13 +10,20 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/ledger"
 )
 
-// ledgerPrincipal is the caller as the ledger knows it.
+// ledgerPrincipal is the caller as the ledger knows it: an administrator
+// by user, or a package host with the generation of the token it presented
+// and its grants.
 func ledgerPrincipal(r *http.Request) ledger.Principal {
 	p, _ := principalFrom(r.Context())
+	if p.Kind == auth.KindPackageHost {
+		return ledger.Principal{Kind: ledger.PrincipalPackageHost, ID: p.PackageHostID, Name: p.PackageHostName,
+			Generation: p.Generation, Families: p.Families}
+	}
 	return ledger.Principal{Kind: ledger.PrincipalAdmin, ID: p.UserID, Name: p.Username}
 }
 

@@ -112,7 +112,7 @@ func New(d Deps) http.Handler {
 	// Administration and scripts: authentication before routing, so no
 	// /api path answers anything but 401 to an anonymous caller.
 	r.Route("/api", func(r chi.Router) {
-		r.Use(h.requireAdmin, h.plainPath(nil))
+		r.Use(h.requirePrincipal, h.plainPath(nil))
 		r.NotFound(h.notFound)
 		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Route("/v1", func(r chi.Router) {
@@ -142,6 +142,11 @@ func New(d Deps) http.Handler {
 			r.Post("/operations/{id}/cancel", h.cancelOperation)
 			r.Get("/operations/{id}/watch", h.watchOperation)
 			r.Get("/node-operations", h.listOperations)
+
+			r.Post("/package-hosts", h.createPackageHost)
+			r.Get("/package-hosts", h.listPackageHosts)
+			r.Post("/package-hosts/{id}/revoke", h.revokePackageHost)
+			r.Post("/package-hosts/{id}/tokens", h.issuePackageHostToken)
 		})
 	})
 

@@ -22,6 +22,9 @@ const (
 	LabelNodeSession    = "nodeward/v1/node-session"
 	LabelConsoleSession = "nodeward/v1/console-session"
 	LabelSealing        = "nodeward/v1/sealing"
+	// LabelPackageHostToken keys the HMAC that mints package host tokens
+	// from their operation (auth: a token is re-derivable, never stored).
+	LabelPackageHostToken = "nodeward/v1/package-host-token"
 )
 
 // ErrNoKey means the ring has no master key: signing and verification both

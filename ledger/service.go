@@ -87,6 +87,12 @@ type Options struct {
 	// dispatcher and waiters poll as a fallback until the notification
 	// listener reports healthy.
 	CrossReplica bool
+	// CheckPrincipal, when set, runs inside every submitting transaction
+	// before the operation is recorded; its error refuses the submission.
+	// The server sets it to refuse a package host whose token was revoked
+	// or replaced after the request authenticated, so nothing is recorded
+	// for a token once its revocation has returned.
+	CheckPrincipal func(ctx context.Context, tx Tx, p Principal) error
 }
 
 // Service is the ledger.
@@ -108,6 +114,8 @@ type Service struct {
 	draining     bool
 	drained      chan struct{} // closed on Drain
 	notifyHealth bool
+
+	checkPrincipal func(ctx context.Context, tx Tx, p Principal) error
 }
 
 // New returns the ledger. Call Run to start its dispatcher.
@@ -134,6 +142,8 @@ func New(o Options) *Service {
 		running:      map[string]context.CancelFunc{},
 		drained:      make(chan struct{}),
 		notifyHealth: !o.CrossReplica,
+
+		checkPrincipal: o.CheckPrincipal,
 	}
 }
 
@@ -227,6 +237,11 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	}
 	op.TargetKind, op.TargetID = indexTarget(d.Targets)
 	err = s.store.Tx(ctx, func(tx Tx) error {
+		if s.checkPrincipal != nil {
+			if err := s.checkPrincipal(ctx, tx, p); err != nil {
+				return err
+			}
+		}
 		if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
 			return err
 		}

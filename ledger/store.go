@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/fleet"
 )
 
@@ -88,6 +89,10 @@ type Tx interface {
 	Reader
 	// Fleet is the same transaction seen by the fleet's rules.
 	Fleet() fleet.Tx
+	// Auth is the same transaction seen by the administrators' and package
+	// hosts' rules (the credential kinds, and the submit-time check that a
+	// package host's token is still current).
+	Auth() auth.Store
 	// LockKey serialises, until the transaction ends, every transaction
 	// that locks the same key (quota checks per principal and per node).
 	LockKey(ctx context.Context, key string) error

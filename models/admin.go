@@ -50,3 +50,27 @@ type AdminAudit struct {
 
 // TableName pins the table name (GORM would pluralise it).
 func (AdminAudit) TableName() string { return "admin_audit" }
+
+// PackageHost is an automation service's standing: its granted families
+// (a JSON array) and the generation its tokens must carry. Seq is the
+// listing's keyset cursor; ID its public identity.
+type PackageHost struct {
+	Seq        int64  `gorm:"primaryKey;autoIncrement"`
+	ID         string `gorm:"column:id"`
+	Name       string
+	Families   string
+	Generation int64
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	RevokedAt  *time.Time
+}
+
+// PackageHostToken is one minted package host token: only its SHA-256 and
+// the generation it was minted at.
+type PackageHostToken struct {
+	TokenHash   string `gorm:"primaryKey"`
+	HostID      string
+	Generation  int64
+	OperationID string
+	CreatedAt   time.Time
+}

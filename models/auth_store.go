@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/internal/dbtime"
 )
 
 // AuthStore implements auth.Store over GORM for both dialects.
@@ -17,6 +19,10 @@ type AuthStore struct {
 	// g is the database, or the transaction when inTx.
 	g    *gorm.DB
 	inTx bool
+	// batched: g is a SQLite group commit's shared transaction, which
+	// carries its own context (a caller's must not cancel a statement
+	// others depend on).
+	batched bool
 }
 
 var _ auth.Store = (*AuthStore)(nil)
@@ -34,7 +40,18 @@ func (s *AuthStore) Tx(ctx context.Context, fn func(auth.Store) error) error {
 	})
 }
 
-func (s *AuthStore) q(ctx context.Context) *gorm.DB { return s.g.WithContext(ctx) }
+// authStoreIn is the administrators' store inside a fleet transaction (the
+// ledger's: a credential operation and its end commit together).
+func authStoreIn(db *DB, r fleetReader) *AuthStore {
+	return &AuthStore{db: db, g: r.g, inTx: true, batched: r.batched}
+}
+
+func (s *AuthStore) q(ctx context.Context) *gorm.DB {
+	if s.batched {
+		return s.g
+	}
+	return s.g.WithContext(ctx)
+}
 
 func authErr(err error) error {
 	switch {
@@ -235,4 +252,99 @@ func (s *AuthStore) Audit(ctx context.Context, before int64, limit int) ([]auth.
 		out = append(out, auditOf(a))
 	}
 	return out, nil
+}
+
+func packageHostOf(h PackageHost) auth.PackageHost {
+	out := auth.PackageHost{Cursor: h.Seq, ID: h.ID, Name: h.Name, Generation: h.Generation,
+		CreatedAt: h.CreatedAt.UTC(), UpdatedAt: h.UpdatedAt.UTC(), RevokedAt: dbtime.NormPtr(h.RevokedAt)}
+	_ = json.Unmarshal([]byte(h.Families), &out.Families)
+	if out.Families == nil {
+		out.Families = []string{}
+	}
+	return out
+}
+
+// InsertPackageHost implements auth.Store.
+func (s *AuthStore) InsertPackageHost(ctx context.Context, h auth.PackageHost) error {
+	fams, err := json.Marshal(h.Families)
+	if err != nil {
+		return err
+	}
+	return authErr(s.q(ctx).Create(&PackageHost{ID: h.ID, Name: h.Name, Families: string(fams), Generation: h.Generation,
+		CreatedAt: dbtime.Norm(h.CreatedAt), UpdatedAt: dbtime.Norm(h.UpdatedAt), RevokedAt: dbtime.NormPtr(h.RevokedAt)}).Error)
+}
+
+// PackageHost implements auth.Store; inside a transaction on Postgres the
+// row is locked (SQLite transactions hold the write lock from their start).
+func (s *AuthStore) PackageHost(ctx context.Context, id string) (auth.PackageHost, error) {
+	q := s.q(ctx).Where("id = ?", id)
+	if s.inTx && s.db.Dialect == Postgres {
+		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	var h PackageHost
+	if err := q.Take(&h).Error; err != nil {
+		return auth.PackageHost{}, authErr(err)
+	}
+	return packageHostOf(h), nil
+}
+
+// PackageHostByName implements auth.Store.
+func (s *AuthStore) PackageHostByName(ctx context.Context, name string) (auth.PackageHost, error) {
+	var h PackageHost
+	if err := s.q(ctx).Where("name = ?", name).Take(&h).Error; err != nil {
+		return auth.PackageHost{}, authErr(err)
+	}
+	return packageHostOf(h), nil
+}
+
+// PackageHosts implements auth.Store.
+func (s *AuthStore) PackageHosts(ctx context.Context, before int64, limit int) ([]auth.PackageHost, error) {
+	q := s.q(ctx).Order("seq DESC").Limit(limit)
+	if before > 0 {
+		q = q.Where("seq < ?", before)
+	}
+	var rows []PackageHost
+	if err := q.Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]auth.PackageHost, 0, len(rows))
+	for _, h := range rows {
+		out = append(out, packageHostOf(h))
+	}
+	return out, nil
+}
+
+// UpdatePackageHost implements auth.Store.
+func (s *AuthStore) UpdatePackageHost(ctx context.Context, h auth.PackageHost) error {
+	return s.q(ctx).Model(&PackageHost{}).Where("id = ?", h.ID).Updates(map[string]any{
+		"generation": h.Generation, "revoked_at": dbtime.NormPtr(h.RevokedAt), "updated_at": dbtime.Norm(h.UpdatedAt),
+	}).Error
+}
+
+// InsertPackageHostToken implements auth.Store.
+func (s *AuthStore) InsertPackageHostToken(ctx context.Context, t auth.PackageHostToken) error {
+	return authErr(s.q(ctx).Create(&PackageHostToken{TokenHash: t.TokenHash, HostID: t.HostID, Generation: t.Generation,
+		OperationID: t.OperationID, CreatedAt: dbtime.Norm(t.CreatedAt)}).Error)
+}
+
+// PackageHostByToken implements auth.Store: one query, the token with its
+// host.
+func (s *AuthStore) PackageHostByToken(ctx context.Context, hash string) (auth.PackageHostToken, auth.PackageHost, error) {
+	var row struct {
+		PackageHostToken
+		Host PackageHost `gorm:"embedded;embeddedPrefix:ph_"`
+	}
+	err := s.q(ctx).Table("package_host_tokens").
+		Select("package_host_tokens.*, package_hosts.seq AS ph_seq, package_hosts.id AS ph_id, "+
+			"package_hosts.name AS ph_name, package_hosts.families AS ph_families, "+
+			"package_hosts.generation AS ph_generation, package_hosts.created_at AS ph_created_at, "+
+			"package_hosts.updated_at AS ph_updated_at, package_hosts.revoked_at AS ph_revoked_at").
+		Joins("JOIN package_hosts ON package_hosts.id = package_host_tokens.host_id").
+		Where("package_host_tokens.token_hash = ?", hash).Take(&row).Error
+	if err != nil {
+		return auth.PackageHostToken{}, auth.PackageHost{}, authErr(err)
+	}
+	t := row.PackageHostToken
+	return auth.PackageHostToken{TokenHash: t.TokenHash, HostID: t.HostID, Generation: t.Generation,
+		OperationID: t.OperationID, CreatedAt: t.CreatedAt.UTC()}, packageHostOf(row.Host), nil
 }

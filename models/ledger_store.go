@@ -10,6 +10,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/ledger"
@@ -218,6 +219,9 @@ func (r ledgerReader) Events(ctx context.Context, operationID string, after int6
 // Tx.
 
 func (t *ledgerTx) Fleet() fleet.Tx { return t.ftx }
+
+// Auth is the administrators' store over this same transaction.
+func (t *ledgerTx) Auth() auth.Store { return authStoreIn(t.ftx.store.db, t.ftx.fleetReader) }
 
 func (t *ledgerTx) LockKey(ctx context.Context, key string) error {
 	if t.r.dialect != Postgres {

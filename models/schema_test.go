@@ -20,6 +20,8 @@ var allModels = []any{
 	&models.APIToken{},
 	&models.ConsoleSession{},
 	&models.AdminAudit{},
+	&models.PackageHost{},
+	&models.PackageHostToken{},
 	&models.Node{},
 	&models.Invitation{},
 	&models.NodeEvent{},

@@ -113,7 +113,14 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Logger:       log,
 		Metrics:      a.Metrics,
 		CrossReplica: db.Dialect == models.Postgres,
+		// A package host's token revoked while its request was in flight
+		// records nothing.
+		CheckPrincipal: ledger.CheckPackageHostCurrent,
 	})
+	// The credential kinds carry out their work through the auth service.
+	for _, k := range ledger.CredentialKinds(a.Auth) {
+		a.Ledger.Kinds().Register(k)
+	}
 	a.Metrics.OperationStates = func() map[string]float64 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -55,7 +55,10 @@ func (s *Service) dispatch(ctx context.Context) {
 		if n := s.settings.Workers - inFlight; n > 0 {
 			ops, err := s.store.Claim(ctx, s.replica, s.clock(), n)
 			if err != nil && ctx.Err() == nil {
+				// Nothing was claimed; look again soon rather than wait for
+				// a wake-up that may never come.
 				s.log.Error("ledger: claim", "err", err)
+				s.kickAfter(s.settings.FallbackPoll)
 			}
 			s.metrics.LedgerClaims.Inc()
 			for _, op := range ops {
@@ -87,6 +90,11 @@ func (s *Service) dispatch(ctx context.Context) {
 			s.metrics.LedgerWakeups.WithLabelValues("poll").Inc()
 		}
 	}
+}
+
+// kickAfter wakes the dispatcher once d has passed.
+func (s *Service) kickAfter(d time.Duration) {
+	time.AfterFunc(d, s.kick)
 }
 
 // execute carries one claimed operation out and records how it ended.

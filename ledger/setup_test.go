@@ -147,7 +147,8 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 	}
 	reg := ledger.NewRegistry(append(tk.kinds(), ledger.ServedKinds(b.fleet)...)...)
 	b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
-		Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler), CrossReplica: db.Dialect == models.Postgres})
+		Metrics: b.metrics, Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		CrossReplica: db.Dialect == models.Postgres})
 	b.fstore.SetOnCommit(func(notes []fleet.Notification) {
 		b.fleet.Deliver(notes, "local")
 		for _, n := range notes {
@@ -238,4 +239,13 @@ func eventTypes(t *testing.T, b *bundle, id string) []string {
 		out[i] = e.Type
 	}
 	return out
+}
+
+// testLog writes the ledger's warnings and errors to the test's log, so a
+// failure shows what the dispatcher saw.
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(string(bytes.TrimSpace(p)))
+	return len(p), nil
 }

@@ -80,8 +80,8 @@ func TestFleetCommandHTTP(t *testing.T) {
 		}
 		var done opJSON
 		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-1", "kind": "fleet.command",
-			"targets":   []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
-			"operation": map[string]any{"kind": "node.prepare_image", "payload": map[string]any{"image": "x"}, "max_concurrency": 1},
+			"targets":         []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
+			"operation":       map[string]any{"kind": "node.prepare_image", "payload": map[string]any{"image": "x"}, "max_concurrency": 1},
 			"wait_timeout_ms": 30000}, http.StatusOK, &done)
 		require.Equal(t, "succeeded", done.State)
 		var page struct {

@@ -120,3 +120,36 @@ func inviteWithKey(t *testing.T, s *apitest.Server, body map[string]any, key str
 	require.NoError(t, json.Unmarshal(raw, &out))
 	return out
 }
+
+// TestNodeTimelineHTTP: a node's audit and its operations' events read as
+// one timeline, newest first.
+func TestNodeTimelineHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, _ := inviteAndEnroll(t, s)
+		var op opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "tl-1", "kind": "node.prepare_image",
+			"targets": []any{map[string]any{"kind": "node", "id": boot.NodeID}}, "operation": map[string]any{"image": "x"}},
+			http.StatusCreated, &op)
+		var tl struct {
+			Entries []struct {
+				At          time.Time `json:"at"`
+				Source      string    `json:"source"`
+				Action      string    `json:"action"`
+				OperationID *string   `json:"operation_id"`
+			} `json:"entries"`
+		}
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/timeline", nil, http.StatusOK, &tl)
+		sources := map[string]bool{}
+		for i, e := range tl.Entries {
+			sources[e.Source] = true
+			if i > 0 {
+				require.False(t, e.At.After(tl.Entries[i-1].At), "newest first")
+			}
+		}
+		require.True(t, sources["node"] && sources["operation"], "both trails: %+v", tl.Entries)
+		require.Equal(t, "submitted", tl.Entries[0].Action)
+		require.Equal(t, op.OperationID, *tl.Entries[0].OperationID)
+		s.Problem(t, http.MethodGet, "/api/v1/nodes/ghost/timeline", nil, s.AdminToken, http.StatusNotFound, "not_found")
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -280,6 +281,60 @@ func (h *handler) getNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, viewNode(n))
+}
+
+// timelineEntry is one line of a node's timeline: a node audit entry (what
+// the node did, what was done to it) or an operation's event (what a
+// principal asked and how it went).
+type timelineEntry struct {
+	At          time.Time       `json:"at"`
+	Source      string          `json:"source"`
+	Action      string          `json:"action"`
+	Actor       string          `json:"actor"`
+	OperationID *string         `json:"operation_id"`
+	Kind        *string         `json:"kind"`
+	Detail      json.RawMessage `json:"detail"`
+}
+
+// nodeTimeline interleaves the node's audit and its operations' events by
+// time, newest first (DECISIONS.md §41): the latest `limit` of each trail,
+// merged and cut to `limit`.
+func (h *handler) nodeTimeline(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	if _, err := h.Fleet.Node(r.Context(), id); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	limit, err := queryLimit(r, 100, 500)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	audit, err := h.Fleet.Audit(r.Context(), id, limit)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	events, err := h.Ledger.NodeEvents(r.Context(), id, limit)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	out := make([]timelineEntry, 0, len(audit)+len(events))
+	for _, a := range audit {
+		detail, _ := json.Marshal(a.Detail)
+		out = append(out, timelineEntry{At: a.At, Source: "node", Action: a.Action, Actor: a.Actor, Detail: rawOrNull(detail)})
+	}
+	for _, e := range events {
+		opID, kind := e.OperationID, e.Kind
+		out = append(out, timelineEntry{At: e.At, Source: "operation", Action: e.Type,
+			Actor: string(e.PrincipalKind) + ":" + e.PrincipalName, OperationID: &opID, Kind: &kind, Detail: rawOrNull(e.Data)})
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At.After(out[j].At) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out})
 }
 
 func (h *handler) nodeAudit(w http.ResponseWriter, r *http.Request) {

@@ -131,6 +131,7 @@ func New(d Deps) http.Handler {
 			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}", h.getWorkload)
 			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}/output", h.getWorkloadOutput)
 			r.Get("/nodes/{id}/audit", h.nodeAudit)
+			r.Get("/nodes/{id}/timeline", h.nodeTimeline)
 			r.Post("/nodes/{id}/commands", h.issueCommand)
 			r.Get("/nodes/{id}/commands", h.listNodeCommands)
 			r.Get("/commands/{operation_id}", h.getCommand)

@@ -210,3 +210,25 @@ func TestUndeliveredCommandTimesOut(t *testing.T) {
 		require.Empty(t, b.poll(t, sess))
 	}, func(s *ledger.Settings) { s.OwnerLease = 300 * time.Millisecond })
 }
+
+func TestPruneTakesSettledCommandsWithTheirOperations(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, sess := b.readyNode(t)
+		settled := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+		open := b.command(t, node, ledger.KindNodeLaunchWorkload, launch)
+		b.poll(t, sess)
+		b.settle(t, sess, api.Result{OperationID: settled.ID, Applied: true})
+		b.clock.Advance(91 * 24 * time.Hour)
+		ops, _, err := b.svc.Prune(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, ops)
+		_, err = b.fleet.Command(ctx, settled.ID)
+		require.Error(t, err, "the settled command went with its operation")
+		c, err := b.fleet.Command(ctx, open.ID)
+		require.NoError(t, err, "an open command stays")
+		require.Equal(t, fleet.CommandPending, c.State)
+		rec, err := b.fleet.Reconcile(ctx, node)
+		require.NoError(t, err)
+		require.Equal(t, []string{open.ID}, rec.PendingOperationIDs)
+	})
+}

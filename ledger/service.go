@@ -400,6 +400,14 @@ func (s *Service) Events(ctx context.Context, p Principal, id string, after int6
 	return s.store.Events(ctx, id, after, limit)
 }
 
+// NodeEvents answers the latest events of operations that targeted the
+// node, newest first (the operations' half of the node's timeline;
+// DECISIONS.md §41). Administrators only: a package host sees its own
+// operations through the listing.
+func (s *Service) NodeEvents(ctx context.Context, nodeID string, limit int) ([]NodeEvent, error) {
+	return s.store.NodeEvents(ctx, nodeID, limit)
+}
+
 // Cancel asks an operation to stop, with a reason: a pending one ends
 // cancelled at once; a running one has its run's context cancelled (on
 // whichever replica runs it) and ends when its executor returns. Cancelling

@@ -61,7 +61,8 @@ type Store interface {
 	// whose deadline passed before now, oldest deadline first.
 	Overdue(ctx context.Context, now time.Time, limit int) ([]Operation, error)
 	// Prune deletes up to batch ended operations finished before opsBefore
-	// (with their events) and up to batch events older than eventsBefore,
+	// (with their events and settled commands) and up to batch events older
+	// than eventsBefore,
 	// and answers how many of each went. On a shared database only one
 	// replica prunes at a time; one that could not take the lock answers
 	// (0, 0, false, nil).
@@ -82,6 +83,9 @@ type Reader interface {
 	// Events answers the operation's events with a cursor above after,
 	// oldest first, at most limit.
 	Events(ctx context.Context, operationID string, after int64, limit int) ([]Event, error)
+	// NodeEvents answers the latest events of operations that targeted the
+	// node, newest first, at most limit, each with its operation's kind.
+	NodeEvents(ctx context.Context, nodeID string, limit int) ([]NodeEvent, error)
 }
 
 // Tx is the write half of the store, inside one transaction.

@@ -245,6 +245,15 @@ type Event struct {
 	Data        json.RawMessage
 }
 
+// NodeEvent is an event of an operation that targeted a node, with what a
+// node's timeline shows of the operation.
+type NodeEvent struct {
+	Event
+	Kind          string
+	PrincipalKind PrincipalKind
+	PrincipalName string
+}
+
 // requestIDPattern is DECISIONS.md §13's request id.
 var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 

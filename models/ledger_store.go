@@ -216,6 +216,38 @@ func (r ledgerReader) Events(ctx context.Context, operationID string, after int6
 	return out, nil
 }
 
+func (s *LedgerStore) NodeEvents(ctx context.Context, nodeID string, limit int) ([]ledger.NodeEvent, error) {
+	return s.reader().NodeEvents(ctx, nodeID, limit)
+}
+
+func (r ledgerReader) NodeEvents(ctx context.Context, nodeID string, limit int) ([]ledger.NodeEvent, error) {
+	type row struct {
+		OperationEvent `gorm:"embedded"`
+		Kind           string
+		PrincipalKind  string
+		PrincipalName  string
+	}
+	var rows []row
+	// The newest operations on the node first (its target index), then
+	// their newest events.
+	err := r.r.db(ctx).Raw(`SELECT e.seq, e.operation_id, e.type, e.at, e.data, o.kind, o.principal_kind, o.principal_name
+		FROM (SELECT id, kind, principal_kind, principal_name FROM operations
+		      WHERE target_kind = ? AND target_id = ? ORDER BY seq DESC LIMIT ?) o
+		JOIN operation_events e ON e.operation_id = o.id
+		ORDER BY e.seq DESC LIMIT ?`, ledger.TargetNode, nodeID, limit, limit).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ledger.NodeEvent, len(rows))
+	for i, e := range rows {
+		out[i] = ledger.NodeEvent{
+			Event: ledger.Event{Cursor: e.Seq, OperationID: e.OperationID, Type: e.Type, At: e.At.UTC(), Data: json.RawMessage(e.Data)},
+			Kind:  e.Kind, PrincipalKind: ledger.PrincipalKind(e.PrincipalKind), PrincipalName: e.PrincipalName,
+		}
+	}
+	return out, nil
+}
+
 // Tx.
 
 func (t *ledgerTx) Fleet() fleet.Tx { return t.ftx }
@@ -459,6 +491,11 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 		}
 		if len(ids) > 0 {
 			if err := g.Exec(`DELETE FROM operation_events WHERE operation_id IN ?`, ids).Error; err != nil {
+				return err
+			}
+			// Settled commands go with their operations (DECISIONS.md §41);
+			// a node's reconciliation answers from what remains.
+			if err := g.Exec(`DELETE FROM commands WHERE operation_id IN ? AND state <> 'pending'`, ids).Error; err != nil {
 				return err
 			}
 			res := g.Exec(`DELETE FROM operations WHERE id IN ?`, ids)

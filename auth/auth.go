@@ -23,6 +23,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/keys"
 )
 
@@ -128,7 +129,7 @@ func New(o Options) *Service {
 	// Answers carry the precision both databases keep, so a time answered
 	// equals the same time read back later.
 	clock := now
-	now = func() time.Time { return clock().UTC().Truncate(time.Microsecond) }
+	now = func() time.Time { return dbtime.Norm(clock()) }
 	if o.HashSlots <= 0 {
 		o.HashSlots = DefaultHashSlots()
 	}

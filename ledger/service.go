@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/metrics"
 )
 
@@ -153,7 +154,7 @@ func (s *Service) Settings() Settings { return s.settings }
 // Kinds answers the registry of served kinds.
 func (s *Service) Kinds() *Registry { return s.kinds }
 
-func (s *Service) clock() time.Time { return s.now().UTC().Truncate(time.Microsecond) }
+func (s *Service) clock() time.Time { return dbtime.Norm(s.now()) }
 
 // Submission is a request to record an operation.
 type Submission struct {

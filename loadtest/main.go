@@ -65,6 +65,11 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Token, "token", "", "administrator API token for -url")
 	fs.BoolVar(&cfg.PGBench, "pgbench", false, "afterwards, run the pgbench reference (DECISIONS.md §31) on the same Postgres")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase")
+	scenario := fs.String("scenario", "deliver", "deliver (agents, commands) or ledger (the operations engine with a no-op kind)")
+	ops := fs.Int("ops", 20000, "ledger: operations to submit")
+	submitters := fs.Int("submitters", 64, "ledger: concurrent submitters")
+	replicas := fs.Int("replicas", 1, "ledger: control planes sharing the database (more than one needs Postgres)")
+	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("q", false, "no progress lines")
 	if err := fs.Parse(args); err != nil {
@@ -93,6 +98,35 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	switch *scenario {
+	case "deliver":
+	case "ledger":
+		lc := LedgerConfig{Ops: *ops, Submitters: *submitters, Replicas: *replicas, LedgerWorkers: *ledgerWorkers,
+			PGBench: cfg.PGBench, Log: cfg.Log}
+		if *db == "postgres" {
+			lc.DatabaseURL = *dbURL
+		}
+		if lc.Ops < 1 || lc.Submitters < 1 || lc.Replicas < 1 || lc.LedgerWorkers < 1 {
+			fmt.Fprintln(stderr, "loadtest: -ops, -submitters, -replicas and -ledger-workers must be positive")
+			return 2
+		}
+		lrep, err := RunLedger(ctx, lc)
+		if err != nil {
+			fmt.Fprintln(stderr, "loadtest:", err)
+			return 1
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(lrep)
+			return 0
+		}
+		printLedgerReport(stdout, lrep)
+		return 0
+	default:
+		fmt.Fprintln(stderr, "loadtest: -scenario is deliver or ledger")
+		return 2
+	}
 	rep, err := runCLI(ctx, cfg, *db)
 	if err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)

@@ -53,3 +53,29 @@ func (l testLog) Write(p []byte) (int, error) {
 	l.t.Logf("%s", p)
 	return len(p), nil
 }
+
+// TestLedgerSmoke runs the ledger scenario small, on SQLite and, when a
+// test Postgres is configured, with two replicas sharing it. It asserts
+// on counts, never on timings.
+func TestLedgerSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts control planes")
+	}
+	runs := []LedgerConfig{{Ops: 60, Submitters: 4, Replicas: 1, LedgerWorkers: 4}}
+	if url := os.Getenv("NODEWARD_TEST_DATABASE_URL"); url != "" {
+		runs = append(runs, LedgerConfig{Ops: 60, Submitters: 4, Replicas: 2, LedgerWorkers: 4, DatabaseURL: url})
+	}
+	for _, cfg := range runs {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		cfg.Log = testLog{t}
+		rep, err := RunLedger(ctx, cfg)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", rep)
+		if rep.SubmitErrors != 0 || rep.Ops != 60 || rep.Claims == 0 {
+			t.Fatalf("submit errors %d, ops %d, claims %v", rep.SubmitErrors, rep.Ops, rep.Claims)
+		}
+	}
+}

@@ -28,9 +28,10 @@ type localServer struct {
 	// SchemaURL is the Postgres URL of the private schema (empty on SQLite).
 	SchemaURL string
 
-	cancel  context.CancelFunc
-	served  chan error
-	cleanup []func()
+	masterKey string
+	cancel    context.CancelFunc
+	served    chan error
+	cleanup   []func()
 }
 
 func randomHex(n int) string {
@@ -42,6 +43,27 @@ func randomHex(n int) string {
 // startLocal starts the server. baseURL selects Postgres (a schema of its
 // own is created in that database and dropped by Close); empty is SQLite.
 func startLocal(ctx context.Context, baseURL string, logTo io.Writer) (*localServer, error) {
+	return startLocalWith(ctx, localOptions{BaseURL: baseURL, LogTo: logTo})
+}
+
+// localOptions shape a server the tool starts.
+type localOptions struct {
+	// BaseURL selects Postgres (a fresh schema in that database); empty is
+	// SQLite.
+	BaseURL string
+	// Join starts another replica on the database of an earlier one.
+	Join *localServer
+	// Replica names the replica (default "loadtest").
+	Replica       string
+	LedgerWorkers int
+	// Setup runs after the control plane is built, before it serves (the
+	// ledger scenario registers its no-op kind here).
+	Setup func(*controlplane.App)
+	LogTo io.Writer
+}
+
+func startLocalWith(ctx context.Context, o localOptions) (*localServer, error) {
+	baseURL, logTo := o.BaseURL, o.LogTo
 	s := &localServer{Dialect: models.SQLite}
 	ok := false
 	defer func() {
@@ -54,9 +76,21 @@ func startLocal(ctx context.Context, baseURL string, logTo io.Writer) (*localSer
 		return nil, err
 	}
 	addr := ln.Addr().String()
+	replica := o.Replica
+	if replica == "" {
+		replica = "loadtest"
+	}
 	cfg := controlplane.Config{Listen: addr, PublicURL: "http://" + addr, AgentVersion: "loadtest",
-		ShutdownGrace: 10 * time.Second, LogLevel: "warn", LogFormat: "text", ReplicaID: "loadtest"}
-	if baseURL == "" {
+		ShutdownGrace: 10 * time.Second, LogLevel: "warn", LogFormat: "text", ReplicaID: replica, LedgerWorkers: o.LedgerWorkers}
+	switch {
+	case o.Join != nil:
+		if o.Join.Dialect != models.Postgres {
+			_ = ln.Close()
+			return nil, errors.New("only Postgres is shared by replicas")
+		}
+		s.Dialect, s.SchemaURL = models.Postgres, o.Join.SchemaURL
+		cfg.DatabaseURL, cfg.MasterKey = o.Join.SchemaURL, o.Join.masterKey
+	case baseURL == "":
 		dir, err := os.MkdirTemp("", "nodeward-loadtest-")
 		if err != nil {
 			_ = ln.Close()
@@ -64,7 +98,7 @@ func startLocal(ctx context.Context, baseURL string, logTo io.Writer) (*localSer
 		}
 		s.cleanup = append(s.cleanup, func() { _ = os.RemoveAll(dir) })
 		cfg.DataDir = dir
-	} else {
+	default:
 		s.Dialect = models.Postgres
 		schemaURL, drop, err := newSchema(ctx, baseURL)
 		if err != nil {
@@ -76,6 +110,7 @@ func startLocal(ctx context.Context, baseURL string, logTo io.Writer) (*localSer
 		cfg.DatabaseURL = schemaURL
 		cfg.MasterKey = randomHex(32)
 	}
+	s.masterKey = cfg.MasterKey
 	log := slog.New(slog.NewTextHandler(logTo, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
@@ -86,9 +121,17 @@ func startLocal(ctx context.Context, baseURL string, logTo io.Writer) (*localSer
 	}
 	s.App = app
 	s.cleanup = append(s.cleanup, func() { _ = app.Close() })
+	if o.Setup != nil {
+		o.Setup(app)
+	}
 	s.served = make(chan error, 1)
 	go func() { s.served <- app.Serve(sctx, ln) }()
 	s.URL = "http://" + addr
+	if o.Join != nil {
+		s.Token = o.Join.Token
+		ok = true
+		return s, nil
+	}
 	if _, err := app.Auth.CreateAdmin(sctx, "loadtest", randomHex(16)); err != nil {
 		return nil, fmt.Errorf("create administrator: %w", err)
 	}

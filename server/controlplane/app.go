@@ -107,7 +107,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
 		Kinds:        ledger.NewRegistry(ledger.ServedKinds(a.Fleet)...),
-		Settings:     ledger.Settings{SingleProcess: db.Dialect == models.SQLite},
+		Settings:     ledger.Settings{Workers: cfg.LedgerWorkers, SingleProcess: db.Dialect == models.SQLite},
 		Replica:      cfg.ReplicaID,
 		Now:          cfg.Now,
 		Logger:       log,

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,6 +46,9 @@ type Config struct {
 	// headers, and again its body (NODEWARD_READ_TIMEOUT; default 10s).
 	// Long-polls and other waits are not bounded by it.
 	ReadTimeout time.Duration
+	// LedgerWorkers bounds the local operations this replica runs at once
+	// (NODEWARD_LEDGER_WORKERS; default 16). Node commands hold no slot.
+	LedgerWorkers int
 
 	// Now is the clock (tests inject one); nil is time.Now.
 	Now func() time.Time
@@ -83,6 +87,11 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 	fs.DurationVar(&c.SessionTTL, "session-ttl", ttl, "agent session credential lifetime (NODEWARD_SESSION_TTL)")
 	readTimeout, _ := time.ParseDuration(envOr(getenv, "NODEWARD_READ_TIMEOUT", DefaultReadTimeout.String()))
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", readTimeout, "time a client may take to send a request's headers, and its body (NODEWARD_READ_TIMEOUT)")
+	workers, err := strconv.Atoi(envOr(getenv, "NODEWARD_LEDGER_WORKERS", "16"))
+	if err != nil {
+		workers = -1 // refused by Validate, naming the setting
+	}
+	fs.IntVar(&c.LedgerWorkers, "ledger-workers", workers, "local operations run at once by this replica (NODEWARD_LEDGER_WORKERS)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
 }
 
@@ -94,6 +103,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Lease != 0 && c.Lease < 3*time.Second {
 		return errors.New("lease must be at least 3s")
+	}
+	if c.LedgerWorkers < 0 || c.LedgerWorkers > 1024 {
+		return errors.New("ledger workers must be a whole number from 1 to 1024 (0 is the default, 16)")
 	}
 	if c.SessionTTL != 0 && c.SessionTTL < time.Minute {
 		return errors.New("session TTL must be at least 1m")

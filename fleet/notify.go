@@ -25,6 +25,9 @@ const (
 	// NotifyChildEnded: a child of the fan-out operation NodeID ended on
 	// this replica (never sent to others); the ledger advances the parent.
 	NotifyChildEnded NotificationKind = "p"
+	// NotifyDispatch: operation NodeID was recorded (or handed back by
+	// recovery) and may be claimed; dispatchers look for work.
+	NotifyDispatch NotificationKind = "d"
 )
 
 // Notification is one change other replicas must hear about.

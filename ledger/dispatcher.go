@@ -25,7 +25,12 @@ func (s *Service) Run(ctx context.Context) {
 	go func() { defer wg.Done(); s.ownerLoop(ctx) }()
 	go func() { defer wg.Done(); s.pruneLoop(ctx) }()
 	go func() { defer wg.Done(); s.advanceLoop(ctx) }()
+	finished := make(chan struct{})
+	go func() { defer close(finished); s.finishLoop(context.WithoutCancel(ctx)) }()
 	s.dispatch(ctx)
+	// Every run has returned: record what they answered, then stop.
+	close(s.ends)
+	<-finished
 	wg.Wait()
 	// A clean stop hands what it ran to the next owner at once.
 	if err := s.store.DropOwner(context.WithoutCancel(ctx), s.replica); err != nil {
@@ -169,20 +174,68 @@ func (s *Service) executeTx(ctx, runCtx context.Context, kind *Kind, op Operatio
 }
 
 // finishRun records a run's answer: success, the executor's error, or why
-// its context ended.
+// its context ended. Ends go to the finisher, which records many in one
+// write; a cancellation, rare, is recorded on its own with its reason.
 func (s *Service) finishRun(ctx, runCtx context.Context, op Operation, result json.RawMessage, err error) {
+	end := End{OperationID: op.ID, At: s.clock()}
 	switch {
 	case err == nil:
-		s.finish(ctx, op, StateSucceeded, result, nil)
+		end.State, end.Result = StateSucceeded, result
 	case ctx.Err() != nil:
 		// This process is stopping: the operation stays running and is
 		// recovered by the next owner.
+		return
 	case errors.Is(runCtx.Err(), context.DeadlineExceeded) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
-		s.finish(ctx, op, StateFailed, nil, &Error{Code: CodeTimedOut, Message: "the operation passed its deadline", Retryable: true})
+		end.State, end.Error = StateFailed, &Error{Code: CodeTimedOut, Message: "the operation passed its deadline", Retryable: true}
 	case errors.Is(runCtx.Err(), context.Canceled) && errors.Is(err, context.Canceled):
 		s.finish(ctx, op, StateCancelled, nil, nil)
+		return
 	default:
-		s.finish(ctx, op, StateFailed, nil, operationError(err))
+		end.State, end.Error = StateFailed, operationError(err)
+	}
+	s.ends <- end
+}
+
+// maxFinishBatch bounds the ends one write records.
+const maxFinishBatch = 256
+
+// finishLoop records ended runs: whatever has queued up while the last
+// write ran goes in the next one, so a busy dispatcher pays one write for
+// many ends and an idle one no wait at all.
+func (s *Service) finishLoop(ctx context.Context) {
+	batch := make([]End, 0, maxFinishBatch)
+	for e := range s.ends {
+		batch = append(batch[:0], e)
+	more:
+		for len(batch) < maxFinishBatch {
+			select {
+			case e, ok := <-s.ends:
+				if !ok {
+					break more
+				}
+				batch = append(batch, e)
+			default:
+				break more
+			}
+		}
+		var ended []Ended
+		var err error
+		for attempt := 0; attempt < 5; attempt++ {
+			if ended, err = s.store.Finish(ctx, s.replica, batch); err == nil {
+				break
+			}
+			s.log.Error("ledger: record ends", "operations", len(batch), "attempt", attempt+1, "err", err)
+			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+		}
+		// Still failing: they stay running, owned here, and are recovered
+		// (re-run or interrupted) once this replica's lease lapses.
+		states := make(map[string]State, len(batch))
+		for _, b := range batch {
+			states[b.OperationID] = b.State
+		}
+		for _, e := range ended {
+			s.metrics.OperationsEnded.WithLabelValues(e.Kind, string(states[e.OperationID])).Inc()
+		}
 	}
 }
 
@@ -348,7 +401,7 @@ func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) er
 				return err
 			}
 			s.metrics.OperationsRecovered.WithLabelValues("rerun").Inc()
-			return tx.Notify(ctx, cur.ID)
+			return tx.NotifyDispatch(ctx, cur.ID)
 		}
 		s.metrics.OperationsRecovered.WithLabelValues("interrupted").Inc()
 		if cur.CancelRequestedAt != nil {

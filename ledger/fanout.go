@@ -195,7 +195,7 @@ func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Tim
 	}
 	kind, ok := s.kinds.Kind(ch.Kind)
 	if !ok || kind.Record == nil {
-		return tx.Notify(ctx, ch.ID)
+		return tx.NotifyDispatch(ctx, ch.ID)
 	}
 	err := tx.Savepoint(ctx, func() error {
 		if err := kind.Record(ctx, tx, ch); err != nil {

@@ -108,6 +108,7 @@ type Service struct {
 
 	wake    chan struct{} // the dispatcher's: something may be claimable
 	parents chan string   // fan-out parents whose children ended here
+	ends    chan End      // runs that ended, for the finisher to record
 
 	mu           sync.Mutex // guards the following
 	waiters      map[string]map[chan struct{}]struct{}
@@ -139,6 +140,7 @@ func New(o Options) *Service {
 		now: o.Now, log: o.Logger, metrics: o.Metrics,
 		wake:         make(chan struct{}, 1),
 		parents:      make(chan string, 1024),
+		ends:         make(chan End, 1024),
 		waiters:      map[string]map[chan struct{}]struct{}{},
 		running:      map[string]context.CancelFunc{},
 		drained:      make(chan struct{}),
@@ -237,30 +239,36 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 		CreatedAt: now, Deadline: now.Add(s.settings.Deadline), UpdatedAt: now,
 	}
 	op.TargetKind, op.TargetID = indexTarget(d.Targets)
-	err = s.store.Tx(ctx, func(tx Tx) error {
-		if s.checkPrincipal != nil {
-			if err := s.checkPrincipal(ctx, tx, p); err != nil {
+	submitted := Event{OperationID: op.ID, Type: EventSubmitted, At: now,
+		Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}
+	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) {
+		// Nothing to check or write beside it: one atomic write records
+		// and announces it (the common case costs one statement).
+		err = s.store.Insert(ctx, &op, submitted)
+	} else {
+		err = s.store.Tx(ctx, func(tx Tx) error {
+			if s.checkPrincipal != nil {
+				if err := s.checkPrincipal(ctx, tx, p); err != nil {
+					return err
+				}
+			}
+			if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
 				return err
 			}
-		}
-		if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
-			return err
-		}
-		submitted := Event{OperationID: op.ID, Type: EventSubmitted, At: now,
-			Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}
-		if err := tx.InsertOperation(ctx, &op, submitted); err != nil {
-			return err
-		}
-		if kind.Record != nil {
-			// The node's long-poll is woken by what Record writes; nothing
-			// here waits on the operation yet.
-			if err := kind.Record(ctx, tx, op); err != nil {
+			if err := tx.InsertOperation(ctx, &op, submitted); err != nil {
 				return err
 			}
-			return s.checkNodeQuota(ctx, tx, kind, op, true)
-		}
-		return tx.Notify(ctx, op.ID)
-	})
+			if kind.Record != nil {
+				// The node's long-poll is woken by what Record writes;
+				// nothing here waits on the operation yet.
+				if err := kind.Record(ctx, tx, op); err != nil {
+					return err
+				}
+				return s.checkNodeQuota(ctx, tx, kind, op, true)
+			}
+			return tx.NotifyDispatch(ctx, op.ID)
+		})
+	}
 	if errors.Is(err, ErrDuplicate) {
 		// A concurrent submit of the same request won the insert; or the
 		// caller's operation id belongs to another request.
@@ -319,13 +327,19 @@ func (s *Service) checkQuotas(ctx context.Context, tx Tx, p Principal, k *Kind, 
 	return nil
 }
 
+// nodeQuotaApplies reports whether op counts against its target node's
+// quota.
+func nodeQuotaApplies(k *Kind, op Operation) bool {
+	return op.TargetKind == TargetNode && op.TargetID != "" && !k.QuotaExempt
+}
+
 // checkNodeQuota refuses an operation past its target node's quota. A kind
 // that records a command counts after recording it (recorded true): the
 // command locked the node's row, which serialises submissions to the node
 // without a lock of the ledger's own.
 func (s *Service) checkNodeQuota(ctx context.Context, tx Tx, k *Kind, op Operation, recorded bool) error {
 	nodeID := op.TargetID
-	if op.TargetKind != TargetNode || nodeID == "" || k.QuotaExempt {
+	if !nodeQuotaApplies(k, op) {
 		return nil
 	}
 	if !recorded {
@@ -619,21 +633,32 @@ func (s *Service) unsubscribe(id string, ch chan struct{}) {
 
 // Changed tells this replica that an operation changed (after a commit
 // here, or heard from another replica): its waiters and watchers re-read
-// it, the dispatcher looks for work, and a run here whose cancel was asked
-// for is cancelled.
+// it, and a run here whose cancel was asked for is cancelled.
 func (s *Service) Changed(ctx context.Context, id string) {
 	s.mu.Lock()
+	s.wakeWaitersLocked(id)
+	_, runsHere := s.running[id]
+	s.mu.Unlock()
+	if runsHere {
+		s.checkCancel(ctx, id)
+	}
+}
+
+// Dispatchable tells this replica that an operation may be claimed: the
+// dispatcher looks for work (and its waiters re-read it).
+func (s *Service) Dispatchable(id string) {
+	s.mu.Lock()
+	s.wakeWaitersLocked(id)
+	s.mu.Unlock()
+	s.kick()
+}
+
+func (s *Service) wakeWaitersLocked(id string) {
 	for ch := range s.waiters[id] {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
-	}
-	_, runsHere := s.running[id]
-	s.mu.Unlock()
-	s.kick()
-	if runsHere {
-		s.checkCancel(ctx, id)
 	}
 }
 

@@ -157,6 +157,8 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 				b.svc.Changed(ctx, n.NodeID)
 			case fleet.NotifyChildEnded:
 				b.svc.ChildEnded(n.NodeID)
+			case fleet.NotifyDispatch:
+				b.svc.Dispatchable(n.NodeID)
 			}
 		}
 	})

@@ -34,6 +34,22 @@ type Filter struct {
 	Limit  int
 }
 
+// End is how a running operation ends.
+type End struct {
+	OperationID string
+	State       State
+	Result      []byte
+	Error       *Error
+	At          time.Time
+}
+
+// Ended is an operation Finish ended, and its fan-out parent.
+type Ended struct {
+	OperationID string
+	Kind        string
+	ParentID    string
+}
+
 // Store is the ledger's persistence. Every method of Tx runs inside the one
 // transaction Store.Tx opened.
 type Store interface {
@@ -42,6 +58,15 @@ type Store interface {
 	// transaction is shared with the fleet (Tx.Fleet), so an operation and
 	// the change it makes commit together.
 	Tx(ctx context.Context, fn func(tx Tx) error) error
+	// Insert records op with its first events, on its own, and announces
+	// it to every replica; it sets op's Cursor. ErrDuplicate when its id,
+	// or its principal's request id, exists.
+	Insert(ctx context.Context, op *Operation, events ...Event) error
+	// Finish ends running local operations owned by replica, each as its
+	// End says, with an event each, in one write, and announces them; an
+	// operation no longer running there (cancelled, recovered elsewhere)
+	// is left alone. It answers the operations it ended.
+	Finish(ctx context.Context, replica string, ends []End) ([]Ended, error)
 	// Claim moves up to limit pending local operations to running, owned by
 	// replica, accepted at now, attempt counted, oldest first, and answers
 	// them; concurrent claims on other replicas never answer the same
@@ -129,6 +154,9 @@ type Tx interface {
 	// Notify tells every replica, once this transaction commits, that the
 	// operation changed (waiters, watchers and dispatchers wake).
 	Notify(ctx context.Context, operationID string) error
+	// NotifyDispatch tells every replica, once this transaction commits,
+	// that the operation may be claimed (dispatchers look for work).
+	NotifyDispatch(ctx context.Context, operationID string) error
 	// NotifyParent tells this replica, once this transaction commits, that
 	// a child of the fan-out parent ended (the parent is advanced).
 	NotifyParent(ctx context.Context, parentID string) error

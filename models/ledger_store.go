@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -20,7 +21,8 @@ import (
 // transactions are the fleet store's (one group commit on SQLite), so an
 // operation and the fleet change it makes commit together.
 type LedgerStore struct {
-	fleet *FleetStore
+	fleet  *FleetStore
+	poking atomic.Bool // a cross-replica dispatch notification is scheduled
 }
 
 var _ ledger.Store = (*LedgerStore)(nil)
@@ -332,6 +334,10 @@ func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
 	return t.ftx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: operationID})
 }
 
+func (t *ledgerTx) NotifyDispatch(ctx context.Context, operationID string) error {
+	return t.ftx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyDispatch, NodeID: operationID})
+}
+
 func (t *ledgerTx) NotifyParent(ctx context.Context, parentID string) error {
 	*t.ftx.notes = append(*t.ftx.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: parentID})
 	return nil
@@ -359,23 +365,33 @@ func (t *ledgerTx) Savepoint(ctx context.Context, fn func() error) error {
 
 // Claim takes pending local operations in one statement: on Postgres the
 // rows are locked with SKIP LOCKED, so concurrent dispatchers on other
-// replicas pass over each other's claims instead of waiting or sharing.
+// replicas pass over each other's claims instead of waiting or sharing, and
+// the running events are written by the same statement.
 func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, limit int) ([]ledger.Operation, error) {
+	now = dbtime.Norm(now)
+	// Mirrors ledger.CanTransition(pending, running).
+	const claim = `UPDATE operations
+			SET state = 'running', owner = ?, attempt = attempt + 1, accepted_at = COALESCE(accepted_at, ?), updated_at = ?
+			WHERE seq IN (SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' AND held = FALSE ORDER BY seq LIMIT ?`
+	var rows []Operation
+	if s.fleet.dialect == Postgres {
+		err := s.fleet.db.WithContext(ctx).Raw(`WITH c AS (`+claim+` FOR UPDATE SKIP LOCKED) RETURNING *),
+			ev AS (
+				INSERT INTO operation_events (operation_id, type, at, data)
+				SELECT c.id, 'running', ?, json_build_object('owner', c.owner, 'attempt', c.attempt)::text FROM c
+				RETURNING 1)
+			SELECT * FROM c`, replica, now, now, limit, now).Scan(&rows).Error
+		if err != nil {
+			return nil, err
+		}
+		sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
+		return operationsFromRows(rows), nil
+	}
 	var out []ledger.Operation
 	err := s.Tx(ctx, func(tx ledger.Tx) error {
 		t := tx.(*ledgerTx)
-		lock := ""
-		if t.r.dialect == Postgres {
-			lock = " FOR UPDATE SKIP LOCKED"
-		}
-		now := dbtime.Norm(now)
-		// Mirrors ledger.CanTransition(pending, running).
-		var rows []Operation
-		err := t.r.db(ctx).Raw(`UPDATE operations
-			SET state = 'running', owner = ?, attempt = attempt + 1, accepted_at = COALESCE(accepted_at, ?), updated_at = ?
-			WHERE seq IN (SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' AND held = FALSE ORDER BY seq LIMIT ?`+lock+`)
-			RETURNING *`, replica, now, now, limit).Scan(&rows).Error
-		if err != nil {
+		rows = rows[:0]
+		if err := t.r.db(ctx).Raw(claim+`) RETURNING *`, replica, now, now, limit).Scan(&rows).Error; err != nil {
 			return err
 		}
 		sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })

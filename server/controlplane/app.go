@@ -251,6 +251,8 @@ func (n notifySink) Deliver(notes []fleet.Notification, source string) {
 			n.ledger.Changed(context.Background(), note.NodeID)
 		case fleet.NotifyChildEnded:
 			n.ledger.ChildEnded(note.NodeID)
+		case fleet.NotifyDispatch:
+			n.ledger.Dispatchable(note.NodeID)
 		case fleet.NotifyResync:
 			n.ledger.Resync()
 		}

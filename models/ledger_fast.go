@@ -1,0 +1,231 @@
+package models
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/dbtime"
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// The ledger's hot writes. On Postgres each is one statement, run on its
+// own (no BEGIN/COMMIT around it): the write, its events and the
+// cross-replica notifications travel together, so an operation of a local
+// kind costs one statement to record, a share of one to claim and a share
+// of one to end. SQLite runs the same writes inside a (group-committed)
+// transaction: its round trips are function calls, its cost is the fsync.
+
+const operationColumns = `id, request_id, digest, principal_kind, principal_id, principal_name, package_host_generation,
+	family, kind, state, terminal, channel, attempt, targets, target_kind, target_id, parent_id, held, counts, reason,
+	operation, result, error_code, error_message, error_retryable, evidence, cancel_requested_at, cancel_reason, owner,
+	created_at, accepted_at, finished_at, deadline, updated_at`
+
+func operationValues(r Operation) []any {
+	return []any{r.ID, r.RequestID, r.Digest, r.PrincipalKind, r.PrincipalID, r.PrincipalName, r.PackageHostGeneration,
+		r.Family, r.Kind, r.State, r.Terminal, r.Channel, r.Attempt, r.Targets, r.TargetKind, r.TargetID, r.ParentID, r.Held,
+		r.Counts, r.Reason, r.Operation, r.Result, r.ErrorCode, r.ErrorMessage, r.ErrorRetryable, r.Evidence,
+		r.CancelRequestedAt, r.CancelReason, r.Owner, r.CreatedAt, r.AcceptedAt, r.FinishedAt, r.Deadline, r.UpdatedAt}
+}
+
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// announce hands notifications of a write made outside a fleet
+// transaction to this replica's own listeners.
+func (s *LedgerStore) announce(notes []fleet.Notification) {
+	if len(notes) > 0 && s.fleet.onCommit != nil {
+		s.fleet.onCommit(notes)
+	}
+}
+
+// isDuplicate reports a unique-key violation, translated by GORM or, for
+// raw statements, as Postgres's SQLSTATE 23505.
+func isDuplicate(err error) bool {
+	var coded interface{ SQLState() string }
+	return errors.Is(err, gorm.ErrDuplicatedKey) || (errors.As(err, &coded) && coded.SQLState() == "23505")
+}
+
+// Insert records an operation with its events and announces it for
+// dispatch.
+func (s *LedgerStore) Insert(ctx context.Context, op *ledger.Operation, events ...ledger.Event) error {
+	if s.fleet.dialect != Postgres {
+		return s.Tx(ctx, func(tx ledger.Tx) error {
+			t := tx.(*ledgerTx)
+			if err := t.InsertOperation(ctx, op, events...); err != nil {
+				return err
+			}
+			*t.ftx.notes = append(*t.ftx.notes, fleet.Notification{Kind: fleet.NotifyDispatch, NodeID: op.ID})
+			return nil
+		})
+	}
+	row := rowFromOperation(*op)
+	args := operationValues(row)
+	var evSQL []string
+	for _, e := range events {
+		data := string(e.Data)
+		if data == "" {
+			data = "{}"
+		}
+		evSQL = append(evSQL, "SELECT op.id, ?, CAST(? AS timestamptz), ? FROM op")
+		args = append(args, e.Type, dbtime.Norm(e.At), data)
+	}
+	withEvents := ""
+	if len(evSQL) > 0 {
+		withEvents = `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(evSQL, " UNION ALL ") + ` RETURNING 1)`
+	}
+	var seq []int64
+	err := s.fleet.db.WithContext(ctx).Raw(`WITH op AS (
+			INSERT INTO operations (`+operationColumns+`) VALUES (`+placeholders(len(operationValues(row)))+`)
+			RETURNING seq, id)`+withEvents+`
+		SELECT op.seq FROM op`, args...).Scan(&seq).Error
+	if err != nil {
+		if isDuplicate(err) {
+			return ledger.ErrDuplicate
+		}
+		return err
+	}
+	if len(seq) != 1 {
+		return errors.New("insert operation: no row answered")
+	}
+	op.Cursor = seq[0]
+	s.announce([]fleet.Notification{{Kind: fleet.NotifyDispatch, NodeID: op.ID}})
+	s.pokeReplicas()
+	return nil
+}
+
+// dispatchWindow is the longest another replica's dispatcher may wait to
+// hear that work was submitted here.
+const dispatchWindow = 2 * time.Millisecond
+
+// pokeReplicas tells the other replicas that work may be claimable, at
+// most once per dispatchWindow however many submits there were: a NOTIFY
+// per submit would serialise every submitting commit on Postgres's one
+// notification queue lock. This replica's own dispatcher was told at once.
+func (s *LedgerStore) pokeReplicas() {
+	if !s.poking.CompareAndSwap(false, true) {
+		return // a poke is on its way and will cover this submit
+	}
+	time.AfterFunc(dispatchWindow, func() {
+		s.poking.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		// The payload names no operation: it only wakes dispatchers.
+		_ = s.fleet.db.WithContext(ctx).Exec("SELECT pg_notify(?, ?)", s.fleet.channel, dispatchPrefix(s.fleet.replica)).Error
+	})
+}
+
+// dispatchPrefix is the notification payload announcing a claimable
+// operation, less the id the statement appends.
+func dispatchPrefix(replica string) string {
+	return fleet.Notification{Kind: fleet.NotifyDispatch}.Encode(replica)
+}
+
+// Finish ends running local operations of replica in one write.
+func (s *LedgerStore) Finish(ctx context.Context, replica string, ends []ledger.End) ([]ledger.Ended, error) {
+	if len(ends) == 0 {
+		return nil, nil
+	}
+	var rows []endedRow
+	var notes []fleet.Notification
+	note := func() {
+		for _, r := range rows {
+			notes = append(notes, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: r.ID})
+			if r.ParentID != nil {
+				notes = append(notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: *r.ParentID})
+			}
+		}
+	}
+	endData := func(e ledger.End) string {
+		data, _ := json.Marshal(map[string]any{"from": ledger.StateRunning, "error": e.Error})
+		return string(data)
+	}
+	if s.fleet.dialect != Postgres {
+		err := s.Tx(ctx, func(tx ledger.Tx) error {
+			t := tx.(*ledgerTx)
+			rows = rows[:0]
+			var events []ledger.Event
+			for _, e := range ends {
+				r := endRow(e)
+				var got []endedRow
+				err := t.r.db(ctx).Raw(`UPDATE operations SET state = ?, terminal = TRUE, result = ?, error_code = ?,
+						error_message = ?, error_retryable = ?, finished_at = ?, updated_at = ?
+					WHERE id = ? AND state = 'running' AND owner = ? RETURNING id, kind, parent_id`,
+					r.State, r.Result, r.ErrorCode, r.ErrorMessage, r.ErrorRetryable, r.FinishedAt, r.UpdatedAt, e.OperationID, replica).
+					Scan(&got).Error
+				if err != nil {
+					return err
+				}
+				if len(got) == 1 {
+					rows = append(rows, got[0])
+					events = append(events, ledger.Event{OperationID: e.OperationID, Type: string(e.State), At: e.At, Data: json.RawMessage(endData(e))})
+				}
+			}
+			if err := appendEvents(t.r.db(ctx), events); err != nil {
+				return err
+			}
+			notes = notes[:0]
+			note()
+			*t.ftx.notes = append(*t.ftx.notes, notes...)
+			return nil
+		})
+		return ended(rows, err)
+	}
+	var values []string
+	var args []any
+	for _, e := range ends {
+		r := endRow(e)
+		values = append(values, "(CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS boolean), CAST(? AS timestamptz), CAST(? AS text))")
+		args = append(args, e.OperationID, r.State, r.Result, r.ErrorCode, r.ErrorMessage, r.ErrorRetryable, r.FinishedAt, endData(e))
+	}
+	args = append(args, replica, s.fleet.channel, notifyPrefix(s.fleet.replica))
+	err := s.fleet.db.WithContext(ctx).Raw(`WITH v (id, state, result, code, message, retryable, at, data) AS (VALUES `+strings.Join(values, ", ")+`),
+		op AS (
+			UPDATE operations o SET state = v.state, terminal = TRUE, result = v.result, error_code = v.code,
+				error_message = v.message, error_retryable = v.retryable, finished_at = v.at, updated_at = v.at
+			FROM v WHERE o.id = v.id AND o.state = 'running' AND o.owner = ?
+			RETURNING o.id, o.kind, o.parent_id, v.state, v.at, v.data),
+		ev AS (
+			INSERT INTO operation_events (operation_id, type, at, data)
+			SELECT op.id, op.state, op.at, op.data FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
+			RETURNING 1)
+		SELECT op.id, op.kind, op.parent_id FROM op`, args...).Scan(&rows).Error
+	if err == nil {
+		note()
+		s.announce(notes)
+	}
+	return ended(rows, err)
+}
+
+// endRow is the stored form of an end.
+func endRow(e ledger.End) Operation {
+	op := ledger.Operation{State: e.State, Result: e.Result, Error: e.Error}
+	r := rowFromOperation(op)
+	at := dbtime.Norm(e.At)
+	r.FinishedAt, r.UpdatedAt = &at, at
+	return r
+}
+
+// endedRow is an operation Finish ended.
+type endedRow struct {
+	ID       string
+	Kind     string
+	ParentID *string
+}
+
+func ended(rows []endedRow, err error) ([]ledger.Ended, error) {
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ledger.Ended, len(rows))
+	for i, r := range rows {
+		out[i] = ledger.Ended{OperationID: r.ID, Kind: r.Kind, ParentID: deref(r.ParentID)}
+	}
+	return out, nil
+}

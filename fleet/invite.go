@@ -106,10 +106,10 @@ func (s *Service) Invite(ctx context.Context, actor string, in Invite) (api.Boot
 }
 
 // InviteTx is Invite inside a transaction the caller owns (the ledger's),
-// so the invitation commits with the operation that asked for it.
-func (s *Service) InviteTx(ctx context.Context, tx Tx, actor string, in Invite) (api.Bootstrap, error) {
-	b, _, err := s.inviteTx(ctx, tx, actor, in)
-	return b, err
+// so the invitation commits with the operation that asked for it. It also
+// answers the lower generations it retired.
+func (s *Service) InviteTx(ctx context.Context, tx Tx, actor string, in Invite) (api.Bootstrap, []string, error) {
+	return s.inviteTx(ctx, tx, actor, in)
 }
 
 // CheckInvite refuses, without writing anything, an invitation that Invite

@@ -299,3 +299,6 @@ func (s *Service) clock() time.Time { return dbtime.Norm(s.now()) }
 // NewNodeID mints a node id, as Invite does when the invitation names none
 // (callers that must fix the id before inviting, like the ledger, use it).
 func NewNodeID() string { return randomID() }
+
+// Now answers the fleet's clock, as it stamps what it stores.
+func (s *Service) Now() time.Time { return s.clock() }

@@ -232,3 +232,34 @@ func TestPruneTakesSettledCommandsWithTheirOperations(t *testing.T) {
 		require.Equal(t, []string{open.ID}, rec.PendingOperationIDs)
 	})
 }
+
+func TestRetirementEndsTheNodesOperations(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		node, sess := b.readyNode(t)
+		delivered := b.command(t, node, ledger.KindNodeLaunchWorkload, launch)
+		undelivered := b.command(t, node, ledger.KindNodePrepareImage, `{"image":"late"}`)
+		due, err := b.fleet.Poll(ctx, sess, 0, "test")
+		require.NoError(t, err)
+		require.Len(t, due, 2)
+		require.NoError(t, b.fleet.Release(ctx, sess, due[1:])) // only the launch was seen
+		retire, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeRetire,
+			Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}, Wait: waitLong})
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateSucceeded, retire.State, "%+v", retire.Error)
+
+		d, _ := b.store.Operation(ctx, delivered.ID)
+		require.Equal(t, ledger.StateFailed, d.State)
+		require.Equal(t, "outcome_unknown", d.Error.Code)
+		u, _ := b.store.Operation(ctx, undelivered.ID)
+		require.Equal(t, ledger.StateFailed, u.State, "the released command had been delivered once: its outcome is unknown too")
+
+		// A late answer still settles the command; the operation stays as
+		// it ended.
+		b.settle(t, sess, api.Result{OperationID: delivered.ID, Applied: true})
+		c, _ := b.fleet.Command(ctx, delivered.ID)
+		require.Equal(t, fleet.CommandApplied, c.State)
+		d, _ = b.store.Operation(ctx, delivered.ID)
+		require.Equal(t, ledger.StateFailed, d.State)
+	})
+}

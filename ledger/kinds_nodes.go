@@ -154,9 +154,14 @@ func NodeKinds(f *fleet.Service) []*Kind {
 					return nil, err
 				}
 				o.NodeID = op.TargetID
-				b, err := f.InviteTx(ctx, tx.Fleet(), actorOf(op), o.Invite())
+				b, retired, err := f.InviteTx(ctx, tx.Fleet(), actorOf(op), o.Invite())
 				if err != nil {
 					return nil, err
+				}
+				for _, id := range retired {
+					if err := endRetiredNodeOperations(ctx, tx, id, f.Now()); err != nil {
+						return nil, err
+					}
 				}
 				return bootstrapResult(b), nil
 			},
@@ -212,8 +217,45 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				if err != nil {
 					return nil, err
 				}
+				if changed {
+					if err := endRetiredNodeOperations(ctx, tx, n.ID, f.Now()); err != nil {
+						return nil, err
+					}
+				}
 				return mustJSON(RetireResult{NodeID: n.ID, State: string(n.State), RetiredAt: n.RetiredAt, AlreadyRetired: !changed}), nil
 			},
 		},
 	}
+}
+
+// endRetiredNodeOperations ends what a retired node will never do
+// (DECISIONS.md §38): a command delivered but not answered fails
+// outcome_unknown (its node may or may not have applied it; a late answer
+// still settles the command, not the operation), a held fan-out child is
+// cancelled node_retired. Undelivered commands were already withdrawn by
+// the retirement itself (cancelled node_retired).
+func endRetiredNodeOperations(ctx context.Context, tx Tx, nodeID string, now time.Time) error {
+	open, err := tx.OpenNodeOperations(ctx, nodeID)
+	if err != nil {
+		return err
+	}
+	for _, op := range open {
+		if op.Channel != ChannelLongPoll {
+			continue
+		}
+		var e *Error
+		to := StateFailed
+		switch {
+		case op.Held:
+			to, e = StateCancelled, &Error{Code: "node_retired", Message: "the node was retired before this was handed to it"}
+		case op.State == StateRunning:
+			e = &Error{Code: "outcome_unknown", Message: "the node was retired after this was delivered and before it answered; reconcile from its workload reports"}
+		default:
+			continue
+		}
+		if _, err := endOperationTx(ctx, tx, op, to, nil, e, now); err != nil {
+			return err
+		}
+	}
+	return nil
 }

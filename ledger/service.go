@@ -504,6 +504,15 @@ func cancelMessage(reason string) string {
 // endTx moves op to a terminal state inside tx, with its result or error,
 // and records the event. An operation already ended is answered unchanged.
 func (s *Service) endTx(ctx context.Context, tx Tx, op Operation, to State, result json.RawMessage, opErr *Error, now time.Time) (Operation, error) {
+	ended, err := endOperationTx(ctx, tx, op, to, result, opErr, now)
+	if err == nil && ended.State == to && op.State != to {
+		s.metrics.OperationsEnded.WithLabelValues(op.Kind, string(to)).Inc()
+	}
+	return ended, err
+}
+
+// endOperationTx is endTx for callers without the service (kinds).
+func endOperationTx(ctx context.Context, tx Tx, op Operation, to State, result json.RawMessage, opErr *Error, now time.Time) (Operation, error) {
 	if !CanTransition(op.State, to) {
 		return op, nil
 	}
@@ -520,7 +529,6 @@ func (s *Service) endTx(ctx context.Context, tx Tx, op Operation, to State, resu
 	if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: string(to), At: now, Data: mustJSON(data)}); err != nil {
 		return op, err
 	}
-	s.metrics.OperationsEnded.WithLabelValues(op.Kind, string(to)).Inc()
 	if op.ParentID != "" {
 		if err := tx.NotifyParent(ctx, op.ParentID); err != nil {
 			return op, err

@@ -140,6 +140,9 @@ type Tx interface {
 	// CountOpenForPrincipal counts the principal's top-level operations
 	// not yet ended (a fan-out counts once).
 	CountOpenForPrincipal(ctx context.Context, p Principal) (int, error)
+	// OpenNodeOperations answers the operations not yet ended that target
+	// the node, oldest first, locked.
+	OpenNodeOperations(ctx context.Context, nodeID string) ([]Operation, error)
 	// ChildCounts counts a parent's children by state, and how many of
 	// them are held.
 	ChildCounts(ctx context.Context, parentID string) (byState map[State]int, held int, err error)

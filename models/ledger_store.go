@@ -448,6 +448,14 @@ func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger
 	return out, held, err
 }
 
+// OpenNodeOperations answers a node's operations not yet ended, locked.
+func (t *ledgerTx) OpenNodeOperations(ctx context.Context, nodeID string) ([]ledger.Operation, error) {
+	var rows []Operation
+	q := t.r.db(ctx).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode).Order("seq")
+	err := t.r.forUpdate(q).Find(&rows).Error
+	return operationsFromRows(rows), err
+}
+
 // HeldChildren answers a parent's held children, oldest first, locked.
 func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {
 	var rows []Operation

@@ -372,7 +372,8 @@ func TestTwoReplicasNeverRunOneOperationTwice(t *testing.T) {
 func TestListing(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
 		var all []string
-		for i := range 250 {
+		const n = 2000
+		for i := range n {
 			kind := "test.noop"
 			if i%5 == 0 {
 				kind = "test.fail"
@@ -381,7 +382,7 @@ func TestListing(t *testing.T) {
 		}
 		// Newest first, pages without gaps or repeats.
 		var seen []string
-		f := ledger.Filter{Limit: 40}
+		f := ledger.Filter{Limit: 150}
 		for {
 			page, err := b.svc.List(ctx, admin, f)
 			require.NoError(t, err)
@@ -399,10 +400,10 @@ func TestListing(t *testing.T) {
 		}
 		fails, err := b.svc.List(ctx, admin, ledger.Filter{Kind: "test.fail", Limit: 500})
 		require.NoError(t, err)
-		require.Len(t, fails, 50)
+		require.Len(t, fails, 400)
 		pending, err := b.svc.List(ctx, admin, ledger.Filter{State: ledger.StatePending, Family: "test", Limit: 500})
 		require.NoError(t, err)
-		require.Len(t, pending, 250)
+		require.Len(t, pending, 500, "a full page")
 		one, err := b.svc.List(ctx, admin, ledger.Filter{OperationID: all[7]})
 		require.NoError(t, err)
 		require.Len(t, one, 1)
@@ -480,5 +481,29 @@ func TestPrune(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, eventTypes(t, b, recent.ID), 3, "recent events are kept")
 		close(b.tk.release)
+	})
+}
+
+func TestDrainAnswersWaitingSubmits(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		// No dispatcher runs: the operation stays pending, the submit waits.
+		type answer struct {
+			op  ledger.Operation
+			err error
+		}
+		got := make(chan answer, 1)
+		go func() {
+			op, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop", Wait: time.Minute})
+			got <- answer{op, err}
+		}()
+		require.Eventually(t, func() bool { return countOps(t, b) == 1 }, waitLong, tick)
+		b.svc.Drain()
+		select {
+		case a := <-got:
+			require.NoError(t, a.err)
+			require.Equal(t, ledger.StatePending, a.op.State, "answered at once, as it stands")
+		case <-time.After(waitLong):
+			t.Fatal("drain did not answer the waiting submit")
+		}
 	})
 }

@@ -65,7 +65,20 @@ func (s *LedgerStore) Insert(ctx context.Context, op *ledger.Operation, events .
 			return nil
 		})
 	}
-	row := rowFromOperation(*op)
+	seq, err := insertOperationStatement(s.fleet.db.WithContext(ctx), *op, events)
+	if err != nil {
+		return err
+	}
+	op.Cursor = seq
+	s.announce([]fleet.Notification{{Kind: fleet.NotifyDispatch, NodeID: op.ID}})
+	s.pokeReplicas()
+	return nil
+}
+
+// insertOperationStatement records op and its events in one Postgres
+// statement and answers its cursor; ErrDuplicate on a taken id or request.
+func insertOperationStatement(g *gorm.DB, op ledger.Operation, events []ledger.Event) (int64, error) {
+	row := rowFromOperation(op)
 	args := operationValues(row)
 	var evSQL []string
 	for _, e := range events {
@@ -81,23 +94,20 @@ func (s *LedgerStore) Insert(ctx context.Context, op *ledger.Operation, events .
 		withEvents = `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(evSQL, " UNION ALL ") + ` RETURNING 1)`
 	}
 	var seq []int64
-	err := s.fleet.db.WithContext(ctx).Raw(`WITH op AS (
+	err := g.Raw(`WITH op AS (
 			INSERT INTO operations (`+operationColumns+`) VALUES (`+placeholders(len(operationValues(row)))+`)
 			RETURNING seq, id)`+withEvents+`
 		SELECT op.seq FROM op`, args...).Scan(&seq).Error
 	if err != nil {
 		if isDuplicate(err) {
-			return ledger.ErrDuplicate
+			return 0, ledger.ErrDuplicate
 		}
-		return err
+		return 0, err
 	}
 	if len(seq) != 1 {
-		return errors.New("insert operation: no row answered")
+		return 0, errors.New("insert operation: no row answered")
 	}
-	op.Cursor = seq[0]
-	s.announce([]fleet.Notification{{Kind: fleet.NotifyDispatch, NodeID: op.ID}})
-	s.pokeReplicas()
-	return nil
+	return seq[0], nil
 }
 
 // dispatchWindow is the longest another replica's dispatcher may wait to

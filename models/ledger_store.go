@@ -273,10 +273,19 @@ func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operati
 }
 
 func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, events ...ledger.Event) error {
+	if t.r.dialect == Postgres {
+		// The operation and its events in one statement (one round trip).
+		seq, err := insertOperationStatement(t.r.db(ctx), *op, events)
+		if err != nil {
+			return err
+		}
+		op.Cursor = seq
+		return nil
+	}
 	row := rowFromOperation(*op)
 	row.Seq = 0
 	if err := t.r.db(ctx).Create(&row).Error; err != nil {
-		if errors.Is(err, gorm.ErrDuplicatedKey) {
+		if isDuplicate(err) {
 			return ledger.ErrDuplicate
 		}
 		return err

@@ -32,7 +32,17 @@ var (
 	buildOnce sync.Once
 	buildDir  string
 	buildErr  error
+
+	taggedMu sync.Mutex            // guards tagged
+	tagged   = map[string]*build{} // server binaries built with tags, by tag list
 )
+
+// build is one binary built at most once.
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
 
 // Binaries builds the server and the agent once for the whole test binary
 // and answers their paths.
@@ -43,16 +53,8 @@ func Binaries(t testing.TB) (server, agent string) {
 		if buildErr != nil {
 			return
 		}
-		root, err := moduleRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
 		for _, b := range []struct{ out, pkg string }{{"nodeward", "./server"}, {"nodeward-agent", "./agent"}} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, b.out), b.pkg)
-			cmd.Dir = root
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+			if buildErr = goBuild(filepath.Join(buildDir, b.out), b.pkg, ""); buildErr != nil {
 				return
 			}
 		}
@@ -61,6 +63,48 @@ func Binaries(t testing.TB) (server, agent string) {
 		t.Fatalf("build binaries: %v", buildErr)
 	}
 	return filepath.Join(buildDir, "nodeward"), filepath.Join(buildDir, "nodeward-agent")
+}
+
+// ServerBinary answers the server built with build tags (a comma-separated
+// list; empty is the normal build), building it once per list.
+func ServerBinary(t testing.TB, tags string) string {
+	t.Helper()
+	server, _ := Binaries(t)
+	if tags == "" {
+		return server
+	}
+	taggedMu.Lock()
+	b := tagged[tags]
+	if b == nil {
+		b = &build{}
+		tagged[tags] = b
+	}
+	taggedMu.Unlock()
+	b.once.Do(func() {
+		b.path = filepath.Join(buildDir, "nodeward-"+strings.ReplaceAll(tags, ",", "-"))
+		b.err = goBuild(b.path, "./server", tags)
+	})
+	if b.err != nil {
+		t.Fatalf("build server with tags %s: %v", tags, b.err)
+	}
+	return b.path
+}
+
+func goBuild(out, pkg, tags string) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	args := []string{"build", "-o", out}
+	if tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	cmd := exec.Command("go", append(args, pkg)...)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, b)
+	}
+	return nil
 }
 
 // Cleanup removes the built binaries; call it from TestMain.
@@ -119,12 +163,15 @@ type ServerOptions struct {
 	// one database); empty creates an administrator and a token.
 	Token string
 	Env   []string
+	// Tags builds the server with these build tags (comma-separated),
+	// e.g. nodeward_testkinds; empty runs the normal build.
+	Tags string
 }
 
 // StartServer starts a control-plane process and waits for /readyz.
 func StartServer(t testing.TB, o ServerOptions) *Server {
 	t.Helper()
-	bin, _ := Binaries(t)
+	bin := ServerBinary(t, o.Tags)
 	addr := FreeAddr(t)
 	s := &Server{Addr: addr, URL: "http://" + addr, DatabaseURL: o.DatabaseURL, Replica: o.Replica, Token: o.Token, bin: bin, t: t}
 	if s.Replica == "" {

@@ -540,7 +540,14 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (SELECT seq FROM operation_events WHERE at < ? LIMIT ?)`,
 			dbtime.Norm(eventsBefore), batch)
 		events = int(res.RowsAffected)
-		return res.Error
+		if res.Error != nil {
+			return res.Error
+		}
+		// Leases of processes gone long ago (every crash leaves one), once
+		// nothing they ran is left running.
+		return g.Exec(`DELETE FROM operation_owners WHERE expires_at < ?
+			AND replica NOT IN (SELECT owner FROM operations WHERE state = 'running' AND channel = 'local')`,
+			dbtime.Norm(eventsBefore)).Error
 	})
 	if err != nil || !pruned {
 		return 0, 0, pruned, err

@@ -13,12 +13,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/nodeward/nodeward"
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/ledger/testkinds"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/static"
@@ -104,11 +107,16 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		CrossReplica: db.Dialect == models.Postgres,
 	})
 	ledgerStore := models.NewLedgerStore(a.fleetStore)
+	// The owner of what this process runs is the process, not only its
+	// replica name: a replica restarted under the same NODEWARD_REPLICA_ID
+	// after a crash would otherwise count what its predecessor left running
+	// as its own live work, and nothing would ever recover it.
+	owner := cfg.ReplicaID + "/" + uuid.NewString()[:8]
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
 		Kinds:        ledger.NewRegistry(ledger.ServedKinds(a.Fleet)...),
 		Settings:     ledger.Settings{Workers: cfg.LedgerWorkers, SingleProcess: db.Dialect == models.SQLite},
-		Replica:      cfg.ReplicaID,
+		Replica:      owner,
 		Now:          cfg.Now,
 		Logger:       log,
 		Metrics:      a.Metrics,
@@ -121,6 +129,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	for _, k := range ledger.CredentialKinds(a.Auth) {
 		a.Ledger.Kinds().Register(k)
 	}
+	// Only a build tagged nodeward_testkinds adds anything here.
+	testkinds.Register(a.Ledger.Kinds(), cfg.ReplicaID)
 	a.Metrics.OperationStates = func() map[string]float64 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

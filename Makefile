@@ -1,5 +1,5 @@
 # Tasks for humans; CI runs .ci/run.
-.PHONY: help run test test-pg lint generate bench load build
+.PHONY: help run test test-pg lint generate bench bench-ledger load build plans
 
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
@@ -29,6 +29,9 @@ generate: ## regenerate the console's templ code
 bench: ## Go benchmarks on both databases (see BENCHMARKS.md)
 	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' go test -run '^$$' -bench 'Enroll|Invite|Events|Renew|RoundTrip' -benchtime 100x -count 3 ./fleet ./handlers
 	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' go test -run '^$$' -bench 'HeartbeatCoalescing' -benchtime 3x -count 3 ./fleet
+
+bench-ledger: ## the ledger benchmark with River and pgbench beside it (see BENCHMARKS.md)
+	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/ledger-matrix.sh
 
 load: ## the delivery load matrix (see BENCHMARKS.md)
 	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/matrix.sh

@@ -1,5 +1,5 @@
 # Tasks for humans; CI runs .ci/run.
-.PHONY: help run test test-pg lint generate bench load build
+.PHONY: help run test test-pg lint generate bench load build plans
 
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
@@ -32,3 +32,6 @@ bench: ## Go benchmarks on both databases (see BENCHMARKS.md)
 
 load: ## the delivery load matrix (see BENCHMARKS.md)
 	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/matrix.sh
+
+plans: ## the ledger's query plans at a million operations, into docs/ledger-plans.md
+	go run ./cmd/ledgerplans -database-url '$(PG_URL)' -out docs/ledger-plans.md

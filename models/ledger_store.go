@@ -511,7 +511,10 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 // Prune's selects: the ended operations it deletes, and the expired events.
 const (
 	pruneOperationsSQL = `SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`
-	pruneEventsSQL     = `SELECT seq FROM operation_events WHERE at < ? LIMIT ?`
+	// Oldest first, so the plan walks operation_events_at from its start
+	// whatever share of the table has expired (without an order, the
+	// planner reads the table whole when it expects most rows to match).
+	pruneEventsSQL = `SELECT seq FROM operation_events WHERE at < ? ORDER BY at LIMIT ?`
 )
 
 // CountOpen answers how many operations are pending and running (the

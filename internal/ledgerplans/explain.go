@@ -84,7 +84,11 @@ func Run(ctx context.Context, db *models.DB, sc Scale) (Report, error) {
 	}
 	r := Report{Scale: sc, Counts: counts, Seeding: time.Since(start)}
 	st := models.NewLedgerStore(models.NewFleetStore(db, "ledgerplans", nil)).Statements()
-	if r.Plans, err = ExplainAll(ctx, db, Queries(st, sc)); err != nil {
+	qs, err := Queries(ctx, db, st, sc)
+	if err != nil {
+		return Report{}, err
+	}
+	if r.Plans, err = ExplainAll(ctx, db, qs); err != nil {
 		return Report{}, err
 	}
 	return r, nil

@@ -1,6 +1,7 @@
 package ledgerplans
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -26,12 +27,26 @@ const listLimit = 100
 // Queries answers every statement to explain over a ledger seeded at sc:
 // each listing filter alone, then combined, each with and without a
 // cursor (before: the middle of the table), then the ledger's hot
-// statements. Filter values are ones the seed wrote.
-func Queries(st models.LedgerStatements, sc Scale) []Query {
+// statements. Filter values are ones the seed wrote, read back from db.
+func Queries(ctx context.Context, db *models.DB, st models.LedgerStatements, sc Scale) ([]Query, error) {
 	n := sc.Operations
 	mid := int64(n / 2)
 	_, host := principalID(admins + 3)
 	admin := ledger.Principal{Kind: ledger.PrincipalAdmin, ID: "usr_01"}
+	// A request id of the host's, and the principal and request id of an
+	// operation, older than the cursor so both pages find them.
+	var hostRequest string
+	var byReq ledger.Principal
+	var byReqID string
+	err := db.WithContext(ctx).Raw(`SELECT request_id FROM operations WHERE principal_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1`,
+		host, mid).Row().Scan(&hostRequest)
+	if err == nil {
+		err = db.WithContext(ctx).Raw(`SELECT principal_kind, principal_id, request_id FROM operations WHERE seq = ?`, n/3).
+			Row().Scan(&byReq.Kind, &byReq.ID, &byReqID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sample filter values: %w", err)
+	}
 	parent := opID((n/2/fanEvery)*fanEvery - fanEvery) // its children are older than mid
 	node := "nod_000042"
 	type filter struct {
@@ -48,18 +63,21 @@ func Queries(st models.LedgerStatements, sc Scale) []Query {
 		{"state (open: pending)", true, ledger.Filter{State: ledger.StatePending}},
 		{"state (open: running)", true, ledger.Filter{State: ledger.StateRunning}},
 		{"state (ended: failed)", false, ledger.Filter{State: ledger.StateFailed}},
-		{"request_id", true, ledger.Filter{RequestID: fmt.Sprintf("req-%d", n/3)}},
+		{"request_id", true, ledger.Filter{RequestID: byReqID}},
 		{"operation_id", true, ledger.Filter{OperationID: opID(n / 3)}},
 		{"parent", true, ledger.Filter{ParentID: parent}},
 		{"target_kind (common: node)", false, ledger.Filter{TargetKind: ledger.TargetNode}},
-		{"target_kind (rare: package_host)", false, ledger.Filter{TargetKind: ledger.TargetPackageHost}},
+		{"target_kind (rare: fleet)", true, ledger.Filter{TargetKind: ledger.TargetFleet}},
 		{"target_id", true, ledger.Filter{TargetID: node}},
 		{"target_kind + target_id", true, ledger.Filter{TargetKind: ledger.TargetNode, TargetID: node}},
 		{"package_host_id + state", true, ledger.Filter{PrincipalKind: ledger.PrincipalPackageHost, PrincipalID: host, State: ledger.StateFailed}},
 		{"package_host_id + kind", true, ledger.Filter{PrincipalKind: ledger.PrincipalPackageHost, PrincipalID: host, Kind: ledger.KindNodeRetire}},
+		// Package hosts never run admin-only kinds: both filters common,
+		// together matching nothing, the planner's worst case.
+		{"package_host_id + kind (admin-only: none match)", true, ledger.Filter{PrincipalKind: ledger.PrincipalPackageHost, PrincipalID: host, Kind: ledger.KindCredentialIssue}},
 		{"family + state", false, ledger.Filter{Family: ledger.FamilyNodes, State: ledger.StatePending}},
 		{"kind + target_id", true, ledger.Filter{Kind: ledger.KindNodeStopWorkload, TargetKind: ledger.TargetNode, TargetID: node}},
-		{"package_host_id + request_id", true, ledger.Filter{PrincipalKind: ledger.PrincipalPackageHost, PrincipalID: host, RequestID: fmt.Sprintf("req-%d", n/3)}},
+		{"package_host_id + request_id", true, ledger.Filter{PrincipalKind: ledger.PrincipalPackageHost, PrincipalID: host, RequestID: hostRequest}},
 		{"parent + state", true, ledger.Filter{ParentID: parent, State: ledger.StateSucceeded}},
 		{"no filter", false, ledger.Filter{}},
 	}
@@ -84,18 +102,7 @@ func Queries(st models.LedgerStatements, sc Scale) []Query {
 		// Retention: operations kept 90 days, events 7 (DECISIONS.md §41).
 		Query{"Prune (operations)", true, st.PruneOperations(now.Add(-90*24*time.Hour), 500)},
 		Query{"Prune (events)", true, st.PruneEvents(now.Add(-7*24*time.Hour), 500)},
-		Query{"OperationByRequest", true, st.OperationByRequest(admin, fmt.Sprintf("req-%d", findByPrincipal(1, n)))},
+		Query{"OperationByRequest", true, st.OperationByRequest(byReq, byReqID)},
 		Query{"Events", true, st.Events(opID(n/3), 0, 500)},
-	)
-}
-
-// findByPrincipal answers the newest operation number at most n seeded for
-// principal p (the seed's principal of i is i·7919 mod 20).
-func findByPrincipal(p, n int) int {
-	for i := n; i > 0; i-- {
-		if i*7919%(admins+packageHosts) == p {
-			return i
-		}
-	}
-	return 1
+	), nil
 }

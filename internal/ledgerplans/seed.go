@@ -12,6 +12,7 @@ package ledgerplans
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/nodeward/nodeward/ledger"
@@ -49,7 +50,10 @@ const (
 )
 
 // kindSpec is one served kind as seeded: its family and channel.
-type kindSpec struct{ name, family, channel, targetKind string }
+type kindSpec struct {
+	name, family, channel, targetKind string
+	adminOnly                         bool
+}
 
 // servedKinds are the product's kinds (ledger.ServedKinds and the
 // credential kinds), the channel following from how each is carried out.
@@ -69,8 +73,10 @@ func servedKinds() []kindSpec {
 		case ledger.FamilyFleet:
 			tk = ledger.TargetFleet
 		}
-		out = append(out, kindSpec{k.Name, k.Family, ch, tk})
+		out = append(out, kindSpec{k.Name, k.Family, ch, tk, k.AdminOnly})
 	}
+	// Admin-only kinds last: package hosts draw from the others only.
+	sort.SliceStable(out, func(i, j int) bool { return !out[i].adminOnly && out[j].adminOnly })
 	return out
 }
 
@@ -97,7 +103,7 @@ func opID(i int) string { return fmt.Sprintf("op_%010d", i) }
 // each over generate_series, then analyzes them. Operation i (1-based) is
 // created i·5 s after the oldest, the newest now:
 //   - its principal is one of 20 (4 admins, 16 package hosts), its kind
-//     one of every served kind (a fleet.command is always a fan-out
+//     one of every served kind (package hosts: none admin-only) (a fleet.command is always a fan-out
 //     parent: every 1000th operation, its 20 successors its children,
 //     node commands on nodes of the parent's targets);
 //   - the newest sc.Open are pending or running (children held, parents
@@ -109,12 +115,16 @@ func Seed(ctx context.Context, db *models.DB, sc Scale) (Counts, error) {
 	ks := servedKinds()
 	var names, families, channels, targetKinds []string
 	var commandKinds []string
+	hostKinds := 0
 	for _, k := range ks {
 		if k.name == ledger.KindFleetCommand {
 			continue // only parents are fleet.command
 		}
 		names, families, channels, targetKinds = append(names, k.name), append(families, k.family),
 			append(channels, k.channel), append(targetKinds, k.targetKind)
+		if !k.adminOnly {
+			hostKinds++
+		}
 		if k.family == ledger.FamilyCommands {
 			commandKinds = append(commandKinds, k.name)
 		}
@@ -125,9 +135,10 @@ func Seed(ctx context.Context, db *models.DB, sc Scale) (Counts, error) {
 		pkinds, pids = append(pkinds, string(k)), append(pids, id)
 	}
 	n, open := sc.Operations, sc.Open
-	// Per row: p the principal, k the kind (or -1 for a parent, -2 for a
-	// child), o whether it is open. Hash-like multipliers spread values
-	// without correlating the columns.
+	// Per row: p the principal, k the kind (-1 a parent, -2 a child), h
+	// a third hash for the state and the node. Each is a hash of i with a
+	// seed of its own, so no column predicts another (a filter on two of
+	// them matches as often as in real use).
 	insert := fmt.Sprintf(`
 INSERT INTO operations (seq, id, request_id, digest, principal_kind, principal_id, principal_name,
     package_host_generation, family, kind, state, terminal, channel, attempt, targets, target_kind, target_id,
@@ -155,25 +166,26 @@ SELECT i, 'op_' || lpad(i::text, 10, '0'), 'req-' || i, md5(i::text), pk[p + 1],
     CASE WHEN st NOT IN ('pending', 'running') THEN at + interval '2 seconds' END,
     at + interval '1 hour', at + interval '2 seconds'
 FROM (
-    SELECT i, p, k, pk, pid, fam, kn, chn, ck,
+    SELECT i, p, k, h, pk, pid, fam, kn, chn, ck,
         CASE WHEN i > %[6]d - %[7]d THEN (CASE WHEN k = -1 OR i %% 2 = 0 THEN 'running' ELSE 'pending' END)
-             WHEN i %% 20 < 17 THEN 'succeeded' WHEN i %% 20 < 19 THEN 'failed' ELSE 'cancelled' END AS st,
+             WHEN h %% 20 < 17 THEN 'succeeded' WHEN h %% 20 < 19 THEN 'failed' ELSE 'cancelled' END AS st,
         CASE k WHEN -1 THEN 'fleet' WHEN -2 THEN 'node' ELSE tkn[k + 1] END AS tk,
         CASE WHEN k = -1 THEN ''
-             WHEN k >= 0 AND tkn[k + 1] = 'package_host' THEN pid[%[1]d + 1 + i %% %[8]d]
-             ELSE 'nod_' || lpad(((i::bigint * 2654435761) %% %[9]d)::text, 6, '0') END AS tid,
+             WHEN k >= 0 AND tkn[k + 1] = 'package_host' THEN pid[%[1]d + 1 + h / 20 %% %[8]d]
+             ELSE 'nod_' || lpad((h / 20 %% %[9]d)::text, 6, '0') END AS tid,
         now() - ((%[6]d - i) * interval '%[10]d seconds') AS at
     FROM (
-        SELECT i, (i::bigint * 7919 %% %[11]d)::int AS p,
+        SELECT i, p,
             CASE WHEN i %% %[3]d = 0 THEN -1 WHEN i %% %[3]d <= %[4]d AND i > %[3]d THEN -2
-                 ELSE ((i::bigint * 31 + i / 7) %% %[12]d)::int END AS k,
+                 ELSE (abs(hashint8extended(i, 2) %% CASE WHEN p < %[1]d THEN %[12]d ELSE %[20]d END))::int END AS k,
+            abs(hashint8extended(i, 3) %% 1000000000) AS h,
             %[13]s AS pk, %[14]s AS pid, %[15]s AS fam, %[16]s AS kn, %[17]s AS chn, %[18]s AS ck, %[19]s AS tkn
-        FROM generate_series(1, %[6]d) AS i
+        FROM generate_series(1, %[6]d) AS i, LATERAL (SELECT (abs(hashint8extended(i, 1) %% %[11]d))::int AS p) AS pp
     ) a
 ) b`,
 		admins, len(commandKinds), fanEvery, fanChildren, replicaDead, n, open, packageHosts, sc.Nodes, spacing,
 		admins+packageHosts, len(names), sqlArray(pkinds), sqlArray(pids), sqlArray(families), sqlArray(names),
-		sqlArray(channels), sqlArray(commandKinds), sqlArray(targetKinds))
+		sqlArray(channels), sqlArray(commandKinds), sqlArray(targetKinds), hostKinds)
 	events := `
 INSERT INTO operation_events (operation_id, type, at, data)
 SELECT o.id, CASE WHEN g = 1 THEN 'created' WHEN g = 2 THEN 'running' WHEN o.terminal THEN o.state ELSE 'progress' END,

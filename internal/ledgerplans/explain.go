@@ -2,6 +2,7 @@ package ledgerplans
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -11,10 +12,21 @@ import (
 	"github.com/nodeward/nodeward/models"
 )
 
-// Plan is a query's EXPLAIN (ANALYZE, BUFFERS).
+// Plan is a query's EXPLAIN (ANALYZE, BUFFERS): the custom plan Postgres
+// makes for the arguments, and the generic plan it may switch to for a
+// statement prepared and run many times (the driver caches prepared
+// statements per connection; plan_cache_mode = auto weighs the generic
+// plan from the sixth run on).
 type Plan struct {
 	Query
-	// Text is the plan as Postgres printed it.
+	Custom, Generic Explained
+	// SeqScan reports a sequential scan of operations or operation_events
+	// in either plan.
+	SeqScan bool
+}
+
+// Explained is one plan as Postgres printed it.
+type Explained struct {
 	Text string
 	// SeqScan reports a sequential scan of operations or operation_events.
 	SeqScan bool
@@ -27,38 +39,94 @@ var (
 	execution = regexp.MustCompile(`Execution Time: ([0-9.]+) ms`)
 )
 
-// Explain runs EXPLAIN (ANALYZE, BUFFERS) of q's SQL with q's arguments
-// bound as the store binds them, so the plan is the one the store gets.
-// Statements that lock (Claim's FOR UPDATE) hold their locks only for the
-// EXPLAIN's own transaction.
+// Explain explains q twice: with its arguments bound as the store binds
+// them (the custom plan), and as a prepared statement under
+// plan_cache_mode = force_generic_plan (the generic plan). Statements that
+// lock (Claim's FOR UPDATE) hold their locks only for the EXPLAIN's own
+// transaction.
 func Explain(ctx context.Context, db *models.DB, q Query) (Plan, error) {
 	sqlDB, err := db.DB.DB()
 	if err != nil {
 		return Plan{}, err
 	}
-	rows, err := sqlDB.QueryContext(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+q.SQL, q.Args...)
+	conn, err := sqlDB.Conn(ctx)
 	if err != nil {
+		return Plan{}, err
+	}
+	defer func() { _ = conn.Close() }()
+	p := Plan{Query: q}
+	if p.Custom, err = explain(ctx, conn, "EXPLAIN (ANALYZE, BUFFERS) "+q.SQL, q.Args...); err != nil {
 		return Plan{}, fmt.Errorf("explain %s: %w", q.Name, err)
 	}
-	defer rows.Close()
+	args := make([]string, len(q.Args))
+	for i, a := range q.Args {
+		if args[i], err = literal(a); err != nil {
+			return Plan{}, fmt.Errorf("explain %s: %w", q.Name, err)
+		}
+	}
+	execute := "EXPLAIN (ANALYZE, BUFFERS) EXECUTE ledgerplans_q"
+	if len(args) > 0 {
+		execute += "(" + strings.Join(args, ", ") + ")"
+	}
+	for _, s := range []string{"PREPARE ledgerplans_q AS " + q.SQL, "SET plan_cache_mode = force_generic_plan"} {
+		if _, err := conn.ExecContext(ctx, s); err != nil {
+			return Plan{}, fmt.Errorf("explain %s: %w", q.Name, err)
+		}
+	}
+	p.Generic, err = explain(ctx, conn, execute)
+	for _, s := range []string{"DEALLOCATE ledgerplans_q", "RESET plan_cache_mode"} {
+		if _, derr := conn.ExecContext(ctx, s); err == nil {
+			err = derr
+		}
+	}
+	if err != nil {
+		return Plan{}, fmt.Errorf("explain %s (generic): %w", q.Name, err)
+	}
+	p.SeqScan = p.Custom.SeqScan || p.Generic.SeqScan
+	return p, nil
+}
+
+func explain(ctx context.Context, conn *sql.Conn, query string, args ...any) (Explained, error) {
+	rows, err := conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return Explained{}, err
+	}
+	defer func() { _ = rows.Close() }()
 	var lines []string
 	for rows.Next() {
 		var line string
 		if err := rows.Scan(&line); err != nil {
-			return Plan{}, err
+			return Explained{}, err
 		}
 		lines = append(lines, line)
 	}
 	if err := rows.Err(); err != nil {
-		return Plan{}, fmt.Errorf("explain %s: %w", q.Name, err)
+		return Explained{}, err
 	}
-	p := Plan{Query: q, Text: strings.Join(lines, "\n")}
-	p.SeqScan = seqScan.MatchString(p.Text)
-	if m := execution.FindStringSubmatch(p.Text); m != nil {
+	e := Explained{Text: strings.Join(lines, "\n")}
+	e.SeqScan = seqScan.MatchString(e.Text)
+	if m := execution.FindStringSubmatch(e.Text); m != nil {
 		ms, _ := strconv.ParseFloat(m[1], 64)
-		p.Execution = time.Duration(ms * float64(time.Millisecond))
+		e.Execution = time.Duration(ms * float64(time.Millisecond))
 	}
-	return p, nil
+	return e, nil
+}
+
+// literal writes a statement argument as an SQL literal for EXECUTE.
+func literal(a any) (string, error) {
+	switch v := a.(type) {
+	case string:
+		return "'" + strings.ReplaceAll(v, "'", "''") + "'", nil
+	case int:
+		return strconv.Itoa(v), nil
+	case int64:
+		return strconv.FormatInt(v, 10), nil
+	case bool:
+		return strconv.FormatBool(v), nil
+	case time.Time:
+		return "'" + v.UTC().Format(time.RFC3339Nano) + "'", nil
+	}
+	return "", fmt.Errorf("no literal for an argument of type %T", a)
 }
 
 // ExplainAll explains every query in turn.

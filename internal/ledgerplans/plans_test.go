@@ -40,7 +40,7 @@ func TestSelectivePlansUseIndexes(t *testing.T) {
 		}
 		selective++
 		if p.SeqScan {
-			t.Errorf("%s: sequential scan\n%s\n%s", p.Name, p.SQL, p.Text)
+			t.Errorf("%s: sequential scan\n%s\ncustom:\n%s\ngeneric:\n%s", p.Name, p.SQL, p.Custom.Text, p.Generic.Text)
 		}
 	}
 	require.Greater(t, selective, 30)
@@ -54,7 +54,8 @@ func TestSeqScanIsCaught(t *testing.T) {
 	p, err := ledgerplans.Explain(context.Background(), db,
 		ledgerplans.Query{Name: "unindexed", Statement: models.Statement{SQL: "SELECT * FROM operations WHERE reason = $1", Args: []any{"x"}}})
 	require.NoError(t, err)
-	require.True(t, p.SeqScan, p.Text)
+	require.True(t, p.Custom.SeqScan, p.Custom.Text)
+	require.True(t, p.Generic.SeqScan, p.Generic.Text)
 	require.Len(t, ledgerplans.Report{Plans: []ledgerplans.Plan{p}}.Failed(), 1)
 }
 

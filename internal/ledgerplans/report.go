@@ -3,6 +3,7 @@ package ledgerplans
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"time"
 )
@@ -59,13 +60,26 @@ func (r Report) WriteMarkdown(w io.Writer) error {
 		r.Counts.Operations, r.Counts.Open, r.Counts.Children, r.Counts.Events, r.Scale.Nodes)
 	fmt.Fprintf(&b, "- Seeding and ANALYZE took %s\n\n", r.Seeding.Round(time.Second))
 
-	b.WriteString("## Summary\n\n| Query | Sequential scan | Execution |\n|---|---|---|\n")
-	for _, p := range r.Plans {
-		seq := "no"
-		if p.SeqScan {
-			seq = "**YES**"
+	b.WriteString("## Summary\n\nEach statement is explained twice: the custom plan Postgres makes for the arguments, and the\n" +
+		"generic plan it may switch to once the driver's cached prepared statement has run five times\n" +
+		"(plan_cache_mode = auto; taken here under force_generic_plan).\n\n" +
+		"| Query | Seq scan (custom) | Execution (custom) | Seq scan (generic) | Execution (generic) |\n|---|---|---|---|---|\n")
+	yes := func(b bool) string {
+		if b {
+			return "**YES**"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", p.Name, seq, ms(p.Execution))
+		return "no"
+	}
+	for _, p := range r.Plans {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", p.Name, yes(p.Custom.SeqScan), ms(p.Custom.Execution),
+			yes(p.Generic.SeqScan), ms(p.Generic.Execution))
+	}
+	b.WriteString("\n## Slowest\n\n")
+	slow := append([]Plan(nil), r.Plans...)
+	worst := func(p Plan) time.Duration { return max(p.Custom.Execution, p.Generic.Execution) }
+	sort.SliceStable(slow, func(i, j int) bool { return worst(slow[i]) > worst(slow[j]) })
+	for _, p := range slow[:min(5, len(slow))] {
+		fmt.Fprintf(&b, "- %s: %s custom, %s generic\n", p.Name, ms(p.Custom.Execution), ms(p.Generic.Execution))
 	}
 	b.WriteString("\n## Plans\n")
 	for _, p := range r.Plans {
@@ -80,7 +94,7 @@ func (r Report) WriteMarkdown(w io.Writer) error {
 			}
 			fmt.Fprintf(&b, "Arguments: %s\n\n", strings.Join(args, ", "))
 		}
-		fmt.Fprintf(&b, "```\n%s\n```\n", p.Text)
+		fmt.Fprintf(&b, "Custom plan:\n\n```\n%s\n```\n\nGeneric plan:\n\n```\n%s\n```\n", p.Custom.Text, p.Generic.Text)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -94,3 +94,13 @@ func (q LedgerStatements) PruneOperations(before time.Time, batch int) Statement
 func (q LedgerStatements) PruneEvents(before time.Time, batch int) Statement {
 	return q.raw(pruneEventsSQL, dbtime.Norm(before), batch)
 }
+
+// ChildCounts is a fan-out parent's count of its children by state.
+func (q LedgerStatements) ChildCounts(parentID string) Statement {
+	return q.raw(childCountsSQL, parentID)
+}
+
+// CountOpen is the count of pending and running operations (a metric).
+func (q LedgerStatements) CountOpen() Statement {
+	return q.raw(countOpenSQL)
+}

@@ -417,8 +417,7 @@ func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger
 		N     int
 	}
 	var rows []row
-	err := t.r.db(ctx).Raw(`SELECT state, held, COUNT(*) AS n FROM operations WHERE parent_id = ? GROUP BY state, held`, parentID).
-		Scan(&rows).Error
+	err := t.r.db(ctx).Raw(childCountsSQL, parentID).Scan(&rows).Error
 	out, held := map[ledger.State]int{}, 0
 	for _, r := range rows {
 		out[ledger.State(r.State)] += r.N
@@ -428,6 +427,8 @@ func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger
 	}
 	return out, held, err
 }
+
+const childCountsSQL = `SELECT state, held, COUNT(*) AS n FROM operations WHERE parent_id = ? GROUP BY state, held`
 
 // HeldChildren answers a parent's held children, oldest first, locked.
 func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {
@@ -525,11 +526,12 @@ func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, er
 		N     int64
 	}
 	var rows []row
-	err := s.fleet.db.WithContext(ctx).Raw(`SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`).
-		Scan(&rows).Error
+	err := s.fleet.db.WithContext(ctx).Raw(countOpenSQL).Scan(&rows).Error
 	out := map[ledger.State]int64{ledger.StatePending: 0, ledger.StateRunning: 0}
 	for _, r := range rows {
 		out[ledger.State(r.State)] = r.N
 	}
 	return out, err
 }
+
+const countOpenSQL = `SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`

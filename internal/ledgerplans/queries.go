@@ -104,5 +104,7 @@ func Queries(ctx context.Context, db *models.DB, st models.LedgerStatements, sc 
 		Query{"Prune (events)", true, st.PruneEvents(now.Add(-7*24*time.Hour), 500)},
 		Query{"OperationByRequest", true, st.OperationByRequest(byReq, byReqID)},
 		Query{"Events", true, st.Events(opID(n/3), 0, 500)},
+		Query{"ChildCounts", true, st.ChildCounts(parent)},
+		Query{"CountOpen", true, st.CountOpen()},
 	), nil
 }

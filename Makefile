@@ -35,3 +35,6 @@ bench-ledger: ## the ledger benchmark with River and pgbench beside it (see BENC
 
 load: ## the delivery load matrix (see BENCHMARKS.md)
 	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/matrix.sh
+
+plans: ## the ledger's query plans at a million operations, into docs/ledger-plans.md
+	go run ./cmd/ledgerplans -database-url '$(PG_URL)' -out docs/ledger-plans.md

@@ -164,15 +164,30 @@ func (r ledgerReader) Operation(ctx context.Context, id string) (ledger.Operatio
 
 func (r ledgerReader) OperationByRequest(ctx context.Context, p ledger.Principal, requestID string) (ledger.Operation, error) {
 	var row Operation
-	err := r.r.db(ctx).Where("principal_kind = ? AND principal_id = ? AND request_id = ?", string(p.Kind), p.ID, requestID).Take(&row).Error
-	if err != nil {
+	if err := byRequestQuery(r.r.db(ctx), p, requestID).Take(&row).Error; err != nil {
 		return ledger.Operation{}, ledgerNotFound(err)
 	}
 	return operationFromRow(row), nil
 }
 
+// The queries below are built by functions that both the store and
+// LedgerStatements (the query-plan tool's view) call, so the plans in
+// docs/ledger-plans.md are of the SQL the store runs.
+
+func byRequestQuery(g *gorm.DB, p ledger.Principal, requestID string) *gorm.DB {
+	return g.Where("principal_kind = ? AND principal_id = ? AND request_id = ?", string(p.Kind), p.ID, requestID)
+}
+
 func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Operation, error) {
-	q := r.r.db(ctx).Model(&Operation{})
+	var rows []Operation
+	if err := listQuery(r.r.db(ctx), f).Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	return operationsFromRows(rows), nil
+}
+
+func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
+	q := g.Model(&Operation{})
 	eq := func(col, v string) {
 		if v != "" {
 			q = q.Where(col+" = ?", v)
@@ -195,20 +210,12 @@ func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Opera
 	if limit <= 0 {
 		limit = 100
 	}
-	var rows []Operation
-	if err := q.Order("seq DESC").Limit(limit).Find(&rows).Error; err != nil {
-		return nil, err
-	}
-	return operationsFromRows(rows), nil
+	return q.Order("seq DESC").Limit(limit)
 }
 
 func (r ledgerReader) Events(ctx context.Context, operationID string, after int64, limit int) ([]ledger.Event, error) {
-	if limit <= 0 {
-		limit = 500
-	}
 	var rows []OperationEvent
-	err := r.r.db(ctx).Where("operation_id = ? AND seq > ?", operationID, after).Order("seq").Limit(limit).Find(&rows).Error
-	if err != nil {
+	if err := eventsQuery(r.r.db(ctx), operationID, after, limit).Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := make([]ledger.Event, len(rows))
@@ -248,6 +255,13 @@ func (r ledgerReader) NodeEvents(ctx context.Context, nodeID string, limit int) 
 		}
 	}
 	return out, nil
+}
+
+func eventsQuery(g *gorm.DB, operationID string, after int64, limit int) *gorm.DB {
+	if limit <= 0 {
+		limit = 500
+	}
+	return g.Where("operation_id = ? AND seq > ?", operationID, after).Order("seq").Limit(limit)
 }
 
 // Tx.
@@ -304,20 +318,27 @@ func (t *ledgerTx) UpdateOperation(ctx context.Context, op ledger.Operation) err
 
 func (t *ledgerTx) CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error) {
 	var n int64
-	q := t.r.db(ctx).Model(&Operation{}).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode)
+	err := openForNodeQuery(t.r.db(ctx), nodeID, except).Count(&n).Error
+	return int(n), err
+}
+
+func openForNodeQuery(g *gorm.DB, nodeID string, except []string) *gorm.DB {
+	q := g.Model(&Operation{}).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode)
 	if len(except) > 0 {
 		q = q.Where("kind NOT IN ?", except)
 	}
-	err := q.Count(&n).Error
-	return int(n), err
+	return q
 }
 
 func (t *ledgerTx) CountOpenForPrincipal(ctx context.Context, p ledger.Principal) (int, error) {
 	var n int64
-	err := t.r.db(ctx).Model(&Operation{}).
-		Where("principal_kind = ? AND principal_id = ? AND terminal = FALSE AND parent_id IS NULL", string(p.Kind), p.ID).
-		Count(&n).Error
+	err := openForPrincipalQuery(t.r.db(ctx), p).Count(&n).Error
 	return int(n), err
+}
+
+func openForPrincipalQuery(g *gorm.DB, p ledger.Principal) *gorm.DB {
+	return g.Model(&Operation{}).
+		Where("principal_kind = ? AND principal_id = ? AND terminal = FALSE AND parent_id IS NULL", string(p.Kind), p.ID)
 }
 
 func (t *ledgerTx) AppendEvents(ctx context.Context, events ...ledger.Event) error {
@@ -379,12 +400,12 @@ func (t *ledgerTx) Savepoint(ctx context.Context, fn func() error) error {
 func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, limit int) ([]ledger.Operation, error) {
 	now = dbtime.Norm(now)
 	// Mirrors ledger.CanTransition(pending, running).
-	const claim = `UPDATE operations
+	claim := `UPDATE operations
 			SET state = 'running', owner = ?, attempt = attempt + 1, accepted_at = COALESCE(accepted_at, ?), updated_at = ?
-			WHERE seq IN (SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' AND held = FALSE ORDER BY seq LIMIT ?`
+			WHERE seq IN (` + claimQueueSQL(s.fleet.dialect) + `) RETURNING *`
 	var rows []Operation
 	if s.fleet.dialect == Postgres {
-		err := s.fleet.db.WithContext(ctx).Raw(`WITH c AS (`+claim+` FOR UPDATE SKIP LOCKED) RETURNING *),
+		err := s.fleet.db.WithContext(ctx).Raw(`WITH c AS (`+claim+`),
 			ev AS (
 				INSERT INTO operation_events (operation_id, type, at, data)
 				SELECT c.id, 'running', ?, json_build_object('owner', c.owner, 'attempt', c.attempt)::text FROM c
@@ -400,7 +421,7 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 	err := s.Tx(ctx, func(tx ledger.Tx) error {
 		t := tx.(*ledgerTx)
 		rows = rows[:0]
-		if err := t.r.db(ctx).Raw(claim+`) RETURNING *`, replica, now, now, limit).Scan(&rows).Error; err != nil {
+		if err := t.r.db(ctx).Raw(claim, replica, now, now, limit).Scan(&rows).Error; err != nil {
 			return err
 		}
 		sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
@@ -413,6 +434,16 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 		return appendEvents(t.r.db(ctx), events)
 	})
 	return out, err
+}
+
+// claimQueueSQL selects the seqs Claim takes (one argument: the limit); on
+// Postgres the rows are locked with SKIP LOCKED.
+func claimQueueSQL(dialect string) string {
+	q := `SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' AND held = FALSE ORDER BY seq LIMIT ?`
+	if dialect == Postgres {
+		q += " FOR UPDATE SKIP LOCKED"
+	}
+	return q
 }
 
 // RenewOwner upserts the replica's lease.
@@ -430,12 +461,14 @@ func (s *LedgerStore) DropOwner(ctx context.Context, replica string) error {
 // lease.
 func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time, limit int) ([]ledger.Operation, error) {
 	var rows []Operation
-	err := s.fleet.db.WithContext(ctx).Raw(`SELECT * FROM operations
-		WHERE state = 'running' AND channel = 'local' AND counts IS NULL AND owner <> ?
-		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
-		ORDER BY seq LIMIT ?`, except, dbtime.Norm(now), limit).Scan(&rows).Error
+	err := s.fleet.db.WithContext(ctx).Raw(orphansSQL, except, dbtime.Norm(now), limit).Scan(&rows).Error
 	return operationsFromRows(rows), err
 }
+
+const orphansSQL = `SELECT * FROM operations
+		WHERE state = 'running' AND channel = 'local' AND counts IS NULL AND owner <> ?
+		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
+		ORDER BY seq LIMIT ?`
 
 // ChildCounts counts a parent's children by state, and those held.
 func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger.State]int, int, error) {
@@ -445,8 +478,7 @@ func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger
 		N     int
 	}
 	var rows []row
-	err := t.r.db(ctx).Raw(`SELECT state, held, COUNT(*) AS n FROM operations WHERE parent_id = ? GROUP BY state, held`, parentID).
-		Scan(&rows).Error
+	err := t.r.db(ctx).Raw(childCountsSQL, parentID).Scan(&rows).Error
 	out, held := map[ledger.State]int{}, 0
 	for _, r := range rows {
 		out[ledger.State(r.State)] += r.N
@@ -464,6 +496,8 @@ func (t *ledgerTx) OpenNodeOperations(ctx context.Context, nodeID string) ([]led
 	err := t.r.forUpdate(q).Find(&rows).Error
 	return operationsFromRows(rows), err
 }
+
+const childCountsSQL = `SELECT state, held, COUNT(*) AS n FROM operations WHERE parent_id = ? GROUP BY state, held`
 
 // HeldChildren answers a parent's held children, oldest first, locked.
 func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {
@@ -483,19 +517,22 @@ func (t *ledgerTx) OpenChildren(ctx context.Context, parentID string) ([]ledger.
 // FanningOut answers the ids of running fan-out parents.
 func (s *LedgerStore) FanningOut(ctx context.Context, limit int) ([]string, error) {
 	var ids []string
-	err := s.fleet.db.WithContext(ctx).Raw(`SELECT id FROM operations WHERE state = 'running' AND counts IS NOT NULL ORDER BY seq LIMIT ?`, limit).
-		Scan(&ids).Error
+	err := s.fleet.db.WithContext(ctx).Raw(fanningOutSQL, limit).Scan(&ids).Error
 	return ids, err
 }
+
+const fanningOutSQL = `SELECT id FROM operations WHERE state = 'running' AND counts IS NOT NULL ORDER BY seq LIMIT ?`
 
 // Overdue answers undelivered node operations past their deadline.
 func (s *LedgerStore) Overdue(ctx context.Context, now time.Time, limit int) ([]ledger.Operation, error) {
 	var rows []Operation
-	err := s.fleet.db.WithContext(ctx).Raw(`SELECT * FROM operations
-		WHERE state = 'pending' AND channel = 'long_poll' AND deadline < ?
-		ORDER BY deadline LIMIT ?`, dbtime.Norm(now), limit).Scan(&rows).Error
+	err := s.fleet.db.WithContext(ctx).Raw(overdueSQL, dbtime.Norm(now), limit).Scan(&rows).Error
 	return operationsFromRows(rows), err
 }
+
+const overdueSQL = `SELECT * FROM operations
+		WHERE state = 'pending' AND channel = 'long_poll' AND deadline < ?
+		ORDER BY deadline LIMIT ?`
 
 // pruneLockKey is the advisory lock that makes pruning a singleton across
 // replicas.
@@ -518,8 +555,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 			}
 		}
 		var ids []string
-		if err := g.Raw(`SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`,
-			dbtime.Norm(opsBefore), batch).Scan(&ids).Error; err != nil {
+		if err := g.Raw(pruneOperationsSQL, dbtime.Norm(opsBefore), batch).Scan(&ids).Error; err != nil {
 			return err
 		}
 		if len(ids) > 0 {
@@ -537,8 +573,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 			}
 			ops = int(res.RowsAffected)
 		}
-		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (SELECT seq FROM operation_events WHERE at < ? LIMIT ?)`,
-			dbtime.Norm(eventsBefore), batch)
+		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (`+pruneEventsSQL+`)`, dbtime.Norm(eventsBefore), batch)
 		events = int(res.RowsAffected)
 		if res.Error != nil {
 			return res.Error
@@ -555,6 +590,15 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 	return ops, events, true, nil
 }
 
+// Prune's selects: the ended operations it deletes, and the expired events.
+const (
+	pruneOperationsSQL = `SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`
+	// Oldest first, so the plan walks operation_events_at from its start
+	// whatever share of the table has expired (without an order, the
+	// planner reads the table whole when it expects most rows to match).
+	pruneEventsSQL = `SELECT seq FROM operation_events WHERE at < ? ORDER BY at LIMIT ?`
+)
+
 // CountOpen answers how many operations are pending and running (the
 // partial indexes answer it without reading ended rows).
 func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, error) {
@@ -563,11 +607,12 @@ func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, er
 		N     int64
 	}
 	var rows []row
-	err := s.fleet.db.WithContext(ctx).Raw(`SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`).
-		Scan(&rows).Error
+	err := s.fleet.db.WithContext(ctx).Raw(countOpenSQL).Scan(&rows).Error
 	out := map[ledger.State]int64{ledger.StatePending: 0, ledger.StateRunning: 0}
 	for _, r := range rows {
 		out[ledger.State(r.State)] = r.N
 	}
 	return out, err
 }
+
+const countOpenSQL = `SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`

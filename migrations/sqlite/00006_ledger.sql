@@ -51,7 +51,10 @@ CREATE INDEX operations_kind ON operations(kind, seq);
 CREATE INDEX operations_state ON operations(state, seq);
 CREATE INDEX operations_parent ON operations(parent_id, seq) WHERE parent_id IS NOT NULL;
 CREATE INDEX operations_fanning_out ON operations(seq) WHERE state = 'running' AND counts IS NOT NULL;
-CREATE INDEX operations_target ON operations(target_kind, target_id, seq);
+-- target_id alone is a filter too (a node's operations, whatever their
+-- kind), so it leads an index of its own.
+CREATE INDEX operations_target_kind ON operations(target_kind, seq);
+CREATE INDEX operations_target_id ON operations(target_id, seq);
 CREATE INDEX operations_request_id ON operations(request_id, seq);
 -- The dispatcher's queue and the quota counts look at open operations only.
 CREATE INDEX operations_claimable ON operations(seq) WHERE state = 'pending' AND channel = 'local' AND held = FALSE;

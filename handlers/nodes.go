@@ -477,10 +477,13 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	c, err := h.Fleet.Command(r.Context(), op.ID)
-	if err != nil {
-		writeError(w, r, err)
-		return
+	c, fresh := op.Recorded.(fleet.Command)
+	if !fresh {
+		// A replay: the command as it stands now.
+		if c, err = h.Fleet.Command(r.Context(), op.ID); err != nil {
+			writeError(w, r, err)
+			return
+		}
 	}
 	status := http.StatusOK
 	if created {

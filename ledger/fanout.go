@@ -198,7 +198,7 @@ func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Tim
 		return tx.NotifyDispatch(ctx, ch.ID)
 	}
 	err := tx.Savepoint(ctx, func() error {
-		if err := kind.Record(ctx, tx, ch); err != nil {
+		if _, err := kind.Record(ctx, tx, ch); err != nil {
 			return err
 		}
 		return s.checkNodeQuota(ctx, tx, kind, ch, true)

@@ -59,7 +59,9 @@ type Kind struct {
 	// transaction, what the node will be sent (DECISIONS.md §34). Such an
 	// operation is on channel long_poll, never passes through the
 	// dispatcher, and ends with the node's answer.
-	Record func(ctx context.Context, tx Tx, op Operation) error
+	// It answers what it recorded, handed back to the submitter as
+	// Operation.Recorded.
+	Record func(ctx context.Context, tx Tx, op Operation) (any, error)
 	// FanOut ends the operation's own work by recording one child per
 	// target (see fanout.go); it runs in the claiming transaction, so a
 	// crash before it committed leaves nothing recorded.

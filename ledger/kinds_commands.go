@@ -81,10 +81,9 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 				}
 				return fleet.ValidateCommand(agentKind, d.Operation)
 			},
-			Record: func(ctx context.Context, tx Tx, op Operation) error {
-				_, err := f.IssueTx(ctx, tx.Fleet(), fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
+			Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
+				return f.IssueTx(ctx, tx.Fleet(), fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
 					Kind: agentKind, Payload: op.Operation})
-				return err
 			},
 		})
 	}

@@ -261,9 +261,11 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 			if kind.Record != nil {
 				// The node's long-poll is woken by what Record writes;
 				// nothing here waits on the operation yet.
-				if err := kind.Record(ctx, tx, op); err != nil {
+				recorded, err := kind.Record(ctx, tx, op)
+				if err != nil {
 					return err
 				}
+				op.Recorded = recorded
 				return s.checkNodeQuota(ctx, tx, kind, op, true)
 			}
 			return tx.NotifyDispatch(ctx, op.ID)

@@ -218,6 +218,11 @@ type Operation struct {
 	FinishedAt *time.Time
 	Deadline   time.Time
 	UpdatedAt  time.Time
+
+	// Recorded is what the kind's Record wrote for it in this very submit
+	// (the node's command), so the submitter need not read it back; nil on
+	// a replay and on every read. Never stored.
+	Recorded any
 }
 
 // Terminal reports whether the operation has ended.

@@ -129,8 +129,22 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 	out := api.CommandsResponse{Commands: make([]api.Command, len(cmds))}
 	for i, c := range cmds {
 		out.Commands[i] = c.Wire()
+		if h.Secrets == nil {
+			continue
+		}
+		// Sealed values are decrypted into this answer only; the command
+		// as stored (and as administrators read it) keeps the handles.
+		if out.Commands[i].Payload, err = h.Secrets.Deliver(r.Context(), c.OperationID, c.Payload); err != nil {
+			break
+		}
 	}
-	if err := writeJSONChecked(w, http.StatusOK, out); err != nil || r.Context().Err() != nil {
+	if err != nil {
+		writeError(w, r, err)
+		err = errors.New("sealed values not delivered")
+	} else {
+		err = writeJSONChecked(w, http.StatusOK, out)
+	}
+	if err != nil || r.Context().Err() != nil {
 		// The node never saw this answer: make its commands due again now
 		// rather than after the visibility timeout.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)

@@ -21,6 +21,7 @@ import (
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/secrets"
 	"github.com/nodeward/nodeward/static"
 )
 
@@ -33,6 +34,7 @@ type App struct {
 	Auth    *auth.Service
 	Fleet   *fleet.Service
 	Ledger  *ledger.Service
+	Secrets *secrets.Service
 	Metrics *metrics.Metrics
 	Handler http.Handler
 
@@ -103,6 +105,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Metrics:      a.Metrics,
 		CrossReplica: db.Dialect == models.Postgres,
 	})
+	a.Secrets = secrets.New(secrets.Options{Store: models.NewSecretsStore(db), Keys: ring, Now: cfg.Now, Logger: log})
 	ledgerStore := models.NewLedgerStore(a.fleetStore)
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
@@ -116,6 +119,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		// A package host's token revoked while its request was in flight
 		// records nothing.
 		CheckPrincipal: ledger.CheckPackageHostCurrent,
+		Secrets:        a.Secrets,
 	})
 	// The credential kinds carry out their work through the auth service.
 	for _, k := range ledger.CredentialKinds(a.Auth) {
@@ -141,6 +145,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Auth:          a.Auth,
 		Fleet:         a.Fleet,
 		Ledger:        a.Ledger,
+		Secrets:       a.Secrets,
 		Metrics:       a.Metrics,
 		OpenAPI:       nodeward.OpenAPI,
 		Static:        static.Files,
@@ -220,6 +225,8 @@ func (a *App) startBackground(ctx context.Context) {
 	go func() { defer a.bg.Done(); a.Fleet.Run(ctx) }()
 	a.bg.Add(1)
 	go func() { defer a.bg.Done(); a.Ledger.Run(ctx) }()
+	a.bg.Add(1)
+	go func() { defer a.bg.Done(); a.Secrets.RunSweeper(ctx, time.Minute) }()
 	if a.DB.Dialect == models.Postgres {
 		l := &models.Listener{URL: a.DB.URL, Channel: models.NotifyChannel(a.DB), Replica: a.Config.ReplicaID, Sink: a.notifications(), Log: a.Log}
 		a.bg.Add(1)

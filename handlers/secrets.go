@@ -44,6 +44,10 @@ func (h *handler) sealSecret(w http.ResponseWriter, r *http.Request) {
 	rc, err := h.Secrets.Seal(r.Context(), sealPrincipal(r), secrets.SealRequest{RequestID: body.RequestID,
 		Target: body.Target, Field: body.Field, Value: body.Value, TTL: ttl})
 	if err != nil {
+		if errcode.Of(err) == errcode.QuotaExceeded {
+			// Live handles free up as they are used or expire.
+			w.Header().Set("Retry-After", "60")
+		}
 		writeError(w, r, err)
 		return
 	}

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 
 	"github.com/nodeward/nodeward/secrets"
 )
@@ -25,6 +26,14 @@ func (s *Service) resolveSecrets(ctx context.Context, tx Tx, p Principal, k *Kin
 		Target: secrets.Target{Kind: op.TargetKind, ID: op.TargetID},
 		FanOut: k.FanOut != nil, Operation: op.Operation,
 	})
+	var denied *secrets.Denied
+	if errors.As(err, &denied) {
+		// A concurrent submission of the same request that won spent the
+		// handles: answer its operation (the replay path), not a denial.
+		if _, lerr := tx.OperationByRequest(ctx, p, op.RequestID); lerr == nil {
+			return ErrDuplicate
+		}
+	}
 	return err
 }
 

@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // The agent API: enrollment, then everything on a fenced session.
@@ -129,12 +132,7 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 	out := api.CommandsResponse{Commands: make([]api.Command, len(cmds))}
 	for i, c := range cmds {
 		out.Commands[i] = c.Wire()
-		if h.Secrets == nil {
-			continue
-		}
-		// Sealed values are decrypted into this answer only; the command
-		// as stored (and as administrators read it) keeps the handles.
-		if out.Commands[i].Payload, err = h.Secrets.Deliver(r.Context(), c.OperationID, c.Payload); err != nil {
+		if out.Commands[i].Payload, err = h.deliverSealed(r.Context(), c); err != nil {
 			break
 		}
 	}
@@ -199,4 +197,22 @@ func (h *handler) postEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.EventsResponse{Recorded: res.Recorded, Duplicates: res.Duplicates})
+}
+
+// deliverSealed answers the command's payload with the sealed values its
+// operation resolved, decrypted into this answer only: the command as
+// stored (and as administrators read it) keeps the handles. A fan-out
+// child delivers what its parent resolved.
+func (h *handler) deliverSealed(ctx context.Context, c fleet.Command) (json.RawMessage, error) {
+	if h.Secrets == nil || !secrets.Carries(c.Payload) {
+		return c.Payload, nil
+	}
+	op, err := h.Ledger.Get(ctx, ledger.Principal{Kind: ledger.PrincipalAdmin}, c.OperationID)
+	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		return nil, err
+	}
+	if op.ParentID != "" {
+		return h.Secrets.Deliver(ctx, op.ParentID, "/payload", c.Payload)
+	}
+	return h.Secrets.Deliver(ctx, c.OperationID, "", c.Payload)
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -243,5 +244,42 @@ func TestSealValidationHTTP(t *testing.T) {
 		}
 		s.Problem(t, http.MethodPost, "/api/v1/secrets/seal", good(), s.AdminToken, http.StatusTooManyRequests, "quota_exceeded")
 		require.Equal(t, int64(secrets.DefaultMaxLive), dbtest.Count(t, s.App.DB.DB, &models.SealedSecret{}))
+	})
+}
+
+// TestSealedSecretFanOutHTTP: a value sealed for the fleet is used by a
+// fleet.command, and every child's node receives it (DECISIONS.md §17).
+func TestSealedSecretFanOutHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		a, sa := inviteAndEnroll(t, s)
+		b, sb := inviteAndEnroll(t, s)
+		var sealed sealJSON
+		s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": "fan-s", "target": map[string]any{"kind": "fleet"},
+			"field": "/payload/env/DB_PASSWORD", "value": "fleet-secret"}, http.StatusCreated, &sealed)
+		var parent opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-s", "kind": "fleet.command",
+			"targets": []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
+			"operation": map[string]any{"kind": "node.launch_workload", "max_concurrency": 2,
+				"payload": map[string]any{"run_id": "r", "attempt_id": "a", "command": "x", "env": map[string]any{"DB_PASSWORD": sealed.Handle}}}},
+			http.StatusCreated, &parent)
+		for _, sess := range []api.EnrollResponse{sa, sb} {
+			var polled api.CommandsResponse
+			deadline := time.Now().Add(30 * time.Second)
+			for len(polled.Commands) == 0 && time.Now().Before(deadline) {
+				s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+			}
+			require.Len(t, polled.Commands, 1)
+			var payload api.LaunchWorkload
+			require.NoError(t, json.Unmarshal(polled.Commands[0].Payload, &payload))
+			require.Equal(t, "fleet-secret", payload.Env["DB_PASSWORD"])
+			status, _, raw := s.Do(t, http.MethodGet, "/api/v1/commands/"+polled.Commands[0].OperationID, nil, s.AdminToken)
+			require.Equal(t, http.StatusOK, status)
+			require.NotContains(t, string(raw), "fleet-secret", "the child's command keeps the handle")
+		}
+		// A node-targeted kind may not use a fleet handle.
+		s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": "fan-x", "target": map[string]any{"kind": "fleet"},
+			"field": "/env/DB_PASSWORD", "value": "v"}, http.StatusCreated, &sealed)
+		s.Problem(t, http.MethodPost, "/api/v1/operations", launchWith("fan-x", a.NodeID, sealed.Handle), s.AdminToken, http.StatusForbidden, "permission_denied")
 	})
 }

@@ -129,14 +129,17 @@ func (s *Service) RecordDenial(ctx context.Context, err error) {
 	}
 }
 
-// Deliver answers payload with each handle the operation resolved replaced
-// by its value, for the answer to the node that runs it and nothing else.
-// A payload without handles is answered as is, at no read.
-func (s *Service) Deliver(ctx context.Context, operationID string, payload json.RawMessage) (json.RawMessage, error) {
+// Deliver answers payload with each handle that operation sourceID
+// resolved replaced by its value, for the answer to the node that runs it
+// and nothing else. A fan-out child's payload is its parent's operation at
+// within ("/payload"): its parent is the source, and only values under
+// within are delivered, at their place in the child. A payload without
+// handles is answered as is, at no read.
+func (s *Service) Deliver(ctx context.Context, sourceID, within string, payload json.RawMessage) (json.RawMessage, error) {
 	if !Carries(payload) {
 		return payload, nil
 	}
-	ds, err := s.store.Deliveries(ctx, operationID)
+	ds, err := s.store.Deliveries(ctx, sourceID)
 	if err != nil || len(ds) == 0 {
 		return payload, err
 	}
@@ -145,11 +148,14 @@ func (s *Service) Deliver(ctx context.Context, operationID string, payload json.
 		return nil, err
 	}
 	for _, d := range ds {
-		plain, err := s.open(d.KeyID, d.Box, deliveryAAD(operationID, d.Field))
+		if !strings.HasPrefix(d.Field, within+"/") {
+			continue
+		}
+		plain, err := s.open(d.KeyID, d.Box, deliveryAAD(sourceID, d.Field))
 		if err != nil {
 			return nil, err
 		}
-		doc, err = replaceAt(doc, splitPointer(d.Field), string(plain))
+		doc, err = replaceAt(doc, splitPointer(strings.TrimPrefix(d.Field, within)), string(plain))
 		if err != nil {
 			return nil, err
 		}

@@ -95,12 +95,12 @@ func TestResolveRoundTripAndDelivery(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, map[string]string{"/env/DB_PASSWORD": "hunter2"}, got)
 
-		delivered, err := f.svc.Deliver(ctx, "op-1", envOp(h))
+		delivered, err := f.svc.Deliver(ctx, "op-1", "", envOp(h))
 		require.NoError(t, err)
 		var body struct{ Env map[string]string }
 		require.NoError(t, json.Unmarshal(delivered, &body))
 		require.Equal(t, "hunter2", body.Env["DB_PASSWORD"])
-		other, err := f.svc.Deliver(ctx, "op-2", envOp(h))
+		other, err := f.svc.Deliver(ctx, "op-2", "", envOp(h))
 		require.NoError(t, err)
 		require.JSONEq(t, string(envOp(h)), string(other), "another operation's payload is answered as it is")
 

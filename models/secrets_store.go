@@ -157,6 +157,14 @@ func (s *SecretsStore) Deliveries(ctx context.Context, operationID string) ([]se
 	return out, nil
 }
 
+// PurgeDeliveries implements secrets.Store.
+func (s *SecretsStore) PurgeDeliveries(ctx context.Context, batch int) (int, error) {
+	res := s.db.WithContext(ctx).Exec(`DELETE FROM secret_deliveries WHERE operation_id IN (
+		SELECT d.operation_id FROM secret_deliveries d LEFT JOIN operations o ON o.id = d.operation_id
+		WHERE o.id IS NULL OR o.terminal LIMIT ?)`, batch)
+	return int(res.RowsAffected), res.Error
+}
+
 // Lookup implements secrets.Tx.
 func (t secretsTx) Lookup(ctx context.Context, digest string) (secrets.Sealed, error) {
 	var row SealedSecret

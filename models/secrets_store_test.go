@@ -64,6 +64,11 @@ func TestSecretsStoreSealLookupUse(t *testing.T) {
 		none, err := s.Deliveries(ctx, "op2")
 		require.NoError(t, err)
 		require.Empty(t, none)
+		// op1 is no operation of the ledger's: its value is purged.
+		n, err := s.PurgeDeliveries(ctx, 10)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Zero(t, dbtest.Count(t, db.DB, &models.SecretDelivery{}))
 	})
 }
 

@@ -201,13 +201,23 @@ func (s *Service) Audit(ctx context.Context, before int64, limit int) ([]AuditEn
 	return s.store.Audit(ctx, before, limit)
 }
 
-// Sweep purges expired handles (auditing each unused one) in batches
-// until none is left, and answers how many went.
+// Sweep purges expired handles (auditing each unused one), and the
+// resolved values of operations that ended (nothing is left to deliver),
+// in batches until none is left; it answers how many handles went.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
 		n, err := s.store.Purge(ctx, s.clock(), 500)
 		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < 500 {
+			break
+		}
+	}
+	for {
+		n, err := s.store.PurgeDeliveries(ctx, 500)
 		if err != nil || n < 500 {
 			return total, err
 		}

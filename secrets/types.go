@@ -132,6 +132,9 @@ type Store interface {
 	Purge(ctx context.Context, now time.Time, batch int) (int, error)
 	// Deliveries answers the operation's resolved values.
 	Deliveries(ctx context.Context, operationID string) ([]Delivery, error)
+	// PurgeDeliveries deletes up to batch resolved values whose operation
+	// has ended (or is gone), and answers how many went.
+	PurgeDeliveries(ctx context.Context, batch int) (int, error)
 }
 
 // Tx is the part of the store used inside the ledger's submitting

@@ -291,5 +291,16 @@ func TestSealedSecretFanOutHTTP(t *testing.T) {
 		s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": "fan-x", "target": map[string]any{"kind": "fleet"},
 			"field": "/env/DB_PASSWORD", "value": "v"}, http.StatusCreated, &sealed)
 		s.Problem(t, http.MethodPost, "/api/v1/operations", launchWith("fan-x", a.NodeID, sealed.Handle), s.AdminToken, http.StatusForbidden, "permission_denied")
+
+		// All or none, through the ledger's own transaction: a good handle
+		// beside a refused one is not spent.
+		used := dbtest.Count(t, s.App.DB.DB, &models.SealedSecret{}, "state = ?", "used")
+		good := sealFor(t, s, s.AdminToken, "both-1", a.NodeID, "/env/DB_PASSWORD", "v1")
+		misplaced := sealFor(t, s, s.AdminToken, "both-1", a.NodeID, "/env/ELSEWHERE", "v2")
+		body := launchWith("both-1", a.NodeID, good)
+		body["operation"].(map[string]any)["env"].(map[string]any)["MODE"] = misplaced
+		s.Problem(t, http.MethodPost, "/api/v1/operations", body, s.AdminToken, http.StatusForbidden, "permission_denied")
+		require.Equal(t, used, dbtest.Count(t, s.App.DB.DB, &models.SealedSecret{}, "state = ?", "used"))
+		s.Admin(t, http.MethodPost, "/api/v1/operations", launchWith("both-1", a.NodeID, good), http.StatusCreated, &parent)
 	})
 }

@@ -258,6 +258,7 @@ func (t *ledgerTx) Fleet() fleet.Tx { return t.ftx }
 // Auth is the administrators' store over this same transaction.
 func (t *ledgerTx) Auth() auth.Store { return authStoreIn(t.ftx.store.db, t.ftx.fleetReader) }
 
+// Secrets is the sealed secrets' store over this same transaction.
 func (t *ledgerTx) Secrets() secrets.Tx { return secretsTx{r: t.ftx.fleetReader} }
 
 func (t *ledgerTx) LockKey(ctx context.Context, key string) error {

@@ -37,6 +37,7 @@ type Denied struct {
 	audit AuditEntry
 }
 
+// Error answers the refusal's message (it names no handle).
 func (d *Denied) Error() string { return d.err.Error() }
 
 // Unwrap answers the permission_denied error.

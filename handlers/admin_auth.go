@@ -63,14 +63,16 @@ func (h *handler) requirePrincipal(next http.Handler) http.Handler {
 
 // packageHostRoutes are what a package host may call: submit operations
 // (the ledger checks its families), and read, watch and cancel its own
-// (the ledger hides everyone else's). Sealing and reveals join them when
-// they are served. A {segment} matches one non-empty path segment.
+// (the ledger hides everyone else's), and seal values for their own
+// requests. Reveals join them when they are served. A {segment} matches
+// one non-empty path segment.
 var packageHostRoutes = []struct{ method, pattern string }{
 	{http.MethodPost, "/api/v1/operations"},
 	{http.MethodGet, "/api/v1/operations/{id}"},
 	{http.MethodGet, "/api/v1/operations/{id}/watch"},
 	{http.MethodPost, "/api/v1/operations/{id}/cancel"},
 	{http.MethodGet, "/api/v1/node-operations"},
+	{http.MethodPost, "/api/v1/secrets/seal"},
 }
 
 func packageHostMayCall(method, path string) bool {

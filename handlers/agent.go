@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,8 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // The agent API: enrollment, then everything on a fenced session.
@@ -129,8 +132,17 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 	out := api.CommandsResponse{Commands: make([]api.Command, len(cmds))}
 	for i, c := range cmds {
 		out.Commands[i] = c.Wire()
+		if out.Commands[i].Payload, err = h.deliverSealed(r.Context(), c); err != nil {
+			break
+		}
 	}
-	if err := writeJSONChecked(w, http.StatusOK, out); err != nil || r.Context().Err() != nil {
+	if err != nil {
+		writeError(w, r, err)
+		err = errors.New("sealed values not delivered")
+	} else {
+		err = writeJSONChecked(w, http.StatusOK, out)
+	}
+	if err != nil || r.Context().Err() != nil {
 		// The node never saw this answer: make its commands due again now
 		// rather than after the visibility timeout.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
@@ -185,4 +197,22 @@ func (h *handler) postEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.EventsResponse{Recorded: res.Recorded, Duplicates: res.Duplicates})
+}
+
+// deliverSealed answers the command's payload with the sealed values its
+// operation resolved, decrypted into this answer only: the command as
+// stored (and as administrators read it) keeps the handles. A fan-out
+// child delivers what its parent resolved.
+func (h *handler) deliverSealed(ctx context.Context, c fleet.Command) (json.RawMessage, error) {
+	if h.Secrets == nil || !secrets.Carries(c.Payload) {
+		return c.Payload, nil
+	}
+	op, err := h.Ledger.Get(ctx, ledger.Principal{Kind: ledger.PrincipalAdmin}, c.OperationID)
+	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		return nil, err
+	}
+	if op.ParentID != "" {
+		return h.Secrets.Deliver(ctx, op.ParentID, "/payload", c.Payload)
+	}
+	return h.Secrets.Deliver(ctx, c.OperationID, "", c.Payload)
 }

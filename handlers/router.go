@@ -21,6 +21,7 @@ import (
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // Readiness is what /readyz asks of the database.
@@ -39,6 +40,7 @@ type Deps struct {
 	Auth    *auth.Service
 	Fleet   *fleet.Service
 	Ledger  *ledger.Service
+	Secrets *secrets.Service
 	Metrics *metrics.Metrics
 	// OpenAPI is the contract served at /openapi.yaml.
 	OpenAPI []byte
@@ -148,6 +150,9 @@ func New(d Deps) http.Handler {
 			r.Get("/package-hosts", h.listPackageHosts)
 			r.Post("/package-hosts/{id}/revoke", h.revokePackageHost)
 			r.Post("/package-hosts/{id}/tokens", h.issuePackageHostToken)
+
+			r.Post("/secrets/seal", h.sealSecret)
+			r.Get("/secret-audit", h.secretAudit)
 		})
 	})
 

@@ -110,3 +110,19 @@ func TestParseRing(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, empty.Empty())
 }
+
+// TestSealingSubkeyIsSeparate: the key that encrypts sealed secrets is
+// none of the signing keys, so a leaked session or enrollment key opens
+// no secret (and the other way round).
+func TestSealingSubkeyIsSeparate(t *testing.T) {
+	ring := keys.NewRing(masterA)
+	seal, err := ring.Current(keys.LabelSealing)
+	require.NoError(t, err)
+	for _, label := range []string{keys.LabelNodeSession, keys.LabelConsoleSession, keys.LabelNodeEnrollment, keys.LabelPackageHostToken} {
+		other, err := ring.Current(label)
+		require.NoError(t, err)
+		require.NotEqual(t, seal.Key, other.Key, label)
+		require.NotEqual(t, seal.ID, other.ID, label)
+	}
+	require.NotEqual(t, masterA, seal.Key, "the master key itself is never used")
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/metrics"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // Errors returned by the service.
@@ -94,6 +95,9 @@ type Options struct {
 	// or replaced after the request authenticated, so nothing is recorded
 	// for a token once its revocation has returned.
 	CheckPrincipal func(ctx context.Context, tx Tx, p Principal) error
+	// Secrets, when set, resolves the sealed handles an operation carries
+	// inside its submitting transaction.
+	Secrets *secrets.Service
 }
 
 // Service is the ledger.
@@ -118,6 +122,7 @@ type Service struct {
 	notifyHealth bool
 
 	checkPrincipal func(ctx context.Context, tx Tx, p Principal) error
+	secrets        *secrets.Service
 }
 
 // New returns the ledger. Call Run to start its dispatcher.
@@ -147,6 +152,7 @@ func New(o Options) *Service {
 		notifyHealth: !o.CrossReplica,
 
 		checkPrincipal: o.CheckPrincipal,
+		secrets:        o.Secrets,
 	}
 }
 
@@ -241,7 +247,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	op.TargetKind, op.TargetID = indexTarget(d.Targets)
 	submitted := Event{OperationID: op.ID, Type: EventSubmitted, At: now,
 		Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}
-	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) {
+	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) && !s.carriesSecrets(op) {
 		// Nothing to check or write beside it: one atomic write records
 		// and announces it (the common case costs one statement).
 		err = s.store.Insert(ctx, &op, submitted)
@@ -253,6 +259,9 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 				}
 			}
 			if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
+				return err
+			}
+			if err := s.resolveSecrets(ctx, tx, p, kind, op); err != nil {
 				return err
 			}
 			if err := tx.InsertOperation(ctx, &op, submitted); err != nil {
@@ -281,6 +290,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 		return s.waitAnswer(ctx, op, false, sub.Wait, err)
 	}
 	if err != nil {
+		s.refusedSecrets(ctx, err)
 		return Operation{}, false, err
 	}
 	s.metrics.OperationsSubmitted.WithLabelValues(op.Kind).Inc()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // ErrNoRows is what a Store returns when a looked-up row does not exist.
@@ -122,6 +123,9 @@ type Tx interface {
 	// hosts' rules (the credential kinds, and the submit-time check that a
 	// package host's token is still current).
 	Auth() auth.Store
+	// Secrets is the same transaction seen by the sealed secrets' rules
+	// (handles an operation carries are spent as it is recorded).
+	Secrets() secrets.Tx
 	// LockKey serialises, until the transaction ends, every transaction
 	// that locks the same key (quota checks per principal and per node).
 	LockKey(ctx context.Context, key string) error

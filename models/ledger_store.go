@@ -15,6 +15,7 @@ import (
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // LedgerStore implements ledger.Store over GORM for both dialects. Its
@@ -270,6 +271,9 @@ func (t *ledgerTx) Fleet() fleet.Tx { return t.ftx }
 
 // Auth is the administrators' store over this same transaction.
 func (t *ledgerTx) Auth() auth.Store { return authStoreIn(t.ftx.store.db, t.ftx.fleetReader) }
+
+// Secrets is the sealed secrets' store over this same transaction.
+func (t *ledgerTx) Secrets() secrets.Tx { return secretsTx{r: t.ftx.fleetReader} }
 
 func (t *ledgerTx) LockKey(ctx context.Context, key string) error {
 	if t.r.dialect != Postgres {

@@ -33,6 +33,9 @@ var allModels = []any{
 	&models.Operation{},
 	&models.OperationEvent{},
 	&models.OperationOwner{},
+	&models.SealedSecret{},
+	&models.SecretDelivery{},
+	&models.SecretAudit{},
 }
 
 // Tables the migrations tool owns.

@@ -24,6 +24,7 @@ import (
 	"github.com/nodeward/nodeward/ledger/testkinds"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/secrets"
 	"github.com/nodeward/nodeward/static"
 )
 
@@ -36,6 +37,7 @@ type App struct {
 	Auth    *auth.Service
 	Fleet   *fleet.Service
 	Ledger  *ledger.Service
+	Secrets *secrets.Service
 	Metrics *metrics.Metrics
 	Handler http.Handler
 
@@ -106,6 +108,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Metrics:      a.Metrics,
 		CrossReplica: db.Dialect == models.Postgres,
 	})
+	a.Secrets = secrets.New(secrets.Options{Store: models.NewSecretsStore(db), Keys: ring, Now: cfg.Now, Logger: log})
 	ledgerStore := models.NewLedgerStore(a.fleetStore)
 	// The owner of what this process runs is the process, not only its
 	// replica name: a replica restarted under the same NODEWARD_REPLICA_ID
@@ -124,6 +127,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		// A package host's token revoked while its request was in flight
 		// records nothing.
 		CheckPrincipal: ledger.CheckPackageHostCurrent,
+		Secrets:        a.Secrets,
 	})
 	// The credential kinds carry out their work through the auth service.
 	for _, k := range ledger.CredentialKinds(a.Auth) {
@@ -151,6 +155,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Auth:          a.Auth,
 		Fleet:         a.Fleet,
 		Ledger:        a.Ledger,
+		Secrets:       a.Secrets,
 		Metrics:       a.Metrics,
 		OpenAPI:       nodeward.OpenAPI,
 		Static:        static.Files,
@@ -230,6 +235,8 @@ func (a *App) startBackground(ctx context.Context) {
 	go func() { defer a.bg.Done(); a.Fleet.Run(ctx) }()
 	a.bg.Add(1)
 	go func() { defer a.bg.Done(); a.Ledger.Run(ctx) }()
+	a.bg.Add(1)
+	go func() { defer a.bg.Done(); a.Secrets.RunSweeper(ctx, time.Minute) }()
 	if a.DB.Dialect == models.Postgres {
 		l := &models.Listener{URL: a.DB.URL, Channel: models.NotifyChannel(a.DB), Replica: a.Config.ReplicaID, Sink: a.notifications(), Log: a.Log}
 		a.bg.Add(1)

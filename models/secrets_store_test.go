@@ -1,0 +1,166 @@
+package models_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+	"github.com/nodeward/nodeward/secrets"
+)
+
+// The secrets store conformance suite, on every dialect.
+
+var sealer = secrets.Principal{Kind: "admin", ID: "u1"}
+
+func sampleSealed(digest string, p secrets.Principal, at time.Time, ttl time.Duration) secrets.Sealed {
+	return secrets.Sealed{Digest: digest, Principal: p, RequestID: "r1", Target: secrets.Target{Kind: "node", ID: "n1"},
+		Field: "/env/DB", KeyID: "k1", Box: []byte{0, 1, 2, 0xff}, State: secrets.StateSealed, CreatedAt: at, ExpiresAt: at.Add(ttl)}
+}
+
+func sealAudit(digest string) secrets.AuditEntry {
+	return secrets.AuditEntry{At: t0, Action: secrets.ActionSeal, Outcome: secrets.OutcomeOK, Principal: sealer,
+		HandleDigest: digest[:16], RequestID: "r1", Target: secrets.Target{Kind: "node", ID: "n1"}, Field: "/env/DB"}
+}
+
+func TestSecretsStoreSealLookupUse(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewSecretsStore(db)
+		d := "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+		require.NoError(t, s.Seal(ctx, sampleSealed(d, sealer, t0, time.Minute), sealAudit(d), 10))
+
+		require.NoError(t, s.Tx(ctx, func(tx secrets.Tx) error {
+			_, err := tx.Lookup(ctx, "missing")
+			require.ErrorIs(t, err, secrets.ErrNoRows)
+			got, err := tx.Lookup(ctx, d)
+			require.NoError(t, err)
+			require.Equal(t, sealer, got.Principal)
+			require.Equal(t, secrets.Target{Kind: "node", ID: "n1"}, got.Target)
+			require.Equal(t, "/env/DB", got.Field)
+			require.Equal(t, []byte{0, 1, 2, 0xff}, got.Box)
+			require.Equal(t, secrets.StateSealed, got.State)
+			require.True(t, t0.Add(time.Minute).Equal(got.ExpiresAt))
+
+			ok, err := tx.MarkUsed(ctx, d, "op1", t0)
+			require.NoError(t, err)
+			require.True(t, ok)
+			ok, err = tx.MarkUsed(ctx, d, "op2", t0)
+			require.NoError(t, err)
+			require.False(t, ok, "a used handle is not used again")
+			got, err = tx.Lookup(ctx, d)
+			require.NoError(t, err)
+			require.Equal(t, secrets.StateUsed, got.State)
+			require.Equal(t, "op1", got.OperationID)
+			return tx.InsertDeliveries(ctx, secrets.Delivery{OperationID: "op1", Field: "/env/DB", KeyID: "k1", Box: []byte("box"), CreatedAt: t0})
+		}))
+		ds, err := s.Deliveries(ctx, "op1")
+		require.NoError(t, err)
+		require.Len(t, ds, 1)
+		require.Equal(t, []byte("box"), ds[0].Box)
+		none, err := s.Deliveries(ctx, "op2")
+		require.NoError(t, err)
+		require.Empty(t, none)
+		// op1 is no operation of the ledger's: its value is purged.
+		n, err := s.PurgeDeliveries(ctx, 10)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Zero(t, dbtest.Count(t, db.DB, &models.SecretDelivery{}))
+	})
+}
+
+func TestSecretsStoreQuota(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewSecretsStore(db)
+		require.NoError(t, s.Seal(ctx, sampleSealed("d1xxxxxxxxxxxxxxxx", sealer, t0, time.Minute), sealAudit("d1xxxxxxxxxxxxxxxx"), 2))
+		// An expired handle does not count.
+		require.NoError(t, s.Seal(ctx, sampleSealed("d2xxxxxxxxxxxxxxxx", sealer, t0.Add(-time.Hour), time.Minute), sealAudit("d2xxxxxxxxxxxxxxxx"), 2))
+		require.NoError(t, s.Seal(ctx, sampleSealed("d3xxxxxxxxxxxxxxxx", sealer, t0, time.Minute), sealAudit("d3xxxxxxxxxxxxxxxx"), 2))
+		require.ErrorIs(t, s.Seal(ctx, sampleSealed("d4xxxxxxxxxxxxxxxx", sealer, t0, time.Minute), sealAudit("d4xxxxxxxxxxxxxxxx"), 2), secrets.ErrQuota)
+		other := secrets.Principal{Kind: "package_host", ID: "u1"}
+		require.NoError(t, s.Seal(ctx, sampleSealed("d5xxxxxxxxxxxxxxxx", other, t0, time.Minute), sealAudit("d5xxxxxxxxxxxxxxxx"), 2), "quotas are per principal")
+		require.Equal(t, int64(4), dbtest.Count(t, db.DB, &models.SealedSecret{}), "nothing written past the quota")
+		require.Equal(t, int64(4), dbtest.Count(t, db.DB, &models.SecretAudit{}))
+	})
+}
+
+func TestSecretsStoreConcurrentSealsHoldTheQuota(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewSecretsStore(db)
+		var wg sync.WaitGroup
+		var ok atomic.Int64
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d := "concurrent-" + string(rune('a'+i)) + "xxxxxxxx"
+				if s.Seal(ctx, sampleSealed(d, sealer, t0, time.Minute), sealAudit(d), 3) == nil {
+					ok.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, int64(3), ok.Load())
+		require.Equal(t, int64(3), dbtest.Count(t, db.DB, &models.SealedSecret{}))
+	})
+}
+
+func TestSecretsStoreConcurrentUseOneWins(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewSecretsStore(db)
+		d := "racexxxxxxxxxxxxxxxx"
+		require.NoError(t, s.Seal(ctx, sampleSealed(d, sealer, t0, time.Minute), sealAudit(d), 10))
+		var wg sync.WaitGroup
+		var won atomic.Int64
+		for i := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = s.Tx(ctx, func(tx secrets.Tx) error {
+					ok, err := tx.MarkUsed(ctx, d, "op"+string(rune('a'+i)), t0)
+					if err == nil && ok {
+						won.Add(1)
+					}
+					return err
+				})
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, int64(1), won.Load())
+	})
+}
+
+func TestSecretsStorePurgeAndAudit(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewSecretsStore(db)
+		for _, d := range []string{"p1xxxxxxxxxxxxxxxx", "p2xxxxxxxxxxxxxxxx", "p3xxxxxxxxxxxxxxxx"} {
+			require.NoError(t, s.Seal(ctx, sampleSealed(d, sealer, t0, time.Minute), sealAudit(d), 10))
+		}
+		require.NoError(t, s.Seal(ctx, sampleSealed("livexxxxxxxxxxxxxx", sealer, t0, time.Hour), sealAudit("livexxxxxxxxxxxxxx"), 10))
+		require.NoError(t, s.Tx(ctx, func(tx secrets.Tx) error {
+			_, err := tx.MarkUsed(ctx, "p3xxxxxxxxxxxxxxxx", "op", t0)
+			return err
+		}))
+		n, err := s.Purge(ctx, t0.Add(2*time.Minute), 2)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		n, err = s.Purge(ctx, t0.Add(2*time.Minute), 2)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, int64(1), dbtest.Count(t, db.DB, &models.SealedSecret{}), "the unexpired handle stays")
+
+		all, err := s.Audit(ctx, 0, 100)
+		require.NoError(t, err)
+		require.Len(t, all, 6, "four seals and two expiries; the used one is purged without an expiry")
+		require.Equal(t, secrets.ActionExpire, all[0].Action)
+		require.Equal(t, secrets.OutcomePurged, all[0].Outcome)
+		require.Equal(t, secrets.ActionSeal, all[5].Action)
+		require.Greater(t, all[0].Cursor, all[1].Cursor, "newest first")
+		page, err := s.Audit(ctx, all[1].Cursor, 2)
+		require.NoError(t, err)
+		require.Equal(t, []int64{all[2].Cursor, all[3].Cursor}, []int64{page[0].Cursor, page[1].Cursor})
+	})
+}

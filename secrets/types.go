@@ -1,0 +1,152 @@
+// Package secrets seals values a person or script types (ARCHITECTURE.md §4):
+// a sealed value is stored encrypted under the sealing subkey and answered as
+// a handle bound to its sealer, request id, target and field; an operation
+// that carries handles resolves them once, all or none, in the submitting
+// transaction. Every seal, use, denial and expiry is audited, never a value.
+// The package holds the rules; models/ implements its Store.
+package secrets
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// HandlePrefix starts every sealed handle (version 1).
+const HandlePrefix = "nw-sealed:v1:"
+
+// Limits (DECISIONS.md §37).
+const (
+	DefaultTTL   = 10 * time.Minute
+	MaxTTL       = 24 * time.Hour
+	MaxValueSize = 64 << 10
+	// DefaultMaxLive is how many unused, unexpired handles one principal
+	// may hold.
+	DefaultMaxLive = 1000
+)
+
+// Target kinds a value may be sealed for. TargetFleet (no id) is a fan-out's.
+const (
+	TargetFleet       = "fleet"
+	TargetNode        = "node"
+	TargetEndpoint    = "endpoint"
+	TargetPackageHost = "package_host"
+)
+
+// State is a sealed handle's state.
+type State string
+
+// Handle states.
+const (
+	StateSealed  State = "sealed"
+	StateUsed    State = "used"
+	StateExpired State = "expired"
+)
+
+// Audit actions and outcomes.
+const (
+	ActionSeal   = "seal"
+	ActionUse    = "use"
+	ActionExpire = "expire"
+
+	OutcomeOK     = "ok"
+	OutcomeDenied = "denied"
+	OutcomePurged = "purged"
+)
+
+// ErrNoRows is what a Store answers for a row that does not exist.
+var ErrNoRows = errors.New("no rows")
+
+// ErrQuota is what Store.Seal answers when the principal holds the most
+// live handles already.
+var ErrQuota = errors.New("too many live handles")
+
+// Principal is who sealed or uses a handle.
+type Principal struct {
+	Kind string
+	ID   string
+}
+
+// Target is what a value is sealed for.
+type Target struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id,omitempty"`
+}
+
+// Sealed is one stored sealed value. The handle itself is never stored:
+// Digest is its SHA-256 (hex).
+type Sealed struct {
+	Digest      string
+	Principal   Principal
+	RequestID   string
+	Target      Target
+	Field       string
+	KeyID       string
+	Box         []byte // nonce and AES-GCM ciphertext
+	State       State
+	OperationID string
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+	UsedAt      *time.Time
+}
+
+// Delivery is a resolved value kept, encrypted, beside the operation that
+// used it, for delivery to the node that runs it.
+type Delivery struct {
+	OperationID string
+	Field       string
+	KeyID       string
+	Box         []byte
+	CreatedAt   time.Time
+}
+
+// AuditEntry is one seal, use, denial or expiry. It never holds a value;
+// HandleDigest is the first 16 hex characters of the handle's digest.
+type AuditEntry struct {
+	Cursor       int64
+	At           time.Time
+	Action       string
+	Outcome      string
+	Principal    Principal
+	HandleDigest string
+	RequestID    string
+	OperationID  string
+	Target       Target
+	Field        string
+}
+
+// Store is the secrets' persistence.
+type Store interface {
+	// Seal records s with its audit row, unless s's principal holds
+	// maxLive handles still sealed and unexpired at s.CreatedAt (ErrQuota,
+	// nothing written). Concurrent seals never overrun the quota.
+	Seal(ctx context.Context, s Sealed, a AuditEntry, maxLive int) error
+	// InsertAudit records audit rows on their own.
+	InsertAudit(ctx context.Context, a ...AuditEntry) error
+	// Audit answers audit rows with a cursor below before (0: from the
+	// newest), newest first, at most limit.
+	Audit(ctx context.Context, before int64, limit int) ([]AuditEntry, error)
+	// Purge deletes up to batch handles whose expiry is at or before now,
+	// and audits each one that was never used, in one transaction; it
+	// answers how many went.
+	Purge(ctx context.Context, now time.Time, batch int) (int, error)
+	// Deliveries answers the operation's resolved values.
+	Deliveries(ctx context.Context, operationID string) ([]Delivery, error)
+	// PurgeDeliveries deletes up to batch resolved values whose operation
+	// has ended (or is gone), and answers how many went.
+	PurgeDeliveries(ctx context.Context, batch int) (int, error)
+}
+
+// Tx is the part of the store used inside the ledger's submitting
+// transaction, so a refused submission leaves every handle unused.
+type Tx interface {
+	// Lookup answers the handle of that digest, or ErrNoRows.
+	Lookup(ctx context.Context, digest string) (Sealed, error)
+	// MarkUsed moves the handle from sealed to used by the operation and
+	// reports whether it did: of concurrent uses exactly one does.
+	MarkUsed(ctx context.Context, digest, operationID string, at time.Time) (bool, error)
+	// InsertDeliveries records resolved values for delivery.
+	InsertDeliveries(ctx context.Context, d ...Delivery) error
+	// InsertAudit records audit rows in the transaction.
+	InsertAudit(ctx context.Context, a ...AuditEntry) error
+}

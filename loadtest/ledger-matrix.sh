@@ -15,9 +15,11 @@ ops=${3:-20000}
 mkdir -p "$out"
 go build -o "$out/loadtest" ./loadtest
 
-river_src=../shared/bench/riverpeer
+river_src=${RIVERPEER_SRC:-../shared/bench/riverpeer}
 river_db=${RIVERPEER_DATABASE_URL:-$(echo "$NODEWARD_TEST_DATABASE_URL" | sed -E 's#/[^/?]+(\?|$)#/riverpeer\1#')}
-if [[ -d $river_src ]]; then
+if [[ ! -d $river_src ]]; then
+	echo "River's peer not found at $river_src (set RIVERPEER_SRC): measuring without it" >&2
+else
 	cp -r "$river_src" "$out/riverpeer-src"
 	(cd "$out/riverpeer-src" && go build -o "$out/riverpeer" .)
 	psql "$NODEWARD_TEST_DATABASE_URL" -qc "CREATE DATABASE riverpeer" 2>/dev/null || true

@@ -179,7 +179,11 @@ func RunLedger(ctx context.Context, cfg LedgerConfig) (LedgerReport, error) {
 		rep.RunningP50, rep.RunningP99, rep.RunningMax = lat[n/2], lat[min(n-1, n*99/100)], lat[n-1]
 	}
 	if cfg.PGBench && cfg.DatabaseURL != "" {
-		tps, err := pgbench(ctx, cfg.DatabaseURL, cfg.Log)
+		logTo := cfg.Log
+		if logTo == nil {
+			logTo = io.Discard
+		}
+		tps, err := pgbench(ctx, cfg.DatabaseURL, logTo)
 		if err != nil {
 			return rep, err
 		}

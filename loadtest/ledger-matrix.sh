@@ -15,6 +15,11 @@ ops=${3:-20000}
 mkdir -p "$out"
 go build -o "$out/loadtest" ./loadtest
 
+# A database of its own, made fresh: the test database's catalogs bloat with
+# every schema the test suites create and drop (pg_attribute had 1.7 M dead
+# rows here once), which slows every new connection and plan.
+bench_url=$(echo "$NODEWARD_TEST_DATABASE_URL" | sed -E 's#/[^/?]+(\?|$)#/nodeward_bench\1#')
+psql "$NODEWARD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS nodeward_bench" -c "CREATE DATABASE nodeward_bench"
 river_src=${RIVERPEER_SRC:-../shared/bench/riverpeer}
 river_db=${RIVERPEER_DATABASE_URL:-$(echo "$NODEWARD_TEST_DATABASE_URL" | sed -E 's#/[^/?]+(\?|$)#/riverpeer\1#')}
 if [[ ! -d $river_src ]]; then
@@ -22,7 +27,7 @@ if [[ ! -d $river_src ]]; then
 else
 	cp -r "$river_src" "$out/riverpeer-src"
 	(cd "$out/riverpeer-src" && go build -o "$out/riverpeer" .)
-	psql "$NODEWARD_TEST_DATABASE_URL" -qc "CREATE DATABASE riverpeer" 2>/dev/null || true
+	psql "$NODEWARD_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS riverpeer" -c "CREATE DATABASE riverpeer"
 fi
 
 summary() { # file label
@@ -45,8 +50,8 @@ for c in "${configs[@]}"; do
 	read -r db replicas workers <<<"$c"
 	for i in $(seq "$runs"); do
 		f="$out/ledger-$db-r$replicas-w$workers-$i.json"
-		"$out/loadtest" -q -json -scenario ledger -db "$db" -replicas "$replicas" -ledger-workers "$workers" \
-			-ops "$ops" -submitters 64 >"$f"
+		"$out/loadtest" -q -json -scenario ledger -db "$db" -database-url "$bench_url" -replicas "$replicas" \
+			-ledger-workers "$workers" -ops "$ops" -submitters 64 >"$f"
 		summary "$f" "ledger $db replicas=$replicas workers=$workers #$i"
 	done
 done
@@ -55,6 +60,6 @@ if [[ -x $out/riverpeer ]]; then
 		echo "river submit #$i: $("$out/riverpeer" -db "$river_db" -mode submit -workers 1000 -submitters 64 -jobs "$ops" | tr '\n' ' ')"
 	done
 fi
-"$out/loadtest" -q -json -scenario ledger -db postgres -ops 100 -submitters 4 -pgbench >"$out/pgbench.json"
+"$out/loadtest" -q -json -scenario ledger -db postgres -database-url "$bench_url" -ops 100 -submitters 4 -pgbench >"$out/pgbench.json"
 python3 -c "import json,sys; print('pgbench -N tps', round(json.load(open(sys.argv[1]))['pgbench_tps']))" "$out/pgbench.json"
 echo "reports in $out" >&2

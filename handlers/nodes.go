@@ -300,19 +300,8 @@ type timelineEntry struct {
 // time, newest first (DECISIONS.md §41): the latest `limit` of each trail,
 // merged and cut to `limit`.
 func (h *handler) nodeTimeline(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
-	if _, err := h.Fleet.Node(r.Context(), id); err != nil {
-		writeError(w, r, err)
-		return
-	}
-	limit, err := queryLimit(r, 100, 500)
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	audit, err := h.Fleet.Audit(r.Context(), id, limit)
-	if err != nil {
-		writeError(w, r, err)
+	id, limit, audit, ok := h.nodeAuditPage(w, r)
+	if !ok {
 		return
 	}
 	events, err := h.Ledger.NodeEvents(r.Context(), id, limit)
@@ -337,20 +326,30 @@ func (h *handler) nodeTimeline(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"entries": out})
 }
 
-func (h *handler) nodeAudit(w http.ResponseWriter, r *http.Request) {
+// nodeAuditPage reads the node's latest audit entries for the audit and
+// timeline answers; false when it answered an error itself.
+func (h *handler) nodeAuditPage(w http.ResponseWriter, r *http.Request) (string, int, []fleet.AuditEntry, bool) {
 	id := chi.URLParam(r, "id")
 	if _, err := h.Fleet.Node(r.Context(), id); err != nil {
 		writeError(w, r, err)
-		return
+		return "", 0, nil, false
 	}
 	limit, err := queryLimit(r, 100, 500)
 	if err != nil {
 		writeError(w, r, err)
-		return
+		return "", 0, nil, false
 	}
 	entries, err := h.Fleet.Audit(r.Context(), id, limit)
 	if err != nil {
 		writeError(w, r, err)
+		return "", 0, nil, false
+	}
+	return id, limit, entries, true
+}
+
+func (h *handler) nodeAudit(w http.ResponseWriter, r *http.Request) {
+	_, _, entries, ok := h.nodeAuditPage(w, r)
+	if !ok {
 		return
 	}
 	type entry struct {

@@ -70,7 +70,8 @@ type Kind struct {
 
 // Registry maps kind names to kinds. A kind it does not hold is not served.
 type Registry struct {
-	kinds map[string]*Kind
+	kinds  map[string]*Kind
+	exempt []string // names of QuotaExempt kinds, kept as kinds register
 }
 
 // NewRegistry returns a registry of kinds.
@@ -98,7 +99,14 @@ func (r *Registry) Register(k *Kind) {
 		panic("ledger: kind " + k.Name + " needs Prepare and exactly one of RunTx, Run, Record, FanOut")
 	}
 	r.kinds[k.Name] = k
+	if k.QuotaExempt {
+		r.exempt = append(r.exempt, k.Name)
+	}
 }
+
+// QuotaExempt answers the names of the kinds the per-node quota neither
+// counts nor refuses.
+func (r *Registry) QuotaExempt() []string { return r.exempt }
 
 // Kind answers the served kind of that name.
 func (r *Registry) Kind(name string) (*Kind, bool) {

@@ -359,7 +359,7 @@ func (s *Service) checkNodeQuota(ctx context.Context, tx Tx, k *Kind, op Operati
 			return err
 		}
 	}
-	n, err := tx.CountOpenForNode(ctx, nodeID, s.quotaExempt())
+	n, err := tx.CountOpenForNode(ctx, nodeID, s.kinds.QuotaExempt())
 	if err != nil {
 		return err
 	}
@@ -372,15 +372,6 @@ func (s *Service) checkNodeQuota(ctx context.Context, tx Tx, k *Kind, op Operati
 	return nil
 }
 
-func (s *Service) quotaExempt() []string {
-	var out []string
-	for _, k := range s.kinds.Kinds() {
-		if k.QuotaExempt {
-			out = append(out, k.Name)
-		}
-	}
-	return out
-}
 
 // indexTarget answers the target a listing filters on: the single target,
 // or the fleet for many.

@@ -132,6 +132,18 @@ type Store interface {
 	Purge(ctx context.Context, now time.Time, batch int) (int, error)
 	// Deliveries answers the operation's resolved values.
 	Deliveries(ctx context.Context, operationID string) ([]Delivery, error)
+	// RevealsOf answers the operation's reveal handles.
+	RevealsOf(ctx context.Context, operationID string) ([]Reveal, error)
+	// LookupReveal answers the reveal handle of that digest, or ErrNoRows.
+	LookupReveal(ctx context.Context, digest string) (Reveal, error)
+	// SpendReveal moves the handle from open to spent and records a with
+	// it, and reports whether it did: of concurrent spends exactly one
+	// does.
+	SpendReveal(ctx context.Context, digest string, at time.Time, a AuditEntry) (bool, error)
+	// ExpireReveals moves up to batch open reveal handles whose expiry is
+	// at or before now to expired, auditing each, deletes those that
+	// expired before now minus keep, and answers how many it expired.
+	ExpireReveals(ctx context.Context, now time.Time, keep time.Duration, batch int) (int, error)
 	// PurgeDeliveries deletes up to batch resolved values whose operation
 	// has ended (or is gone), and answers how many went.
 	PurgeDeliveries(ctx context.Context, batch int) (int, error)
@@ -147,6 +159,8 @@ type Tx interface {
 	MarkUsed(ctx context.Context, digest, operationID string, at time.Time) (bool, error)
 	// InsertDeliveries records resolved values for delivery.
 	InsertDeliveries(ctx context.Context, d ...Delivery) error
+	// InsertReveals records reveal handles in the transaction.
+	InsertReveals(ctx context.Context, r ...Reveal) error
 	// InsertAudit records audit rows in the transaction.
 	InsertAudit(ctx context.Context, a ...AuditEntry) error
 }

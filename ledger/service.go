@@ -531,6 +531,10 @@ func cancelMessage(reason string) string {
 // endTx moves op to a terminal state inside tx, with its result or error,
 // and records the event. An operation already ended is answered unchanged.
 func (s *Service) endTx(ctx context.Context, tx Tx, op Operation, to State, result json.RawMessage, opErr *Error, now time.Time) (Operation, error) {
+	op, result, opErr, err := s.scrubEnd(ctx, tx, op, result, opErr)
+	if err != nil {
+		return op, err
+	}
 	ended, err := endOperationTx(ctx, tx, op, to, result, opErr, now)
 	if err == nil && ended.State == to && op.State != to {
 		s.metrics.OperationsEnded.WithLabelValues(op.Kind, string(to)).Inc()

@@ -142,8 +142,17 @@ func (s *SecretsStore) Purge(ctx context.Context, now time.Time, batch int) (int
 
 // Deliveries implements secrets.Store.
 func (s *SecretsStore) Deliveries(ctx context.Context, operationID string) ([]secrets.Delivery, error) {
+	return deliveries(s.db.WithContext(ctx), operationID)
+}
+
+// Deliveries implements secrets.Tx.
+func (t secretsTx) Deliveries(ctx context.Context, operationID string) ([]secrets.Delivery, error) {
+	return deliveries(t.r.db(ctx), operationID)
+}
+
+func deliveries(g *gorm.DB, operationID string) ([]secrets.Delivery, error) {
 	var rows []SecretDelivery
-	if err := s.db.WithContext(ctx).Where("operation_id = ?", operationID).Order("field").Find(&rows).Error; err != nil {
+	if err := g.Where("operation_id = ?", operationID).Order("field").Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := make([]secrets.Delivery, len(rows))

@@ -159,6 +159,9 @@ type Tx interface {
 	MarkUsed(ctx context.Context, digest, operationID string, at time.Time) (bool, error)
 	// InsertDeliveries records resolved values for delivery.
 	InsertDeliveries(ctx context.Context, d ...Delivery) error
+	// Deliveries answers the operation's resolved values in the
+	// transaction.
+	Deliveries(ctx context.Context, operationID string) ([]Delivery, error)
 	// InsertReveals records reveal handles in the transaction.
 	InsertReveals(ctx context.Context, r ...Reveal) error
 	// InsertAudit records audit rows in the transaction.

@@ -86,7 +86,8 @@ func TestRevealHandlesHTTP(t *testing.T) {
 		require.NotEmpty(t, enrolled.SessionToken)
 
 		outcomes := revealAudit(t, s, rv.Value)
-		require.Equal(t, map[string]int{"reveal/denied": 1, "reveal/ok": 1, "reveal/spent": 1}, outcomes)
+		// ok twice: this reveal, and the host's token its wrapper showed.
+		require.Equal(t, map[string]int{"reveal/denied": 1, "reveal/ok": 2, "reveal/spent": 1}, outcomes)
 		require.NotContains(t, log.String(), handle, "the request log names no handle")
 		require.NotContains(t, log.String(), rv.Value)
 	}, apitest.WithLog(log))
@@ -150,6 +151,11 @@ func TestRevealInlineAndCredentialHTTP(t *testing.T) {
 		s.JSON(t, http.MethodGet, "/api/v1/operations/"+op.OperationID, nil, rv.Value, http.StatusNotFound, nil)
 		require.NotContains(t, dumpDatabase(t, s.App.DB), rv.Value)
 		require.NotContains(t, dumpDatabase(t, s.App.DB), tok)
+
+		// The wrapper shows the token in its answer: that spends the
+		// handle too.
+		createHost(t, s, "wrapped", "nodes")
+		require.Equal(t, map[string]int{"reveal/ok": 3, "reveal/spent": 1}, revealAudit(t, s, tok))
 	})
 }
 

@@ -22,9 +22,9 @@ func (s *Service) mintReveals(ctx context.Context, tx Tx, p Principal, k *Kind, 
 }
 
 // withReveals completes a submit's answer: the reveal handles (read back
-// for a replay, within their TTL), and, when the submitter waited for the
-// operation to succeed and asked for them inline, the values, which
-// spends their handles. A handle spent already shows no value.
+// for a replay, within their TTL), and, when inline (the submit that
+// recorded the operation waited for it to succeed and asked for them),
+// the values, which spends their handles.
 func (s *Service) withReveals(ctx context.Context, p Principal, op Operation, inline bool) (Operation, error) {
 	k, ok := s.kinds.Kind(op.Kind)
 	if s.secrets == nil || !ok || len(k.Reveals) == 0 {

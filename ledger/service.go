@@ -179,8 +179,9 @@ type Submission struct {
 	// Wait holds the answer until the operation ends or Wait passes.
 	Wait time.Duration
 	// InlineSecrets asks for the generated secrets' values in the answer
-	// when it waited for the operation to succeed (spending their reveal
-	// handles; DECISIONS.md §37).
+	// of the submit that records the operation, when it waited for the
+	// operation to succeed (spending their reveal handles; DECISIONS.md
+	// §37). A replay never shows them.
 	InlineSecrets bool
 }
 
@@ -327,7 +328,7 @@ func (s *Service) waitAnswer(ctx context.Context, p Principal, op Operation, cre
 		}
 		op.Reveals = reveals
 	}
-	op, err = s.withReveals(ctx, p, op, sub.InlineSecrets && sub.Wait > 0)
+	op, err = s.withReveals(ctx, p, op, sub.InlineSecrets && sub.Wait > 0 && created)
 	return op, created, err
 }
 

@@ -30,9 +30,9 @@ type WorkloadOutput struct {
 type OutputScrubber func(ctx context.Context, o WorkloadOutput) (WorkloadOutput, error)
 
 // scrubLaunchOutput is the default scrubber: it removes the secret values
-// the attempt's launch was given (DECISIONS.md §43). It finds them only
-// while they are kept for delivery (secrets' sweeper drops them once the
-// launch's operation has ended).
+// the attempt's launch was given (DECISIONS.md §43). secrets keeps a
+// succeeded launch's values until its attempt's output is recorded, at
+// most secrets.LaunchValuesKept; output arriving later is stored as is.
 func (s *Service) scrubLaunchOutput(ctx context.Context, o WorkloadOutput) (WorkloadOutput, error) {
 	if s.secretValues == nil {
 		return o, nil

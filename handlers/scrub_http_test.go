@@ -8,6 +8,8 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
 	"github.com/nodeward/nodeward/secrets"
 )
 
@@ -53,6 +55,11 @@ func TestScrubSealedValuesHTTP(t *testing.T) {
 		require.Len(t, polled.Commands, 1)
 		s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{{OperationID: op2.OperationID, Applied: true}}},
 			sess.SessionToken, http.StatusOK, nil)
+		// The launch has ended; its value is kept (encrypted) to scrub the
+		// attempt's output, the refused launch's is not.
+		_, err := s.App.Secrets.Sweep(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, int64(1), dbtest.Count(t, s.App.DB.DB, &models.SecretDelivery{}))
 		s.JSON(t, http.MethodPost, "/agent/v1/output", api.OutputRequest{RunID: "run-1", AttemptID: "scrub-2",
 			StdoutTail: "DB_PASSWORD=" + secret + "\n", StderrTail: "login " + secret + " refused"}, sess.SessionToken, http.StatusOK, nil)
 		var out outputView
@@ -60,8 +67,10 @@ func TestScrubSealedValuesHTTP(t *testing.T) {
 		require.Equal(t, "DB_PASSWORD="+secrets.Placeholder+"\n", out.StdoutTail)
 		require.Equal(t, "login "+secrets.Placeholder+" refused", out.StderrTail)
 
-		_, err := s.App.Secrets.Sweep(t.Context())
+		// The output is recorded: nothing is left to scrub for.
+		_, err = s.App.Secrets.Sweep(t.Context())
 		require.NoError(t, err)
+		require.Zero(t, dbtest.Count(t, s.App.DB.DB, &models.SecretDelivery{}))
 		require.NotContains(t, dumpDatabase(t, s.App.DB), secret, "no table holds the value")
 	})
 }

@@ -229,7 +229,7 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 		}
 	}
 	for {
-		n, err := s.store.PurgeDeliveries(ctx, 500)
+		n, err := s.store.PurgeDeliveries(ctx, s.clock().Add(-LaunchValuesKept), 500)
 		if err != nil || n < 500 {
 			return total, err
 		}

@@ -23,6 +23,10 @@ const (
 	// DefaultMaxLive is how many unused, unexpired handles one principal
 	// may hold.
 	DefaultMaxLive = 1000
+	// LaunchValuesKept bounds how long a succeeded launch's values are
+	// kept, encrypted, to scrub its workload's output when the attempt
+	// exits (DECISIONS.md §43); output recorded sooner releases them.
+	LaunchValuesKept = 7 * 24 * time.Hour
 )
 
 // Target kinds a value may be sealed for. TargetFleet (no id) is a fan-out's.
@@ -145,8 +149,10 @@ type Store interface {
 	// expired before now minus keep, and answers how many it expired.
 	ExpireReveals(ctx context.Context, now time.Time, keep time.Duration, batch int) (int, error)
 	// PurgeDeliveries deletes up to batch resolved values whose operation
-	// has ended (or is gone), and answers how many went.
-	PurgeDeliveries(ctx context.Context, batch int) (int, error)
+	// has ended (or is gone) — except a succeeded launch's, kept for
+	// scrubbing its attempt's output until that output is recorded or
+	// the launch ended before keepLaunchSince — and answers how many went.
+	PurgeDeliveries(ctx context.Context, keepLaunchSince time.Time, batch int) (int, error)
 }
 
 // Tx is the part of the store used inside the ledger's submitting

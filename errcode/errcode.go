@@ -50,6 +50,8 @@ const (
 	OutcomeUnknown       Code = "outcome_unknown"
 	RequestConflict      Code = "request_conflict"
 	KindNotServed        Code = "kind_not_served"
+	RevealSpent          Code = "reveal_spent"
+	RevealExpired        Code = "reveal_expired"
 )
 
 // FieldError names one invalid input field (a JSON pointer or field name).

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // IssueCommand is a request to record a command for a node.
@@ -420,13 +421,17 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 	if err := v.Err(); err != nil {
 		return nil, err
 	}
+	values, err := s.failureValues(ctx, results)
+	if err != nil {
+		return nil, err
+	}
 	now := s.clock()
 	out := make([]api.Settled, 0, len(results))
 	var newly []Command
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	err = s.store.Tx(ctx, func(tx Tx) error {
 		out, newly = out[:0], newly[:0]
 		for _, r := range results {
-			c, fresh, err := s.settleTx(ctx, tx, sess.NodeID, r, now)
+			c, fresh, err := s.settleTx(ctx, tx, sess.NodeID, r, values, now)
 			switch {
 			case err == nil:
 				item := api.Settled{OperationID: r.OperationID, State: string(c.State)}
@@ -459,8 +464,26 @@ var (
 	errNotThisNode      = errcode.New(errcode.NotThisNode, "operation belongs to another node")
 )
 
+// failureValues answers the secret values the commands of the refused
+// results were given, to scrub from the nodes' failure text. They are
+// read before the settling transaction; removing one command's values
+// from another's text removes nothing that should stay.
+func (s *Service) failureValues(ctx context.Context, results []api.Result) ([]string, error) {
+	var ids []string
+	for _, r := range results {
+		if !r.Applied && !r.Duplicate && r.Failure != "" {
+			ids = append(ids, r.OperationID)
+		}
+	}
+	if len(ids) == 0 || s.secretValues == nil {
+		return nil, nil
+	}
+	return s.secretValues(ctx, ids...)
+}
+
 // settleTx settles one result inside tx; fresh reports a state change.
-func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Result, now time.Time) (Command, bool, error) {
+// values are secret values to scrub from the node's failure text.
+func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Result, values []string, now time.Time) (Command, bool, error) {
 	c, err := tx.LockCommand(ctx, r.OperationID)
 	if isNoRows(err) {
 		return Command{}, false, errUnknownOperation
@@ -479,7 +502,7 @@ func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Resu
 	} else {
 		c.State = CommandRefused
 		c.FailureCode = "refused_by_node"
-		c.FailureMessage = scrubFailure(r.Failure)
+		c.FailureMessage = scrubFailure(secrets.Scrub(r.Failure, values))
 	}
 	c.SettledAt = &now
 	c.Duplicate = r.Duplicate
@@ -491,8 +514,8 @@ func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Resu
 	return c, true, nil
 }
 
-// scrubFailure bounds a node's failure text and keeps it printable. (Known
-// secret values are replaced here once the secrets issue lands.)
+// scrubFailure bounds a node's failure text and keeps it printable (its
+// secret values are replaced before, while they are whole).
 func scrubFailure(s string) string {
 	if s == "" {
 		return "refused by the node (no reason given)"

@@ -43,9 +43,13 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	}
 	var n Node
 	var settled []Command
+	values, err := s.failureValues(ctx, req.UnacknowledgedResults)
+	if err != nil {
+		return api.EnrollResponse{}, err
+	}
 	err = s.store.Tx(ctx, func(tx Tx) error {
 		var err error
-		n, settled, err = s.enrollTx(ctx, tx, req, claims, facts, disk, now)
+		n, settled, err = s.enrollTx(ctx, tx, req, claims, facts, disk, values, now)
 		return err
 	})
 	if err != nil {
@@ -93,12 +97,12 @@ func (s *Service) signerDoor(req api.EnrollRequest) (enrollClaims, error) {
 // the audit entry and notifications. It answers the enrolled node and every
 // command it settled.
 func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims,
-	facts json.RawMessage, disk Disk, now time.Time) (Node, []Command, error) {
+	facts json.RawMessage, disk Disk, values []string, now time.Time) (Node, []Command, error) {
 	n, inv, err := storeDoor(ctx, tx, req, c, now)
 	if err != nil {
 		return Node{}, nil, err
 	}
-	settled, err := s.settleUnacknowledged(ctx, tx, n.ID, req.UnacknowledgedResults, now)
+	settled, err := s.settleUnacknowledged(ctx, tx, n.ID, req.UnacknowledgedResults, values, now)
 	if err != nil {
 		return Node{}, nil, err
 	}
@@ -169,10 +173,10 @@ func storeDoor(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims
 // had acknowledged, before any fencing changes. A result that cannot be
 // taken (unknown operation, another node's) is skipped; only a store
 // failure ends the enrollment. It answers the commands it settled.
-func (s *Service) settleUnacknowledged(ctx context.Context, tx Tx, nodeID string, results []api.Result, now time.Time) ([]Command, error) {
+func (s *Service) settleUnacknowledged(ctx context.Context, tx Tx, nodeID string, results []api.Result, values []string, now time.Time) ([]Command, error) {
 	var settled []Command
 	for _, r := range results {
-		c, _, err := s.settleTx(ctx, tx, nodeID, r, now)
+		c, _, err := s.settleTx(ctx, tx, nodeID, r, values, now)
 		if err == nil && c.OperationID != "" {
 			settled = append(settled, c)
 		} else if err != nil && errcode.Of(err) == errcode.Internal {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // WorkloadOutput is what one exited workload attempt wrote last: the tail of
@@ -28,11 +29,26 @@ type WorkloadOutput struct {
 // was given.
 type OutputScrubber func(ctx context.Context, o WorkloadOutput) (WorkloadOutput, error)
 
-// noScrub is the scrubber while nodes are given no secrets: a launch's
-// environment holds nothing sealed yet, so there is nothing to remove. The
-// secrets work replaces it (Options.ScrubOutput) with one that removes the
-// launch's secret environment values.
-func noScrub(_ context.Context, o WorkloadOutput) (WorkloadOutput, error) { return o, nil }
+// scrubLaunchOutput is the default scrubber: it removes the secret values
+// the attempt's launch was given (DECISIONS.md §43). secrets keeps a
+// succeeded launch's values until its attempt's output is recorded, at
+// most secrets.LaunchValuesKept; output arriving later is stored as is.
+func (s *Service) scrubLaunchOutput(ctx context.Context, o WorkloadOutput) (WorkloadOutput, error) {
+	if s.secretValues == nil {
+		return o, nil
+	}
+	ids, err := s.store.LaunchCommands(ctx, o.NodeID, o.RunID, o.AttemptID)
+	if err != nil || len(ids) == 0 {
+		return o, err
+	}
+	values, err := s.secretValues(ctx, ids...)
+	if err != nil {
+		return o, err
+	}
+	o.StdoutTail = secrets.Scrub(o.StdoutTail, values)
+	o.StderrTail = secrets.Scrub(o.StderrTail, values)
+	return o, nil
+}
 
 // ErrOutputNotFound answers a read of output no node reported.
 var ErrOutputNotFound = errcode.New(errcode.NotFound, "no output was reported for that workload attempt")

@@ -74,6 +74,8 @@ type Service struct {
 	metrics  *metrics.Metrics
 	scrub    OutputScrubber
 
+	secretValues func(ctx context.Context, operationIDs ...string) ([]string, error)
+
 	enrollSigner  *keys.Signer
 	sessionSigner *keys.Signer
 
@@ -100,8 +102,13 @@ type Options struct {
 	// notification listener reports healthy.
 	CrossReplica bool
 	// ScrubOutput removes secret values from workload output before it is
-	// stored (default: nothing to remove while nodes hold no secrets).
+	// stored (default: the values SecretValues answers for the attempt's
+	// launch commands).
 	ScrubOutput OutputScrubber
+	// SecretValues answers the secret values the operations' commands
+	// were given (nil: nodes are given none), so node failure text and
+	// workload output are scrubbed of them before they are stored.
+	SecretValues func(ctx context.Context, operationIDs ...string) ([]string, error)
 }
 
 // New returns the fleet service. Call Run to start its background work.
@@ -116,9 +123,7 @@ func New(o Options) *Service {
 	if o.Metrics == nil {
 		o.Metrics = metrics.New(nil)
 	}
-	if o.ScrubOutput == nil {
-		o.ScrubOutput = noScrub
-	}
+
 	s := &Service{
 		store:           o.Store,
 		settings:        o.Settings,
@@ -126,9 +131,13 @@ func New(o Options) *Service {
 		log:             o.Logger,
 		metrics:         o.Metrics,
 		scrub:           o.ScrubOutput,
+		secretValues:    o.SecretValues,
 		enrollSigner:    keys.NewSigner(o.Keys, keys.LabelNodeEnrollment, "nodeward-enroll", "enroll+jwt", o.Now),
 		sessionSigner:   keys.NewSigner(o.Keys, keys.LabelNodeSession, "nodeward-node", "node+jwt", o.Now),
 		notifierHealthy: !o.CrossReplica,
+	}
+	if s.scrub == nil {
+		s.scrub = s.scrubLaunchOutput
 	}
 	s.cache = newNodeCache(o.Settings.NodeCacheTTL, o.Now)
 	s.hub = newHub(o.Metrics, o.Now)

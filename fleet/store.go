@@ -108,6 +108,10 @@ type Reader interface {
 	WorkloadOutput(ctx context.Context, nodeID, runID, attemptID string) (WorkloadOutput, error)
 	// Command answers the command, or ErrNoRows.
 	Command(ctx context.Context, operationID string) (Command, error)
+	// LaunchCommands answers the operation ids of the node's
+	// launch_workload commands for the attempt whose payload carries
+	// sealed handles.
+	LaunchCommands(ctx context.Context, nodeID, runID, attemptID string) ([]string, error)
 	// Commands answers a node's commands, oldest first, optionally only
 	// those in one state, at most limit of them (0: no limit). An unknown
 	// node answers an empty list (callers check the node first).

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode"
@@ -160,7 +161,7 @@ func (h *handler) accessLog(next http.Handler) http.Handler {
 			level = slog.LevelError
 		}
 		logger(r).Log(r.Context(), level, "http",
-			"method", clip(r.Method, 16), "path", clip(r.URL.Path, maxLoggedText), "route", route, "status", status,
+			"method", clip(r.Method, 16), "path", clip(loggedPath(r.URL.Path), maxLoggedText), "route", route, "status", status,
 			"bytes", ww.BytesWritten(), "duration_ms", elapsed.Milliseconds(), "remote", r.RemoteAddr,
 			"user_agent", clip(r.UserAgent(), maxLoggedText))
 	})
@@ -273,4 +274,13 @@ func bodyLimit(limit int64) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// loggedPath is the path as the request log shows it: a reveal handle in
+// the path is a one-time credential and is never written out.
+func loggedPath(p string) string {
+	if strings.HasPrefix(p, "/api/v1/reveals/") {
+		return "/api/v1/reveals/[handle]"
+	}
+	return p
 }

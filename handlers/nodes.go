@@ -59,7 +59,10 @@ func (h *handler) submitAndWait(w http.ResponseWriter, r *http.Request, kind str
 		requestID = uuid.NewString()
 	}
 	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
-		RequestID: requestID, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait})
+		RequestID: requestID, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait,
+		// The bootstrap shown in the answer spends its reveal handle
+		// (DECISIONS.md §37); an administrator's replay re-mints it (§35).
+		InlineSecrets: true})
 	switch {
 	case err != nil:
 		writeError(w, r, err)

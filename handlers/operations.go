@@ -64,6 +64,10 @@ type operationView struct {
 	FinishedAt            *time.Time      `json:"finished_at"`
 	Deadline              time.Time       `json:"deadline"`
 	UpdatedAt             time.Time       `json:"updated_at"`
+	// Reveals and Secrets are answered to a submit only (DECISIONS.md
+	// §16, §37).
+	Reveals map[string]string `json:"reveals,omitempty"`
+	Secrets map[string]string `json:"secrets,omitempty"`
 }
 
 func optional(s string) *string {
@@ -89,6 +93,7 @@ func viewOperation(o ledger.Operation) operationView {
 		Operation: rawOrNull(o.Operation), Result: rawOrNull(o.Result), Error: o.Error, Evidence: rawOrNull(o.Evidence),
 		CancelRequestedAt: o.CancelRequestedAt, CreatedAt: o.CreatedAt, AcceptedAt: o.AcceptedAt,
 		FinishedAt: o.FinishedAt, Deadline: o.Deadline, UpdatedAt: o.UpdatedAt,
+		Reveals: o.Reveals, Secrets: o.Secrets,
 	}
 	if o.CancelRequestedAt != nil {
 		v.CancelReason = &o.CancelReason
@@ -130,7 +135,7 @@ func (h *handler) submitOperation(w http.ResponseWriter, r *http.Request) {
 	}
 	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
 		RequestID: body.RequestID, Kind: body.Kind, Targets: body.Targets, Operation: body.Operation,
-		Reason: body.Reason, Wait: wait,
+		Reason: body.Reason, Wait: wait, InlineSecrets: true,
 	})
 	if err != nil {
 		if errcode.Of(err) == errcode.QuotaExceeded {
@@ -147,6 +152,18 @@ func (h *handler) submitOperation(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/api/v1/operations/"+op.ID)
 	writeJSON(w, status, viewOperation(op))
+}
+
+// revealSecret redeems a reveal handle: the secret's field and value,
+// once, to the principal that submitted the operation.
+func (h *handler) revealSecret(w http.ResponseWriter, r *http.Request) {
+	field, value, err := h.Ledger.Reveal(r.Context(), ledgerPrincipal(r), chi.URLParam(r, "handle"))
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, map[string]string{"field": field, "value": value})
 }
 
 func (h *handler) getOperation(w http.ResponseWriter, r *http.Request) {

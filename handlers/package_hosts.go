@@ -72,6 +72,9 @@ func (h *handler) submitCredential(w http.ResponseWriter, r *http.Request, kind 
 	}
 	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
 		RequestID: rid, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait,
+		// The token shown in the answer spends its reveal handle
+		// (DECISIONS.md §37).
+		InlineSecrets: true,
 	})
 	switch {
 	case err != nil:

@@ -34,6 +34,8 @@ var statusOf = map[errcode.Code]int{
 	errcode.EnrollmentSpent:      http.StatusConflict,
 	errcode.EnrollmentSuperseded: http.StatusConflict,
 	errcode.NodeRetired:          http.StatusGone,
+	errcode.RevealSpent:          http.StatusGone,
+	errcode.RevealExpired:        http.StatusGone,
 	errcode.NodeNotReady:         http.StatusConflict,
 	errcode.SessionInvalid:       http.StatusUnauthorized,
 	errcode.Fenced:               http.StatusConflict,

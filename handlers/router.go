@@ -152,6 +152,7 @@ func New(d Deps) http.Handler {
 			r.Post("/package-hosts/{id}/tokens", h.issuePackageHostToken)
 
 			r.Post("/secrets/seal", h.sealSecret)
+			r.Get("/reveals/{handle}", h.revealSecret)
 			r.Get("/secret-audit", h.secretAudit)
 		})
 	})

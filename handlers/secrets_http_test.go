@@ -154,25 +154,32 @@ func TestSealedSecretRoundTripHTTP(t *testing.T) {
 			for _, e := range audit.Entries {
 				outcomes[e.Action+"/"+e.Outcome]++
 			}
-			require.Equal(t, map[string]int{"seal/ok": 3, "use/ok": 3, "use/denied": 4}, outcomes)
+			// The two invitations and the host created through their
+			// wrappers showed their secrets: each a reveal.
+			require.Equal(t, map[string]int{"seal/ok": 3, "use/ok": 3, "use/denied": 4, "reveal/ok": 3}, outcomes)
 			require.Equal(t, secrets.Digest(mine)[:16], audit.Entries[0].HandleDigest, "newest first")
 			s.Admin(t, http.MethodGet, "/api/v1/secret-audit?limit=2", nil, http.StatusOK, &audit)
 			require.Len(t, audit.Entries, 2)
 			require.NotNil(t, audit.NextBefore)
 			s.Admin(t, http.MethodGet, "/api/v1/secret-audit?limit=500&before="+*audit.NextBefore, nil, http.StatusOK, &audit)
-			require.Len(t, audit.Entries, 8)
+			require.Len(t, audit.Entries, 11)
 
 			dump := dumpDatabase(t, s.App.DB)
 			require.NotContains(t, dump, secret, "no table holds the value")
 			require.Contains(t, dump, secrets.Digest(h), "the handle's digest is what is stored")
 			require.NotContains(t, log.String(), secret, "nor does the log")
 
-			// Once the node answered, nothing is left to deliver: the
-			// sweeper drops the ended operation's value, and only its.
+			// Once the node answered, nothing is left to deliver; a launch's
+			// value is still kept to scrub its attempt's output, and once
+			// that is recorded the sweeper drops it, and only it.
 			s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{{OperationID: polled.Commands[0].OperationID, Applied: true}}},
 				sess.SessionToken, http.StatusOK, nil)
-			require.Equal(t, int64(3), dbtest.Count(t, s.App.DB.DB, &models.SecretDelivery{}))
 			_, err := s.App.Secrets.Sweep(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, int64(3), dbtest.Count(t, s.App.DB.DB, &models.SecretDelivery{}))
+			s.JSON(t, http.MethodPost, "/agent/v1/output", api.OutputRequest{RunID: "run-1", AttemptID: "deploy-1", StdoutTail: "done"},
+				sess.SessionToken, http.StatusOK, nil)
+			_, err = s.App.Secrets.Sweep(t.Context())
 			require.NoError(t, err)
 			require.Zero(t, dbtest.Count(t, s.App.DB.DB, &models.SecretDelivery{}, "operation_id = ?", polled.Commands[0].OperationID))
 			require.Equal(t, int64(2), dbtest.Count(t, s.App.DB.DB, &models.SecretDelivery{}))

@@ -66,6 +66,11 @@ type Kind struct {
 	// target (see fanout.go); it runs in the claiming transaction, so a
 	// crash before it committed leaves nothing recorded.
 	FanOut func(ctx context.Context, tx Tx, op Operation) (Plan, error)
+	// Reveals names the secrets the kind generates (fields of the
+	// submit answer's reveals, DECISIONS.md §16); Reveal produces one
+	// from the succeeded operation's result, never from storage.
+	Reveals []string
+	Reveal  func(ctx context.Context, op Operation, field string) (string, error)
 }
 
 // Registry maps kind names to kinds. A kind it does not hold is not served.

@@ -16,9 +16,8 @@ import (
 // A token never enters the ledger: the result records the host (id, name,
 // families, generation), and the token is re-derived from the operation
 // id and that generation by auth.Service.PackageHostToken for the call
-// that submitted it (the wrapper POST /api/v1/package-hosts today; the
-// one-time reveal handles of DECISIONS.md §16 and §37 will use the same
-// seam).
+// that submitted it (the wrapper POST /api/v1/package-hosts, and the
+// one-time reveal handles of DECISIONS.md §16 and §37).
 const (
 	KindCredentialIssue  = "credential.issue"
 	KindCredentialRevoke = "credential.revoke"
@@ -60,6 +59,10 @@ func onePackageHostTarget(d *Draft) (string, error) {
 	}
 	return d.Targets[0].ID, nil
 }
+
+// FieldToken names the secret credential.issue generates (its reveal
+// handle's field): the package host's token.
+const FieldToken = "token"
 
 // CredentialKinds are the kinds of family credentials, carried out by a.
 func CredentialKinds(a *auth.Service) []*Kind {
@@ -109,6 +112,14 @@ func CredentialKinds(a *auth.Service) []*Kind {
 					return nil, err
 				}
 				return packageHostResult(h), nil
+			},
+			Reveals: []string{FieldToken},
+			Reveal: func(ctx context.Context, op Operation, field string) (string, error) {
+				r, err := ResultPackageHost(op)
+				if err != nil {
+					return "", err
+				}
+				return a.PackageHostToken(ctx, op.ID, r.PackageHostID, r.Generation)
 			},
 		},
 		{

@@ -80,6 +80,23 @@ func bootstrapResult(b api.Bootstrap) json.RawMessage {
 		ExpiresAt: b.ExpiresAt, ControlPlaneURL: b.ControlPlaneURL, AgentVersion: b.AgentVersion, InvitationID: b.InvitationID})
 }
 
+// FieldEnrollmentToken names the secret node.invite and node.reinvite
+// generate (their reveal handle's field).
+const FieldEnrollmentToken = "enrollment_token"
+
+// revealEnrollment mints the recorded invitation's enrollment token again:
+// the identical token (DECISIONS.md §5), never stored.
+func revealEnrollment(f *fleet.Service) func(ctx context.Context, op Operation, field string) (string, error) {
+	return func(ctx context.Context, op Operation, field string) (string, error) {
+		var r BootstrapResult
+		if err := json.Unmarshal(op.Result, &r); err != nil {
+			return "", err
+		}
+		b, err := f.RemintBootstrap(ctx, r.InvitationID)
+		return b.EnrollmentToken, err
+	}
+}
+
 // RetireResult is what node.retire records.
 type RetireResult struct {
 	NodeID    string     `json:"node_id"`
@@ -165,6 +182,7 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				}
 				return bootstrapResult(b), nil
 			},
+			Reveals: []string{FieldEnrollmentToken}, Reveal: revealEnrollment(f),
 		},
 		{
 			Name: KindNodeReinvite, Family: FamilyNodes,
@@ -190,6 +208,7 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				}
 				return bootstrapResult(b), nil
 			},
+			Reveals: []string{FieldEnrollmentToken}, Reveal: revealEnrollment(f),
 		},
 		{
 			Name: KindNodeRetire, Family: FamilyNodes, QuotaExempt: true,

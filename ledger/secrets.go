@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 
 	"github.com/nodeward/nodeward/secrets"
@@ -42,4 +43,28 @@ func (s *Service) refusedSecrets(ctx context.Context, err error) {
 	if s.secrets != nil {
 		s.secrets.RecordDenial(ctx, err)
 	}
+}
+
+// scrubEnd replaces the secret values op used (its own resolved values, or
+// its fan-out parent's) by a placeholder in its result, error and
+// evidence before they are stored (ARCHITECTURE.md §4 "Scrub"). An
+// operation that carried no handle used no value: nothing is read.
+// (Generated secrets never reach a result: kinds record results without
+// them, and reveals produce them again.)
+func (s *Service) scrubEnd(ctx context.Context, tx Tx, op Operation, result json.RawMessage, opErr *Error) (Operation, json.RawMessage, *Error, error) {
+	if !s.carriesSecrets(op) {
+		return op, result, opErr, nil
+	}
+	values, err := s.secrets.TxValues(ctx, tx.Secrets(), op.ID, op.ParentID)
+	if err != nil || len(values) == 0 {
+		return op, result, opErr, err
+	}
+	result = secrets.ScrubJSON(result, values)
+	op.Evidence = secrets.ScrubJSON(op.Evidence, values)
+	if opErr != nil {
+		e := *opErr
+		e.Message = secrets.Scrub(e.Message, values)
+		opErr = &e
+	}
+	return op, result, opErr, nil
 }

@@ -178,6 +178,11 @@ type Submission struct {
 	Reason    string
 	// Wait holds the answer until the operation ends or Wait passes.
 	Wait time.Duration
+	// InlineSecrets asks for the generated secrets' values in the answer
+	// of the submit that records the operation, when it waited for the
+	// operation to succeed (spending their reveal handles; DECISIONS.md
+	// §37). A replay never shows them.
+	InlineSecrets bool
 }
 
 // Submit records an operation, or answers the one recorded for the same
@@ -213,7 +218,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 		return Operation{}, false, err
 	}
 	if op, err := s.replay(ctx, p, sub.RequestID, digest); err == nil || !errors.Is(err, ErrNoRows) {
-		return s.waitAnswer(ctx, op, false, sub.Wait, err)
+		return s.waitAnswer(ctx, p, op, false, sub, err)
 	}
 
 	kind, ok := s.kinds.Kind(sub.Kind)
@@ -247,7 +252,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	op.TargetKind, op.TargetID = indexTarget(d.Targets)
 	submitted := Event{OperationID: op.ID, Type: EventSubmitted, At: now,
 		Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}
-	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) && !s.carriesSecrets(op) {
+	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) && !s.carriesSecrets(op) && len(kind.Reveals) == 0 {
 		// Nothing to check or write beside it: one atomic write records
 		// and announces it (the common case costs one statement).
 		err = s.store.Insert(ctx, &op, submitted)
@@ -265,6 +270,10 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 				return err
 			}
 			if err := tx.InsertOperation(ctx, &op, submitted); err != nil {
+				return err
+			}
+			var err error
+			if op.Reveals, err = s.mintReveals(ctx, tx, p, kind, op); err != nil {
 				return err
 			}
 			if kind.Record != nil {
@@ -287,14 +296,14 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 		if errors.Is(err, ErrNoRows) {
 			err = errcode.Errorf(errcode.OperationConflict, "operation id %q is taken by another request", id)
 		}
-		return s.waitAnswer(ctx, op, false, sub.Wait, err)
+		return s.waitAnswer(ctx, p, op, false, sub, err)
 	}
 	if err != nil {
 		s.refusedSecrets(ctx, err)
 		return Operation{}, false, err
 	}
 	s.metrics.OperationsSubmitted.WithLabelValues(op.Kind).Inc()
-	return s.waitAnswer(ctx, op, true, sub.Wait, nil)
+	return s.waitAnswer(ctx, p, op, true, sub, nil)
 }
 
 func (s *Service) replay(ctx context.Context, p Principal, requestID, digest string) (Operation, error) {
@@ -308,11 +317,18 @@ func (s *Service) replay(ctx context.Context, p Principal, requestID, digest str
 	return op, nil
 }
 
-func (s *Service) waitAnswer(ctx context.Context, op Operation, created bool, wait time.Duration, err error) (Operation, bool, error) {
-	if err != nil || wait <= 0 || op.Terminal() {
+func (s *Service) waitAnswer(ctx context.Context, p Principal, op Operation, created bool, sub Submission, err error) (Operation, bool, error) {
+	if err != nil {
 		return op, created, err
 	}
-	op, err = s.Wait(ctx, op.ID, wait)
+	if sub.Wait > 0 && !op.Terminal() {
+		reveals := op.Reveals
+		if op, err = s.Wait(ctx, op.ID, sub.Wait); err != nil {
+			return op, created, err
+		}
+		op.Reveals = reveals
+	}
+	op, err = s.withReveals(ctx, p, op, sub.InlineSecrets && sub.Wait > 0 && created)
 	return op, created, err
 }
 
@@ -507,6 +523,10 @@ func cancelMessage(reason string) string {
 // endTx moves op to a terminal state inside tx, with its result or error,
 // and records the event. An operation already ended is answered unchanged.
 func (s *Service) endTx(ctx context.Context, tx Tx, op Operation, to State, result json.RawMessage, opErr *Error, now time.Time) (Operation, error) {
+	op, result, opErr, err := s.scrubEnd(ctx, tx, op, result, opErr)
+	if err != nil {
+		return op, err
+	}
 	ended, err := endOperationTx(ctx, tx, op, to, result, opErr, now)
 	if err == nil && ended.State == to && op.State != to {
 		s.metrics.OperationsEnded.WithLabelValues(op.Kind, string(to)).Inc()

@@ -223,6 +223,16 @@ type Operation struct {
 	// (the node's command), so the submitter need not read it back; nil on
 	// a replay and on every read. Never stored.
 	Recorded any
+	// Reveals are the submitter's one-time handles to the secrets the
+	// operation generates, field → handle: answered to a submit and its
+	// replays within the handles' TTL; nil on every read. Never stored
+	// here (secrets keeps them).
+	Reveals map[string]string
+	// Secrets are the generated values themselves, field → value, shown
+	// once in the answer of a submit that waited for the operation to
+	// succeed (Submission.InlineSecrets); showing them spent their
+	// handles.
+	Secrets map[string]string
 }
 
 // Terminal reports whether the operation has ended.

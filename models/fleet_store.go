@@ -11,8 +11,10 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
+	"github.com/nodeward/nodeward/secrets"
 )
 
 // FleetStore implements fleet.Store over GORM for both dialects.
@@ -591,4 +593,27 @@ func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {
 	// Delivered to the other replicas when (and only if) the transaction
 	// commits.
 	return t.db(ctx).Exec("SELECT pg_notify(?, ?)", t.store.channel, n.Encode(t.store.replica)).Error
+}
+
+// LaunchCommands implements fleet.Reader. The payload is canonical JSON,
+// so the text match narrows to the attempt's launches that carry handles
+// and the decode confirms each.
+func (r fleetReader) LaunchCommands(ctx context.Context, nodeID, runID, attemptID string) ([]string, error) {
+	var rows []Command
+	if err := r.db(ctx).Select("operation_id", "payload").
+		Where("node_id = ? AND kind = ? AND payload LIKE ?", nodeID, api.KindLaunchWorkload, "%"+secrets.HandlePrefix+"%").
+		Order("issued_at, operation_id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, row := range rows {
+		var p struct {
+			RunID     string `json:"run_id"`
+			AttemptID string `json:"attempt_id"`
+		}
+		if json.Unmarshal([]byte(row.Payload), &p) == nil && p.RunID == runID && p.AttemptID == attemptID {
+			out = append(out, row.OperationID)
+		}
+	}
+	return out, nil
 }

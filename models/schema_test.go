@@ -36,6 +36,7 @@ var allModels = []any{
 	&models.SealedSecret{},
 	&models.SecretDelivery{},
 	&models.SecretAudit{},
+	&models.RevealHandle{},
 }
 
 // Tables the migrations tool owns.

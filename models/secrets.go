@@ -49,3 +49,20 @@ type SecretAudit struct {
 
 // TableName pins the table name (GORM would pluralise it).
 func (SecretAudit) TableName() string { return "secret_audit" }
+
+// RevealHandle is a row of reveal_handles: a one-time handle to a secret
+// an operation generated, named by its digest; the handle itself sealed.
+type RevealHandle struct {
+	Digest        string `gorm:"primaryKey"`
+	PrincipalKind string
+	PrincipalID   string
+	RequestID     string
+	OperationID   string
+	Field         string
+	KeyID         string
+	Box           string
+	State         string
+	CreatedAt     time.Time `gorm:"autoCreateTime:false"`
+	ExpiresAt     time.Time
+	SpentAt       *time.Time
+}

@@ -142,8 +142,17 @@ func (s *SecretsStore) Purge(ctx context.Context, now time.Time, batch int) (int
 
 // Deliveries implements secrets.Store.
 func (s *SecretsStore) Deliveries(ctx context.Context, operationID string) ([]secrets.Delivery, error) {
+	return deliveries(s.db.WithContext(ctx), operationID)
+}
+
+// Deliveries implements secrets.Tx.
+func (t secretsTx) Deliveries(ctx context.Context, operationID string) ([]secrets.Delivery, error) {
+	return deliveries(t.r.db(ctx), operationID)
+}
+
+func deliveries(g *gorm.DB, operationID string) ([]secrets.Delivery, error) {
 	var rows []SecretDelivery
-	if err := s.db.WithContext(ctx).Where("operation_id = ?", operationID).Order("field").Find(&rows).Error; err != nil {
+	if err := g.Where("operation_id = ?", operationID).Order("field").Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := make([]secrets.Delivery, len(rows))
@@ -158,10 +167,18 @@ func (s *SecretsStore) Deliveries(ctx context.Context, operationID string) ([]se
 }
 
 // PurgeDeliveries implements secrets.Store.
-func (s *SecretsStore) PurgeDeliveries(ctx context.Context, batch int) (int, error) {
+func (s *SecretsStore) PurgeDeliveries(ctx context.Context, keepLaunchSince time.Time, batch int) (int, error) {
+	field := func(f string) string { return "json_extract(c.payload, '$." + f + "')" }
+	if s.db.Dialect == Postgres {
+		field = func(f string) string { return "(c.payload::jsonb ->> '" + f + "')" }
+	}
 	res := s.db.WithContext(ctx).Exec(`DELETE FROM secret_deliveries WHERE operation_id IN (
 		SELECT d.operation_id FROM secret_deliveries d LEFT JOIN operations o ON o.id = d.operation_id
-		WHERE o.id IS NULL OR o.terminal LIMIT ?)`, batch)
+		WHERE o.id IS NULL OR (o.terminal AND (o.kind <> ? OR o.state <> ? OR o.finished_at <= ? OR EXISTS (
+			SELECT 1 FROM commands c JOIN workload_outputs w ON w.node_id = c.node_id
+				AND w.run_id = `+field("run_id")+` AND w.attempt_id = `+field("attempt_id")+`
+			WHERE c.operation_id = d.operation_id)))
+		LIMIT ?)`, "node.launch_workload", "succeeded", dbtime.Norm(keepLaunchSince), batch)
 	return int(res.RowsAffected), res.Error
 }
 

@@ -65,7 +65,7 @@ func TestSecretsStoreSealLookupUse(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, none)
 		// op1 is no operation of the ledger's: its value is purged.
-		n, err := s.PurgeDeliveries(ctx, 10)
+		n, err := s.PurgeDeliveries(ctx, time.Now(), 10)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 		require.Zero(t, dbtest.Count(t, db.DB, &models.SecretDelivery{}))

@@ -201,7 +201,8 @@ func (s *Service) Audit(ctx context.Context, before int64, limit int) ([]AuditEn
 	return s.store.Audit(ctx, before, limit)
 }
 
-// Sweep purges expired handles (auditing each unused one), and the
+// Sweep purges expired handles (auditing each unused one), expires
+// reveal handles past their TTL (auditing each), and the
 // resolved values of operations that ended (nothing is left to deliver),
 // in batches until none is left; it answers how many handles went.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
@@ -217,7 +218,18 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 		}
 	}
 	for {
-		n, err := s.store.PurgeDeliveries(ctx, 500)
+		// Expired reveal handles are kept a day, so a late redemption
+		// answers reveal_expired rather than not_found.
+		n, err := s.store.ExpireReveals(ctx, s.clock(), 24*time.Hour, 500)
+		if err != nil {
+			return total, err
+		}
+		if n < 500 {
+			break
+		}
+	}
+	for {
+		n, err := s.store.PurgeDeliveries(ctx, s.clock().Add(-LaunchValuesKept), 500)
 		if err != nil || n < 500 {
 			return total, err
 		}

@@ -23,6 +23,10 @@ const (
 	// DefaultMaxLive is how many unused, unexpired handles one principal
 	// may hold.
 	DefaultMaxLive = 1000
+	// LaunchValuesKept bounds how long a succeeded launch's values are
+	// kept, encrypted, to scrub its workload's output when the attempt
+	// exits (DECISIONS.md §43); output recorded sooner releases them.
+	LaunchValuesKept = 7 * 24 * time.Hour
 )
 
 // Target kinds a value may be sealed for. TargetFleet (no id) is a fan-out's.
@@ -132,9 +136,23 @@ type Store interface {
 	Purge(ctx context.Context, now time.Time, batch int) (int, error)
 	// Deliveries answers the operation's resolved values.
 	Deliveries(ctx context.Context, operationID string) ([]Delivery, error)
+	// RevealsOf answers the operation's reveal handles.
+	RevealsOf(ctx context.Context, operationID string) ([]Reveal, error)
+	// LookupReveal answers the reveal handle of that digest, or ErrNoRows.
+	LookupReveal(ctx context.Context, digest string) (Reveal, error)
+	// SpendReveal moves the handle from open to spent and records a with
+	// it, and reports whether it did: of concurrent spends exactly one
+	// does.
+	SpendReveal(ctx context.Context, digest string, at time.Time, a AuditEntry) (bool, error)
+	// ExpireReveals moves up to batch open reveal handles whose expiry is
+	// at or before now to expired, auditing each, deletes those that
+	// expired before now minus keep, and answers how many it expired.
+	ExpireReveals(ctx context.Context, now time.Time, keep time.Duration, batch int) (int, error)
 	// PurgeDeliveries deletes up to batch resolved values whose operation
-	// has ended (or is gone), and answers how many went.
-	PurgeDeliveries(ctx context.Context, batch int) (int, error)
+	// has ended (or is gone) — except a succeeded launch's, kept for
+	// scrubbing its attempt's output until that output is recorded or
+	// the launch ended before keepLaunchSince — and answers how many went.
+	PurgeDeliveries(ctx context.Context, keepLaunchSince time.Time, batch int) (int, error)
 }
 
 // Tx is the part of the store used inside the ledger's submitting
@@ -147,6 +165,11 @@ type Tx interface {
 	MarkUsed(ctx context.Context, digest, operationID string, at time.Time) (bool, error)
 	// InsertDeliveries records resolved values for delivery.
 	InsertDeliveries(ctx context.Context, d ...Delivery) error
+	// Deliveries answers the operation's resolved values in the
+	// transaction.
+	Deliveries(ctx context.Context, operationID string) ([]Delivery, error)
+	// InsertReveals records reveal handles in the transaction.
+	InsertReveals(ctx context.Context, r ...Reveal) error
 	// InsertAudit records audit rows in the transaction.
 	InsertAudit(ctx context.Context, a ...AuditEntry) error
 }

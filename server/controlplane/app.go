@@ -107,6 +107,27 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		Logger:       log,
 		Metrics:      a.Metrics,
 		CrossReplica: db.Dialect == models.Postgres,
+		// Node failure text and workload output are scrubbed of the
+		// values their commands were given (a fan-out child's are its
+		// parent's).
+		SecretValues: func(ctx context.Context, ids ...string) ([]string, error) {
+			var all []string
+			for _, id := range ids {
+				op, err := a.Ledger.Get(ctx, ledger.Principal{Kind: ledger.PrincipalAdmin}, id)
+				if errors.Is(err, ledger.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return nil, err
+				}
+				vs, err := a.Secrets.Values(ctx, op.ID, op.ParentID)
+				if err != nil {
+					return nil, err
+				}
+				all = append(all, vs...)
+			}
+			return all, nil
+		},
 	})
 	a.Secrets = secrets.New(secrets.Options{Store: models.NewSecretsStore(db), Keys: ring, Now: cfg.Now, Logger: log})
 	ledgerStore := models.NewLedgerStore(a.fleetStore)

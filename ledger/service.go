@@ -388,7 +388,6 @@ func (s *Service) checkNodeQuota(ctx context.Context, tx Tx, k *Kind, op Operati
 	return nil
 }
 
-
 // indexTarget answers the target a listing filters on: the single target,
 // or the fleet for many.
 func indexTarget(ts []Target) (string, string) {

@@ -193,6 +193,12 @@ func (s *Service) finishRun(ctx, runCtx context.Context, op Operation, result js
 	default:
 		end.State, end.Error = StateFailed, operationError(err)
 	}
+	if s.carriesSecrets(op) {
+		// Its result and error are scrubbed of the values it used, which
+		// the per-operation end does (the batch writes them as they are).
+		s.finish(ctx, op, end.State, end.Result, end.Error)
+		return
+	}
 	s.ends <- end
 }
 

@@ -293,7 +293,31 @@ func TestSealedSecretFanOutHTTP(t *testing.T) {
 			status, _, raw := s.Do(t, http.MethodGet, "/api/v1/commands/"+polled.Commands[0].OperationID, nil, s.AdminToken)
 			require.Equal(t, http.StatusOK, status)
 			require.NotContains(t, string(raw), "fleet-secret", "the child's command keeps the handle")
+			s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{{OperationID: polled.Commands[0].OperationID, Applied: true}}},
+				sess.SessionToken, http.StatusOK, nil)
 		}
+		// The fan-out ends before its children's output arrives: the values
+		// stay (under the parent) until every child's output is scrubbed.
+		var ended opJSON
+		deadline := time.Now().Add(30 * time.Second)
+		for ended.State != "succeeded" && time.Now().Before(deadline) {
+			s.Admin(t, http.MethodGet, "/api/v1/operations/"+parent.OperationID, nil, http.StatusOK, &ended)
+		}
+		require.Equal(t, "succeeded", ended.State)
+		_, err := s.App.Secrets.Sweep(t.Context())
+		require.NoError(t, err)
+		for i, sess := range []api.EnrollResponse{sa, sb} {
+			s.JSON(t, http.MethodPost, "/agent/v1/output", api.OutputRequest{RunID: "r", AttemptID: "a",
+				StdoutTail: "connecting with fleet-secret\n", StderrTail: "", Truncated: false}, sess.SessionToken, http.StatusOK, nil)
+			node := []api.Bootstrap{a, b}[i].NodeID
+			var out outputView
+			s.Admin(t, http.MethodGet, "/api/v1/nodes/"+node+"/workloads/r/a/output", nil, http.StatusOK, &out)
+			require.Equal(t, "connecting with [secret]\n", out.StdoutTail, "child %d's output is scrubbed of the parent's value", i)
+		}
+		_, err = s.App.Secrets.Sweep(t.Context())
+		require.NoError(t, err)
+		require.Zero(t, dbtest.Count(t, s.App.DB.DB, &models.SecretDelivery{}, "operation_id = ?", parent.OperationID),
+			"every child's output is recorded: the values go")
 		// A node-targeted kind may not use a fleet handle.
 		s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": "fan-x", "target": map[string]any{"kind": "fleet"},
 			"field": "/env/DB_PASSWORD", "value": "v"}, http.StatusCreated, &sealed)

@@ -172,13 +172,21 @@ func (s *SecretsStore) PurgeDeliveries(ctx context.Context, keepLaunchSince time
 	if s.db.Dialect == Postgres {
 		field = func(f string) string { return "(c.payload::jsonb ->> '" + f + "')" }
 	}
+	// A launch still owed its output keeps the values its output is
+	// scrubbed of: its own (a single launch) or its fan-out parent's (the
+	// children of a fleet.command read their parent's).
+	noOutput := `NOT EXISTS (SELECT 1 FROM workload_outputs w WHERE w.node_id = c.node_id
+			AND w.run_id = ` + field("run_id") + ` AND w.attempt_id = ` + field("attempt_id") + `)`
+	owed := `ch.kind = 'node.launch_workload' AND ch.state = 'succeeded' AND ch.finished_at > ?`
+	keep := dbtime.Norm(keepLaunchSince)
 	res := s.db.WithContext(ctx).Exec(`DELETE FROM secret_deliveries WHERE operation_id IN (
 		SELECT d.operation_id FROM secret_deliveries d LEFT JOIN operations o ON o.id = d.operation_id
-		WHERE o.id IS NULL OR (o.terminal AND (o.kind <> ? OR o.state <> ? OR o.finished_at <= ? OR EXISTS (
-			SELECT 1 FROM commands c JOIN workload_outputs w ON w.node_id = c.node_id
-				AND w.run_id = `+field("run_id")+` AND w.attempt_id = `+field("attempt_id")+`
-			WHERE c.operation_id = d.operation_id)))
-		LIMIT ?)`, "node.launch_workload", "succeeded", dbtime.Norm(keepLaunchSince), batch)
+		WHERE o.id IS NULL OR (o.terminal
+			AND NOT EXISTS (SELECT 1 FROM operations ch JOIN commands c ON c.operation_id = ch.id
+				WHERE ch.id = o.id AND `+owed+` AND `+noOutput+`)
+			AND NOT EXISTS (SELECT 1 FROM operations ch JOIN commands c ON c.operation_id = ch.id
+				WHERE ch.parent_id = o.id AND `+owed+` AND `+noOutput+`))
+		LIMIT ?)`, keep, keep, batch)
 	return int(res.RowsAffected), res.Error
 }
 

@@ -22,7 +22,10 @@ func TestWorkloadOutput(t *testing.T) {
 		b.cp.with(func() {
 			require.Equal(t, api.OutputRequest{RunID: "run-1", AttemptID: "a1",
 				StdoutTail: "run-1/a1: exit 3\n", StderrTail: "run-1/a1: simulated\n"}, b.cp.outputs["run-1/a1"])
-			require.Equal(t, 1, b.cp.outputPosts, "sent once it was taken, never again")
+			// A post whose answer is lost is sent again (the server keeps the
+			// first); what must hold is that it was taken and is owed no more.
+			require.GreaterOrEqual(t, b.cp.outputPosts, 1)
+			require.Len(t, b.cp.outputs, 1)
 		})
 		require.Empty(t, b.store.OwedOutputs())
 		require.Equal(t, "exited", states(b.cp.workloadEvents("run-1", "a1"))[2])
@@ -46,7 +49,8 @@ func TestWorkloadOutput(t *testing.T) {
 		})
 		b.cp.with(func() {
 			require.Equal(t, "run-1/a1: exit 0\n", b.cp.outputs["run-1/a1"].StdoutTail)
-			require.Equal(t, 1, b.cp.outputPosts)
+			require.GreaterOrEqual(t, b.cp.outputPosts, 1, "a lost answer may send it again; the server keeps the first")
+			require.Len(t, b.cp.outputs, 1)
 		})
 		require.Empty(t, b.store.OwedOutputs())
 	})

@@ -15,12 +15,31 @@ const (
 	KindPrepareArtifact = "prepare_artifact"
 	KindLaunchWorkload  = "launch_workload"
 	KindStopWorkload    = "stop_workload"
+	// KindDiagnose runs one whitelisted, read-only diagnostic action
+	// (DECISIONS.md §46); its result carries the evidence.
+	KindDiagnose = "diagnose"
+)
+
+// Capabilities an agent reports in its facts (DECISIONS.md §45). Facts
+// without a list are read as CapCommands and CapConfig.
+const (
+	CapCommands = "commands.v1"
+	CapConfig   = "config.v1"
+	CapOutput   = "output.v1"
+	CapDiag     = "diag.v1"
+)
+
+// States of a configuration report (DECISIONS.md §32).
+const (
+	ConfigApplied = "applied"
+	ConfigFailed  = "failed"
 )
 
 // Event kinds an agent reports.
 const (
 	EventHeartbeat = "heartbeat"
 	EventWorkload  = "workload"
+	EventConfig    = "config"
 )
 
 // Workload states an agent observes.
@@ -87,7 +106,10 @@ type Facts struct {
 	AgentVersion  string            `json:"agent_version"`
 	Runtimes      []string          `json:"runtimes"`
 	Labels        map[string]string `json:"labels,omitempty"`
-	ObservedAt    time.Time         `json:"observed_at"`
+	// Capabilities names what this agent understands ("commands.v1", …);
+	// nil means an agent that predates the list (DECISIONS.md §45).
+	Capabilities []string  `json:"capabilities,omitempty"`
+	ObservedAt   time.Time `json:"observed_at"`
 }
 
 // Command is one unit of work delivered to a node.
@@ -103,6 +125,27 @@ type Command struct {
 // CommandsResponse answers GET /agent/v1/commands.
 type CommandsResponse struct {
 	Commands []Command `json:"commands"`
+	// Config is the node's desired configuration while it is due
+	// (DECISIONS.md §32); nil when nothing is due.
+	Config *ConfigDelivery `json:"config,omitempty"`
+}
+
+// ConfigDelivery is a node's desired configuration as the poll carries it.
+// Document is JSON null when the configuration was cleared.
+type ConfigDelivery struct {
+	Revision int64           `json:"revision"`
+	Hash     string          `json:"hash"`
+	Format   string          `json:"format"`
+	Document json.RawMessage `json:"document"`
+}
+
+// ConfigReport is a node's account of converging on a revision: State is
+// ConfigApplied or ConfigFailed, Message says why it failed.
+type ConfigReport struct {
+	Revision int64  `json:"revision"`
+	Hash     string `json:"hash"`
+	State    string `json:"state"`
+	Message  string `json:"message,omitempty"`
 }
 
 // Result is a node's answer for one command: Applied false means refused,
@@ -112,6 +155,8 @@ type Result struct {
 	Applied     bool   `json:"applied"`
 	Duplicate   bool   `json:"duplicate"`
 	Failure     string `json:"failure,omitempty"`
+	// Evidence is a diagnose command's structured answer (≤ 64 KiB).
+	Evidence json.RawMessage `json:"evidence,omitempty"`
 }
 
 // ResultsRequest is the body of POST /agent/v1/results.
@@ -147,6 +192,7 @@ type Event struct {
 	ObservedAt time.Time            `json:"observed_at"`
 	Facts      *Facts               `json:"facts,omitempty"`
 	Workload   *WorkloadObservation `json:"workload,omitempty"`
+	Config     *ConfigReport        `json:"config,omitempty"`
 }
 
 // EventsRequest is the body of POST /agent/v1/events.

@@ -42,6 +42,7 @@
 package state
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -442,6 +443,13 @@ func (s *Store) UnackedResults() []api.Result {
 	return out
 }
 
+// sameResult reports whether two results say the same thing.
+func sameResult(a, b api.Result) bool {
+	return a.OperationID == b.OperationID && a.Applied == b.Applied &&
+		a.Duplicate == b.Duplicate && a.Failure == b.Failure &&
+		bytes.Equal(a.Evidence, b.Evidence)
+}
+
 // AckResults marks these results, as they were sent, acknowledged by the
 // server. A result that changed since it was sent (a redelivery turned it
 // into a duplicate answer, owed anew) stays owed; unknown ids are ignored.
@@ -451,7 +459,7 @@ func (s *Store) AckResults(sent []api.Result) error {
 	now := s.opts.Now().UTC()
 	for _, r := range sent {
 		op, ok := s.ops[r.OperationID]
-		if !ok || op.State != OpDone || op.Acked || op.Result == nil || *op.Result != r {
+		if !ok || op.State != OpDone || op.Acked || op.Result == nil || !sameResult(*op.Result, r) {
 			continue
 		}
 		next := *op

@@ -41,6 +41,12 @@ type Config struct {
 	DatabaseURL string
 	// URL and Token target a running server instead (loopback only).
 	URL, Token string
+	// CACertificatePEM is trusted for an https URL (the hold scenario's
+	// throwaway CA).
+	CACertificatePEM string
+	// OnHeld, when set, runs once every agent holds its poll, before
+	// anything is issued (the hold scenario samples memory there).
+	OnHeld func(ctx context.Context, held int)
 
 	PGBench    bool   // run the pgbench reference on DatabaseURL afterwards
 	CPUProfile string // profile this process (server included) while issuing
@@ -176,7 +182,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if !client.IsLoopbackHost(u.Hostname()) {
 		return rep, fmt.Errorf("%s is not a loopback address; the load tool only sends to loopback", baseURL)
 	}
-	admin := newAdmin(baseURL, token, cfg.Issuers)
+	admin := newAdmin(baseURL, token, cfg.Issuers, cfg.CACertificatePEM)
 	defer admin.tr.CloseIdleConnections()
 
 	// Invitations, through the admin API.
@@ -190,27 +196,13 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	logf("invited %d nodes (%.0f/s)", len(boots), rep.InvitesPS)
 
 	// Workers, each enrolling and then holding its share of the agents.
-	var workers []*worker
-	defer func() {
-		for _, w := range workers {
-			_ = w.stdin.Close()
-		}
-		for _, w := range workers {
-			_ = w.cmd.Wait()
-		}
-	}()
 	hardStop := time.Now().Add(cfg.Duration + cfg.Drain + 10*time.Minute)
 	start = time.Now()
-	for i := 0; i*cfg.AgentsPerWorker < len(boots); i++ {
-		share := boots[i*cfg.AgentsPerWorker : min(len(boots), (i+1)*cfg.AgentsPerWorker)]
-		// One loopback source address per worker: 127.0.0.2, .3, ...
-		src := fmt.Sprintf("127.0.%d.%d", (i+2)/250, (i+2)%250)
-		w, err := startWorker(cfg, workerJob{URL: baseURL, SourceIP: src, Agents: share, Wait: cfg.Wait,
-			Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()})
-		if err != nil {
-			return rep, err
-		}
-		workers = append(workers, w)
+	workers, err := startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait,
+		Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()}, boots, cfg.AgentsPerWorker)
+	defer stopWorkers(workers)
+	if err != nil {
+		return rep, err
 	}
 	rep.Workers = len(workers)
 	for i, w := range workers {
@@ -243,6 +235,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		if !sleepCtx(ctx, 200*time.Millisecond) {
 			return rep, ctx.Err()
 		}
+	}
+	if cfg.OnHeld != nil {
+		cfg.OnHeld(ctx, rep.Held)
 	}
 	logf("%d long-polls held; issuing for %s at %s", rep.Held, cfg.Duration, rateName(cfg.Rate))
 
@@ -378,6 +373,35 @@ func pct(us []int64, q float64) float64 {
 	return float64(s[i]) / 1000
 }
 
+// startWorkers starts one worker process per perWorker agents, each
+// dialling from its own loopback source address (127.0.0.2, .3, ...).
+// It answers the workers it started even on error: stopWorkers them.
+func startWorkers(cfg Config, job workerJob, agents []api.Bootstrap, perWorker int) ([]*worker, error) {
+	var workers []*worker
+	for i := 0; i*perWorker < len(agents); i++ {
+		j := job
+		j.Agents = agents[i*perWorker : min(len(agents), (i+1)*perWorker)]
+		j.SourceIP = fmt.Sprintf("127.0.%d.%d", (i+2)/250, (i+2)%250)
+		w, err := startWorker(cfg, j)
+		if err != nil {
+			return workers, err
+		}
+		workers = append(workers, w)
+	}
+	return workers, nil
+}
+
+// stopWorkers closes the workers' stdin (their signal to stop) and waits
+// for them to exit.
+func stopWorkers(workers []*worker) {
+	for _, w := range workers {
+		_ = w.stdin.Close()
+	}
+	for _, w := range workers {
+		_ = w.cmd.Wait()
+	}
+}
+
 func startWorker(cfg Config, job workerJob) (*worker, error) {
 	cmd := exec.Command(cfg.WorkerCommand[0], cfg.WorkerCommand[1:]...)
 	cmd.Env = append(os.Environ(), workerEnv+"=1")
@@ -420,10 +444,9 @@ type adminClient struct {
 	issuers    int
 }
 
-func newAdmin(url, token string, issuers int) *adminClient {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+func newAdmin(url, token string, issuers int, caPEM string) *adminClient {
+	tr := transportFor(caPEM)
 	tr.MaxIdleConnsPerHost = issuers + 8
-	tr.Proxy = nil
 	return &adminClient{url: url, token: token, tr: tr, hc: &http.Client{Transport: tr, Timeout: time.Minute}, issuers: issuers}
 }
 

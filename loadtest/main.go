@@ -65,7 +65,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Token, "token", "", "administrator API token for -url")
 	fs.BoolVar(&cfg.PGBench, "pgbench", false, "afterwards, run the pgbench reference (DECISIONS.md §31) on the same Postgres")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase")
-	scenario := fs.String("scenario", "deliver", "deliver (agents, commands) or ledger (the operations engine with a no-op kind)")
+	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind) or hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s)")
+	useTLS := fs.Bool("tls", false, "hold: both servers serve HTTPS with a throwaway CA")
+	settle := fs.Duration("settle", 5*time.Second, "hold: wait after every poll is held before sampling")
+	sample := fs.Duration("sample", 10*time.Second, "hold: window over which RSS and CPU are sampled")
 	ops := fs.Int("ops", 20000, "ledger: operations to submit")
 	submitters := fs.Int("submitters", 64, "ledger: concurrent submitters")
 	replicas := fs.Int("replicas", 1, "ledger: control planes sharing the database (more than one needs Postgres)")
@@ -100,6 +103,30 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	switch *scenario {
 	case "deliver":
+	case "hold":
+		hc := HoldConfig{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Wait: cfg.Wait, Settle: *settle,
+			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log}
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "rate" {
+				hc.Rate = cfg.Rate
+			}
+		})
+		if *db == "postgres" {
+			hc.DatabaseURL = *dbURL
+		}
+		hrep, err := RunHold(ctx, hc)
+		if err != nil {
+			fmt.Fprintln(stderr, "loadtest:", err)
+			return 1
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(hrep)
+			return 0
+		}
+		printHoldReport(stdout, hrep)
+		return 0
 	case "ledger":
 		lc := LedgerConfig{Ops: *ops, Submitters: *submitters, Replicas: *replicas, LedgerWorkers: *ledgerWorkers,
 			PGBench: cfg.PGBench, Log: cfg.Log}
@@ -124,7 +151,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		printLedgerReport(stdout, lrep)
 		return 0
 	default:
-		fmt.Fprintln(stderr, "loadtest: -scenario is deliver or ledger")
+		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger or hold")
 		return 2
 	}
 	rep, err := runCLI(ctx, cfg, *db)
@@ -184,4 +211,21 @@ func printReport(w io.Writer, r Report) {
 	if r.PGBenchTPS > 0 {
 		fmt.Fprintf(w, "pgbench -N tps           %.0f (settled commands/s above: %.0f)\n", r.PGBenchTPS, r.SettledPS)
 	}
+}
+
+func printHoldReport(w io.Writer, r HoldReport) {
+	fmt.Fprintf(w, "date                     %s\n", r.Date)
+	fmt.Fprintf(w, "agents                   %d (tls %v, server on %s)\n", r.Agents, r.TLS, r.Database)
+	for _, s := range []struct {
+		name string
+		side HoldSide
+	}{{"bare waiter", r.Bare}, {"server", r.Server}} {
+		fmt.Fprintf(w, "%-24s %d held; RSS %d KB idle, %d KB holding = %.1f KB a poll; %.2f cores\n",
+			s.name, s.side.Held, s.side.IdleRSSKB, s.side.HeldRSSKB, s.side.PerPollKB, s.side.Cores)
+	}
+	fmt.Fprintf(w, "memory ratio             %.2f× the bare waiter\n", r.Ratio)
+	fmt.Fprintf(w, "commands                 %d issued at %s, %d received, %d settled\n", r.Deliver.Issued, rateName(r.Deliver.TargetRate), r.Deliver.Received, r.Deliver.Settled)
+	fmt.Fprintf(w, "issue→receipt ms         p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", r.Deliver.SentP50, r.Deliver.SentP90, r.Deliver.SentP99, r.Deliver.SentMax)
+	fmt.Fprintf(w, "cpu while issuing        machine %.0f%% busy; workers %.2f cores; rest (server, database, other) %.2f\n",
+		100*r.Deliver.CPU.MachineBusy, r.Deliver.CPU.Workers, r.Deliver.CPU.Rest)
 }

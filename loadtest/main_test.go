@@ -79,3 +79,31 @@ func TestLedgerSmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldSmoke runs the hold scenario small (both servers built and run
+// as processes, 20 agents, over TLS: the plain path is the same minus the
+// certificate). It asserts on counts, never on memory or timings.
+func TestHoldSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts the server and the bare waiter")
+	}
+	for _, tls := range []bool{true} {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		rep, err := RunHold(ctx, HoldConfig{Agents: 20, AgentsPerWorker: 10, Wait: 5 * time.Second, Settle: 100 * time.Millisecond,
+			Sample: time.Second, Rate: 20, Duration: time.Second, TLS: tls, Log: testLog{t}})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", rep)
+		if rep.Bare.Held != 20 || rep.Server.Held != 20 {
+			t.Fatalf("tls %v: held %d by the bare waiter and %d by the server; want 20 each", tls, rep.Bare.Held, rep.Server.Held)
+		}
+		if rep.Bare.HeldRSSKB == 0 || rep.Server.HeldRSSKB == 0 {
+			t.Fatalf("tls %v: no RSS sampled: %+v %+v", tls, rep.Bare, rep.Server)
+		}
+		if d := rep.Deliver; d.Issued == 0 || d.Received != d.Issued || d.Settled != d.Issued || d.AgentErrs != 0 {
+			t.Fatalf("tls %v: issued %d, received %d, settled %d, agent errors %d (%s)", tls, d.Issued, d.Received, d.Settled, d.AgentErrs, d.FirstErr)
+		}
+	}
+}

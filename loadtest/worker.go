@@ -39,6 +39,11 @@ type workerJob struct {
 	Heartbeat time.Duration `json:"heartbeat"`
 	// Enrollers bounds concurrent enrollments.
 	Enrollers int `json:"enrollers"`
+	// Bare agents do not enroll: they long-poll the bare waiter with a
+	// placeholder credential (the hold scenario's floor).
+	Bare bool `json:"bare,omitempty"`
+	// CACertificatePEM is trusted for an https URL.
+	CACertificatePEM string `json:"ca_certificate_pem,omitempty"`
 	// StopBy is the hard deadline (Unix nanoseconds): the worker stops by
 	// then even if the coordinator never tells it to.
 	StopBy int64 `json:"stop_by"`
@@ -139,6 +144,9 @@ func newAgentPool(job workerJob) *agentPool {
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,
 	}
+	if job.CACertificatePEM != "" {
+		tr.TLSClientConfig = transportFor(job.CACertificatePEM).TLSClientConfig
+	}
 	return &agentPool{job: job, tr: tr, hc: &http.Client{Transport: tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
@@ -174,7 +182,9 @@ func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error
 			defer wg.Done()
 			defer func() { <-sem }()
 			c, err := client.New(client.Options{BaseURL: w.job.URL, AllowInsecureHTTP: true, HTTPClient: w.hc, UserAgent: "nodeward-loadtest"})
-			if err == nil {
+			if err == nil && w.job.Bare {
+				c.SetSessionToken("bare")
+			} else if err == nil {
 				var resp *api.EnrollResponse
 				resp, err = c.Enroll(ctx, api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
 					EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts()})

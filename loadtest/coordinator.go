@@ -50,6 +50,7 @@ type Config struct {
 
 	PGBench    bool   // run the pgbench reference on DatabaseURL afterwards
 	CPUProfile string // profile this process (server included) while issuing
+	MemProfile string // heap profile of this process once every poll is held
 	// WorkerCommand runs a worker; default: this executable.
 	WorkerCommand []string
 	Log           io.Writer // progress and the server's warnings
@@ -238,6 +239,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	if cfg.OnHeld != nil {
 		cfg.OnHeld(ctx, rep.Held)
+	}
+	if cfg.MemProfile != "" {
+		if err := writeHeapProfile(cfg.MemProfile); err != nil {
+			return rep, err
+		}
 	}
 	logf("%d long-polls held; issuing for %s at %s", rep.Held, cfg.Duration, rateName(cfg.Rate))
 
@@ -607,4 +613,19 @@ func (a *adminClient) metrics(ctx context.Context) (map[string]float64, error) {
 		}
 	}
 	return out, sc.Err()
+}
+
+// writeHeapProfile writes this process's live heap (after a collection, so
+// it shows what the held polls keep, not garbage).
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -19,15 +19,18 @@ import (
 const patience = 20 * time.Second // ≥10× anything these tests wait for
 
 type bundle struct {
-	t      *testing.T
-	clk    *fakeClock
-	cp     *fakeCP
-	sim    *runtime.Simulated
-	dir    string
-	store  *state.Store
-	agent  *Agent
-	cancel context.CancelFunc
-	done   chan error
+	t     *testing.T
+	clk   *fakeClock
+	cp    *fakeCP
+	sim   *runtime.Simulated
+	dir   string
+	store *state.Store
+	agent *Agent
+	// hook and hookTimeout configure the agents start runs.
+	hook        []string
+	hookTimeout time.Duration
+	cancel      context.CancelFunc
+	done        chan error
 }
 
 func setup(t *testing.T) *bundle {
@@ -57,6 +60,7 @@ func (b *bundle) start(bs *api.Bootstrap) {
 		Labels: map[string]string{"zone": "test"}, Version: "test", Clock: b.clk,
 		Logger:   slog.New(slog.NewTextHandler(testWriter{b.t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		PollWait: time.Second, Rand: func() float64 { return 0 },
+		ConfigHook: b.hook, ConfigHookTimeout: b.hookTimeout,
 	})
 	if err != nil {
 		b.t.Fatal(err)

@@ -196,7 +196,8 @@ func (a *Agent) offerConfig(ctx context.Context, seq uint64, d api.ConfigDeliver
 		c.pending = &d
 		return
 	}
-	if c.known && c.status.Revision == d.Revision && c.status.Hash == d.Hash {
+	if c.known && c.status.Revision == d.Revision && c.status.Hash == d.Hash &&
+		(c.status.State == api.ConfigApplied || c.status.State == api.ConfigFailed) {
 		switch {
 		case !c.reportSpooled:
 			// The outcome could not be spooled before: try again now.

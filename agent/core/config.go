@@ -363,7 +363,13 @@ func (a *Agent) runConfigHook(ctx context.Context, path string, d api.ConfigDeli
 	// Its own process group, killed whole: a script's children must not
 	// outlive the deadline (nor hold its output open).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.Cancel = func() error {
+		err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		if errors.Is(err, syscall.ESRCH) {
+			return os.ErrProcessDone // gone already: its own exit status stands
+		}
+		return err
+	}
 	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
 	tail := func() string {

@@ -29,6 +29,7 @@ type bundle struct {
 	// hook and hookTimeout configure the agents start runs.
 	hook        []string
 	hookTimeout time.Duration
+	maxEvents   int // the spool's cap (default the store's)
 	cancel      context.CancelFunc
 	done        chan error
 }
@@ -50,7 +51,7 @@ func setup(t *testing.T) *bundle {
 // before).
 func (b *bundle) start(bs *api.Bootstrap) {
 	b.t.Helper()
-	st, err := state.Open(b.dir, state.Options{Now: b.clk.Now})
+	st, err := state.Open(b.dir, state.Options{Now: b.clk.Now, MaxEvents: b.maxEvents})
 	if err != nil {
 		b.t.Fatal(err)
 	}

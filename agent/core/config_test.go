@@ -485,6 +485,45 @@ func TestConfig(t *testing.T) {
 		}
 	})
 
+	t.Run("ReportOwedWhileTheSpoolIsFullNeverDropped", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// A spool full of workload events the server has not taken.
+		st, err := state.Open(b.dir, state.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"wl-1", "wl-2", "wl-3"} {
+			st.AppendEvent(api.Event{ID: id, Kind: api.EventWorkload, ObservedAt: b.clk.Now(),
+				Workload: &api.WorkloadObservation{RunID: "r", AttemptID: id, State: api.WorkloadCreated, ObservedAt: b.clk.Now()}})
+		}
+		st.Close()
+		b.maxEvents = 3
+		b.cp.with(func() { b.cp.eventsDown = 1 << 30 })
+		b.start(b.cp.bootstrap())
+		b.cp.configure("app/v1", map[string]any{"a": 1})
+		b.eventually("applied", 0, func() bool {
+			st, ok := b.agent.ConfigStatus()
+			return ok && st.State == api.ConfigApplied
+		})
+		b.settleAfter(2) // deliveries go on: the report could not be spooled
+		for _, e := range b.store.PendingEvents(10) {
+			if e.Kind == api.EventConfig {
+				t.Fatal("spooled past the cap")
+			}
+		}
+		// The server takes events again; the spool drains and the next
+		// delivery spools the owed report.
+		b.cp.with(func() { b.cp.eventsDown = 0 })
+		b.eventually("the report", time.Second, func() bool { return len(b.cp.configReports(1)) == 1 })
+		if r := b.cp.configReports(1)[0]; r.State != api.ConfigApplied {
+			t.Fatalf("report %+v", r)
+		}
+		if n := b.agent.Stats().ConfigApplies; n != 1 {
+			t.Fatalf("applied %d times", n)
+		}
+	})
+
 	t.Run("CapabilitiesInFacts", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

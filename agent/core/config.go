@@ -74,13 +74,14 @@ type converger struct {
 	known   bool                // status was ever written
 	running *api.ConfigDelivery // being applied now
 	pending *api.ConfigDelivery // newest delivery waiting for the running apply
-	// The last report spooled, and whether the server has it.
-	reportID      string
-	reportSpooled bool
-	// deliveredSeq is the poll sequence number current when the last report
-	// was delivered (0: not yet); pollSeq numbers polls as they go out.
-	deliveredSeq uint64
-	pollSeq      uint64
+	// The last report: its event id, whether it is spooled, whether the
+	// server has it and, if so, the number of the last poll sent before it
+	// did (pollSeq numbers polls as they go out).
+	reportID        string
+	reportSpooled   bool
+	reportDelivered bool
+	deliveredSeq    uint64
+	pollSeq         uint64
 }
 
 // nextPollSeq numbers a poll about to be sent.
@@ -98,15 +99,15 @@ func (a *Agent) eventsDelivered(ids []string) {
 	c := &a.conv
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.reportID != "" && c.deliveredSeq == 0 && slices.Contains(ids, c.reportID) {
-		c.deliveredSeq = c.pollSeq
+	if c.reportID != "" && !c.reportDelivered && slices.Contains(ids, c.reportID) {
+		c.reportDelivered, c.deliveredSeq = true, c.pollSeq
 	}
 }
 
 // echoLocked reports whether a poll numbered seq went out before the server
 // could have had the last report.
 func (c *converger) echoLocked(seq uint64) bool {
-	return c.reportID != "" && (c.deliveredSeq == 0 || seq <= c.deliveredSeq)
+	return c.reportID != "" && (!c.reportDelivered || seq <= c.deliveredSeq)
 }
 
 // ConfigStatus answers the agent's configuration status (ok false before
@@ -323,7 +324,7 @@ func (a *Agent) reportLocked(st state.ConfigStatus) {
 	now := a.clock.Now().UTC()
 	ev := api.Event{ID: uuid.NewString(), Kind: api.EventConfig, ObservedAt: now,
 		Config: &api.ConfigReport{Revision: st.Revision, Hash: st.Hash, State: st.State, Message: st.Message}}
-	c.reportID, c.deliveredSeq = ev.ID, 0
+	c.reportID, c.reportDelivered, c.deliveredSeq = ev.ID, false, 0
 	if err := a.store.AppendEvent(ev); err != nil {
 		c.reportSpooled = false
 		a.log.Error("cannot spool the configuration report; it is owed until the revision is delivered again", "revision", st.Revision, "state", st.State, "err", err)

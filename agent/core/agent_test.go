@@ -19,19 +19,21 @@ import (
 const patience = 20 * time.Second // ≥10× anything these tests wait for
 
 type bundle struct {
-	t     *testing.T
-	clk   *fakeClock
-	cp    *fakeCP
-	sim   *runtime.Simulated
-	dir   string
-	store *state.Store
-	agent *Agent
-	// hook and hookTimeout configure the agents start runs.
+	t      *testing.T
+	clk    *fakeClock
+	cp     *fakeCP
+	sim    *runtime.Simulated
+	dir    string
+	store  *state.Store
+	agent  *Agent
+	cancel context.CancelFunc
+	done   chan error
+
+	// What start gives the agents it runs: the config hook and its
+	// timeout, the spool's cap (zero: the defaults).
 	hook        []string
 	hookTimeout time.Duration
-	maxEvents   int // the spool's cap (default the store's)
-	cancel      context.CancelFunc
-	done        chan error
+	maxEvents   int
 }
 
 func setup(t *testing.T) *bundle {

@@ -20,6 +20,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -65,6 +66,17 @@ func run(args []string) int {
 	fs.Var(labels, "label", "node label key=value (repeatable, or comma separated; env NODEWARD_AGENT_LABELS)")
 	pollWait := fs.Duration("poll-wait", 25*time.Second, "long-poll wait asked of the control plane (0-60s)")
 	retireGrace := fs.Duration("retire-grace", 10*time.Second, "SIGTERM grace for workloads when the node is retired")
+	configHook := fs.String("config-hook", os.Getenv("NODEWARD_AGENT_CONFIG_HOOK"), "program run after the desired configuration is written: split on white space (no shell), the document's path appended (\"\" when cleared) (env NODEWARD_AGENT_CONFIG_HOOK)")
+	hookTimeout := 60 * time.Second
+	if v := os.Getenv("NODEWARD_AGENT_CONFIG_HOOK_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			fmt.Fprintf(os.Stderr, "nodeward-agent: NODEWARD_AGENT_CONFIG_HOOK_TIMEOUT=%q is not a positive duration\n", v)
+			return 1
+		}
+		hookTimeout = d
+	}
+	fs.DurationVar(&hookTimeout, "config-hook-timeout", hookTimeout, "the config hook is killed (and the apply failed) after this long (env NODEWARD_AGENT_CONFIG_HOOK_TIMEOUT)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -92,6 +104,19 @@ func run(args []string) int {
 		h = slog.NewJSONHandler(os.Stderr, hopts)
 	}
 	log := slog.New(h)
+
+	if hookTimeout <= 0 {
+		log.Error("--config-hook-timeout must be positive")
+		return 1
+	}
+	hook := strings.Fields(*configHook)
+	if len(hook) > 0 {
+		// Fail at start, not at the first delivery.
+		if _, err := exec.LookPath(hook[0]); err != nil {
+			log.Error("--config-hook", "err", err)
+			return 1
+		}
+	}
 
 	var b *api.Bootstrap
 	if *bootstrap != "" {
@@ -133,6 +158,8 @@ func run(args []string) int {
 		Logger:            log,
 		PollWait:          *pollWait,
 		RetireGrace:       *retireGrace,
+		ConfigHook:        hook,
+		ConfigHookTimeout: hookTimeout,
 	})
 	if err != nil {
 		log.Error("agent", "err", err)
@@ -140,7 +167,7 @@ func run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	log.Info("nodeward-agent starting", "version", version, "state_dir", store.Dir(), "runtime", *rtName)
+	log.Info("nodeward-agent starting", "version", version, "state_dir", store.Dir(), "runtime", *rtName, "config_hook", strings.Join(hook, " "))
 	err = agent.Run(ctx)
 	var fe *core.FatalError
 	switch {

@@ -44,6 +44,8 @@ type miniCP struct {
 	results  map[string]api.Result
 	workload map[string]api.WorkloadObservation // run/attempt/state -> obs
 	enrolls  int
+	config   *api.ConfigDelivery // carried by every poll answer until a report names it
+	reports  []api.ConfigReport
 }
 
 func (cp *miniCP) handler() http.Handler {
@@ -87,11 +89,15 @@ func (cp *miniCP) handler() http.Handler {
 			if len(cp.queue) > 0 || time.Now().After(deadline) {
 				cmds := cp.queue
 				cp.queue = nil
-				cp.mu.Unlock()
-				if cmds == nil {
-					cmds = []api.Command{}
+				resp := api.CommandsResponse{Commands: cmds, Config: cp.config}
+				if c := cp.config; c != nil && len(cp.reports) > 0 && cp.reports[len(cp.reports)-1].Revision == c.Revision {
+					resp.Config = nil
 				}
-				reply(w, api.CommandsResponse{Commands: cmds})
+				cp.mu.Unlock()
+				if resp.Commands == nil {
+					resp.Commands = []api.Command{}
+				}
+				reply(w, resp)
 				return
 			}
 			cp.mu.Unlock()
@@ -122,6 +128,9 @@ func (cp *miniCP) handler() http.Handler {
 		for _, e := range req.Events {
 			if e.Workload != nil {
 				cp.workload[e.Workload.RunID+"/"+e.Workload.AttemptID+"/"+e.Workload.State] = *e.Workload
+			}
+			if e.Config != nil {
+				cp.reports = append(cp.reports, *e.Config)
 			}
 		}
 		reply(w, api.EventsResponse{Recorded: len(req.Events)})
@@ -317,5 +326,63 @@ func TestReadBootstrapErrorAnswer(t *testing.T) {
 	b, err := readBootstrap(`{"node_id":"n1","generation":1,"enrollment_token":"t","control_plane_url":"https://cp"}`)
 	if err != nil || b.NodeID != "n1" {
 		t.Fatalf("bootstrap: %+v, %v", b, err)
+	}
+}
+
+func TestBinaryConfigHook(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the agent binary")
+	}
+	bin := buildAgent(t)
+	cp := &miniCP{results: map[string]api.Result{}, workload: map[string]api.WorkloadObservation{}}
+	srv := httptest.NewServer(cp.handler())
+	defer srv.Close()
+	dir := t.TempDir()
+	stateDir := filepath.Join(dir, "state")
+	bs, _ := json.Marshal(api.Bootstrap{NodeID: "node-1", Generation: 1, EnrollmentToken: "tok", ControlPlaneURL: srv.URL, AgentVersion: "dev"})
+	seen := filepath.Join(dir, "seen")
+	hook := filepath.Join(dir, "apply.sh")
+	os.WriteFile(hook, []byte("#!/bin/sh\necho \"$1 $2 rev=$NODEWARD_CONFIG_REVISION hash=$NODEWARD_CONFIG_HASH boot=[$NODEWARD_AGENT_BOOTSTRAP]\" >> "+seen+"\n"), 0o755)
+
+	start := func(args ...string) (*exec.Cmd, *syncBuffer) {
+		log := &syncBuffer{}
+		cmd := exec.Command(bin, append([]string{"--state-dir", stateDir, "--poll-wait", "1s", "--allow-insecure-http"}, args...)...)
+		// The bootstrap (an enrollment token) in the environment must not
+		// reach the hook.
+		cmd.Env = append(os.Environ(), "NODEWARD_AGENT_BOOTSTRAP="+string(bs))
+		cmd.Stderr = log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, log
+	}
+
+	t.Run("MissingHookRefusedAtStart", func(t *testing.T) {
+		cmd, log := start("--config-hook", filepath.Join(dir, "absent.sh")+" x")
+		if code := exitCode(t, cmd, log); code != 1 || !strings.Contains(log.String(), "config-hook") {
+			t.Fatalf("exit %d; log:\n%s", code, log.String())
+		}
+	})
+
+	cp.mu.Lock()
+	cp.config = &api.ConfigDelivery{Revision: 1, Hash: "h1", Format: "app/v1", Document: json.RawMessage(`{"workers":4}`)}
+	cp.mu.Unlock()
+	agent, log := start("--config-hook", hook+" extra", "--config-hook-timeout", "10s")
+	defer func() { agent.Process.Signal(syscall.SIGTERM); exitCode(t, agent, log) }()
+	testwait.For(t, "the configuration reported", patience, func() bool {
+		return cp.has(func() bool { return len(cp.reports) > 0 })
+	}, log.String)
+	var rep api.ConfigReport
+	cp.has(func() bool { rep = cp.reports[0]; return true })
+	if rep != (api.ConfigReport{Revision: 1, Hash: "h1", State: api.ConfigApplied}) {
+		t.Fatalf("report %+v; log:\n%s", rep, log.String())
+	}
+	got, _ := os.ReadFile(seen)
+	if want := "extra " + filepath.Join(stateDir, "config", "current.json") + " rev=1 hash=h1 boot=[]\n"; string(got) != want {
+		t.Fatalf("hook saw %q, want %q", got, want)
+	}
+	doc, _ := os.ReadFile(filepath.Join(stateDir, "config", "current.json"))
+	if strings.TrimSpace(string(doc)) != `{"workers":4}` {
+		t.Fatalf("current.json %q", doc)
 	}
 }

@@ -1,7 +1,8 @@
 // Package core is the node agent's state machine: enroll once, then keep a
 // session (renewal), report (heartbeats, workload events, results, each
-// exited attempt's output) and long-poll for commands, applying each
-// command's effect exactly once.
+// exited attempt's output, configuration outcomes) and long-poll for
+// commands, applying each command's effect exactly once, and for the
+// desired configuration, converging on it (config.go).
 //
 // It runs over three collaborators: the wire client (package client), the
 // state directory (package state) and a runtime (package runtime). The agent
@@ -117,6 +118,12 @@ type Config struct {
 	RetireGrace time.Duration
 	// Rand returns values in [0,1) for jitter (default math/rand/v2).
 	Rand func() float64
+	// ConfigHook is the desired configuration's apply hook: a program and
+	// its leading arguments, run with the document's path appended (see
+	// config.go). Empty: writing the document is applying it.
+	ConfigHook []string
+	// ConfigHookTimeout bounds one run of the hook (default 60s).
+	ConfigHookTimeout time.Duration
 }
 
 // Agent is one node agent.
@@ -128,7 +135,8 @@ type Agent struct {
 	log   *slog.Logger
 	kick  chan struct{} // asks the flusher to flush now
 
-	wg        sync.WaitGroup // command applications
+	wg        sync.WaitGroup // command applications and configuration applies
+	conv      converger      // desired configuration (config.go)
 	observeMu sync.Mutex     // one observer at a time: transitions stay in order
 
 	mu       sync.Mutex // guards the following
@@ -151,6 +159,10 @@ type Stats struct {
 	EventsDelivered int
 	// OutputsDelivered counts attempts whose output the server took.
 	OutputsDelivered int
+	// ConfigApplies counts configuration applies begun (document written),
+	// ConfigHookRuns the apply hook's runs, ConfigReports the configuration
+	// reports spooled.
+	ConfigApplies, ConfigHookRuns, ConfigReports int
 	// Backoffs lists the delays chosen after failed polls, in order.
 	Backoffs []time.Duration
 }
@@ -186,6 +198,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.RetireGrace <= 0 {
 		cfg.RetireGrace = 10 * time.Second
+	}
+	if cfg.ConfigHookTimeout <= 0 {
+		cfg.ConfigHookTimeout = 60 * time.Second
 	}
 	return &Agent{
 		cfg:      cfg,
@@ -248,6 +263,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	applyCtx, cancelApply := context.WithCancel(ctx)
 	defer cancelApply()
+	a.resumeConfig(applyCtx)
 	loopCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	var loops sync.WaitGroup
@@ -540,6 +556,7 @@ func (a *Agent) heartbeatLoop(ctx context.Context) error {
 func (a *Agent) pollLoop(ctx, applyCtx context.Context) error {
 	bo := newBackoff(a.cfg.BackoffBase, a.cfg.BackoffMax, a.cfg.Rand)
 	for {
+		seq := a.nextPollSeq()
 		resp, err := a.client().Commands(ctx, a.cfg.PollWait)
 		if ctx.Err() != nil {
 			return nil
@@ -572,6 +589,11 @@ func (a *Agent) pollLoop(ctx, applyCtx context.Context) error {
 			continue
 		}
 		bo.reset()
+		// Applied beside the poll: a slow hook holds up neither commands
+		// nor the next poll.
+		if resp.Config != nil {
+			a.offerConfig(applyCtx, seq, *resp.Config)
+		}
 		for _, cmd := range resp.Commands {
 			a.dispatch(applyCtx, cmd)
 		}
@@ -894,7 +916,11 @@ func (a *Agent) sendEvents(ctx context.Context, batch []api.Event) error {
 		(ce.Status == http.StatusBadRequest || ce.Status == http.StatusRequestEntityTooLarge || ce.Status == http.StatusUnprocessableEntity) {
 		if len(batch) == 1 {
 			a.log.Error("control plane refused an event; dropping it", "event_id", batch[0].ID, "kind", batch[0].Kind, "err", err)
-			return a.store.RemoveEvents([]string{batch[0].ID})
+			if err := a.store.RemoveEvents([]string{batch[0].ID}); err != nil {
+				return err
+			}
+			a.eventsDelivered([]string{batch[0].ID})
+			return nil
 		}
 		mid := len(batch) / 2
 		if err := a.sendEvents(ctx, batch[:mid]); err != nil {
@@ -912,6 +938,7 @@ func (a *Agent) sendEvents(ctx context.Context, batch []api.Event) error {
 	if err := a.store.RemoveEvents(ids); err != nil {
 		return err
 	}
+	a.eventsDelivered(ids)
 	a.mu.Lock()
 	a.stats.EventsDelivered += len(batch)
 	a.mu.Unlock()

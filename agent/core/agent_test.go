@@ -28,6 +28,12 @@ type bundle struct {
 	agent  *Agent
 	cancel context.CancelFunc
 	done   chan error
+
+	// What start gives the agents it runs: the config hook and its
+	// timeout, the spool's cap (zero: the defaults).
+	hook        []string
+	hookTimeout time.Duration
+	maxEvents   int
 }
 
 func setup(t *testing.T) *bundle {
@@ -47,7 +53,7 @@ func setup(t *testing.T) *bundle {
 // before).
 func (b *bundle) start(bs *api.Bootstrap) {
 	b.t.Helper()
-	st, err := state.Open(b.dir, state.Options{Now: b.clk.Now})
+	st, err := state.Open(b.dir, state.Options{Now: b.clk.Now, MaxEvents: b.maxEvents})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -57,6 +63,7 @@ func (b *bundle) start(bs *api.Bootstrap) {
 		Labels: map[string]string{"zone": "test"}, Version: "test", Clock: b.clk,
 		Logger:   slog.New(slog.NewTextHandler(testWriter{b.t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		PollWait: time.Second, Rand: func() float64 { return 0 },
+		ConfigHook: b.hook, ConfigHookTimeout: b.hookTimeout,
 	})
 	if err != nil {
 		b.t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -11,6 +12,11 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 )
+
+// Capabilities are what this agent understands (DECISIONS.md §45),
+// reported in its facts at enrollment and on every heartbeat. Add a name
+// here when the agent learns a new kind of work.
+var Capabilities = []string{api.CapCommands, api.CapConfig, api.CapOutput}
 
 // collectFacts observes the machine now. Each fact is an observation with
 // its own time; nothing here is cached, so a heartbeat carries what is true
@@ -27,6 +33,7 @@ func (a *Agent) collectFacts() api.Facts {
 		AgentVersion:  a.cfg.Version,
 		Runtimes:      a.rt.Supports(),
 		Labels:        a.cfg.Labels,
+		Capabilities:  slices.Clone(Capabilities),
 		ObservedAt:    a.clock.Now().UTC(),
 	}
 	return f

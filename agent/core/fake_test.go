@@ -1,6 +1,8 @@
 package core
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -123,6 +125,20 @@ type fakeCP struct {
 	outputRefuse []string                     // run/attempt of each output post answered 422
 	refuseOutput bool                         // answer 422 to every output post
 	outputs      map[string]api.OutputRequest // by run/attempt, the first kept
+
+	// Desired configuration, served as DECISIONS.md §32 says: due while the
+	// last report does not name the desired revision and hash (a failed
+	// report for them stops it until forced); a due configuration answers
+	// a held poll at once unless delivered to this fencing token in the
+	// last 60 s (fake clock), else it rides along with the next answer;
+	// enrollment makes it due again whatever the last report said.
+	cfgDesired     *api.ConfigDelivery
+	cfgForced      bool
+	cfgLast        *api.ConfigReport // the last report, in arrival order
+	cfgReports     []api.Event       // every config report recorded
+	cfgDeliveries  int               // poll answers that carried config
+	cfgDeliveredAt time.Time
+	cfgDeliveredTo int64 // fencing token of the last delivery
 }
 
 func newFakeCP(t *testing.T, clk *fakeClock) *fakeCP {
@@ -182,6 +198,7 @@ func (cp *fakeCP) enroll(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.spent = true
 	cp.fencing++
+	cp.cfgLast = nil // a fencing bump makes the configuration due again
 	cp.enrolls = append(cp.enrolls, req)
 	cp.results = append(cp.results, req.UnacknowledgedResults...)
 	tok := fmt.Sprintf("session-%d", cp.fencing)
@@ -241,28 +258,118 @@ func (cp *fakeCP) commands(w http.ResponseWriter, r *http.Request) {
 	defer deadline.Stop()
 	for {
 		cp.mu.Lock()
-		if len(cp.queue) > 0 || cp.retired {
+		if len(cp.queue) > 0 || cp.retired || cp.configUrgentLocked() {
 			cmds := cp.queue
 			cp.queue = nil
 			retired := cp.retired
-			cp.mu.Unlock()
 			if retired {
+				cp.mu.Unlock()
 				problem(w, 410, "node_retired")
 				return
 			}
-			writeJSON(w, api.CommandsResponse{Commands: cmds})
+			resp := api.CommandsResponse{Commands: cmds, Config: cp.configDueLocked()}
+			cp.mu.Unlock()
+			writeJSON(w, resp)
 			return
 		}
 		cp.mu.Unlock()
 		select {
 		case <-cp.wake:
 		case <-deadline.C:
-			writeJSON(w, api.CommandsResponse{Commands: []api.Command{}})
+			cp.mu.Lock()
+			resp := api.CommandsResponse{Commands: []api.Command{}, Config: cp.configDueLocked()}
+			cp.mu.Unlock()
+			writeJSON(w, resp)
 			return
 		case <-r.Context().Done():
 			return
 		}
 	}
+}
+
+func (cp *fakeCP) dueLocked() bool {
+	d, l := cp.cfgDesired, cp.cfgLast
+	if d == nil {
+		return false
+	}
+	if l == nil || l.Revision != d.Revision || l.Hash != d.Hash {
+		return true
+	}
+	return l.State == api.ConfigFailed && cp.cfgForced
+}
+
+// configUrgentLocked: due and not delivered to this session lately, so it
+// answers a held poll at once.
+func (cp *fakeCP) configUrgentLocked() bool {
+	return cp.dueLocked() && (cp.cfgDeliveredTo != cp.fencing || cp.clk.Now().Sub(cp.cfgDeliveredAt) >= 60*time.Second)
+}
+
+// configDueLocked answers the configuration to carry, noting the delivery.
+func (cp *fakeCP) configDueLocked() *api.ConfigDelivery {
+	if !cp.dueLocked() {
+		return nil
+	}
+	cp.cfgDeliveries++
+	cp.cfgDeliveredAt, cp.cfgDeliveredTo = cp.clk.Now(), cp.fencing
+	d := *cp.cfgDesired
+	return &d
+}
+
+// configure sets the desired configuration (doc nil clears it): a new
+// revision when its hash changes, as the server stores it.
+func (cp *fakeCP) configure(format string, doc any) *api.ConfigDelivery {
+	raw, err := json.Marshal(doc)
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	sum := sha256.Sum256(append([]byte(format+"\x00"), raw...))
+	hash := hex.EncodeToString(sum[:])
+	cp.mu.Lock()
+	if cp.cfgDesired == nil || cp.cfgDesired.Hash != hash {
+		rev := int64(1)
+		if cp.cfgDesired != nil {
+			rev = cp.cfgDesired.Revision + 1
+		}
+		cp.cfgDesired = &api.ConfigDelivery{Revision: rev, Hash: hash, Format: format, Document: raw}
+		cp.cfgForced = false
+		cp.cfgDeliveredAt = time.Time{}
+	}
+	d := *cp.cfgDesired
+	cp.mu.Unlock()
+	cp.poke()
+	return &d
+}
+
+// force pushes the desired configuration again after a failed report.
+func (cp *fakeCP) force() {
+	cp.with(func() { cp.cfgForced, cp.cfgDeliveredAt = true, time.Time{} })
+	cp.poke()
+}
+
+func (cp *fakeCP) poke() {
+	select {
+	case cp.wake <- struct{}{}:
+	default:
+	}
+}
+
+// configReports lists the config reports recorded for revision rev.
+func (cp *fakeCP) configReports(rev int64) []api.ConfigReport {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	var out []api.ConfigReport
+	for _, e := range cp.cfgReports {
+		if e.Config.Revision == rev {
+			out = append(out, *e.Config)
+		}
+	}
+	return out
+}
+
+func (cp *fakeCP) polls() int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return len(cp.pollTimes)
 }
 
 func (cp *fakeCP) resultsH(w http.ResponseWriter, r *http.Request) {
@@ -307,6 +414,18 @@ func (cp *fakeCP) eventsH(w http.ResponseWriter, r *http.Request) {
 		cp.eventIDs[e.ID] = true
 		cp.events = append(cp.events, e)
 		resp.Recorded++
+		if e.Kind == api.EventConfig {
+			if e.Config == nil || e.ObservedAt.IsZero() || (e.Config.State != api.ConfigApplied && e.Config.State != api.ConfigFailed) {
+				cp.t.Errorf("malformed config report: %+v", e)
+				continue
+			}
+			cp.cfgReports = append(cp.cfgReports, e)
+			r := *e.Config
+			cp.cfgLast = &r
+			if d := cp.cfgDesired; d != nil && r.Revision == d.Revision && r.Hash == d.Hash {
+				cp.cfgForced = false
+			}
+		}
 	}
 	writeJSON(w, resp)
 }

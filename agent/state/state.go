@@ -18,6 +18,10 @@
 //	<dir>/outputs.json          exited attempts whose output is not yet uploaded
 //	<dir>/fatal.json            why the agent stopped needing a reinvite (removed
 //	                            by the next successful enrollment)
+//	<dir>/config/current.json   the desired configuration's document (config.go)
+//	<dir>/config/current.meta.json  its {revision, hash, format}
+//	<dir>/config/status.json    applying (before the hook) / applied / failed,
+//	                            the revision the agent remembers across restarts
 //	<dir>/artifacts/sha256/<hex>   content-addressed artifact cache (package runtime)
 //	<dir>/artifacts/ids/<id>.json  artifact id -> digest
 //	<dir>/images/unpacked/<hex>/   an artifact unpacked once, by digest
@@ -35,10 +39,10 @@
 // request (DECISIONS §1) until a results answer settles it.
 //
 // The spool is capped: past MaxEvents the oldest heartbeats are dropped first
-// (a heartbeat is an observation superseded by the next one); workload events
-// are never dropped: when only workload events are left, AppendEvent refuses
-// with ErrSpoolFull so the caller keeps the transition unreported and tries
-// again later, loudly.
+// (a heartbeat is an observation superseded by the next one); workload and
+// configuration events are never dropped: when only those are left,
+// AppendEvent refuses with ErrSpoolFull so the caller keeps the report owed
+// and tries again later, loudly.
 package state
 
 import (
@@ -71,8 +75,9 @@ var (
 	ErrNoSession = errors.New("state: no session")
 	// ErrLocked: another agent process holds the state directory.
 	ErrLocked = errors.New("state: state directory is in use by another agent")
-	// ErrSpoolFull: the spool holds MaxEvents workload events and no heartbeat
-	// can make room; the event was not stored.
+	// ErrSpoolFull: the spool holds MaxEvents events that are never dropped
+	// (workload, configuration) and no heartbeat can make room; the event was
+	// not stored.
 	ErrSpoolFull = errors.New("state: event spool full of workload events")
 	// ErrUnknownOp: no record for that operation id.
 	ErrUnknownOp = errors.New("state: unknown operation")

@@ -27,11 +27,13 @@ func validateEvents(events []api.Event) error {
 		switch e.Kind {
 		case api.EventHeartbeat:
 			v.Check(e.Workload == nil, field+"/workload", "not allowed on a heartbeat")
+			v.Check(e.Config == nil, field+"/config", "not allowed on a heartbeat")
 			if e.Facts != nil {
 				validateFacts(&v, field+"/facts", *e.Facts)
 			}
 		case api.EventWorkload:
 			v.Check(e.Facts == nil, field+"/facts", "not allowed on a workload event")
+			v.Check(e.Config == nil, field+"/config", "not allowed on a workload event")
 			if e.Workload == nil {
 				v.Add(field+"/workload", "required for a workload event")
 				continue

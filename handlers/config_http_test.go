@@ -114,6 +114,9 @@ func TestNodeConfigHTTP(t *testing.T) {
 		require.Equal(t, int64(1), lag.Nodes[0].AppliedRevision)
 		require.Nil(t, lag.NextBefore)
 		s.Problem(t, http.MethodGet, "/api/v1/config/lagging?limit=0", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+		status, _, raw := s.Do(t, http.MethodGet, "/metrics", nil, "")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, string(raw), "\nnodeward_config_lagging_nodes 1\n", "the lagging gauge")
 
 		// A retired node never lags, and cannot be configured.
 		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/retire", map[string]any{}, http.StatusOK, nil)
@@ -195,5 +198,45 @@ func TestSealedConfigHTTP(t *testing.T) {
 		_, err := s.App.Secrets.Sweep(t.Context())
 		require.NoError(t, err)
 		require.NotContains(t, dumpDatabase(t, s.App.DB), secret, "no column holds the value in clear")
+	})
+}
+
+// TestFleetConfigureSealedHTTP: one document with a value sealed for the
+// fleet reaches every targeted node, and the fan-out ends with its counts.
+func TestFleetConfigureSealedHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		a, sa := inviteAndEnroll(t, s)
+		b, sb := inviteAndEnroll(t, s)
+		var sealed sealJSON
+		s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": "fan-cfg", "target": map[string]any{"kind": "fleet"},
+			"field": "/document/token", "value": "fleet-token-value"}, http.StatusCreated, &sealed)
+		var parent opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-cfg", "kind": "fleet.configure",
+			"targets":   []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
+			"operation": map[string]any{"format": "agent.token/v1", "document": map[string]any{"token": sealed.Handle}, "max_concurrency": 2}},
+			http.StatusCreated, &parent)
+		for _, sess := range []api.EnrollResponse{sa, sb} {
+			var polled api.CommandsResponse
+			deadline := time.Now().Add(30 * time.Second)
+			for polled.Config == nil && time.Now().Before(deadline) {
+				s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+			}
+			require.NotNil(t, polled.Config)
+			require.JSONEq(t, `{"token":"fleet-token-value"}`, string(polled.Config.Document))
+			postConfigReport(t, s, sess.SessionToken, "fan-"+sess.NodeID, polled.Config.Revision, polled.Config.Hash, api.ConfigApplied, "")
+		}
+		var done opJSON
+		deadline := time.Now().Add(30 * time.Second)
+		for done.State != "succeeded" && time.Now().Before(deadline) {
+			s.Admin(t, http.MethodGet, "/api/v1/operations/"+parent.OperationID, nil, http.StatusOK, &done)
+		}
+		require.Equal(t, "succeeded", done.State)
+		var cfg nodeConfigJSON
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+b.NodeID+"/config", nil, http.StatusOK, &cfg)
+		require.JSONEq(t, `{"token":"[sealed]"}`, string(cfg.Desired.Document))
+		_, err := s.App.Secrets.Sweep(t.Context())
+		require.NoError(t, err)
+		require.NotContains(t, dumpDatabase(t, s.App.DB), "fleet-token-value")
 	})
 }

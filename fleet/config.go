@@ -576,3 +576,21 @@ func (s *Service) deliverConfig(ctx context.Context, sess Session) (*api.ConfigD
 	s.metrics.ConfigDeliveries.Inc()
 	return &api.ConfigDelivery{Revision: c.Revision, Hash: c.Hash, Format: c.Format, Document: doc}, nil
 }
+
+// ReleaseConfig makes a configuration a poll carried due again at once for
+// the session: the answer that carried it could not be written.
+func (s *Service) ReleaseConfig(ctx context.Context, sess Session) error {
+	return s.store.Tx(ctx, func(tx Tx) error {
+		c, err := tx.LockNodeConfig(ctx, sess.NodeID)
+		if isNoRows(err) {
+			return nil
+		}
+		if err != nil || c.DeliveredFencing == nil || *c.DeliveredFencing != sess.Fencing {
+			return err
+		}
+		if err := tx.MarkConfigDelivered(ctx, sess.NodeID, sess.Fencing, 0, time.Time{}); err != nil {
+			return err
+		}
+		return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: sess.NodeID})
+	})
+}

@@ -110,6 +110,11 @@ func TestConfigDelivery(t *testing.T) {
 			require.NoError(t, r.err)
 			require.Len(t, r.a.Commands, 1)
 			require.NotNil(t, r.a.Config, "the configuration rides along with the answer")
+			// An answer that could not be written is released: due at once.
+			require.NoError(t, b.svc.ReleaseConfig(ctx, sess))
+			r = <-b.pollWorkAsync(sess, time.Minute)
+			require.NoError(t, r.err)
+			require.NotNil(t, r.a.Config)
 			// Past the visibility timeout it answers a poll at once again.
 			b.clock.Advance(61 * time.Second)
 			r = <-b.pollWorkAsync(sess, time.Minute)

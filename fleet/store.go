@@ -215,7 +215,7 @@ type Tx interface {
 	// SaveNodeConfig writes every field of c, inserting the row if absent.
 	SaveNodeConfig(ctx context.Context, c NodeConfig) error
 	// MarkConfigDelivered records that revision was delivered to fencing
-	// at at.
+	// at at (revision 0 forgets the delivery: due again at once).
 	MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error
 	// EndConfigureOperations ends the node's open node.configure
 	// operations other than except as end says, each with its event and

@@ -153,6 +153,11 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 		if rerr := h.Fleet.Release(ctx, sess, cmds); rerr != nil {
 			logger(r).Warn("release undelivered commands", "err", rerr)
 		}
+		if answer.Config != nil {
+			if rerr := h.Fleet.ReleaseConfig(ctx, sess); rerr != nil {
+				logger(r).Warn("release undelivered configuration", "err", rerr)
+			}
+		}
 	}
 }
 

@@ -262,8 +262,9 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 		case named && r.State == api.ConfigFailed && !in.Force:
 			out.Failed, out.Message = true, r.Message
 		case in.Force && cur.Settled:
-			// Asked again: due again, whatever the last report said.
-			cur.Settled = false
+			// Asked again: due again at once, whatever the last report
+			// said and however recently it was delivered.
+			cur.Settled, cur.DeliveredRevision, cur.DeliveredAt = false, nil, nil
 			if err := tx.SaveNodeConfig(ctx, cur); err != nil {
 				return ConfigureOutcome{}, err
 			}

@@ -69,6 +69,14 @@ func (b *bundle) holdPoll(t *testing.T, id string, sess fleet.Session) <-chan wo
 	return res
 }
 
+func (b *bundle) dueWork(t *testing.T, sess fleet.Session) fleet.DueWork {
+	t.Helper()
+	now := b.clock.Now()
+	w, err := b.store.DueWork(ctx, fleet.Due{NodeID: sess.NodeID, Fencing: sess.Fencing, RedeliverBefore: now.Add(-time.Minute), Now: now, Limit: 100})
+	require.NoError(t, err)
+	return w
+}
+
 func TestConfigDelivery(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
 		t.Run("RidesInPollAnswer", func(t *testing.T) {
@@ -142,7 +150,11 @@ func TestConfigDelivery(t *testing.T) {
 		t.Run("NoPushAfterFailedUntilForced", func(t *testing.T) {
 			id, sess, _ := b.readyNode(t)
 			out := b.configure(t, id, `{"a":1}`, false)
+			require.Equal(t, fleet.ConfigWakes, b.dueWork(t, sess).Config)
+			require.NotNil(t, b.pollNow(t, sess).Config)
+			require.Equal(t, fleet.ConfigRides, b.dueWork(t, sess).Config, "delivered moments ago: rides along")
 			b.reportConfig(t, sess, out.Revision, out.Hash, api.ConfigFailed, "bad port")
+			require.Equal(t, fleet.ConfigNotDue, b.dueWork(t, sess).Config)
 			require.Nil(t, b.pollNow(t, sess).Config, "failed: not pushed again")
 			again := b.configure(t, id, `{"a":1}`, false)
 			require.True(t, again.Failed, "an unchanged document, not forced: ends failed at once")
@@ -150,6 +162,7 @@ func TestConfigDelivery(t *testing.T) {
 			require.Nil(t, b.pollNow(t, sess).Config)
 			forced := b.configure(t, id, `{"a":1}`, true)
 			require.Equal(t, out.Revision, forced.Revision, "forcing keeps the revision")
+			require.Equal(t, fleet.ConfigWakes, b.dueWork(t, sess).Config, "forced: pushed at once, however recently delivered")
 			a := b.pollNow(t, sess)
 			require.NotNil(t, a.Config, "forced: due again")
 			require.Equal(t, out.Revision, a.Config.Revision)

@@ -240,3 +240,22 @@ func TestFleetConfigureSealedHTTP(t *testing.T) {
 		require.NotContains(t, dumpDatabase(t, s.App.DB), "fleet-token-value")
 	})
 }
+
+// TestConfigPackageHostHTTP: a package host granted nodeconfig may
+// configure a node; the configuration reads are for administrators.
+func TestConfigPackageHostHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, _ := inviteAndEnroll(t, s)
+		granted := createHost(t, s, "cfg-host", "nodeconfig")
+		other := createHost(t, s, "cmd-host", "commands")
+		var op opJSON
+		s.JSON(t, http.MethodPost, "/api/v1/operations", configureBody("host-cfg", boot.NodeID,
+			map[string]any{"format": "f/v1", "document": map[string]any{}}), granted.Token, http.StatusCreated, &op)
+		require.Equal(t, "node.configure", op.Kind)
+		s.Problem(t, http.MethodPost, "/api/v1/operations", configureBody("host-cfg-2", boot.NodeID,
+			map[string]any{"format": "f/v1", "document": map[string]any{}}), other.Token, http.StatusForbidden, "permission_denied")
+		s.Problem(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, granted.Token, http.StatusForbidden, "permission_denied")
+		s.Problem(t, http.MethodGet, "/api/v1/config/lagging", nil, granted.Token, http.StatusForbidden, "permission_denied")
+	})
+}

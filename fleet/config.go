@@ -470,6 +470,14 @@ func validateConfigEvent(v *errcode.Validation, field string, e api.Event) {
 func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session, e api.Event, now time.Time) error {
 	cur, err := tx.LockNodeConfig(ctx, sess.NodeID)
 	if isNoRows(err) {
+		// No row yet: take the node's lock, as a configure does before it
+		// writes the first row, so the two never both insert it.
+		if _, err := tx.LockNode(ctx, sess.NodeID); err != nil {
+			return err
+		}
+		cur, err = tx.LockNodeConfig(ctx, sess.NodeID)
+	}
+	if isNoRows(err) {
 		cur, err = NodeConfig{NodeID: sess.NodeID, UpdatedAt: now}, nil
 	}
 	if err != nil {

@@ -297,14 +297,32 @@ func (s *Service) Commands(ctx context.Context, nodeID string, state CommandStat
 const MaxPollWait = 60 * time.Second
 
 // Poll answers the session's due commands as soon as there are any, else an
-// empty list when wait ends. It holds one store query per check: one on
-// arrival and one per wake-up, none per second of waiting. A held poll
-// counts as the node's liveness. Errors: ErrFenced, ErrNodeRetired (also
-// when the node is retired while waiting), ErrDraining, ctx's error.
+// empty list when wait ends (PollWork, less the configuration).
 func (s *Service) Poll(ctx context.Context, sess Session, wait time.Duration, remote string) ([]Command, error) {
+	a, err := s.PollWork(ctx, sess, wait, remote)
+	return a.Commands, err
+}
+
+// PollAnswer is what a long-poll answers: due commands, and the desired
+// configuration while it is due (nil otherwise).
+type PollAnswer struct {
+	Commands []Command
+	Config   *api.ConfigDelivery
+}
+
+// PollWork answers the session's due commands, and its configuration
+// while due, as soon as a command is due or a configuration not delivered
+// to this fencing token within the visibility timeout is; else what is due
+// (a configuration riding along, or nothing) when wait ends. It holds one
+// store query per check: one on arrival and one per wake-up, none per
+// second of waiting (the configuration costs a read only when one is due).
+// A held poll counts as the node's liveness. Errors: ErrFenced,
+// ErrNodeRetired (also when the node is retired while waiting),
+// ErrDraining, ctx's error.
+func (s *Service) PollWork(ctx context.Context, sess Session, wait time.Duration, remote string) (PollAnswer, error) {
 	w, err := s.hub.subscribe(sess.NodeID, remote)
 	if err != nil {
-		return nil, err
+		return PollAnswer{}, err
 	}
 	defer s.hub.unsubscribe(w)
 	s.leases.touch(sess.NodeID)
@@ -313,55 +331,77 @@ func (s *Service) Poll(ctx context.Context, sess Session, wait time.Duration, re
 	defer deadline.Stop()
 	var fallback <-chan time.Time
 	for {
-		cmds, err := s.claim(ctx, sess)
-		if err != nil || len(cmds) > 0 {
-			return cmds, err
+		work, cmds, err := s.claim(ctx, sess)
+		if err != nil {
+			return PollAnswer{}, err
+		}
+		if len(cmds) > 0 || work.Config == ConfigWakes || (wait <= 0 && work.Config == ConfigRides) {
+			return s.answer(ctx, sess, cmds, work.Config != ConfigNotDue)
 		}
 		if wait <= 0 {
-			return nil, nil
+			return PollAnswer{}, nil
 		}
+		rides := work.Config == ConfigRides
 		fallback = nil
 		if !s.notifierOK() {
 			fallback = time.After(s.settings.FallbackPoll)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return PollAnswer{}, ctx.Err()
 		case <-deadline.C:
-			return nil, nil
+			return s.answer(ctx, sess, nil, rides)
 		case <-fallback:
 			s.metrics.Wakeups.WithLabelValues("poll").Inc()
 		case why := <-w.ch:
 			switch why {
 			case wakeDrain:
-				return nil, ErrDraining
+				return PollAnswer{}, ErrDraining
 			case wakeRecheck:
 				cur, err := s.currentNode(ctx, sess.NodeID)
 				if err != nil {
-					return nil, err
+					return PollAnswer{}, err
 				}
 				if cur.fencing != sess.Fencing {
-					return nil, ErrFenced
+					return PollAnswer{}, ErrFenced
 				}
 				if cur.state == StateRetired {
-					return nil, ErrNodeRetired
+					return PollAnswer{}, ErrNodeRetired
 				}
 			}
 		}
 	}
 }
 
-// claim marks the session's due commands delivered and answers them. Most
-// polls find nothing due: a plain read finds that out without a write
-// transaction, so an idle fleet takes no write lock.
-func (s *Service) claim(ctx context.Context, sess Session) ([]Command, error) {
+// answer adds the configuration, when one may be due, to claimed commands.
+// Should the configuration's read fail, the commands are released.
+func (s *Service) answer(ctx context.Context, sess Session, cmds []Command, config bool) (PollAnswer, error) {
+	out := PollAnswer{Commands: cmds}
+	if !config {
+		return out, nil
+	}
+	var err error
+	if out.Config, err = s.deliverConfig(ctx, sess); err != nil {
+		if rerr := s.Release(context.WithoutCancel(ctx), sess, cmds); rerr != nil {
+			s.log.Warn("release undelivered commands", "err", rerr)
+		}
+		return PollAnswer{}, err
+	}
+	return out, nil
+}
+
+// claim marks the session's due commands delivered and answers them, with
+// how a due configuration bears on the poll. Most polls find nothing due:
+// a plain read finds that out without a write transaction, so an idle fleet
+// takes no write lock.
+func (s *Service) claim(ctx context.Context, sess Session) (DueWork, []Command, error) {
 	now := s.clock()
 	due := Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
 		RedeliverBefore: now.Add(-s.settings.VisibilityTimeout), Now: now, Limit: s.settings.MaxPollBatch}
-	hasDue, err := s.store.HasDue(ctx, due)
+	work, err := s.store.DueWork(ctx, due)
 	s.metrics.PollStoreQueries.Inc() // counted once answered
-	if err != nil || !hasDue {
-		return nil, err
+	if err != nil || !work.Commands {
+		return work, nil, err
 	}
 	var cmds []Command
 	err = s.store.Tx(ctx, func(tx Tx) error {
@@ -370,7 +410,7 @@ func (s *Service) claim(ctx context.Context, sess Session) ([]Command, error) {
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return work, nil, err
 	}
 	for _, c := range cmds {
 		if c.DeliveryCount == 1 {
@@ -379,7 +419,7 @@ func (s *Service) claim(ctx context.Context, sess Session) ([]Command, error) {
 			s.metrics.Redeliveries.Inc()
 		}
 	}
-	return cmds, nil
+	return work, cmds, nil
 }
 
 // Release makes commands a poll claimed due again at once: the answer that

@@ -27,11 +27,13 @@ func validateEvents(events []api.Event) error {
 		switch e.Kind {
 		case api.EventHeartbeat:
 			v.Check(e.Workload == nil, field+"/workload", "not allowed on a heartbeat")
+			v.Check(e.Config == nil, field+"/config", "not allowed on a heartbeat")
 			if e.Facts != nil {
 				validateFacts(&v, field+"/facts", *e.Facts)
 			}
 		case api.EventWorkload:
 			v.Check(e.Facts == nil, field+"/facts", "not allowed on a workload event")
+			v.Check(e.Config == nil, field+"/config", "not allowed on a workload event")
 			if e.Workload == nil {
 				v.Add(field+"/workload", "required for a workload event")
 				continue
@@ -43,8 +45,10 @@ func validateEvents(events []api.Event) error {
 			v.Check((w.State == api.WorkloadExited) == (w.ExitCode != nil), field+"/workload/exit_code", "required with exited, and only then")
 			v.Check(w.ExitCode == nil || (*w.ExitCode >= math.MinInt32 && *w.ExitCode <= math.MaxInt32), field+"/workload/exit_code", "a 32-bit integer")
 			v.Check(!w.ObservedAt.IsZero(), field+"/workload/observed_at", "required")
+		case api.EventConfig:
+			validateConfigEvent(&v, field, e)
 		default:
-			v.Add(field+"/kind", "one of heartbeat, workload")
+			v.Add(field+"/kind", "one of heartbeat, workload, config")
 		}
 	}
 	return v.Err()
@@ -52,7 +56,9 @@ func validateEvents(events []api.Event) error {
 
 // RecordEvents takes a node's reports. Workload events are recorded once
 // per (node, event id), so a spool replayed after a reconnection changes
-// nothing; the latest observation per run and attempt is kept. A heartbeat
+// nothing; the latest observation per run and attempt is kept. Config
+// reports are deduplicated the same way and kept as the node's last
+// (DECISIONS.md §32). A heartbeat
 // renews the lease (never a retired node's) and stores facts with the
 // node's own observation time; heartbeats ride a group commit and their ids
 // are not stored. Errors: validation_failed.
@@ -96,6 +102,12 @@ func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.E
 				}
 				delete(fresh, e.ID) // an id twice in one batch counts once
 				res.Recorded++
+				if e.Kind == api.EventConfig {
+					if err := s.recordConfigReportTx(ctx, tx, sess, e, now); err != nil {
+						return err
+					}
+					continue
+				}
 				w := e.Workload
 				if err := tx.UpsertWorkload(ctx, Workload{NodeID: sess.NodeID, RunID: w.RunID, AttemptID: w.AttemptID,
 					State: w.State, ExitCode: w.ExitCode, ObservedAt: w.ObservedAt.UTC(), ReceivedAt: now}); err != nil {

@@ -75,6 +75,7 @@ type Service struct {
 	scrub    OutputScrubber
 
 	secretValues func(ctx context.Context, operationIDs ...string) ([]string, error)
+	sealer       DocumentSealer
 
 	enrollSigner  *keys.Signer
 	sessionSigner *keys.Signer

@@ -128,6 +128,20 @@ type Reader interface {
 	// RecentAudit answers the latest changes across the fleet, newest first,
 	// at most limit (0: no limit).
 	RecentAudit(ctx context.Context, limit int) ([]AuditEntry, error)
+	// DueWork is HasDue for a poll, with the node's configuration: whether
+	// a command is due, and how a due configuration bears on the poll
+	// (DECISIONS.md §32), in one read.
+	DueWork(ctx context.Context, d Due) (DueWork, error)
+	// NodeConfig answers the node's configuration row, or ErrNoRows.
+	NodeConfig(ctx context.Context, nodeID string) (NodeConfig, error)
+	// LaggingConfigs answers lagging configurations of nodes not retired,
+	// by node id descending, with a node id below before ("" : any), at
+	// most limit.
+	LaggingConfigs(ctx context.Context, before string, limit int) ([]NodeConfig, error)
+	// CountConfigs counts lagging configurations of nodes not retired,
+	// and desired configurations of nodes not retired that never got a
+	// report.
+	CountConfigs(ctx context.Context) (lagging, neverReported int64, err error)
 	// CountNodesByState answers how many nodes are in each state; a state
 	// with no node is absent from the map.
 	CountNodesByState(ctx context.Context) (map[State]int64, error)
@@ -194,6 +208,19 @@ type Tx interface {
 	// empty list. On a shared database two claims never take the same
 	// command.
 	ClaimDue(ctx context.Context, d Due) ([]Command, error)
+
+	// LockNodeConfig answers the node's configuration row locked, or
+	// ErrNoRows.
+	LockNodeConfig(ctx context.Context, nodeID string) (NodeConfig, error)
+	// SaveNodeConfig writes every field of c, inserting the row if absent.
+	SaveNodeConfig(ctx context.Context, c NodeConfig) error
+	// MarkConfigDelivered records that revision was delivered to fencing
+	// at at (revision 0 forgets the delivery: due again at once).
+	MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error
+	// EndConfigureOperations ends the node's open node.configure
+	// operations other than except as end says, each with its event and
+	// announcement, and answers how many it ended.
+	EndConfigureOperations(ctx context.Context, nodeID, except string, end ConfigEnd) (int, error)
 
 	// AppendAudit adds an audit entry (the store numbers it).
 	AppendAudit(ctx context.Context, e AuditEntry) error

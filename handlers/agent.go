@@ -121,7 +121,7 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, fleet.ErrDraining)
 		return
 	}
-	cmds, err := h.Fleet.Poll(r.Context(), sess, wait, r.RemoteAddr)
+	answer, err := h.Fleet.PollWork(r.Context(), sess, wait, r.RemoteAddr)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the agent went away; nothing was claimed
@@ -129,7 +129,10 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	out := api.CommandsResponse{Commands: make([]api.Command, len(cmds))}
+	cmds := answer.Commands
+	// The configuration's sealed values are in it: it reaches only this
+	// node's session.
+	out := api.CommandsResponse{Commands: make([]api.Command, len(cmds)), Config: answer.Config}
 	for i, c := range cmds {
 		out.Commands[i] = c.Wire()
 		if out.Commands[i].Payload, err = h.deliverSealed(r.Context(), c); err != nil {
@@ -149,6 +152,11 @@ func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		if rerr := h.Fleet.Release(ctx, sess, cmds); rerr != nil {
 			logger(r).Warn("release undelivered commands", "err", rerr)
+		}
+		if answer.Config != nil {
+			if rerr := h.Fleet.ReleaseConfig(ctx, sess); rerr != nil {
+				logger(r).Warn("release undelivered configuration", "err", rerr)
+			}
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/ledger"
 )
 
 // DefaultBodyLimit bounds every request body (DECISIONS.md §24).
@@ -131,6 +132,10 @@ var nullable = map[reflect.Type]map[string]bool{
 	reflect.TypeFor[api.Facts]():               {"runtimes": true},
 	reflect.TypeFor[api.EnrollRequest]():       {"unacknowledged_results": true},
 	reflect.TypeFor[api.WorkloadObservation](): {"exit_code": true},
+	// Inside an operation (opaque here, read by the ledger), where null is
+	// meaningful: it clears the node's configuration.
+	reflect.TypeFor[ledger.ConfigureOperation]():      {"document": true},
+	reflect.TypeFor[ledger.FleetConfigureOperation](): {"document": true},
 }
 
 // checkShape reads body (already decoded into a value of type t) again and

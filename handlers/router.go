@@ -134,6 +134,8 @@ func New(d Deps) http.Handler {
 			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}/output", h.getWorkloadOutput)
 			r.Get("/nodes/{id}/audit", h.nodeAudit)
 			r.Get("/nodes/{id}/timeline", h.nodeTimeline)
+			r.Get("/nodes/{id}/config", h.getNodeConfig)
+			r.Get("/config/lagging", h.listLaggingConfigs)
 			r.Post("/nodes/{id}/commands", h.issueCommand)
 			r.Get("/nodes/{id}/commands", h.listNodeCommands)
 			r.Get("/commands/{operation_id}", h.getCommand)

@@ -338,13 +338,19 @@ func (s *Service) expire(ctx context.Context) {
 				return err
 			}
 			withdrawn := cur.Held // nothing was handed out yet
+			msg := "no node took it before its deadline"
+			if cur.Kind == KindNodeConfigure {
+				// A configuration is state, not a queued command: it stays
+				// desired; the operation stops waiting for the node.
+				withdrawn, msg = true, "the node did not report this configuration applied before the deadline"
+			}
 			if !withdrawn {
 				if withdrawn, err = tx.Fleet().WithdrawCommand(ctx, cur.ID, now); err != nil || !withdrawn {
 					return err
 				}
 			}
 			_, err = s.endTx(ctx, tx, cur, StateFailed, nil, &Error{Code: CodeTimedOut,
-				Message: "no node took it before its deadline", Retryable: true}, now)
+				Message: msg, Retryable: true}, now)
 			return err
 		})
 		if err != nil && ctx.Err() == nil {

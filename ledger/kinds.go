@@ -130,6 +130,8 @@ func (r *Registry) Kinds() []*Kind {
 }
 
 // ServedKinds are the kinds this product serves, carried out through f.
+// The wiring adds CredentialKinds (through the auth service) and
+// ConfigKinds (through the secrets service too).
 func ServedKinds(f *fleet.Service) []*Kind {
 	kinds := NodeKinds(f)
 	kinds = append(kinds, CommandKindsOf(f)...)

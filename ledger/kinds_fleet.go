@@ -44,15 +44,29 @@ func (o FleetCommandOperation) validate(targets []Target) error {
 	var v errcode.Validation
 	_, known := CommandKinds[o.Kind]
 	v.Check(known, "operation/kind", "one of node.prepare_image, node.prepare_artifact, node.launch_workload, node.stop_workload")
-	v.Check(o.MaxConcurrency >= 0 && o.MaxConcurrency <= MaxFanOut, "operation/max_concurrency", "0 to %d", MaxFanOut)
+	checkFanOutTargets(&v, targets, o.Selector, o.MaxConcurrency)
+	if err := v.Err(); err != nil {
+		return err
+	}
+	if err := fleet.ValidateCommand(CommandKinds[o.Kind], o.Payload); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkFanOutTargets checks a fan-out's targeting (fleet.command,
+// fleet.configure): node targets named once, or the fleet target with a
+// selector.
+func checkFanOutTargets(v *errcode.Validation, targets []Target, sel *Selector, maxConcurrency int) {
+	v.Check(maxConcurrency >= 0 && maxConcurrency <= MaxFanOut, "operation/max_concurrency", "0 to %d", MaxFanOut)
 	fleetTarget := len(targets) == 1 && targets[0].Kind == TargetFleet
 	switch {
 	case fleetTarget:
-		v.Check(o.Selector != nil, "operation/selector", "required with the fleet target")
+		v.Check(sel != nil, "operation/selector", "required with the fleet target")
 	case len(targets) == 0:
 		v.Add("targets", "node targets, or one {kind: fleet} with operation.selector")
 	default:
-		v.Check(o.Selector == nil, "operation/selector", "only with the fleet target")
+		v.Check(sel == nil, "operation/selector", "only with the fleet target")
 		v.Check(len(targets) <= MaxFanOut, "targets", "at most %d", MaxFanOut)
 		seen := map[string]bool{}
 		for i, t := range targets {
@@ -62,16 +76,9 @@ func (o FleetCommandOperation) validate(targets []Target) error {
 			seen[t.ID] = true
 		}
 	}
-	if s := o.Selector; s != nil && s.State != "" {
+	if s := sel; s != nil && s.State != "" {
 		v.Check(fleet.State(s.State).Valid(), "operation/selector/state", "one of enrolling, ready, lost, retired")
 	}
-	if err := v.Err(); err != nil {
-		return err
-	}
-	if err := fleet.ValidateCommand(CommandKinds[o.Kind], o.Payload); err != nil {
-		return err
-	}
-	return nil
 }
 
 // FleetKinds are the kinds of family fleet.

@@ -267,6 +267,8 @@ func endRetiredNodeOperations(ctx context.Context, tx Tx, nodeID string, now tim
 		switch {
 		case op.Held:
 			to, e = StateCancelled, &Error{Code: "node_retired", Message: "the node was retired before this was handed to it"}
+		case op.Kind == KindNodeConfigure:
+			e = &Error{Code: "node_retired", Message: "the node was retired before it applied this configuration"}
 		case op.State == StateRunning:
 			e = &Error{Code: "outcome_unknown", Message: "the node was retired after this was delivered and before it answered; reconcile from its workload reports"}
 		default:

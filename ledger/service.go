@@ -283,6 +283,11 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 				if err != nil {
 					return err
 				}
+				if e, ok := recorded.(endedAtRecord); ok {
+					// Ended at once (an unchanged configuration already
+					// applied): answer it as it ended.
+					op, recorded = e.op, e.recorded
+				}
 				op.Recorded = recorded
 				return s.checkNodeQuota(ctx, tx, kind, op, true)
 			}
@@ -474,9 +479,10 @@ func (s *Service) cancelTx(ctx context.Context, tx Tx, op Operation, reason stri
 	}
 	op.CancelRequestedAt, op.CancelReason = &now, reason
 	withdrawn := op.State == StatePending
-	if op.Channel == ChannelLongPoll {
+	if op.Channel == ChannelLongPoll && op.Kind != KindNodeConfigure {
 		// A node's command is withdrawn only while undelivered; once
-		// delivered, its operation ends with the node's answer.
+		// delivered, its operation ends with the node's answer. (A
+		// configure's operation ends at once; its configuration stays.)
 		var err error
 		if withdrawn, err = tx.Fleet().WithdrawCommand(ctx, op.ID, now); err != nil {
 			return op, err

@@ -145,7 +145,8 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 	for _, m := range mutate {
 		m(&st)
 	}
-	reg := ledger.NewRegistry(append(tk.kinds(), ledger.ServedKinds(b.fleet)...)...)
+	kinds := append(tk.kinds(), ledger.ServedKinds(b.fleet)...)
+	reg := ledger.NewRegistry(append(kinds, ledger.ConfigKinds(b.fleet, nil)...)...)
 	b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
 		Metrics: b.metrics, Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		CrossReplica: db.Dialect == models.Postgres})

@@ -40,6 +40,14 @@ type Metrics struct {
 	// OperationStates is read at scrape time: operations by state across
 	// replicas (pending is the queue depth). Wiring sets it.
 	OperationStates func() map[string]float64
+
+	// Desired configuration.
+	ConfigRevisions  prometheus.Counter
+	ConfigDeliveries prometheus.Counter
+	ConfigReports    *prometheus.CounterVec
+	// ConfigLagging is read at scrape time: nodes whose applied revision
+	// is behind the desired one. Wiring sets it.
+	ConfigLagging func() (float64, bool)
 }
 
 // New builds the collectors and registers them, plus the Go and process
@@ -119,6 +127,15 @@ func New(pending func() float64) *Metrics {
 	m.OperationsRecovered = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeward_operations_recovered_total", Help: "Operations left running by a gone replica, by what recovery did: rerun, interrupted.",
 	}, []string{"action"})
+	m.ConfigRevisions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeward_config_revisions_total", Help: "Desired configuration revisions written (a changed document).",
+	})
+	m.ConfigDeliveries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeward_config_deliveries_total", Help: "Desired configurations carried in long-poll answers.",
+	})
+	m.ConfigReports = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeward_config_reports_total", Help: "Configuration reports recorded, by verdict.",
+	}, []string{"verdict"})
 	m.Wakeups.WithLabelValues("local")
 	m.Wakeups.WithLabelValues("notify")
 	m.Wakeups.WithLabelValues("poll")
@@ -130,6 +147,7 @@ func New(pending func() float64) *Metrics {
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},
+		m.ConfigRevisions, m.ConfigDeliveries, m.ConfigReports, configLagging{m},
 	)
 	return m
 }
@@ -149,5 +167,23 @@ func (c operationStates) Collect(ch chan<- prometheus.Metric) {
 	}
 	for state, n := range c.m.OperationStates() {
 		ch <- prometheus.MustNewConstMetric(operationStatesDesc, prometheus.GaugeValue, n, state)
+	}
+}
+
+// configLagging exports nodeward_config_lagging_nodes from the store when
+// scraped (a count over a partial index, not a scan of every node).
+type configLagging struct{ m *Metrics }
+
+var configLaggingDesc = prometheus.NewDesc("nodeward_config_lagging_nodes",
+	"Nodes that reported a configuration and whose applied revision is behind the desired one.", nil, nil)
+
+func (c configLagging) Describe(ch chan<- *prometheus.Desc) { ch <- configLaggingDesc }
+
+func (c configLagging) Collect(ch chan<- prometheus.Metric) {
+	if c.m.ConfigLagging == nil {
+		return
+	}
+	if n, ok := c.m.ConfigLagging(); ok {
+		ch <- prometheus.MustNewConstMetric(configLaggingDesc, prometheus.GaugeValue, n)
 	}
 }

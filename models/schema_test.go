@@ -37,6 +37,7 @@ var allModels = []any{
 	&models.SecretDelivery{},
 	&models.SecretAudit{},
 	&models.RevealHandle{},
+	&models.NodeConfigRow{},
 }
 
 // Tables the migrations tool owns.

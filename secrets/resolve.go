@@ -259,3 +259,102 @@ func replaceAt(doc any, path []string, value string) (any, error) {
 	}
 	return nil, errors.New("sealed field not in the payload")
 }
+
+// StringAt answers the string at the JSON pointer p inside doc.
+func StringAt(doc []byte, p string) (string, bool) {
+	v, err := decode(doc)
+	if err != nil {
+		return "", false
+	}
+	for _, t := range splitPointer(p) {
+		switch x := v.(type) {
+		case map[string]any:
+			if v = x[t]; v == nil {
+				return "", false
+			}
+		case []any:
+			i, err := strconv.Atoi(t)
+			if err != nil || i < 0 || i >= len(x) {
+				return "", false
+			}
+			v = x[i]
+		default:
+			return "", false
+		}
+	}
+	s, ok := v.(string)
+	return s, ok
+}
+
+// ReplaceAt answers doc with the value at the JSON pointer p (which must
+// exist) replaced by the string value.
+func ReplaceAt(doc []byte, p, value string) (json.RawMessage, error) {
+	v, err := decode(doc)
+	if err != nil {
+		return nil, err
+	}
+	if v, err = replaceAt(v, splitPointer(p), value); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// Pointers answers the JSON pointers of the handles doc carries, in
+// document order.
+func Pointers(doc []byte) ([]string, error) {
+	found, err := findHandles(doc)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(found))
+	for i, h := range found {
+		out[i] = h.pointer
+	}
+	return out, nil
+}
+
+// TxDeliver is Deliver read inside tx: the transaction that resolved the
+// handles (a configuration's document is stored with its values as it is
+// recorded).
+func (s *Service) TxDeliver(ctx context.Context, tx Tx, sourceID, within string, payload json.RawMessage) (json.RawMessage, error) {
+	if !Carries(payload) {
+		return payload, nil
+	}
+	ds, err := tx.Deliveries(ctx, sourceID)
+	if err != nil || len(ds) == 0 {
+		return payload, err
+	}
+	doc, err := decode(payload)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range ds {
+		if !strings.HasPrefix(d.Field, within+"/") {
+			continue
+		}
+		plain, err := s.open(d.KeyID, d.Box, deliveryAAD(sourceID, d.Field))
+		if err != nil {
+			return nil, err
+		}
+		doc, err = replaceAt(doc, splitPointer(strings.TrimPrefix(d.Field, within)), string(plain))
+		if err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(doc)
+}
+
+func configAAD(nodeID string, revision int64) []byte {
+	return []byte("config\x00" + nodeID + "\x00" + strconv.FormatInt(revision, 10))
+}
+
+// SealDocument encrypts a node's configuration document for storage
+// (under the sealing key, bound to the node and revision).
+func (s *Service) SealDocument(nodeID string, revision int64, plain []byte) (string, []byte, error) {
+	return s.seal(plain, configAAD(nodeID, revision))
+}
+
+// OpenDocument decrypts what SealDocument sealed.
+func (s *Service) OpenDocument(nodeID string, revision int64, kid string, box []byte) ([]byte, error) {
+	return s.open(kid, box, configAAD(nodeID, revision))
+}

@@ -154,6 +154,18 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	for _, k := range ledger.CredentialKinds(a.Auth) {
 		a.Ledger.Kinds().Register(k)
 	}
+	// Desired configuration: documents are kept sealed at rest, and their
+	// sealed values are resolved through the secrets service.
+	a.Fleet.UseDocumentSealer(a.Secrets)
+	for _, k := range ledger.ConfigKinds(a.Fleet, a.Secrets) {
+		a.Ledger.Kinds().Register(k)
+	}
+	a.Metrics.ConfigLagging = func() (float64, bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		n, err := a.Fleet.CountLagging(ctx)
+		return float64(n), err == nil
+	}
 	// Only a build tagged nodeward_testkinds adds anything here.
 	testkinds.Register(a.Ledger.Kinds(), cfg.ReplicaID)
 	a.Metrics.OperationStates = func() map[string]float64 {

@@ -1,0 +1,605 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/secrets"
+)
+
+// Desired configuration (ARCHITECTURE.md §2, DECISIONS.md §32): one per
+// node, stored with a revision and a hash, delivered level-triggered in the
+// long-poll answer while due, and judged against the node's last report.
+
+// Limits of desired configuration.
+const (
+	// MaxConfigDocumentBytes bounds a document (its canonical JSON).
+	MaxConfigDocumentBytes = 256 << 10
+	// MaxConfigFormatBytes bounds a format name.
+	MaxConfigFormatBytes = 128
+	// MaxConfigMessageBytes bounds a report's message; longer is truncated.
+	MaxConfigMessageBytes = 4 << 10
+)
+
+// Verdicts of a node's last configuration report against its desired
+// configuration, computed on read.
+const (
+	VerdictApplied  = "applied"
+	VerdictFailed   = "failed"
+	VerdictStale    = "stale"
+	VerdictMismatch = "mismatch"
+	VerdictNone     = "none"
+)
+
+// SealedMask replaces sealed values in administrators' reads.
+const SealedMask = "[sealed]"
+
+// NodeConfig is a node's desired configuration and its last report.
+// Revision 0 means no desired configuration (the node reported first).
+type NodeConfig struct {
+	NodeID   string
+	Revision int64
+	Hash     string
+	Format   string
+	// KeyID and Box hold the document with its real values: sealed under
+	// KeyID, or as plain JSON when KeyID is empty (no sealer configured).
+	// A nil Box is the JSON null document (the configuration cleared).
+	KeyID string
+	Box   []byte
+	// SealedPointers are the JSON pointers, into the document, of the
+	// values that were sealed handles when it was submitted.
+	SealedPointers []string
+	SizeBytes      int64
+	UpdatedAt      time.Time
+	OperationID    string
+	// Settled: the last report names Revision and Hash and is applied, or
+	// failed and not forced since. Delivery stops while settled for the
+	// fencing token that reported.
+	Settled bool
+	// Reported is the node's last report (nil: never reported).
+	Reported        *ConfigReport
+	AppliedRevision int64
+	// Lagging is maintained on every write: reported at least once and
+	// AppliedRevision < Revision.
+	Lagging           bool
+	DeliveredFencing  *int64
+	DeliveredRevision *int64
+	DeliveredAt       *time.Time
+}
+
+// ConfigReport is a node's last configuration report as stored.
+type ConfigReport struct {
+	Revision   int64
+	Hash       string
+	State      string
+	Message    string
+	ObservedAt time.Time
+	// Fencing is the session's fencing token when it reported.
+	Fencing int64
+}
+
+// Verdict judges the last report against the desired configuration.
+func (c NodeConfig) Verdict() string {
+	r := c.Reported
+	switch {
+	case r == nil:
+		return VerdictNone
+	case c.Revision > 0 && r.Revision == c.Revision && r.Hash == c.Hash:
+		if r.State == api.ConfigApplied {
+			return VerdictApplied
+		}
+		return VerdictFailed
+	case c.Revision > 0 && r.Revision < c.Revision:
+		return VerdictStale
+	default:
+		return VerdictMismatch
+	}
+}
+
+// dueFor reports whether the configuration is due for a session of that
+// fencing token (the store's DueWork computes the same in SQL).
+func (c NodeConfig) dueFor(fencing int64) bool {
+	if c.Revision == 0 {
+		return false
+	}
+	return !c.Settled || c.Reported == nil || c.Reported.Fencing != fencing
+}
+
+func (c *NodeConfig) setLagging() {
+	c.Lagging = c.Reported != nil && c.AppliedRevision < c.Revision
+}
+
+// DocumentSealer keeps configuration documents encrypted at rest (the
+// secrets service, under the sealing key).
+type DocumentSealer interface {
+	SealDocument(nodeID string, revision int64, plain []byte) (kid string, box []byte, err error)
+	OpenDocument(nodeID string, revision int64, kid string, box []byte) ([]byte, error)
+}
+
+// UseDocumentSealer sets the sealer of configuration documents (wiring
+// calls it once, before serving).
+func (s *Service) UseDocumentSealer(d DocumentSealer) { s.sealer = d }
+
+// ConfigHash is DECISIONS.md §32's hash: lowercase hex SHA-256 of the RFC
+// 8785 canonical JSON of {"format": …, "document": …}.
+func ConfigHash(format string, document json.RawMessage) (string, error) {
+	if len(document) == 0 {
+		document = json.RawMessage("null")
+	}
+	body, err := json.Marshal(struct {
+		Format   string          `json:"format"`
+		Document json.RawMessage `json:"document"`
+	}{format, document})
+	if err != nil {
+		return "", err
+	}
+	v := jsontext.Value(body)
+	if err := v.Canonicalize(); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(v)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// CanonicalDocument answers a document in RFC 8785 canonical form; an
+// absent document is JSON null.
+func CanonicalDocument(document json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(document)) == 0 {
+		return json.RawMessage("null"), nil
+	}
+	v := jsontext.Value(append([]byte(nil), document...))
+	if err := v.Canonicalize(); err != nil {
+		return nil, err
+	}
+	return json.RawMessage(v), nil
+}
+
+// ValidateConfigFormat checks a format name: 1-128 printable ASCII
+// characters without spaces, and no sealed handle.
+func ValidateConfigFormat(v *errcode.Validation, field, format string) {
+	ok := format != "" && len(format) <= MaxConfigFormatBytes && !strings.HasPrefix(format, secrets.HandlePrefix)
+	for i := 0; ok && i < len(format); i++ {
+		ok = format[i] > 0x20 && format[i] < 0x7f
+	}
+	v.Check(ok, field, "required: 1-%d printable characters without spaces (e.g. nginx.site/v1)", MaxConfigFormatBytes)
+}
+
+// Configure is a request to set a node's desired configuration.
+type Configure struct {
+	NodeID      string
+	OperationID string
+	Format      string
+	// Document is the document with its real values (sealed handles
+	// already resolved); nil or JSON null clears the configuration.
+	Document json.RawMessage
+	// SealedPointers name the document's values that were sealed.
+	SealedPointers []string
+	Force          bool
+}
+
+// ConfigureOutcome is what ConfigureTx did.
+type ConfigureOutcome struct {
+	Revision int64  `json:"revision"`
+	Hash     string `json:"hash"`
+	// Changed: a new revision was written (the hash changed).
+	Changed bool `json:"changed"`
+	// Applied: the revision is applied already (the operation ends at
+	// once, succeeded).
+	Applied bool `json:"applied"`
+	// Failed: the node reported failed for this unchanged revision and the
+	// request did not force it again (the operation ends at once, failed,
+	// with Message).
+	Failed  bool   `json:"failed,omitempty"`
+	Message string `json:"-"`
+}
+
+// ConfigEnd is how the operations waiting on a node's configuration end.
+type ConfigEnd struct {
+	State     string // succeeded or failed (the ledger's states)
+	Code      string
+	Message   string
+	Retryable bool
+	Result    json.RawMessage
+	At        time.Time
+}
+
+// ConfigureTx sets a node's desired configuration inside the ledger's
+// submitting transaction. The node's row is locked first, so concurrent
+// configures of one node serialize: the revision grows by exactly one when
+// the hash changes and an unchanged document writes nothing (force on an
+// unchanged document makes it due again). A new revision ends the node's
+// other open configure operations failed superseded and wakes its
+// long-poll. Errors: validation_failed, ErrNotFound, ErrNodeRetired.
+func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (ConfigureOutcome, error) {
+	var v errcode.Validation
+	ValidateConfigFormat(&v, "operation/format", in.Format)
+	doc, err := CanonicalDocument(in.Document)
+	v.Check(err == nil, "operation/document", "must be JSON")
+	v.Check(len(doc) <= MaxConfigDocumentBytes, "operation/document", "at most 256 KiB")
+	if err := v.Err(); err != nil {
+		return ConfigureOutcome{}, err
+	}
+	n, err := tx.LockNode(ctx, in.NodeID)
+	if isNoRows(err) {
+		return ConfigureOutcome{}, ErrNotFound
+	}
+	if err != nil {
+		return ConfigureOutcome{}, err
+	}
+	if n.State == StateRetired {
+		return ConfigureOutcome{}, ErrNodeRetired
+	}
+	hash, err := ConfigHash(in.Format, doc)
+	if err != nil {
+		return ConfigureOutcome{}, err
+	}
+	now := s.clock()
+	cur, err := tx.LockNodeConfig(ctx, n.ID)
+	if isNoRows(err) {
+		cur, err = NodeConfig{NodeID: n.ID, UpdatedAt: now}, nil
+	}
+	if err != nil {
+		return ConfigureOutcome{}, err
+	}
+	if cur.Revision > 0 && cur.Hash == hash {
+		out := ConfigureOutcome{Revision: cur.Revision, Hash: hash}
+		r := cur.Reported
+		named := r != nil && r.Revision == cur.Revision && r.Hash == hash
+		switch {
+		case named && r.State == api.ConfigApplied:
+			out.Applied = true
+		case named && r.State == api.ConfigFailed && !in.Force:
+			out.Failed, out.Message = true, r.Message
+		case in.Force && cur.Settled:
+			// Asked again: due again at once, whatever the last report
+			// said and however recently it was delivered.
+			cur.Settled, cur.DeliveredRevision, cur.DeliveredAt = false, nil, nil
+			if err := tx.SaveNodeConfig(ctx, cur); err != nil {
+				return ConfigureOutcome{}, err
+			}
+			return out, tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+		}
+		return out, nil
+	}
+	next := cur
+	next.Revision, next.Hash, next.Format = cur.Revision+1, hash, in.Format
+	next.SizeBytes, next.UpdatedAt, next.OperationID = int64(len(doc)), now, in.OperationID
+	next.SealedPointers, next.Settled = in.SealedPointers, false
+	next.KeyID, next.Box = "", nil
+	if string(doc) != "null" {
+		next.Box = doc
+		if s.sealer != nil {
+			if next.KeyID, next.Box, err = s.sealer.SealDocument(n.ID, next.Revision, doc); err != nil {
+				return ConfigureOutcome{}, err
+			}
+		}
+	}
+	next.setLagging()
+	if err := tx.SaveNodeConfig(ctx, next); err != nil {
+		return ConfigureOutcome{}, err
+	}
+	if _, err := tx.EndConfigureOperations(ctx, n.ID, in.OperationID, ConfigEnd{State: "failed", Code: "superseded",
+		Message: "a later configuration replaced revision " + strconv.FormatInt(cur.Revision, 10) + " before the node applied it", At: now}); err != nil {
+		return ConfigureOutcome{}, err
+	}
+	s.metrics.ConfigRevisions.Inc()
+	return ConfigureOutcome{Revision: next.Revision, Hash: hash, Changed: true},
+		tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+}
+
+// document answers c's document with its real values (JSON null when
+// cleared).
+func (s *Service) document(c NodeConfig) (json.RawMessage, error) {
+	if c.Box == nil {
+		return json.RawMessage("null"), nil
+	}
+	if c.KeyID == "" {
+		return json.RawMessage(c.Box), nil
+	}
+	if s.sealer == nil {
+		return nil, errcode.New(errcode.Internal, "configuration document sealed but no sealer configured")
+	}
+	plain, err := s.sealer.OpenDocument(c.NodeID, c.Revision, c.KeyID, c.Box)
+	return json.RawMessage(plain), err
+}
+
+// sealedValues answers the real values of c's sealed fields.
+func (s *Service) sealedValues(c NodeConfig) ([]string, error) {
+	if len(c.SealedPointers) == 0 || c.Revision == 0 {
+		return nil, nil
+	}
+	doc, err := s.document(c)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range c.SealedPointers {
+		if v, ok := secrets.StringAt(doc, p); ok {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
+// ConfigView is a node's configuration as administrators read it
+// (GET /api/v1/nodes/{id}/config).
+type ConfigView struct {
+	Desired         *DesiredView  `json:"desired"`
+	Reported        *ReportedView `json:"reported"`
+	AppliedRevision int64         `json:"applied_revision"`
+	Verdict         string        `json:"verdict"`
+	Lagging         bool          `json:"lagging"`
+}
+
+// DesiredView is the desired configuration, sealed values masked.
+type DesiredView struct {
+	Revision    int64           `json:"revision"`
+	Hash        string          `json:"hash"`
+	Format      string          `json:"format"`
+	SizeBytes   int64           `json:"size_bytes"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	OperationID string          `json:"operation_id"`
+	Document    json.RawMessage `json:"document"`
+}
+
+// ReportedView is the node's last report.
+type ReportedView struct {
+	Revision   int64     `json:"revision"`
+	Hash       string    `json:"hash"`
+	State      string    `json:"state"`
+	Message    string    `json:"message"`
+	ObservedAt time.Time `json:"observed_at"`
+}
+
+// NodeConfig answers a node's configuration as administrators read it:
+// the document with its sealed values masked as "[sealed]". A node never
+// configured answers desired null. Errors: ErrNotFound.
+func (s *Service) NodeConfig(ctx context.Context, nodeID string) (ConfigView, error) {
+	if _, err := s.Node(ctx, nodeID); err != nil {
+		return ConfigView{}, err
+	}
+	c, err := s.store.NodeConfig(ctx, nodeID)
+	if isNoRows(err) {
+		return ConfigView{Verdict: VerdictNone}, nil
+	}
+	if err != nil {
+		return ConfigView{}, err
+	}
+	out := ConfigView{AppliedRevision: c.AppliedRevision, Verdict: c.Verdict(), Lagging: c.Lagging}
+	if c.Revision > 0 {
+		doc, err := s.document(c)
+		if err != nil {
+			return ConfigView{}, err
+		}
+		for _, p := range c.SealedPointers {
+			if doc, err = secrets.ReplaceAt(doc, p, SealedMask); err != nil {
+				return ConfigView{}, err
+			}
+		}
+		out.Desired = &DesiredView{Revision: c.Revision, Hash: c.Hash, Format: c.Format, SizeBytes: c.SizeBytes,
+			UpdatedAt: c.UpdatedAt, OperationID: c.OperationID, Document: doc}
+	}
+	if r := c.Reported; r != nil {
+		out.Reported = &ReportedView{Revision: r.Revision, Hash: r.Hash, State: r.State, Message: r.Message, ObservedAt: r.ObservedAt}
+	}
+	return out, nil
+}
+
+// LaggingNode is one row of the lagging listing.
+type LaggingNode struct {
+	NodeID          string    `json:"node_id"`
+	DesiredRevision int64     `json:"desired_revision"`
+	AppliedRevision int64     `json:"applied_revision"`
+	Verdict         string    `json:"verdict"`
+	ReportedAt      time.Time `json:"reported_at"`
+}
+
+// LaggingPage answers GET /api/v1/config/lagging.
+type LaggingPage struct {
+	Count         int64         `json:"count"`
+	NeverReported int64         `json:"never_reported"`
+	Nodes         []LaggingNode `json:"nodes"`
+	NextBefore    *string       `json:"next_before"`
+}
+
+// LaggingConfigs answers the lagging nodes (not retired, reported at
+// least once, applied revision behind the desired one), by node id
+// descending, below the cursor before ("" from the start), at most limit;
+// with the count of lagging nodes and of nodes that never reported.
+func (s *Service) LaggingConfigs(ctx context.Context, before string, limit int) (LaggingPage, error) {
+	lagging, never, err := s.store.CountConfigs(ctx)
+	if err != nil {
+		return LaggingPage{}, err
+	}
+	rows, err := s.store.LaggingConfigs(ctx, before, limit+1)
+	if err != nil {
+		return LaggingPage{}, err
+	}
+	out := LaggingPage{Count: lagging, NeverReported: never, Nodes: []LaggingNode{}}
+	for i, c := range rows {
+		if i == limit {
+			next := out.Nodes[len(out.Nodes)-1].NodeID
+			out.NextBefore = &next
+			break
+		}
+		n := LaggingNode{NodeID: c.NodeID, DesiredRevision: c.Revision, AppliedRevision: c.AppliedRevision, Verdict: c.Verdict()}
+		if c.Reported != nil {
+			n.ReportedAt = c.Reported.ObservedAt
+		}
+		out.Nodes = append(out.Nodes, n)
+	}
+	return out, nil
+}
+
+// CountLagging answers how many nodes lag (the metric).
+func (s *Service) CountLagging(ctx context.Context) (int64, error) {
+	n, _, err := s.store.CountConfigs(ctx)
+	return n, err
+}
+
+// validateConfigEvent checks a config report's shape. A report never
+// jams a spool: only what cannot be judged at all is refused.
+func validateConfigEvent(v *errcode.Validation, field string, e api.Event) {
+	v.Check(e.Facts == nil, field+"/facts", "not allowed on a config event")
+	v.Check(e.Workload == nil, field+"/workload", "not allowed on a config event")
+	if e.Config == nil {
+		v.Add(field+"/config", "required for a config event")
+		return
+	}
+	c := e.Config
+	v.Check(c.Revision >= 0, field+"/config/revision", "a revision (0 or more)")
+	v.Check(len(c.Hash) <= 128, field+"/config/hash", "at most 128 characters")
+	v.Check(c.State == api.ConfigApplied || c.State == api.ConfigFailed, field+"/config/state", "one of applied, failed")
+}
+
+// recordConfigReportTx keeps a node's configuration report as its last
+// (an older report than the kept one changes nothing), moves the applied
+// revision on an applied report naming the desired revision and hash, and
+// ends the operations waiting on that revision in the same transaction.
+func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session, e api.Event, now time.Time) error {
+	cur, err := tx.LockNodeConfig(ctx, sess.NodeID)
+	if isNoRows(err) {
+		// No row yet: take the node's lock, as a configure does before it
+		// writes the first row, so the two never both insert it.
+		if _, err := tx.LockNode(ctx, sess.NodeID); err != nil {
+			return err
+		}
+		cur, err = tx.LockNodeConfig(ctx, sess.NodeID)
+	}
+	if isNoRows(err) {
+		cur, err = NodeConfig{NodeID: sess.NodeID, UpdatedAt: now}, nil
+	}
+	if err != nil {
+		return err
+	}
+	observed := e.ObservedAt.UTC()
+	if cur.Reported != nil && observed.Before(cur.Reported.ObservedAt) {
+		return nil
+	}
+	values, err := s.sealedValues(cur)
+	if err != nil {
+		return err
+	}
+	rep := e.Config
+	cur.Reported = &ConfigReport{Revision: rep.Revision, Hash: rep.Hash, State: rep.State,
+		Message: truncateMessage(secrets.Scrub(rep.Message, values)), ObservedAt: observed, Fencing: sess.Fencing}
+	named := cur.Revision > 0 && rep.Revision == cur.Revision && rep.Hash == cur.Hash
+	cur.Settled = named
+	if named && rep.State == api.ConfigApplied {
+		cur.AppliedRevision = cur.Revision
+	}
+	cur.setLagging()
+	if err := tx.SaveNodeConfig(ctx, cur); err != nil {
+		return err
+	}
+	s.metrics.ConfigReports.WithLabelValues(cur.Verdict()).Inc()
+	if !named {
+		return nil
+	}
+	result, _ := json.Marshal(map[string]any{"revision": cur.Revision, "hash": cur.Hash, "state": rep.State})
+	end := ConfigEnd{State: "succeeded", Result: result, At: now}
+	if rep.State == api.ConfigFailed {
+		msg := cur.Reported.Message
+		if msg == "" {
+			msg = "the node could not apply the configuration (no reason given)"
+		}
+		end = ConfigEnd{State: "failed", Code: "config_failed", Message: msg, At: now}
+	}
+	_, err = tx.EndConfigureOperations(ctx, sess.NodeID, "", end)
+	return err
+}
+
+// truncateMessage bounds a report's message at a rune boundary.
+func truncateMessage(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	if len(s) <= MaxConfigMessageBytes {
+		return s
+	}
+	cut := MaxConfigMessageBytes - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// ConfigWake says how a due configuration bears on a poll.
+type ConfigWake int
+
+// How a configuration bears on a poll.
+const (
+	// ConfigNotDue: nothing to send.
+	ConfigNotDue ConfigWake = iota
+	// ConfigRides: due, but delivered to this fencing token within the
+	// visibility timeout: it rides along with the next answer and does not
+	// cut the wait short.
+	ConfigRides
+	// ConfigWakes: due and not recently delivered: answer at once.
+	ConfigWakes
+)
+
+// DueWork is what a poll's one store read finds.
+type DueWork struct {
+	Commands bool
+	Config   ConfigWake
+}
+
+// deliverConfig answers the configuration due for the session, with its
+// real values, and marks it delivered to the session's fencing token;
+// nil when none is due (any more).
+func (s *Service) deliverConfig(ctx context.Context, sess Session) (*api.ConfigDelivery, error) {
+	var c NodeConfig
+	due := false
+	now := s.clock()
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		var err error
+		c, err = tx.LockNodeConfig(ctx, sess.NodeID)
+		if isNoRows(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if due = c.dueFor(sess.Fencing); !due {
+			return nil
+		}
+		return tx.MarkConfigDelivered(ctx, sess.NodeID, sess.Fencing, c.Revision, now)
+	})
+	if err != nil || !due {
+		return nil, err
+	}
+	doc, err := s.document(c)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics.ConfigDeliveries.Inc()
+	return &api.ConfigDelivery{Revision: c.Revision, Hash: c.Hash, Format: c.Format, Document: doc}, nil
+}
+
+// ReleaseConfig makes a configuration a poll carried due again at once for
+// the session: the answer that carried it could not be written.
+func (s *Service) ReleaseConfig(ctx context.Context, sess Session) error {
+	return s.store.Tx(ctx, func(tx Tx) error {
+		c, err := tx.LockNodeConfig(ctx, sess.NodeID)
+		if isNoRows(err) {
+			return nil
+		}
+		if err != nil || c.DeliveredFencing == nil || *c.DeliveredFencing != sess.Fencing {
+			return err
+		}
+		if err := tx.MarkConfigDelivered(ctx, sess.NodeID, sess.Fencing, 0, time.Time{}); err != nil {
+			return err
+		}
+		return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: sess.NodeID})
+	})
+}

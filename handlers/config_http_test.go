@@ -1,0 +1,261 @@
+package handlers_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// Desired configuration over HTTP (DECISIONS.md §32): every exchange is
+// checked against openapi.yaml by the harness.
+
+type nodeConfigJSON struct {
+	Desired *struct {
+		Revision    int64           `json:"revision"`
+		Hash        string          `json:"hash"`
+		Format      string          `json:"format"`
+		SizeBytes   int64           `json:"size_bytes"`
+		OperationID string          `json:"operation_id"`
+		Document    json.RawMessage `json:"document"`
+	} `json:"desired"`
+	Reported *struct {
+		Revision int64  `json:"revision"`
+		State    string `json:"state"`
+		Message  string `json:"message"`
+	} `json:"reported"`
+	AppliedRevision int64  `json:"applied_revision"`
+	Verdict         string `json:"verdict"`
+	Lagging         bool   `json:"lagging"`
+}
+
+type laggingJSON struct {
+	Count         int64 `json:"count"`
+	NeverReported int64 `json:"never_reported"`
+	Nodes         []struct {
+		NodeID          string `json:"node_id"`
+		DesiredRevision int64  `json:"desired_revision"`
+		AppliedRevision int64  `json:"applied_revision"`
+		Verdict         string `json:"verdict"`
+	} `json:"nodes"`
+	NextBefore *string `json:"next_before"`
+}
+
+func configureBody(requestID, nodeID string, op map[string]any) map[string]any {
+	return map[string]any{"request_id": requestID, "kind": "node.configure",
+		"targets": []any{map[string]any{"kind": "node", "id": nodeID}}, "operation": op}
+}
+
+func postConfigReport(t *testing.T, s *apitest.Server, token, id string, rev int64, hash, state, msg string) {
+	t.Helper()
+	s.JSON(t, http.MethodPost, "/agent/v1/events", api.EventsRequest{Events: []api.Event{{ID: id, Kind: api.EventConfig,
+		ObservedAt: time.Now().UTC(), Config: &api.ConfigReport{Revision: rev, Hash: hash, State: state, Message: msg}}}},
+		token, http.StatusOK, nil)
+}
+
+func TestNodeConfigHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, sess := inviteAndEnroll(t, s)
+		path := "/api/v1/nodes/" + boot.NodeID + "/config"
+		var cfg nodeConfigJSON
+		s.Admin(t, http.MethodGet, path, nil, http.StatusOK, &cfg)
+		require.Nil(t, cfg.Desired)
+		require.Nil(t, cfg.Reported)
+		require.Equal(t, "none", cfg.Verdict)
+
+		var op opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("cfg-1", boot.NodeID,
+			map[string]any{"format": "nginx.site/v1", "document": map[string]any{"port": 80}}), http.StatusCreated, &op)
+		require.Equal(t, "pending", op.State)
+		require.Equal(t, "long_poll", op.Channel)
+		s.Admin(t, http.MethodGet, path, nil, http.StatusOK, &cfg)
+		require.Equal(t, int64(1), cfg.Desired.Revision)
+		require.Equal(t, op.OperationID, cfg.Desired.OperationID)
+		require.JSONEq(t, `{"port":80}`, string(cfg.Desired.Document))
+
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Empty(t, polled.Commands)
+		require.NotNil(t, polled.Config)
+		require.Equal(t, cfg.Desired.Hash, polled.Config.Hash)
+
+		postConfigReport(t, s, sess.SessionToken, "rep-1", 1, polled.Config.Hash, api.ConfigApplied, "")
+		s.Admin(t, http.MethodGet, "/api/v1/operations/"+op.OperationID, nil, http.StatusOK, &op)
+		require.Equal(t, "succeeded", op.State)
+		s.Admin(t, http.MethodGet, path, nil, http.StatusOK, &cfg)
+		require.Equal(t, "applied", cfg.Verdict)
+		require.Equal(t, int64(1), cfg.AppliedRevision)
+		require.False(t, cfg.Lagging)
+
+		// Revision 2 fails on the node: the operation fails with the
+		// node's message, and the node lags.
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("cfg-2", boot.NodeID,
+			map[string]any{"format": "nginx.site/v1", "document": map[string]any{"port": 81}}), http.StatusCreated, &op)
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=0", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Equal(t, int64(2), polled.Config.Revision)
+		postConfigReport(t, s, sess.SessionToken, "rep-2", 2, polled.Config.Hash, api.ConfigFailed, "port 81 is taken")
+		s.Admin(t, http.MethodGet, "/api/v1/operations/"+op.OperationID, nil, http.StatusOK, &op)
+		require.Equal(t, "failed", op.State)
+		var lag laggingJSON
+		s.Admin(t, http.MethodGet, "/api/v1/config/lagging", nil, http.StatusOK, &lag)
+		require.Equal(t, int64(1), lag.Count)
+		require.Len(t, lag.Nodes, 1)
+		require.Equal(t, boot.NodeID, lag.Nodes[0].NodeID)
+		require.Equal(t, "failed", lag.Nodes[0].Verdict)
+		require.Equal(t, int64(1), lag.Nodes[0].AppliedRevision)
+		require.Nil(t, lag.NextBefore)
+		s.Problem(t, http.MethodGet, "/api/v1/config/lagging?limit=0", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+		status, _, raw := s.Do(t, http.MethodGet, "/metrics", nil, "")
+		require.Equal(t, http.StatusOK, status)
+		require.Contains(t, string(raw), "\nnodeward_config_lagging_nodes 1\n", "the lagging gauge")
+
+		// A retired node never lags, and cannot be configured.
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/retire", map[string]any{}, http.StatusOK, nil)
+		s.Admin(t, http.MethodGet, "/api/v1/config/lagging", nil, http.StatusOK, &lag)
+		require.Zero(t, lag.Count)
+		s.Problem(t, http.MethodPost, "/api/v1/operations", configureBody("cfg-3", boot.NodeID,
+			map[string]any{"format": "nginx.site/v1", "document": nil}), s.AdminToken, http.StatusGone, "node_retired")
+		s.Problem(t, http.MethodGet, "/api/v1/nodes/no-such-node/config", nil, s.AdminToken, http.StatusNotFound, "not_found")
+	})
+}
+
+func TestNodeConfigureBadInputHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		a, _ := inviteAndEnroll(t, s)
+		b, _ := inviteAndEnroll(t, s)
+		before := dbtest.Count(t, s.App.DB.DB, &models.Operation{})
+		one := []any{map[string]any{"kind": "node", "id": a.NodeID}}
+		for i, c := range []struct {
+			targets []any
+			op      map[string]any
+			field   string
+		}{
+			{one, map[string]any{"document": map[string]any{}}, "operation/format"},
+			{one, map[string]any{"format": strings.Repeat("f", 200), "document": map[string]any{}}, "operation/format"},
+			{one, map[string]any{"format": "f/v1"}, "operation/document"},
+			{one, map[string]any{"format": "f/v1", "document": strings.Repeat("x", 300<<10)}, "operation/document"},
+			{one, map[string]any{"format": "f/v1", "document": map[string]any{}, "force": "yes"}, "operation/force"},
+			{append(one, map[string]any{"kind": "node", "id": b.NodeID}), map[string]any{"format": "f/v1", "document": map[string]any{}}, "targets"},
+		} {
+			p := s.Problem(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "bad-" + string(rune('a'+i)),
+				"kind": "node.configure", "targets": c.targets, "operation": c.op}, s.AdminToken, http.StatusUnprocessableEntity, "validation_failed")
+			var fields []string
+			for _, e := range p.Errors {
+				fields = append(fields, e.Field)
+			}
+			require.Contains(t, fields, c.field, "case %d", i)
+		}
+		require.Equal(t, before, dbtest.Count(t, s.App.DB.DB, &models.Operation{}), "nothing recorded")
+	})
+}
+
+// TestSealedConfigHTTP: a sealed password in a document reaches the node's
+// poll answer and nowhere else: admin reads mask it, the operation keeps
+// the handle, no column holds it in clear.
+func TestSealedConfigHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, sess := inviteAndEnroll(t, s)
+		secret := "pa55-" + apitest.RandomID("v")
+		h := sealFor(t, s, s.AdminToken, "sealed-cfg", boot.NodeID, "/document/db/password", secret)
+		var op opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("sealed-cfg", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": map[string]any{"db": map[string]any{"user": "app", "password": h}}}),
+			http.StatusCreated, &op)
+
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.NotNil(t, polled.Config)
+		require.JSONEq(t, `{"db":{"user":"app","password":"`+secret+`"}}`, string(polled.Config.Document), "the value reaches the node")
+
+		var cfg nodeConfigJSON
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &cfg)
+		require.JSONEq(t, `{"db":{"user":"app","password":"[sealed]"}}`, string(cfg.Desired.Document), "admin reads mask it")
+		require.Equal(t, polled.Config.Hash, cfg.Desired.Hash, "the hash covers the real value")
+
+		// The node's failure text is scrubbed of the value.
+		postConfigReport(t, s, sess.SessionToken, "sealed-rep", polled.Config.Revision, polled.Config.Hash, api.ConfigFailed,
+			"cannot log in with "+secret)
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &cfg)
+		require.NotContains(t, cfg.Reported.Message, secret)
+
+		for _, p := range []string{"/api/v1/operations/" + op.OperationID, "/api/v1/nodes/" + boot.NodeID + "/config",
+			"/api/v1/node-operations?target_id=" + boot.NodeID} {
+			status, _, raw := s.Do(t, http.MethodGet, p, nil, s.AdminToken)
+			require.Equal(t, http.StatusOK, status)
+			require.NotContains(t, string(raw), secret, p)
+		}
+		_, err := s.App.Secrets.Sweep(t.Context())
+		require.NoError(t, err)
+		require.NotContains(t, dumpDatabase(t, s.App.DB), secret, "no column holds the value in clear")
+	})
+}
+
+// TestFleetConfigureSealedHTTP: one document with a value sealed for the
+// fleet reaches every targeted node, and the fan-out ends with its counts.
+func TestFleetConfigureSealedHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		a, sa := inviteAndEnroll(t, s)
+		b, sb := inviteAndEnroll(t, s)
+		var sealed sealJSON
+		s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": "fan-cfg", "target": map[string]any{"kind": "fleet"},
+			"field": "/document/token", "value": "fleet-token-value"}, http.StatusCreated, &sealed)
+		var parent opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-cfg", "kind": "fleet.configure",
+			"targets":   []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
+			"operation": map[string]any{"format": "agent.token/v1", "document": map[string]any{"token": sealed.Handle}, "max_concurrency": 2}},
+			http.StatusCreated, &parent)
+		for _, sess := range []api.EnrollResponse{sa, sb} {
+			var polled api.CommandsResponse
+			deadline := time.Now().Add(30 * time.Second)
+			for polled.Config == nil && time.Now().Before(deadline) {
+				s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+			}
+			require.NotNil(t, polled.Config)
+			require.JSONEq(t, `{"token":"fleet-token-value"}`, string(polled.Config.Document))
+			postConfigReport(t, s, sess.SessionToken, "fan-"+sess.NodeID, polled.Config.Revision, polled.Config.Hash, api.ConfigApplied, "")
+		}
+		var done opJSON
+		deadline := time.Now().Add(30 * time.Second)
+		for done.State != "succeeded" && time.Now().Before(deadline) {
+			s.Admin(t, http.MethodGet, "/api/v1/operations/"+parent.OperationID, nil, http.StatusOK, &done)
+		}
+		require.Equal(t, "succeeded", done.State)
+		var cfg nodeConfigJSON
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+b.NodeID+"/config", nil, http.StatusOK, &cfg)
+		require.JSONEq(t, `{"token":"[sealed]"}`, string(cfg.Desired.Document))
+		_, err := s.App.Secrets.Sweep(t.Context())
+		require.NoError(t, err)
+		require.NotContains(t, dumpDatabase(t, s.App.DB), "fleet-token-value")
+	})
+}
+
+// TestConfigPackageHostHTTP: a package host granted nodeconfig may
+// configure a node; the configuration reads are for administrators.
+func TestConfigPackageHostHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, _ := inviteAndEnroll(t, s)
+		granted := createHost(t, s, "cfg-host", "nodeconfig")
+		other := createHost(t, s, "cmd-host", "commands")
+		var op opJSON
+		s.JSON(t, http.MethodPost, "/api/v1/operations", configureBody("host-cfg", boot.NodeID,
+			map[string]any{"format": "f/v1", "document": map[string]any{}}), granted.Token, http.StatusCreated, &op)
+		require.Equal(t, "node.configure", op.Kind)
+		s.Problem(t, http.MethodPost, "/api/v1/operations", configureBody("host-cfg-2", boot.NodeID,
+			map[string]any{"format": "f/v1", "document": map[string]any{}}), other.Token, http.StatusForbidden, "permission_denied")
+		s.Problem(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, granted.Token, http.StatusForbidden, "permission_denied")
+		s.Problem(t, http.MethodGet, "/api/v1/config/lagging", nil, granted.Token, http.StatusForbidden, "permission_denied")
+	})
+}

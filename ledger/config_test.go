@@ -1,0 +1,227 @@
+package ledger_test
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// node.configure and fleet.configure through the ledger (DECISIONS.md §32).
+
+func (b *bundle) configureOp(t *testing.T, nodeID, op string) ledger.Operation {
+	t.Helper()
+	got, created, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeConfigure,
+		Targets: nodeTargets(nodeID), Operation: json.RawMessage(op)})
+	require.NoError(t, err)
+	require.True(t, created)
+	return got
+}
+
+func (b *bundle) reportConfig(t *testing.T, sess fleet.Session, rev int64, state, msg string) {
+	t.Helper()
+	c, err := b.fleet.NodeConfig(ctx, sess.NodeID)
+	require.NoError(t, err)
+	_, err = b.fleet.RecordEvents(ctx, sess, []api.Event{{ID: newRequestID(), Kind: api.EventConfig, ObservedAt: b.clock.Now(),
+		Config: &api.ConfigReport{Revision: rev, Hash: c.Desired.Hash, State: state, Message: msg}}})
+	require.NoError(t, err)
+}
+
+func (b *bundle) op(t *testing.T, id string) ledger.Operation {
+	t.Helper()
+	op, err := b.store.Operation(ctx, id)
+	require.NoError(t, err)
+	return op
+}
+
+func TestNodeConfigure(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		t.Run("EndsWithTheNodesReport", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			op := b.configureOp(t, node, `{"format":"nginx.site/v1","document":{"port":80}}`)
+			require.Equal(t, ledger.ChannelLongPoll, op.Channel)
+			require.Equal(t, ledger.StatePending, op.State)
+			a, err := b.fleet.PollWork(ctx, sess, 0, "")
+			require.NoError(t, err)
+			require.NotNil(t, a.Config)
+			b.reportConfig(t, sess, 1, api.ConfigApplied, "")
+			got := b.op(t, op.ID)
+			require.Equal(t, ledger.StateSucceeded, got.State, "ended in the report's transaction")
+			require.JSONEq(t, `{"revision":1,"hash":"`+a.Config.Hash+`","state":"applied"}`, string(got.Result))
+		})
+		t.Run("SucceedsAtOnceWhenAlreadyApplied", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			b.configureOp(t, node, `{"format":"f/v1","document":{"a":1}}`)
+			b.reportConfig(t, sess, 1, api.ConfigApplied, "")
+			again := b.configureOp(t, node, `{"format":"f/v1","document":{"a":1}}`)
+			require.Equal(t, ledger.StateSucceeded, again.State, "answered ended at submit")
+			require.Equal(t, ledger.StateSucceeded, b.op(t, again.ID).State)
+		})
+		t.Run("FailedWithTheNodesMessage", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			op := b.configureOp(t, node, `{"format":"f/v1","document":{"a":1}}`)
+			b.reportConfig(t, sess, 1, api.ConfigFailed, "hook exited 3")
+			got := b.op(t, op.ID)
+			require.Equal(t, ledger.StateFailed, got.State)
+			require.Equal(t, ledger.CodeConfigFailed, got.Error.Code)
+			require.Equal(t, "hook exited 3", got.Error.Message)
+		})
+		t.Run("Superseded", func(t *testing.T) {
+			node, _ := b.readyNode(t)
+			first := b.configureOp(t, node, `{"format":"f/v1","document":{"a":1}}`)
+			second := b.configureOp(t, node, `{"format":"f/v1","document":{"a":2}}`)
+			got := b.op(t, first.ID)
+			require.Equal(t, ledger.StateFailed, got.State)
+			require.Equal(t, ledger.CodeSuperseded, got.Error.Code)
+			require.False(t, got.Error.Retryable)
+			require.Equal(t, ledger.StatePending, b.op(t, second.ID).State)
+		})
+		t.Run("ClearingIsANewRevision", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			b.configureOp(t, node, `{"format":"f/v1","document":{"a":1}}`)
+			b.configureOp(t, node, `{"format":"f/v1","document":null}`)
+			a, err := b.fleet.PollWork(ctx, sess, 0, "")
+			require.NoError(t, err)
+			require.Equal(t, int64(2), a.Config.Revision)
+			require.Equal(t, "null", string(a.Config.Document))
+		})
+		t.Run("RetiredNodeRefusedAtSubmit", func(t *testing.T) {
+			node, _ := b.readyNode(t)
+			_, err := b.fleet.Retire(ctx, "admin:test", node, "")
+			require.NoError(t, err)
+			before := countOps(t, b)
+			_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeConfigure,
+				Targets: nodeTargets(node), Operation: json.RawMessage(`{"format":"f/v1","document":{}}`)})
+			requireCode(t, err, errcode.NodeRetired)
+			require.Equal(t, before, countOps(t, b), "nothing recorded")
+		})
+		t.Run("EnrollingNodeAccepted", func(t *testing.T) {
+			boot, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "cfg-enrolling-" + b.replica, Generation: 1})
+			require.NoError(t, err)
+			op := b.configureOp(t, boot.NodeID, `{"format":"f/v1","document":{}}`)
+			require.Equal(t, ledger.StatePending, op.State)
+		})
+		t.Run("BadInputRecordsNothing", func(t *testing.T) {
+			node, _ := b.readyNode(t)
+			other, _ := b.readyNode(t)
+			before := countOps(t, b)
+			big := `"` + strings.Repeat("x", 300<<10) + `"`
+			for _, c := range []struct {
+				targets []ledger.Target
+				op      string
+				field   string
+			}{
+				{nodeTargets(node), `{"document":{}}`, "operation/format"},
+				{nodeTargets(node), `{"format":"","document":{}}`, "operation/format"},
+				{nodeTargets(node), `{"format":"` + strings.Repeat("f", 129) + `","document":{}}`, "operation/format"},
+				{nodeTargets(node), `{"format":"has space","document":{}}`, "operation/format"},
+				{nodeTargets(node), `{"format":"f/v1"}`, "operation/document"},
+				{nodeTargets(node), `{"format":"f/v1","document":` + big + `}`, "operation/document"},
+				{nodeTargets(node), `{"format":"f/v1","document":{},"force":"yes"}`, "operation/force"},
+				{nodeTargets(node), `{"format":"f/v1","document":{},"force":null}`, "operation/force"},
+				{nodeTargets(node, other), `{"format":"f/v1","document":{}}`, "targets"},
+				{nil, `{"format":"f/v1","document":{}}`, "targets"},
+			} {
+				_, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeConfigure,
+					Targets: c.targets, Operation: json.RawMessage(c.op)})
+				requireCode(t, err, errcode.ValidationFailed)
+				require.Contains(t, err.Error(), c.field, "for %s", c.op[:min(len(c.op), 80)])
+			}
+			require.Equal(t, before, countOps(t, b))
+		})
+		t.Run("NodeQuotaCountsConfigures", func(t *testing.T) {
+			node, _ := b.readyNode(t)
+			c, err := b.fleet.NodeConfig(ctx, node)
+			require.NoError(t, err)
+			require.Nil(t, c.Desired)
+			op := b.configureOp(t, node, `{"format":"f/v1","document":{"q":1}}`)
+			open, err := b.svc.List(ctx, admin, ledger.Filter{TargetID: node, State: ledger.StatePending, Limit: 10})
+			require.NoError(t, err)
+			require.Len(t, open, 1)
+			require.Equal(t, op.ID, open[0].ID)
+		})
+	})
+}
+
+func TestNodeConfigureTimesOut(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, _ := b.readyNode(t)
+		op := b.configureOp(t, node, `{"format":"f/v1","document":{"a":1}}`)
+		b.clock.Advance(11 * time.Minute)
+		b.start(t)
+		done := b.waitState(t, op.ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeTimedOut, done.Error.Code)
+		c, err := b.fleet.NodeConfig(ctx, node)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), c.Desired.Revision, "the configuration stays desired")
+	}, func(s *ledger.Settings) { s.OwnerLease = 300 * time.Millisecond })
+}
+
+func TestRetirementEndsOpenConfigures(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		node, _ := b.readyNode(t)
+		op := b.configureOp(t, node, `{"format":"f/v1","document":{"a":1}}`)
+		retire, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodeRetire,
+			Targets: nodeTargets(node), Wait: waitLong})
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateSucceeded, retire.State)
+		got := b.op(t, op.ID)
+		require.Equal(t, ledger.StateFailed, got.State)
+		require.Equal(t, "node_retired", got.Error.Code)
+	})
+}
+
+func TestFleetConfigure(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		const n = 20
+		var ids []string
+		sessions := map[string]fleet.Session{}
+		for range n {
+			id, sess := b.readyNode(t)
+			ids = append(ids, id)
+			sessions[id] = sess
+		}
+		parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetConfigure,
+			Targets: nodeTargets(ids...), Operation: json.RawMessage(`{"format":"f/v1","document":{"fleet":true},"max_concurrency":5}`)})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == n }, waitLong, tick)
+		// Every node converges as its child is handed out; the first fails.
+		reported := map[string]bool{}
+		require.Eventually(t, func() bool {
+			for i, id := range ids {
+				if reported[id] {
+					continue
+				}
+				a, err := b.fleet.PollWork(ctx, sessions[id], 0, "")
+				require.NoError(t, err)
+				if a.Config == nil {
+					continue
+				}
+				state := api.ConfigApplied
+				if i == 0 {
+					state = api.ConfigFailed
+				}
+				b.reportConfig(t, sessions[id], a.Config.Revision, state, "node "+strconv.Itoa(i))
+				reported[id] = true
+			}
+			return len(reported) == n
+		}, waitLong, tick)
+		done := b.waitState(t, parent.ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeChildrenFailed, done.Error.Code)
+		require.Equal(t, &ledger.Counts{Total: n, Succeeded: n - 1, Failed: 1}, done.Counts)
+		for _, ch := range b.children(t, parent.ID) {
+			require.Equal(t, ledger.KindNodeConfigure, ch.Kind)
+			require.Equal(t, ledger.FamilyNodeConfig, ch.Family)
+		}
+	})
+}

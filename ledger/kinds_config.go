@@ -1,0 +1,280 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/secrets"
+)
+
+// Desired configuration kinds (family nodeconfig, DECISIONS.md §32). Like
+// command kinds they hold no executor slot: node.configure writes the
+// node's desired configuration in the submitting transaction (Record) and
+// stays pending on channel long_poll until the node's report for its
+// revision ends it — in the transaction that records the report — or a
+// later revision supersedes it, its deadline passes, or the node is
+// retired. Cancelling one ends the operation; the configuration stays
+// desired (it is state, not a queued command).
+const (
+	KindNodeConfigure  = "node.configure"
+	KindFleetConfigure = "fleet.configure"
+)
+
+// Codes a configure operation ends with.
+const (
+	CodeSuperseded   = "superseded"
+	CodeConfigFailed = "config_failed"
+)
+
+// ConfigureOperation is node.configure's operation. Document is any JSON
+// value; JSON null clears the configuration. Sealed handles may stand for
+// string values inside the document (field /document/…).
+type ConfigureOperation struct {
+	Format   string          `json:"format"`
+	Document json.RawMessage `json:"document"`
+	Force    *bool           `json:"force,omitempty"`
+}
+
+// FleetConfigureOperation is fleet.configure's operation: one document
+// fanned out like fleet.command (node targets, or the fleet target with a
+// selector).
+type FleetConfigureOperation struct {
+	Format         string          `json:"format"`
+	Document       json.RawMessage `json:"document"`
+	Force          *bool           `json:"force,omitempty"`
+	Selector       *Selector       `json:"selector,omitempty"`
+	MaxConcurrency *int            `json:"max_concurrency,omitempty"`
+}
+
+// ConfigureResult is what a configure operation that succeeded records.
+type ConfigureResult struct {
+	Revision int64  `json:"revision"`
+	Hash     string `json:"hash"`
+	State    string `json:"state"`
+}
+
+// checkConfigure validates format, document and force (their fields named
+// under operation/).
+func checkConfigure(v *errcode.Validation, format string, document json.RawMessage, raw json.RawMessage) {
+	fleet.ValidateConfigFormat(v, "operation/format", format)
+	if document == nil {
+		v.Add("operation/document", "required: a JSON document, or null to clear the configuration")
+	} else if doc, err := fleet.CanonicalDocument(document); err != nil || len(doc) > fleet.MaxConfigDocumentBytes {
+		v.Add("operation/document", "at most 256 KiB of JSON")
+	}
+	// force: null is refused like any other non-boolean.
+	var probe struct {
+		Force json.RawMessage `json:"force"`
+	}
+	if json.Unmarshal(raw, &probe) == nil && probe.Force != nil && !isBool(probe.Force) {
+		v.Add("operation/force", "a boolean")
+	}
+}
+
+func isBool(raw json.RawMessage) bool {
+	t := string(bytes.TrimSpace(raw))
+	return t == "true" || t == "false"
+}
+
+// decodeConfigure decodes an operation, answering a type error as 422
+// naming the field (force: "yes", format: 5) rather than 400.
+func decodeConfigure(raw json.RawMessage, out any) error {
+	err := DecodeOperation(raw, out)
+	if err == nil {
+		return nil
+	}
+	var v errcode.Validation
+	checkConfigure(&v, "x", json.RawMessage("null"), raw)
+	if verr := v.Err(); verr != nil {
+		return verr
+	}
+	msg := err.Error()
+	for _, f := range []string{"format", "document", "selector", "max_concurrency"} {
+		if strings.Contains(msg, "ConfigureOperation."+f) || strings.Contains(msg, `"`+f+`"`) {
+			return validation("operation/"+f, "has the wrong type")
+		}
+	}
+	return err
+}
+
+// sealedPointers answers the pointers of the handles under /document,
+// relative to the document; a handle anywhere else is refused.
+func sealedPointers(operation json.RawMessage) ([]string, error) {
+	if !secrets.Carries(operation) {
+		return nil, nil
+	}
+	all, err := secrets.Pointers(operation)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range all {
+		if !strings.HasPrefix(p, "/document/") {
+			return nil, validation("operation"+p, "a sealed value may stand only for a string inside the document")
+		}
+		out = append(out, strings.TrimPrefix(p, "/document"))
+	}
+	return out, nil
+}
+
+// ConfigKinds are the kinds of family nodeconfig, carried out through f;
+// sec resolves sealed values inside documents (nil: none are served).
+func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
+	node := &Kind{
+		Name: KindNodeConfigure, Family: FamilyNodeConfig, Capability: api.CapConfig, LevelTriggered: true,
+		Prepare: func(ctx context.Context, d *Draft) error {
+			var o ConfigureOperation
+			if err := decodeConfigure(d.Operation, &o); err != nil {
+				return err
+			}
+			var v errcode.Validation
+			if len(d.Targets) != 1 || d.Targets[0].Kind != TargetNode || d.Targets[0].ID == "" {
+				v.Add("targets", "exactly one target {kind: node, id}")
+			}
+			checkConfigure(&v, o.Format, o.Document, d.Operation)
+			if err := v.Err(); err != nil {
+				return err
+			}
+			_, err := sealedPointers(d.Operation)
+			return err
+		},
+		Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
+			return recordConfigure(ctx, f, sec, tx, op)
+		},
+	}
+	fleetKind := &Kind{
+		Name: KindFleetConfigure, Family: FamilyNodeConfig, Capability: api.CapConfig,
+		Prepare: func(ctx context.Context, d *Draft) error {
+			var o FleetConfigureOperation
+			if err := decodeConfigure(d.Operation, &o); err != nil {
+				return err
+			}
+			var v errcode.Validation
+			checkConfigure(&v, o.Format, o.Document, d.Operation)
+			mc := 0
+			if o.MaxConcurrency != nil {
+				mc = *o.MaxConcurrency
+			}
+			checkFanOutTargets(&v, d.Targets, o.Selector, mc)
+			if err := v.Err(); err != nil {
+				return err
+			}
+			_, err := sealedPointers(d.Operation)
+			return err
+		},
+		FanOut: func(ctx context.Context, tx Tx, op Operation) (Plan, error) {
+			var o FleetConfigureOperation
+			if err := DecodeOperation(op.Operation, &o); err != nil {
+				return Plan{}, err
+			}
+			nodes := make([]string, 0, len(op.Targets))
+			if len(op.Targets) == 1 && op.Targets[0].Kind == TargetFleet {
+				var err error
+				if nodes, err = selectNodes(ctx, tx.Fleet(), *o.Selector); err != nil {
+					return Plan{}, err
+				}
+			} else {
+				for _, t := range op.Targets {
+					nodes = append(nodes, t.ID)
+				}
+			}
+			plan := Plan{MaxConcurrency: DefaultMaxConcurrency}
+			if o.MaxConcurrency != nil && *o.MaxConcurrency > 0 {
+				plan.MaxConcurrency = *o.MaxConcurrency
+			}
+			child, err := json.Marshal(ConfigureOperation{Format: o.Format, Document: o.Document, Force: o.Force})
+			if err != nil {
+				return Plan{}, err
+			}
+			if child, err = Canonical(child); err != nil {
+				return Plan{}, err
+			}
+			for _, id := range nodes {
+				plan.Children = append(plan.Children, Child{Kind: KindNodeConfigure,
+					Targets: []Target{{Kind: TargetNode, ID: id}}, Operation: child})
+			}
+			return plan, nil
+		},
+	}
+	return []*Kind{node, fleetKind}
+}
+
+// recordConfigure writes the node's desired configuration for op: its
+// sealed handles replaced by the values the submission (or its fan-out
+// parent) resolved, which never reach the ledger. An unchanged document
+// already applied ends op succeeded at once; one the node reported failed
+// (and not forced again) ends it failed at once with the node's message.
+func recordConfigure(ctx context.Context, f *fleet.Service, sec *secrets.Service, tx Tx, op Operation) (any, error) {
+	var o ConfigureOperation
+	if err := DecodeOperation(op.Operation, &o); err != nil {
+		return nil, err
+	}
+	ptrs, err := sealedPointers(op.Operation)
+	if err != nil {
+		return nil, err
+	}
+	if len(ptrs) > 0 {
+		if sec == nil {
+			return nil, errcode.New(errcode.PermissionDenied, "sealed values are not served here")
+		}
+		source := op.ID
+		if op.ParentID != "" {
+			source = op.ParentID
+		}
+		full, err := sec.TxDeliver(ctx, tx.Secrets(), source, "", op.Operation)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(full, &o); err != nil {
+			return nil, err
+		}
+	}
+	out, err := f.ConfigureTx(ctx, tx.Fleet(), fleet.Configure{NodeID: op.TargetID, OperationID: op.ID,
+		Format: o.Format, Document: o.Document, SealedPointers: ptrs, Force: o.Force != nil && *o.Force})
+	if err != nil {
+		return nil, err
+	}
+	now := f.Now()
+	switch {
+	case out.Applied:
+		ended, err := endOperationTx(ctx, tx, op, StateSucceeded,
+			mustJSON(ConfigureResult{Revision: out.Revision, Hash: out.Hash, State: api.ConfigApplied}), nil, now)
+		return endedAtRecord{op: ended, recorded: out}, err
+	case out.Failed:
+		msg := out.Message
+		if msg == "" {
+			msg = "the node could not apply this configuration (no reason given); submit it with force: true to ask again"
+		}
+		ended, err := endOperationTx(ctx, tx, op, StateFailed, nil, &Error{Code: CodeConfigFailed, Message: msg}, now)
+		return endedAtRecord{op: ended, recorded: out}, err
+	}
+	return out, nil
+}
+
+// endedAtRecord is what a Record answers when it ended its operation at
+// once: the submitter is answered the ended operation.
+type endedAtRecord struct {
+	op       Operation
+	recorded any
+}
+
+// EndConfigures ends open configure operations (the fleet's store calls it
+// inside the transaction of the report, or of the configuration, that
+// decides them) as end says.
+func EndConfigures(ctx context.Context, tx Tx, ops []Operation, end fleet.ConfigEnd) error {
+	var e *Error
+	if end.Code != "" {
+		e = &Error{Code: end.Code, Message: end.Message, Retryable: end.Retryable}
+	}
+	for _, op := range ops {
+		if _, err := endOperationTx(ctx, tx, op, State(end.State), end.Result, e, end.At); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,209 @@
+package models
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"time"
+
+	"gorm.io/gorm/clause"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/dbtime"
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// NodeConfigRow is a row of node_configs: a node's desired configuration
+// and its last report (DECISIONS.md §32).
+type NodeConfigRow struct {
+	NodeID            string `gorm:"primaryKey"`
+	Revision          int64
+	Hash              string
+	Format            string
+	KeyID             string
+	Box               *string
+	SealedPointers    string
+	SizeBytes         int64
+	UpdatedAt         time.Time `gorm:"autoUpdateTime:false"`
+	OperationID       string
+	Settled           bool
+	ReportedRevision  *int64
+	ReportedHash      *string
+	ReportedState     *string
+	ReportedMessage   *string
+	ReportedAt        *time.Time
+	ReportedFencing   *int64
+	AppliedRevision   int64
+	Lagging           bool
+	DeliveredFencing  *int64
+	DeliveredRevision *int64
+	DeliveredAt       *time.Time
+}
+
+// TableName pins the table name.
+func (NodeConfigRow) TableName() string { return "node_configs" }
+
+func rowFromConfig(c fleet.NodeConfig) NodeConfigRow {
+	ptrs := c.SealedPointers
+	if ptrs == nil {
+		ptrs = []string{}
+	}
+	pj, _ := json.Marshal(ptrs)
+	r := NodeConfigRow{NodeID: c.NodeID, Revision: c.Revision, Hash: c.Hash, Format: c.Format, KeyID: c.KeyID,
+		SealedPointers: string(pj), SizeBytes: c.SizeBytes, UpdatedAt: dbtime.Norm(c.UpdatedAt), OperationID: c.OperationID,
+		Settled: c.Settled, AppliedRevision: c.AppliedRevision, Lagging: c.Lagging,
+		DeliveredFencing: c.DeliveredFencing, DeliveredRevision: c.DeliveredRevision, DeliveredAt: dbtime.NormPtr(c.DeliveredAt)}
+	if c.Box != nil {
+		b := base64.StdEncoding.EncodeToString(c.Box)
+		r.Box = &b
+	}
+	if rep := c.Reported; rep != nil {
+		at := dbtime.Norm(rep.ObservedAt)
+		r.ReportedRevision, r.ReportedHash, r.ReportedState = &rep.Revision, &rep.Hash, &rep.State
+		r.ReportedMessage, r.ReportedAt, r.ReportedFencing = &rep.Message, &at, &rep.Fencing
+	}
+	return r
+}
+
+func configFromRow(r NodeConfigRow) (fleet.NodeConfig, error) {
+	c := fleet.NodeConfig{NodeID: r.NodeID, Revision: r.Revision, Hash: r.Hash, Format: r.Format, KeyID: r.KeyID,
+		SizeBytes: r.SizeBytes, UpdatedAt: dbtime.Norm(r.UpdatedAt), OperationID: r.OperationID, Settled: r.Settled,
+		AppliedRevision: r.AppliedRevision, Lagging: r.Lagging, DeliveredFencing: r.DeliveredFencing,
+		DeliveredRevision: r.DeliveredRevision, DeliveredAt: dbtime.NormPtr(r.DeliveredAt)}
+	_ = json.Unmarshal([]byte(r.SealedPointers), &c.SealedPointers)
+	if r.Box != nil {
+		b, err := base64.StdEncoding.DecodeString(*r.Box)
+		if err != nil {
+			return fleet.NodeConfig{}, err
+		}
+		c.Box = b
+	}
+	if r.ReportedAt != nil {
+		rep := &fleet.ConfigReport{ObservedAt: dbtime.Norm(*r.ReportedAt)}
+		if r.ReportedRevision != nil {
+			rep.Revision = *r.ReportedRevision
+		}
+		if r.ReportedHash != nil {
+			rep.Hash = *r.ReportedHash
+		}
+		if r.ReportedState != nil {
+			rep.State = *r.ReportedState
+		}
+		if r.ReportedMessage != nil {
+			rep.Message = *r.ReportedMessage
+		}
+		if r.ReportedFencing != nil {
+			rep.Fencing = *r.ReportedFencing
+		}
+		c.Reported = rep
+	}
+	return c, nil
+}
+
+// DueWork implements fleet.Reader in one statement: the command check
+// HasDue makes, and the node's configuration judged for the session
+// (0 not due, 1 due but delivered to this fencing token within the
+// visibility timeout, 2 due), by primary key.
+func (r fleetReader) DueWork(ctx context.Context, d fleet.Due) (fleet.DueWork, error) {
+	var row struct {
+		Commands int
+		Config   int
+	}
+	before := dbtime.Norm(d.RedeliverBefore)
+	err := r.db(ctx).Raw(`SELECT
+		CASE WHEN EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending'
+			AND (last_delivered_at IS NULL OR last_delivered_at <= ?)) THEN 1 ELSE 0 END AS commands,
+		COALESCE((SELECT CASE
+			WHEN revision = 0 THEN 0
+			WHEN settled AND reported_fencing = ? THEN 0
+			WHEN delivered_fencing = ? AND delivered_revision = revision AND delivered_at > ? THEN 1
+			ELSE 2 END
+		FROM node_configs WHERE node_id = ?), 0) AS config`,
+		d.NodeID, before, d.Fencing, d.Fencing, before, d.NodeID).Scan(&row).Error
+	return fleet.DueWork{Commands: row.Commands == 1, Config: fleet.ConfigWake(row.Config)}, err
+}
+
+func (r fleetReader) NodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {
+	var row NodeConfigRow
+	if err := r.db(ctx).Where("node_id = ?", nodeID).Take(&row).Error; err != nil {
+		return fleet.NodeConfig{}, notFound(err)
+	}
+	return configFromRow(row)
+}
+
+func (r fleetReader) LaggingConfigs(ctx context.Context, before string, limit int) ([]fleet.NodeConfig, error) {
+	q := r.db(ctx).Table("node_configs AS c").Select("c.*").Joins("JOIN nodes n ON n.id = c.node_id").
+		Where("c.lagging AND n.state <> ?", string(fleet.StateRetired)).Order("c.node_id DESC")
+	if before != "" {
+		q = q.Where("c.node_id < ?", before)
+	}
+	if limit > 0 {
+		q = q.Limit(limit)
+	}
+	var rows []NodeConfigRow
+	if err := q.Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.NodeConfig, 0, len(rows))
+	for _, row := range rows {
+		c, err := configFromRow(row)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (r fleetReader) CountConfigs(ctx context.Context) (int64, int64, error) {
+	var row struct {
+		Lagging int64
+		Never   int64
+	}
+	err := r.db(ctx).Raw(`SELECT
+		(SELECT COUNT(*) FROM node_configs c JOIN nodes n ON n.id = c.node_id
+			WHERE c.lagging AND n.state <> ?) AS lagging,
+		(SELECT COUNT(*) FROM node_configs c JOIN nodes n ON n.id = c.node_id
+			WHERE c.revision > 0 AND c.reported_at IS NULL AND n.state <> ?) AS never`,
+		string(fleet.StateRetired), string(fleet.StateRetired)).Scan(&row).Error
+	return row.Lagging, row.Never, err
+}
+
+func (t *fleetTx) LockNodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {
+	var row NodeConfigRow
+	if err := t.forUpdate(t.db(ctx)).Where("node_id = ?", nodeID).Take(&row).Error; err != nil {
+		return fleet.NodeConfig{}, notFound(err)
+	}
+	return configFromRow(row)
+}
+
+func (t *fleetTx) SaveNodeConfig(ctx context.Context, c fleet.NodeConfig) error {
+	row := rowFromConfig(c)
+	return t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).Create(&row).Error
+}
+
+func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error {
+	return t.db(ctx).Exec(`UPDATE node_configs SET delivered_fencing = ?, delivered_revision = ?, delivered_at = ? WHERE node_id = ?`,
+		fencing, revision, dbtime.Norm(at), nodeID).Error
+}
+
+// EndConfigureOperations implements fleet.Tx through the ledger's own
+// ending (state, event, announcement, the fan-out parent told), in this
+// same transaction.
+func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except string, end fleet.ConfigEnd) (int, error) {
+	var rows []Operation
+	q := t.db(ctx).Where("target_id = ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE AND id <> ?",
+		nodeID, ledger.TargetNode, ledger.KindNodeConfigure, except).Order("seq")
+	if err := t.forUpdate(q).Find(&rows).Error; err != nil {
+		return 0, err
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	ops := make([]ledger.Operation, len(rows))
+	for i, r := range rows {
+		ops[i] = operationFromRow(r)
+	}
+	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
+	return len(ops), ledger.EndConfigures(ctx, ltx, ops, end)
+}

@@ -92,6 +92,24 @@ func TestClientAgainstServer(t *testing.T) {
 			require.Equal(t, client.CodeUnauthenticated, client.CodeOf(err))
 		})
 
+		t.Run("Capabilities", func(t *testing.T) {
+			caps, err := c.Capabilities(ctx)
+			require.NoError(t, err)
+			require.Equal(t, "0.0.0-test", caps.AgentVersion)
+			k, ok := caps.Kind("node.launch_workload")
+			require.True(t, ok)
+			require.Equal(t, client.KindInfo{Kind: "node.launch_workload", Family: "commands", Capability: "commands.v1",
+				LevelTriggered: true}, k)
+			k, ok = caps.Kind("node.invite")
+			require.True(t, ok)
+			require.Empty(t, k.Capability, "the control plane runs it")
+			require.EqualValues(t, 1<<20, caps.Limits["request_body_bytes"])
+			require.EqualValues(t, 60000, caps.Limits["max_wait_ms"])
+			require.EqualValues(t, 256, caps.Limits["package_host_quota"])
+			require.EqualValues(t, 32, caps.Limits["node_quota"])
+			require.Contains(t, caps.AgentCapabilities, "diag.v1")
+		})
+
 		t.Run("ListPages", func(t *testing.T) {
 			retire, _, err := c.Submit(ctx, client.SubmitRequest{RequestID: "client-retire-1", Kind: client.KindNodeRetire,
 				Targets: []client.Target{client.NodeTarget(nodeID)}, Operation: client.RetireOperation{Reason: "test"}, Wait: time.Minute})

@@ -159,6 +159,9 @@ func issueTx(ctx context.Context, tx Tx, actor string, in IssueCommand, payload 
 	if err != nil {
 		return Command{}, false, err
 	}
+	if err := nodeCapable(n, in.Kind); err != nil {
+		return Command{}, false, err
+	}
 	out := Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
 		FencingToken: n.FencingToken, IssuedAt: now, State: CommandPending}
 	action := "command.issue"
@@ -248,7 +251,10 @@ func (s *Service) CheckIssue(ctx context.Context, in IssueCommand) error {
 	if err != nil {
 		return err
 	}
-	return readyForWork(n)
+	if err := readyForWork(n); err != nil {
+		return err
+	}
+	return nodeCapable(n, in.Kind)
 }
 
 // IssueTx records a new command inside a transaction the caller owns: the
@@ -262,6 +268,9 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	}
 	n, err := lockReadyNode(ctx, tx, in.NodeID)
 	if err != nil {
+		return Command{}, err
+	}
+	if err := nodeCapable(n, in.Kind); err != nil {
 		return Command{}, err
 	}
 	c := Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
@@ -363,8 +372,18 @@ func (s *Service) claim(ctx context.Context, sess Session) ([]Command, error) {
 	if err != nil || !hasDue {
 		return nil, err
 	}
+	// The node's capabilities come from the cache the session door just
+	// filled: a node that lacks one a command needs has those commands
+	// ended capability_missing instead of delivered (capabilities.go).
+	cur, err := s.currentNode(ctx, sess.NodeID)
+	if err != nil {
+		return nil, err
+	}
 	var cmds []Command
 	err = s.store.Tx(ctx, func(tx Tx) error {
+		if err := refuseUncapable(ctx, tx, sess.NodeID, cur, now); err != nil {
+			return err
+		}
 		var err error
 		cmds, err = tx.ClaimDue(ctx, due)
 		return err

@@ -12,39 +12,41 @@ import (
 
 // statusOf is the one table from error codes to HTTP statuses.
 var statusOf = map[errcode.Code]int{
-	errcode.InvalidJSON:          http.StatusBadRequest,
-	errcode.ValidationFailed:     http.StatusUnprocessableEntity,
-	errcode.Unauthenticated:      http.StatusUnauthorized,
-	errcode.PermissionDenied:     http.StatusForbidden,
-	errcode.NotFound:             http.StatusNotFound,
-	errcode.MethodNotAllowed:     http.StatusMethodNotAllowed,
-	errcode.PayloadTooLarge:      http.StatusRequestEntityTooLarge,
-	errcode.UnsupportedMediaType: http.StatusUnsupportedMediaType,
-	errcode.QuotaExceeded:        http.StatusTooManyRequests,
-	errcode.RateLimited:          http.StatusTooManyRequests,
-	errcode.Draining:             http.StatusServiceUnavailable,
-	errcode.Unavailable:          http.StatusServiceUnavailable,
-	errcode.Overloaded:           http.StatusServiceUnavailable,
-	errcode.Internal:             http.StatusInternalServerError,
-	errcode.Conflict:             http.StatusConflict,
-	errcode.InvalidParameter:     http.StatusBadRequest,
-	errcode.IdentityExists:       http.StatusConflict,
-	errcode.GenerationStale:      http.StatusConflict,
-	errcode.EnrollmentInvalid:    http.StatusUnauthorized,
-	errcode.EnrollmentSpent:      http.StatusConflict,
-	errcode.EnrollmentSuperseded: http.StatusConflict,
-	errcode.NodeRetired:          http.StatusGone,
-	errcode.RevealSpent:          http.StatusGone,
-	errcode.RevealExpired:        http.StatusGone,
-	errcode.NodeNotReady:         http.StatusConflict,
-	errcode.SessionInvalid:       http.StatusUnauthorized,
-	errcode.Fenced:               http.StatusConflict,
-	errcode.UnknownOperation:     http.StatusNotFound,
-	errcode.NotThisNode:          http.StatusForbidden,
-	errcode.OperationConflict:    http.StatusConflict,
-	errcode.RequestConflict:      http.StatusConflict,
-	errcode.KindNotServed:        http.StatusNotImplemented,
-	errcode.OutcomeUnknown:       http.StatusConflict,
+	errcode.InvalidJSON:           http.StatusBadRequest,
+	errcode.ValidationFailed:      http.StatusUnprocessableEntity,
+	errcode.Unauthenticated:       http.StatusUnauthorized,
+	errcode.PermissionDenied:      http.StatusForbidden,
+	errcode.NotFound:              http.StatusNotFound,
+	errcode.MethodNotAllowed:      http.StatusMethodNotAllowed,
+	errcode.PayloadTooLarge:       http.StatusRequestEntityTooLarge,
+	errcode.UnsupportedMediaType:  http.StatusUnsupportedMediaType,
+	errcode.QuotaExceeded:         http.StatusTooManyRequests,
+	errcode.RateLimited:           http.StatusTooManyRequests,
+	errcode.Draining:              http.StatusServiceUnavailable,
+	errcode.Unavailable:           http.StatusServiceUnavailable,
+	errcode.Overloaded:            http.StatusServiceUnavailable,
+	errcode.Internal:              http.StatusInternalServerError,
+	errcode.Conflict:              http.StatusConflict,
+	errcode.InvalidParameter:      http.StatusBadRequest,
+	errcode.IdentityExists:        http.StatusConflict,
+	errcode.GenerationStale:       http.StatusConflict,
+	errcode.EnrollmentInvalid:     http.StatusUnauthorized,
+	errcode.EnrollmentSpent:       http.StatusConflict,
+	errcode.EnrollmentSuperseded:  http.StatusConflict,
+	errcode.NodeRetired:           http.StatusGone,
+	errcode.RevealSpent:           http.StatusGone,
+	errcode.RevealExpired:         http.StatusGone,
+	errcode.NodeNotReady:          http.StatusConflict,
+	errcode.SessionInvalid:        http.StatusUnauthorized,
+	errcode.Fenced:                http.StatusConflict,
+	errcode.UnknownOperation:      http.StatusNotFound,
+	errcode.NotThisNode:           http.StatusForbidden,
+	errcode.OperationConflict:     http.StatusConflict,
+	errcode.RequestConflict:       http.StatusConflict,
+	errcode.KindNotServed:         http.StatusNotImplemented,
+	errcode.OutcomeUnknown:        http.StatusConflict,
+	errcode.CapabilityMissing:     http.StatusConflict,
+	errcode.DestinationNotAllowed: http.StatusForbidden,
 }
 
 // titles are the short human summaries of each status family.
@@ -69,6 +71,8 @@ type problem struct {
 	Instance  string               `json:"instance,omitempty"`
 	RequestID string               `json:"request_id,omitempty"`
 	Errors    []errcode.FieldError `json:"errors,omitempty"`
+	// Capability names what a capability_missing node lacks.
+	Capability string `json:"capability,omitempty"`
 }
 
 // resolve is the one mapping from an error to what a caller is told, for
@@ -121,14 +125,15 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 
 func writeProblem(w http.ResponseWriter, r *http.Request, status int, e *errcode.Error) {
 	p := problem{
-		Type:      "https://nodeward.dev/problems/" + string(e.Code),
-		Title:     titleOf(e.Code, status),
-		Status:    status,
-		Detail:    e.Message,
-		Code:      e.Code,
-		Instance:  clip(r.URL.Path, maxLoggedText),
-		RequestID: requestIDFrom(r.Context()),
-		Errors:    e.Fields,
+		Type:       "https://nodeward.dev/problems/" + string(e.Code),
+		Title:      titleOf(e.Code, status),
+		Status:     status,
+		Detail:     e.Message,
+		Code:       e.Code,
+		Instance:   clip(r.URL.Path, maxLoggedText),
+		RequestID:  requestIDFrom(r.Context()),
+		Errors:     e.Fields,
+		Capability: e.Capability,
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")

@@ -35,6 +35,10 @@ type Plan struct {
 	MaxConcurrency int
 }
 
+// CountCapabilityMissing is the key under which Tx.ChildCounts answers how
+// many children failed capability_missing (not a state of its own).
+const CountCapabilityMissing State = "failed:capability_missing"
+
 // CodeChildrenFailed ends a parent some of whose children did not succeed.
 const CodeChildrenFailed = "children_failed"
 
@@ -154,7 +158,7 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 			}
 		}
 		counts := Counts{Succeeded: byState[StateSucceeded], Failed: byState[StateFailed], Cancelled: byState[StateCancelled],
-			Pending: byState[StatePending] + byState[StateRunning]}
+			Pending: byState[StatePending] + byState[StateRunning], CapabilityMissing: byState[CountCapabilityMissing]}
 		counts.Total = counts.Succeeded + counts.Failed + counts.Cancelled + counts.Pending
 		changed := *parent.Counts != counts
 		parent.Counts = &counts
@@ -194,6 +198,14 @@ func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Tim
 		return err
 	}
 	kind, ok := s.kinds.Kind(ch.Kind)
+	if ok {
+		if err := s.checkCapability(ctx, kind, ch.Targets); errcode.Of(err) == errcode.CapabilityMissing {
+			_, err = s.endTx(ctx, tx, ch, StateFailed, nil, operationError(err), now)
+			return err
+		} else if err != nil {
+			return err
+		}
+	}
 	if !ok || kind.Record == nil {
 		return tx.NotifyDispatch(ctx, ch.ID)
 	}

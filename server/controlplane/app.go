@@ -149,6 +149,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		// records nothing.
 		CheckPrincipal: ledger.CheckPackageHostCurrent,
 		Secrets:        a.Secrets,
+		// Kinds naming an agent capability are refused for nodes that
+		// lack it (DECISIONS.md §45).
+		RequireCapability: a.Fleet.RequireCapability,
 	})
 	// The credential kinds carry out their work through the auth service.
 	for _, k := range ledger.CredentialKinds(a.Auth) {

@@ -128,7 +128,7 @@ func validateIssue(in IssueCommand) (json.RawMessage, string, error) {
 	var v errcode.Validation
 	v.Check(idPattern.MatchString(in.OperationID), "operation_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
 	check, known := commandKinds[in.Kind]
-	v.Check(known, "kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload")
+	v.Check(known, "kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload, diagnose")
 	v.Check(len(in.Payload) <= MaxPayloadBytes, "payload", "at most 256 KiB")
 	trimmed := bytes.TrimSpace(in.Payload)
 	v.Check(len(trimmed) > 0 && trimmed[0] == '{', "payload", "required: a JSON object")
@@ -484,13 +484,14 @@ var (
 )
 
 // failureValues answers the secret values the commands of the refused
-// results were given, to scrub from the nodes' failure text. They are
+// results (and of results carrying evidence) were given, to scrub from the
+// nodes' failure text and evidence. They are
 // read before the settling transaction; removing one command's values
 // from another's text removes nothing that should stay.
 func (s *Service) failureValues(ctx context.Context, results []api.Result) ([]string, error) {
 	var ids []string
 	for _, r := range results {
-		if !r.Applied && !r.Duplicate && r.Failure != "" {
+		if (!r.Applied && !r.Duplicate && r.Failure != "") || len(r.Evidence) > 0 {
 			ids = append(ids, r.OperationID)
 		}
 	}
@@ -518,6 +519,9 @@ func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Resu
 	}
 	if r.Applied || r.Duplicate {
 		c.State = CommandApplied
+		if c.Kind == api.KindDiagnose {
+			settleEvidence(&c, r.Evidence, values, now)
+		}
 	} else {
 		c.State = CommandRefused
 		c.FailureCode = "refused_by_node"

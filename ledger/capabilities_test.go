@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -42,6 +43,7 @@ var sampleOperations = map[string]string{
 	ledger.KindNodePrepareArtifact: `{"artifact_id":"a","url":"https://x.example/a","sha256":"` + zeros64 + `"}`,
 	ledger.KindNodeLaunchWorkload:  launch,
 	ledger.KindNodeStopWorkload:    `{"run_id":"r1","attempt_id":"a1"}`,
+	ledger.KindNodeDiagnose:        `{"action":"clock"}`,
 }
 
 const zeros64 = "0000000000000000000000000000000000000000000000000000000000000000"
@@ -56,6 +58,7 @@ func requireCapabilityMissing(t *testing.T, err error, capability string) {
 
 func TestCapabilities(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
 		t.Run("EachKindWithAndWithoutItsCapability", func(t *testing.T) {
 			for _, k := range b.svc.Kinds().Kinds() {
 				payload, ok := sampleOperations[k.Name]
@@ -94,7 +97,6 @@ func TestCapabilities(t *testing.T) {
 				Targets:   nodeTargets(ok1.NodeID, ok2.NodeID, lacking.NodeID),
 				Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"busybox:1"}}`)})
 			require.NoError(t, err)
-			b.start(t)
 			b.settleAll(t, parent.ID, map[string]fleet.Session{ok1.NodeID: ok1, ok2.NodeID: ok2, lacking.NodeID: lacking})
 			done := b.waitState(t, parent.ID, ledger.StateFailed)
 			require.Equal(t, ledger.CodeChildrenFailed, done.Error.Code)
@@ -133,6 +135,39 @@ func TestCapabilities(t *testing.T) {
 				require.Zero(t, c.DeliveryCount)
 			}
 			require.Empty(t, b.poll(t, downgraded), "and stays undelivered")
+		})
+		t.Run("FleetDiagnoseOverMixedNodes", func(t *testing.T) {
+			_, diag := b.nodeWith(t, []string{api.CapCommands, api.CapDiag})
+			_, old := b.nodeWith(t, nil)
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetDiagnose,
+				Targets: nodeTargets(diag.NodeID, old.NodeID), Operation: json.RawMessage(`{"diagnose":{"action":"clock"}}`)})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				for _, c := range b.poll(t, diag) {
+					b.settle(t, diag, api.Result{OperationID: c.OperationID, Applied: true,
+						Evidence: json.RawMessage(`{"action":"clock","node_time":"` + b.clock.Now().Format(time.RFC3339Nano) + `"}`)})
+				}
+				op, err := b.store.Operation(ctx, parent.ID)
+				require.NoError(t, err)
+				return op.Terminal()
+			}, waitLong, tick)
+			done := b.waitState(t, parent.ID, ledger.StateFailed)
+			require.Equal(t, &ledger.Counts{Total: 2, Succeeded: 1, Failed: 1, CapabilityMissing: 1}, done.Counts)
+		})
+		t.Run("DiagnoseDowngradeEndsAtDelivery", func(t *testing.T) {
+			boot, _ := b.nodeWith(t, []string{api.CapCommands, api.CapDiag})
+			op := b.command(t, boot.NodeID, ledger.KindNodeDiagnose, `{"action":"agent"}`)
+			launchOp := b.command(t, boot.NodeID, ledger.KindNodePrepareImage, prepare)
+			again, err := b.fleet.Reinvite(ctx, "admin:test", boot.NodeID, nil)
+			require.NoError(t, err)
+			downgraded := b.enrollWith(t, again, nil) // an agent from before diagnostics
+			cmds := b.poll(t, downgraded)
+			require.Len(t, cmds, 1, "the command it can run is delivered")
+			require.Equal(t, launchOp.ID, cmds[0].OperationID)
+			done, err := b.store.Operation(ctx, op.ID)
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateFailed, done.State)
+			require.Equal(t, string(errcode.CapabilityMissing), done.Error.Code)
 		})
 		t.Run("EnrollingNodeIsNotRefusedForCapability", func(t *testing.T) {
 			boot, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "cap-enrolling-" + b.replica, Generation: 1})

@@ -172,7 +172,15 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 			}
 			return tx.Notify(ctx, parent.ID)
 		}
-		result := mustJSON(map[string]any{"max_concurrency": maxConcurrencyOf(parent), "counts": counts})
+		final := map[string]any{"max_concurrency": maxConcurrencyOf(parent), "counts": counts}
+		if k, ok := s.kinds.Kind(parent.Kind); ok && k.Summarize != nil {
+			children, err := allChildren(ctx, tx, parent.ID)
+			if err != nil {
+				return err
+			}
+			final["summary"] = k.Summarize(children)
+		}
+		result := mustJSON(final)
 		switch {
 		case parent.CancelRequestedAt != nil:
 			_, err = s.endTx(ctx, tx, parent, StateCancelled, result, &Error{Code: "cancelled", Message: cancelMessage(parent.CancelReason)}, now)
@@ -184,6 +192,23 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 		}
 		return err
 	})
+}
+
+// allChildren answers every child of a parent, newest first.
+func allChildren(ctx context.Context, tx Tx, parentID string) ([]Operation, error) {
+	var out []Operation
+	f := Filter{ParentID: parentID, Limit: 500}
+	for {
+		page, err := tx.List(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(page) < f.Limit {
+			return out, nil
+		}
+		f.Before = page[len(page)-1].Cursor
+	}
 }
 
 // release hands a held child to its channel: a node kind records its

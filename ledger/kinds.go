@@ -66,6 +66,10 @@ type Kind struct {
 	// target (see fanout.go); it runs in the claiming transaction, so a
 	// crash before it committed leaves nothing recorded.
 	FanOut func(ctx context.Context, tx Tx, op Operation) (Plan, error)
+	// Summarize, for a fan-out kind, answers what its children found, kept
+	// as `summary` in the parent's result when the last child ended
+	// (optional).
+	Summarize func(children []Operation) any
 	// Reveals names the secrets the kind generates (fields of the
 	// submit answer's reveals, DECISIONS.md §16); Reveal produces one
 	// from the succeeded operation's result, never from storage.
@@ -133,5 +137,6 @@ func (r *Registry) Kinds() []*Kind {
 func ServedKinds(f *fleet.Service) []*Kind {
 	kinds := NodeKinds(f)
 	kinds = append(kinds, CommandKindsOf(f)...)
+	kinds = append(kinds, DiagnoseKinds(f)...)
 	return append(kinds, FleetKinds()...)
 }

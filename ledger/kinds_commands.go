@@ -51,6 +51,10 @@ type CommandEnding struct {
 func CommandEnd(c fleet.Command) (CommandEnding, bool) {
 	switch c.State {
 	case fleet.CommandApplied:
+		if len(c.Evidence) > 0 {
+			// A diagnose: its evidence is the result (DECISIONS.md §46).
+			return CommandEnding{State: StateSucceeded, Result: c.Evidence}, true
+		}
 		return CommandEnding{State: StateSucceeded, Result: mustJSON(CommandResult{Applied: true, Duplicate: c.Duplicate})}, true
 	case fleet.CommandRefused:
 		e := &Error{Code: c.FailureCode, Message: c.FailureMessage}

@@ -45,14 +45,27 @@ func (o FleetCommandOperation) validate(targets []Target) error {
 	_, known := CommandKinds[o.Kind]
 	v.Check(known, "operation/kind", "one of node.prepare_image, node.prepare_artifact, node.launch_workload, node.stop_workload")
 	v.Check(o.MaxConcurrency >= 0 && o.MaxConcurrency <= MaxFanOut, "operation/max_concurrency", "0 to %d", MaxFanOut)
+	checkFanOutTargets(&v, targets, o.Selector)
+	if err := v.Err(); err != nil {
+		return err
+	}
+	if err := fleet.ValidateCommand(CommandKinds[o.Kind], o.Payload); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkFanOutTargets checks a fan-out's targets: node targets named once,
+// or the fleet target with a selector.
+func checkFanOutTargets(v *errcode.Validation, targets []Target, sel *Selector) {
 	fleetTarget := len(targets) == 1 && targets[0].Kind == TargetFleet
 	switch {
 	case fleetTarget:
-		v.Check(o.Selector != nil, "operation/selector", "required with the fleet target")
+		v.Check(sel != nil, "operation/selector", "required with the fleet target")
 	case len(targets) == 0:
 		v.Add("targets", "node targets, or one {kind: fleet} with operation.selector")
 	default:
-		v.Check(o.Selector == nil, "operation/selector", "only with the fleet target")
+		v.Check(sel == nil, "operation/selector", "only with the fleet target")
 		v.Check(len(targets) <= MaxFanOut, "targets", "at most %d", MaxFanOut)
 		seen := map[string]bool{}
 		for i, t := range targets {
@@ -62,16 +75,22 @@ func (o FleetCommandOperation) validate(targets []Target) error {
 			seen[t.ID] = true
 		}
 	}
-	if s := o.Selector; s != nil && s.State != "" {
-		v.Check(fleet.State(s.State).Valid(), "operation/selector/state", "one of enrolling, ready, lost, retired")
+	if sel != nil && sel.State != "" {
+		v.Check(fleet.State(sel.State).Valid(), "operation/selector/state", "one of enrolling, ready, lost, retired")
 	}
-	if err := v.Err(); err != nil {
-		return err
+}
+
+// fanOutNodes answers the nodes a fan-out's targets name, or those its
+// selector picks for the fleet target.
+func fanOutNodes(ctx context.Context, tx Tx, targets []Target, sel *Selector) ([]string, error) {
+	if len(targets) == 1 && targets[0].Kind == TargetFleet {
+		return selectNodes(ctx, tx.Fleet(), *sel)
 	}
-	if err := fleet.ValidateCommand(CommandKinds[o.Kind], o.Payload); err != nil {
-		return err
+	nodes := make([]string, 0, len(targets))
+	for _, t := range targets {
+		nodes = append(nodes, t.ID)
 	}
-	return nil
+	return nodes, nil
 }
 
 // FleetKinds are the kinds of family fleet.
@@ -90,16 +109,9 @@ func FleetKinds() []*Kind {
 			if err := DecodeOperation(op.Operation, &o); err != nil {
 				return Plan{}, err
 			}
-			nodes := make([]string, 0, len(op.Targets))
-			if len(op.Targets) == 1 && op.Targets[0].Kind == TargetFleet {
-				var err error
-				if nodes, err = selectNodes(ctx, tx.Fleet(), *o.Selector); err != nil {
-					return Plan{}, err
-				}
-			} else {
-				for _, t := range op.Targets {
-					nodes = append(nodes, t.ID)
-				}
+			nodes, err := fanOutNodes(ctx, tx, op.Targets, o.Selector)
+			if err != nil {
+				return Plan{}, err
 			}
 			plan := Plan{MaxConcurrency: o.MaxConcurrency}
 			if plan.MaxConcurrency == 0 {

@@ -127,6 +127,8 @@ type Agent struct {
 	clock Clock
 	log   *slog.Logger
 	kick  chan struct{} // asks the flusher to flush now
+	// started is when this agent was made (the agent diagnostic's uptime).
+	started time.Time
 
 	wg        sync.WaitGroup // command applications
 	observeMu sync.Mutex     // one observer at a time: transitions stay in order
@@ -194,6 +196,7 @@ func New(cfg Config) (*Agent, error) {
 		clock:    cfg.Clock,
 		log:      cfg.Logger,
 		kick:     make(chan struct{}, 1),
+		started:  cfg.Clock.Now(),
 		inflight: map[string]bool{},
 		chains:   map[string]chan struct{}{},
 	}, nil
@@ -759,6 +762,12 @@ func (a *Agent) execute(ctx context.Context, cmd api.Command, resumed bool, log 
 			return refuse(err)
 		}
 		a.observeOnce(ctx)
+	case api.KindDiagnose:
+		ev, err := a.diagnose(ctx, cmd)
+		if err != nil {
+			return refuse(err)
+		}
+		res.Evidence = ev
 	default:
 		return refuse(fmt.Errorf("unsupported command kind %q", cmd.Kind))
 	}

@@ -27,6 +27,7 @@ func (a *Agent) collectFacts() api.Facts {
 		AgentVersion:  a.cfg.Version,
 		Runtimes:      a.rt.Supports(),
 		Labels:        a.cfg.Labels,
+		Capabilities:  capabilities,
 		ObservedAt:    a.clock.Now().UTC(),
 	}
 	return f

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeward/nodeward"
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/diagnose"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
@@ -157,6 +158,13 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	for _, k := range ledger.CredentialKinds(a.Auth) {
 		a.Ledger.Kinds().Register(k)
 	}
+	// diagnose.endpoint probes only where the operator allowed (checked by
+	// Validate).
+	allow, err := diagnose.ParseAllowlist(cfg.DiagnoseAllow)
+	if err != nil {
+		return nil, err
+	}
+	a.Ledger.Kinds().Register(ledger.EndpointKind(&diagnose.Prober{Allow: allow, Now: cfg.Now}, a.Secrets))
 	// Only a build tagged nodeward_testkinds adds anything here.
 	testkinds.Register(a.Ledger.Kinds(), cfg.ReplicaID)
 	a.Metrics.OperationStates = func() map[string]float64 {

@@ -205,6 +205,20 @@ func TestNodeDiagnoseHTTP(t *testing.T) {
 		require.Equal(t, "succeeded", op.State)
 		require.JSONEq(t, string(evidence), string(op.Result))
 
+		// The command wrapper takes kind diagnose too.
+		var cmd map[string]any
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/commands", map[string]any{"kind": "diagnose",
+			"operation_id": "wrapped-diag", "payload": map[string]any{"action": "agent"}}, http.StatusCreated, &cmd)
+		require.Equal(t, "diagnose", cmd["kind"])
+		s.Problem(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/commands", map[string]any{"kind": "diagnose",
+			"operation_id": "wrapped-diag-bad", "payload": map[string]any{"action": "shell"}}, s.AdminToken,
+			http.StatusUnprocessableEntity, "validation_failed")
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Len(t, polled.Commands, 1)
+		s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{{OperationID: "wrapped-diag",
+			Applied: true, Evidence: json.RawMessage(`{"action":"agent","ran_at":"2026-01-01T00:00:00Z"}`)}}},
+			sess.SessionToken, http.StatusOK, nil)
+
 		// A node whose agent predates diagnostics.
 		legacy, _ := inviteAndEnroll(t, s)
 		p := s.Problem(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "diag-legacy", "kind": "node.diagnose",

@@ -44,6 +44,8 @@ var sampleOperations = map[string]string{
 	ledger.KindNodeLaunchWorkload:  launch,
 	ledger.KindNodeStopWorkload:    `{"run_id":"r1","attempt_id":"a1"}`,
 	ledger.KindNodeDiagnose:        `{"action":"clock"}`,
+	// DECISIONS.md §32's operation, for when node.configure is served.
+	"node.configure": `{"format":"app/v1","document":{"level":1}}`,
 }
 
 const zeros64 = "0000000000000000000000000000000000000000000000000000000000000000"
@@ -61,10 +63,11 @@ func TestCapabilities(t *testing.T) {
 		b.start(t)
 		t.Run("EachKindWithAndWithoutItsCapability", func(t *testing.T) {
 			for _, k := range b.svc.Kinds().Kinds() {
-				payload, ok := sampleOperations[k.Name]
-				if !ok || k.Capability == "" {
+				if k.Capability == "" {
 					continue
 				}
+				payload, ok := sampleOperations[k.Name]
+				require.True(t, ok, "kind %s needs %s: add a sample operation to this table", k.Name, k.Capability)
 				t.Run(k.Name, func(t *testing.T) {
 					_, with := b.nodeWith(t, []string{k.Capability})
 					_, without := b.nodeWith(t, []string{"something_else.v1"})

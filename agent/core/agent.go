@@ -21,8 +21,10 @@
 //     settles it (and is sent in the enroll request after a re-enrollment).
 //
 // A redelivered command is answered from its record: done and applied →
-// duplicate:true; done and refused → the same refusal; started and still
-// being applied in this process → nothing yet (DECISIONS §2).
+// duplicate:true (a diagnose, which is read-only: its recorded evidence
+// again, never a bare duplicate — see diagnose.go); done and refused → the
+// same refusal; started and still being applied in this process → nothing
+// yet (DECISIONS §2). A diagnose interrupted by a crash is run again.
 //
 // A crash between 1 and 3 leaves a "started" record; on restart the agent
 // resolves it before it asks for work, and never by blindly re-running a

@@ -32,10 +32,6 @@ import (
 // bare duplicate, which would leave the operation without evidence); one
 // interrupted by a crash is simply run again (it has no effect to protect).
 
-// capabilities are what this agent understands (DECISIONS.md §45),
-// reported in its facts.
-var capabilities = []string{api.CapCommands, api.CapOutput, api.CapDiag}
-
 // maxResolveAddresses bounds the addresses kept per resolved name.
 const maxResolveAddresses = 32
 

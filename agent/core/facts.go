@@ -12,6 +12,10 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 )
 
+// capabilities are what this agent understands (DECISIONS.md §45),
+// reported in its facts.
+var capabilities = []string{api.CapCommands, api.CapOutput, api.CapDiag}
+
 // collectFacts observes the machine now. Each fact is an observation with
 // its own time; nothing here is cached, so a heartbeat carries what is true
 // when it is made.

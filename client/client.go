@@ -114,7 +114,43 @@ const (
 	KindNodeInvite   = "node.invite"
 	KindNodeReinvite = "node.reinvite"
 	KindNodeRetire   = "node.retire"
+	// Diagnostics (family diagnose): DiagnoseOperation on a node, a
+	// FleetDiagnoseOperation fanned out, an EndpointOperation probed from
+	// the control plane.
+	KindNodeDiagnose     = "node.diagnose"
+	KindFleetDiagnose    = "fleet.diagnose"
+	KindDiagnoseEndpoint = "diagnose.endpoint"
 )
+
+// DiagnoseOperation is node.diagnose's operation: one action (disk,
+// workloads, connect, resolve, clock, agent) with its parameters only.
+type DiagnoseOperation struct {
+	Action         string   `json:"action"`
+	Paths          []string `json:"paths,omitempty"`
+	Host           string   `json:"host,omitempty"`
+	Port           int      `json:"port,omitempty"`
+	TimeoutSeconds float64  `json:"timeout_seconds,omitempty"`
+	Names          []string `json:"names,omitempty"`
+}
+
+// FleetDiagnoseOperation fans one DiagnoseOperation out over node targets
+// (or the fleet target with a selector).
+type FleetDiagnoseOperation struct {
+	Diagnose       DiagnoseOperation `json:"diagnose"`
+	Selector       map[string]any    `json:"selector,omitempty"`
+	MaxConcurrency int               `json:"max_concurrency,omitempty"`
+}
+
+// EndpointOperation is diagnose.endpoint's operation; its target is
+// EndpointTarget(URL). Credential is a handle sealed for that target and
+// field /credential, never the credential itself.
+type EndpointOperation struct {
+	URL        string `json:"url"`
+	Credential string `json:"credential,omitempty"`
+}
+
+// EndpointTarget is the target {kind: endpoint, id: url}.
+func EndpointTarget(url string) Target { return Target{Kind: "endpoint", ID: url} }
 
 // Target names what an operation acts on.
 type Target struct {

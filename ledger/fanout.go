@@ -174,11 +174,11 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 		}
 		final := map[string]any{"max_concurrency": maxConcurrencyOf(parent), "counts": counts}
 		if k, ok := s.kinds.Kind(parent.Kind); ok && k.Summarize != nil {
-			children, err := allChildren(ctx, tx, parent.ID)
-			if err != nil {
+			sum := k.Summarize()
+			if err := eachChild(ctx, tx, parent.ID, sum.Add); err != nil {
 				return err
 			}
-			final["summary"] = k.Summarize(children)
+			final["summary"] = sum.Summary()
 		}
 		result := mustJSON(final)
 		switch {
@@ -194,18 +194,20 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 	})
 }
 
-// allChildren answers every child of a parent, newest first.
-func allChildren(ctx context.Context, tx Tx, parentID string) ([]Operation, error) {
-	var out []Operation
+// eachChild hands every child of a parent to fn, newest first, a page at
+// a time.
+func eachChild(ctx context.Context, tx Tx, parentID string, fn func(Operation)) error {
 	f := Filter{ParentID: parentID, Limit: 500}
 	for {
 		page, err := tx.List(ctx, f)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		out = append(out, page...)
+		for _, ch := range page {
+			fn(ch)
+		}
 		if len(page) < f.Limit {
-			return out, nil
+			return nil
 		}
 		f.Before = page[len(page)-1].Cursor
 	}

@@ -83,7 +83,7 @@ func DiagnoseKinds(f *fleet.Service) []*Kind {
 			}
 			return plan, nil
 		},
-		Summarize: func(children []Operation) any { return SummarizeDiagnose(children) },
+		Summarize: func() Summarizer { return &diagnoseSummarizer{} },
 	}}
 }
 
@@ -109,82 +109,88 @@ type DiagnoseSummary struct {
 	Failed    int    `json:"failed"`
 	Connected *int   `json:"connected,omitempty"`
 	// Unreachable counts the nodes that answered connect without connecting.
-	Unreachable *int `json:"unreachable,omitempty"`
-	WorstClock  *struct {
-		NodeID        string `json:"node_id"`
-		SkewMs        int64  `json:"skew_ms"`
-		UncertaintyMs int64  `json:"uncertainty_ms"`
-	} `json:"worst_clock_skew,omitempty"`
-	FullestDisk *struct {
-		NodeID      string  `json:"node_id"`
-		Path        string  `json:"path"`
-		UsedPercent float64 `json:"used_percent"`
-		FreeBytes   int64   `json:"free_bytes"`
-	} `json:"fullest_disk,omitempty"`
+	Unreachable *int         `json:"unreachable,omitempty"`
+	WorstClock  *ClockWorst  `json:"worst_clock_skew,omitempty"`
+	FullestDisk *DiskFullest `json:"fullest_disk,omitempty"`
+}
+
+// ClockWorst is the node with the largest clock skew.
+type ClockWorst struct {
+	NodeID        string `json:"node_id"`
+	SkewMs        int64  `json:"skew_ms"`
+	UncertaintyMs int64  `json:"uncertainty_ms"`
+}
+
+// DiskFullest is the fullest measured path.
+type DiskFullest struct {
+	NodeID      string  `json:"node_id"`
+	Path        string  `json:"path"`
+	UsedPercent float64 `json:"used_percent"`
+	FreeBytes   int64   `json:"free_bytes"`
 }
 
 // SummarizeDiagnose summarises the children of a fleet.diagnose.
 func SummarizeDiagnose(children []Operation) DiagnoseSummary {
-	var s DiagnoseSummary
-	zero := func() *int { n := 0; return &n }
+	var z diagnoseSummarizer
 	for _, ch := range children {
-		if s.Action == "" {
-			var head struct {
-				Action string `json:"action"`
-			}
-			_ = json.Unmarshal(ch.Operation, &head)
-			s.Action = head.Action
-			switch s.Action {
-			case api.DiagConnect:
-				s.Connected, s.Unreachable = zero(), zero()
-			}
+		z.Add(ch)
+	}
+	return z.s
+}
+
+// diagnoseSummarizer folds fleet.diagnose's children into a DiagnoseSummary.
+type diagnoseSummarizer struct{ s DiagnoseSummary }
+
+func (z *diagnoseSummarizer) Summary() any { return z.s }
+
+func (z *diagnoseSummarizer) Add(ch Operation) {
+	s := &z.s
+	if s.Action == "" {
+		var head struct {
+			Action string `json:"action"`
 		}
-		if ch.State != StateSucceeded {
-			s.Failed++
-			continue
+		_ = json.Unmarshal(ch.Operation, &head)
+		s.Action = head.Action
+		if s.Action == api.DiagConnect {
+			zero1, zero2 := 0, 0
+			s.Connected, s.Unreachable = &zero1, &zero2
 		}
-		s.Answered++
-		switch s.Action {
-		case api.DiagConnect:
-			var e api.ConnectEvidence
-			if json.Unmarshal(ch.Result, &e) == nil && e.Connected {
-				*s.Connected++
-			} else {
-				*s.Unreachable++
-			}
-		case api.DiagClock:
-			var e api.ClockEvidence
-			if json.Unmarshal(ch.Result, &e) != nil || e.Server == nil {
+	}
+	if ch.State != StateSucceeded {
+		s.Failed++
+		return
+	}
+	s.Answered++
+	switch s.Action {
+	case api.DiagConnect:
+		var e api.ConnectEvidence
+		if json.Unmarshal(ch.Result, &e) == nil && e.Connected {
+			*s.Connected++
+		} else {
+			*s.Unreachable++
+		}
+	case api.DiagClock:
+		var e api.ClockEvidence
+		if json.Unmarshal(ch.Result, &e) != nil || e.Server == nil {
+			return
+		}
+		if s.WorstClock == nil || abs(e.Server.SkewMs) > abs(s.WorstClock.SkewMs) {
+			s.WorstClock = &ClockWorst{NodeID: ch.TargetID, SkewMs: e.Server.SkewMs, UncertaintyMs: e.Server.UncertaintyMs}
+		}
+	case api.DiagDisk:
+		var e api.DiskEvidence
+		if json.Unmarshal(ch.Result, &e) != nil {
+			return
+		}
+		for _, p := range e.Paths {
+			if p.Error != "" || p.TotalBytes == 0 {
 				continue
 			}
-			if s.WorstClock == nil || abs(e.Server.SkewMs) > abs(s.WorstClock.SkewMs) {
-				s.WorstClock = &struct {
-					NodeID        string `json:"node_id"`
-					SkewMs        int64  `json:"skew_ms"`
-					UncertaintyMs int64  `json:"uncertainty_ms"`
-				}{ch.TargetID, e.Server.SkewMs, e.Server.UncertaintyMs}
-			}
-		case api.DiagDisk:
-			var e api.DiskEvidence
-			if json.Unmarshal(ch.Result, &e) != nil {
-				continue
-			}
-			for _, p := range e.Paths {
-				if p.Error != "" || p.TotalBytes == 0 {
-					continue
-				}
-				if s.FullestDisk == nil || p.UsedPct > s.FullestDisk.UsedPercent {
-					s.FullestDisk = &struct {
-						NodeID      string  `json:"node_id"`
-						Path        string  `json:"path"`
-						UsedPercent float64 `json:"used_percent"`
-						FreeBytes   int64   `json:"free_bytes"`
-					}{ch.TargetID, p.Path, p.UsedPct, p.FreeBytes}
-				}
+			if s.FullestDisk == nil || p.UsedPct > s.FullestDisk.UsedPercent {
+				s.FullestDisk = &DiskFullest{NodeID: ch.TargetID, Path: p.Path, UsedPercent: p.UsedPct, FreeBytes: p.FreeBytes}
 			}
 		}
 	}
-	return s
 }
 
 func abs(v int64) int64 {

@@ -35,6 +35,8 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nodeward/nodeward/errcode"
@@ -283,7 +285,11 @@ func (p *Prober) Probe(ctx context.Context, u *url.URL, credential string) (Evid
 		return ev, ErrNotAllowed
 	}
 
+	// Written by the transport's goroutines, read once Do returned.
+	var mu sync.Mutex
 	var tlsEv *TLSEvidence
+	var dialed string
+	var wrote atomic.Bool
 	tlsConf := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12,
 		// Verified here, after the leaf is recorded: an expired or untrusted
 		// certificate is reported, and the handshake still fails, so no
@@ -294,22 +300,24 @@ func (p *Prober) Probe(ctx context.Context, u *url.URL, credential string) (Evid
 				return errors.New("no certificate")
 			}
 			leaf := cs.PeerCertificates[0]
-			tlsEv = &TLSEvidence{Version: tls.VersionName(cs.Version), Subject: leaf.Subject.String(),
+			ev := &TLSEvidence{Version: tls.VersionName(cs.Version), Subject: leaf.Subject.String(),
 				Issuer: leaf.Issuer.String(), NotAfter: leaf.NotAfter.UTC(),
 				ExpiresInSeconds: int64(leaf.NotAfter.Sub(p.now()).Seconds())}
+			mu.Lock()
+			defer mu.Unlock()
+			tlsEv = ev
 			inter := x509.NewCertPool()
 			for _, c := range cs.PeerCertificates[1:] {
 				inter.AddCert(c)
 			}
 			_, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: p.RootCAs, Intermediates: inter, CurrentTime: p.now()})
 			if err != nil {
-				tlsEv.VerifyError = clip(err.Error())
+				ev.VerifyError = clip(err.Error())
 				return err
 			}
-			tlsEv.Verified = true
+			ev.Verified = true
 			return nil
 		}}
-	var dialed string
 	dialer := &net.Dialer{Timeout: MaxProbeTime}
 	tr := &http.Transport{
 		Proxy:           nil, // the checked address, never a proxy's
@@ -319,7 +327,9 @@ func (p *Prober) Probe(ctx context.Context, u *url.URL, credential string) (Evid
 			for _, ip := range allowed {
 				c, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(ip.String(), port))
 				if err == nil {
+					mu.Lock()
 					dialed = ip.String()
+					mu.Unlock()
 					return c, nil
 				}
 				last = err
@@ -337,14 +347,15 @@ func (p *Prober) Probe(ctx context.Context, u *url.URL, credential string) (Evid
 	if err != nil {
 		return ev, err
 	}
-	wrote := false
-	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote = true }}))
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }}))
 	req.Header.Set("User-Agent", "nodeward-diagnose/1")
 	if credential != "" {
 		req.Header.Set("Authorization", "Bearer "+credential)
 	}
 	resp, err := client.Do(req)
+	mu.Lock()
 	ev.LatencyMs, ev.TLS, ev.ConnectedTo = elapsed(), tlsEv, dialed
+	mu.Unlock()
 	if err != nil {
 		// The transport's text names the URL and the address, never a
 		// header; the credential is scrubbed again by the ledger anyway.
@@ -352,7 +363,7 @@ func (p *Prober) Probe(ctx context.Context, u *url.URL, credential string) (Evid
 		if credential != "" {
 			msg = strings.ReplaceAll(msg, credential, "[sealed]")
 		}
-		ev.Error, ev.CredentialSent = clip(msg), credential != "" && wrote
+		ev.Error, ev.CredentialSent = clip(msg), credential != "" && wrote.Load()
 		return ev, nil
 	}
 	defer resp.Body.Close()

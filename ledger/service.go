@@ -126,8 +126,9 @@ type Service struct {
 	drained      chan struct{} // closed on Drain
 	notifyHealth bool
 
-	checkPrincipal    func(ctx context.Context, tx Tx, p Principal) error
-	secrets           *secrets.Service
+	checkPrincipal func(ctx context.Context, tx Tx, p Principal) error
+	secrets        *secrets.Service
+
 	requireCapability func(ctx context.Context, nodeID, capability string) error
 }
 
@@ -157,8 +158,9 @@ func New(o Options) *Service {
 		drained:      make(chan struct{}),
 		notifyHealth: !o.CrossReplica,
 
-		checkPrincipal:    o.CheckPrincipal,
-		secrets:           o.Secrets,
+		checkPrincipal: o.CheckPrincipal,
+		secrets:        o.Secrets,
+
 		requireCapability: o.RequireCapability,
 	}
 }

@@ -281,6 +281,8 @@ type Problem struct {
 		Field   string `json:"field"`
 		Message string `json:"message"`
 	} `json:"errors"`
+	// Capability is capability_missing's member.
+	Capability string `json:"capability"`
 	// Raw is the whole body, for assertions that something is absent.
 	Raw string `json:"-"`
 }

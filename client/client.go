@@ -40,6 +40,12 @@ const (
 	CodeQuotaExceeded    = "quota_exceeded"
 	CodeKindNotServed    = "kind_not_served"
 	CodeDraining         = "draining"
+	// CodeCapabilityMissing: the target node's agent does not report the
+	// capability the kind needs; Error.Capability names it.
+	CodeCapabilityMissing = "capability_missing"
+	// CodeDestinationNotAllowed: a diagnose.endpoint to a host the
+	// operator did not allow.
+	CodeDestinationNotAllowed = "destination_not_allowed"
 )
 
 // FieldError names one input at fault.
@@ -63,6 +69,8 @@ type Error struct {
 	// HTTPRequestID is the problem's request_id: the HTTP request's id in
 	// the server's log, not a submission's idempotency key.
 	HTTPRequestID string
+	// Capability is the agent capability a capability_missing node lacks.
+	Capability string
 }
 
 func (e *Error) Error() string {
@@ -106,7 +114,43 @@ const (
 	KindNodeInvite   = "node.invite"
 	KindNodeReinvite = "node.reinvite"
 	KindNodeRetire   = "node.retire"
+	// Diagnostics (family diagnose): DiagnoseOperation on a node, a
+	// FleetDiagnoseOperation fanned out, an EndpointOperation probed from
+	// the control plane.
+	KindNodeDiagnose     = "node.diagnose"
+	KindFleetDiagnose    = "fleet.diagnose"
+	KindDiagnoseEndpoint = "diagnose.endpoint"
 )
+
+// DiagnoseOperation is node.diagnose's operation: one action (disk,
+// workloads, connect, resolve, clock, agent) with its parameters only.
+type DiagnoseOperation struct {
+	Action         string   `json:"action"`
+	Paths          []string `json:"paths,omitempty"`
+	Host           string   `json:"host,omitempty"`
+	Port           int      `json:"port,omitempty"`
+	TimeoutSeconds float64  `json:"timeout_seconds,omitempty"`
+	Names          []string `json:"names,omitempty"`
+}
+
+// FleetDiagnoseOperation fans one DiagnoseOperation out over node targets
+// (or the fleet target with a selector).
+type FleetDiagnoseOperation struct {
+	Diagnose       DiagnoseOperation `json:"diagnose"`
+	Selector       map[string]any    `json:"selector,omitempty"`
+	MaxConcurrency int               `json:"max_concurrency,omitempty"`
+}
+
+// EndpointOperation is diagnose.endpoint's operation; its target is
+// EndpointTarget(URL). Credential is a handle sealed for that target and
+// field /credential, never the credential itself.
+type EndpointOperation struct {
+	URL        string `json:"url"`
+	Credential string `json:"credential,omitempty"`
+}
+
+// EndpointTarget is the target {kind: endpoint, id: url}.
+func EndpointTarget(url string) Target { return Target{Kind: "endpoint", ID: url} }
 
 // Target names what an operation acts on.
 type Target struct {
@@ -210,6 +254,9 @@ type Counts struct {
 	Failed    int `json:"failed"`
 	Cancelled int `json:"cancelled"`
 	Pending   int `json:"pending"`
+	// CapabilityMissing counts the failed children whose node lacked the
+	// capability their kind needs.
+	CapabilityMissing int `json:"capability_missing,omitempty"`
 }
 
 // Operation is one operation of the ledger (the Operation schema).
@@ -359,6 +406,46 @@ func (c *Client) Submit(ctx context.Context, r SubmitRequest) (Operation, bool, 
 	var op Operation
 	status, err := c.do(ctx, http.MethodPost, "/api/v1/operations", nil, body, &op)
 	return op, status == http.StatusCreated, err
+}
+
+// Capabilities is what a control plane serves (GET /api/v1/capabilities).
+type Capabilities struct {
+	Kinds []KindInfo `json:"kinds"`
+	// Limits maps each limit's name (package_host_quota, node_quota,
+	// max_wait_ms, request_body_bytes, …) to its value.
+	Limits map[string]int64 `json:"limits"`
+	// AgentVersion is the pinned agent build; "" when none is configured.
+	AgentVersion string `json:"agent_version"`
+	// AgentCapabilities are those an agent of this release may report.
+	AgentCapabilities []string `json:"agent_capabilities"`
+}
+
+// KindInfo is one served kind of operation.
+type KindInfo struct {
+	Kind   string `json:"kind"`
+	Family string `json:"family"`
+	// Capability is what a target node's agent must report; "" for none.
+	Capability     string `json:"capability"`
+	LevelTriggered bool   `json:"level_triggered"`
+	AdminOnly      bool   `json:"admin_only"`
+}
+
+// Kind answers the served kind of that name.
+func (c Capabilities) Kind(name string) (KindInfo, bool) {
+	for _, k := range c.Kinds {
+		if k.Kind == name {
+			return k, true
+		}
+	}
+	return KindInfo{}, false
+}
+
+// Capabilities answers the kinds served, the limits and the pinned agent
+// version, for administrators and package hosts alike.
+func (c *Client) Capabilities(ctx context.Context) (Capabilities, error) {
+	var out Capabilities
+	_, err := c.do(ctx, http.MethodGet, "/api/v1/capabilities", nil, nil, &out)
+	return out, err
 }
 
 // Get answers an operation. Errors: not_found.
@@ -575,10 +662,13 @@ func readError(resp *http.Response) *Error {
 		Code      string       `json:"code"`
 		RequestID string       `json:"request_id"`
 		Errors    []FieldError `json:"errors"`
+		// Capability: capability_missing's member.
+		Capability string `json:"capability"`
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if (mt == "application/problem+json" || mt == "application/json") && json.Unmarshal(data, &p) == nil {
 		e.Code, e.Title, e.Detail, e.Fields, e.HTTPRequestID = p.Code, p.Title, p.Detail, p.Errors, p.RequestID
+		e.Capability = p.Capability
 	}
 	if e.Title == "" {
 		e.Title = http.StatusText(resp.StatusCode)

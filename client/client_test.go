@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
 	"github.com/nodeward/nodeward/client"
 )
@@ -90,6 +91,40 @@ func TestClientAgainstServer(t *testing.T) {
 			require.NoError(t, err)
 			_, err = anon.Get(ctx, op.OperationID)
 			require.Equal(t, client.CodeUnauthenticated, client.CodeOf(err))
+		})
+
+		t.Run("Capabilities", func(t *testing.T) {
+			caps, err := c.Capabilities(ctx)
+			require.NoError(t, err)
+			require.Equal(t, "0.0.0-test", caps.AgentVersion)
+			k, ok := caps.Kind("node.launch_workload")
+			require.True(t, ok)
+			require.Equal(t, client.KindInfo{Kind: "node.launch_workload", Family: "commands", Capability: "commands.v1",
+				LevelTriggered: true}, k)
+			k, ok = caps.Kind("node.invite")
+			require.True(t, ok)
+			require.Empty(t, k.Capability, "the control plane runs it")
+			require.EqualValues(t, 1<<20, caps.Limits["request_body_bytes"])
+			require.EqualValues(t, 60000, caps.Limits["max_wait_ms"])
+			require.EqualValues(t, 256, caps.Limits["package_host_quota"])
+			require.EqualValues(t, 32, caps.Limits["node_quota"])
+			require.Contains(t, caps.AgentCapabilities, "diag.v1")
+		})
+
+		t.Run("CapabilityMissing", func(t *testing.T) {
+			var b api.Bootstrap
+			s.Admin(t, http.MethodPost, "/api/v1/nodes/invitations", map[string]any{"rental_id": apitest.RandomID("r"), "generation": 1},
+				http.StatusCreated, &b)
+			s.JSON(t, http.MethodPost, "/agent/v1/enroll", api.EnrollRequest{NodeID: b.NodeID, Generation: 1, EnrollmentToken: b.EnrollmentToken,
+				AgentVersion: "old", Facts: api.Facts{Hostname: "h", OS: "linux", Arch: "amd64", CPUs: 1, MemoryBytes: 1,
+					AgentVersion: "old", Runtimes: []string{"process"}, ObservedAt: time.Now().UTC()}}, "", http.StatusOK, nil)
+			_, _, err := c.Submit(ctx, client.SubmitRequest{RequestID: "diag-old", Kind: client.KindNodeDiagnose,
+				Targets: []client.Target{client.NodeTarget(b.NodeID)}, Operation: client.DiagnoseOperation{Action: "clock"}})
+			var e *client.Error
+			require.True(t, errors.As(err, &e), "%v", err)
+			require.Equal(t, http.StatusConflict, e.Status)
+			require.Equal(t, client.CodeCapabilityMissing, e.Code)
+			require.Equal(t, "diag.v1", e.Capability)
 		})
 
 		t.Run("ListPages", func(t *testing.T) {

@@ -52,6 +52,12 @@ const (
 	KindNotServed        Code = "kind_not_served"
 	RevealSpent          Code = "reveal_spent"
 	RevealExpired        Code = "reveal_expired"
+	// CapabilityMissing: the target node's agent does not report the
+	// capability the kind needs (DECISIONS.md §45); Error.Capability names it.
+	CapabilityMissing Code = "capability_missing"
+	// DestinationNotAllowed: a control-plane probe to a host the operator
+	// did not allow (DECISIONS.md §46).
+	DestinationNotAllowed Code = "destination_not_allowed"
 )
 
 // FieldError names one invalid input field (a JSON pointer or field name).
@@ -66,6 +72,9 @@ type Error struct {
 	Code    Code
 	Message string
 	Fields  []FieldError
+	// Capability names the missing agent capability of a
+	// capability_missing refusal (the problem's `capability` member).
+	Capability string
 }
 
 func (e *Error) Error() string {

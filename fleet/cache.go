@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -23,7 +24,16 @@ type nodeCache struct {
 type cachedNode struct {
 	state   State
 	fencing int64
-	at      time.Time
+	// caps are the capabilities of the node's latest facts; capsKnown is
+	// false while it never reported any (DECISIONS.md §45).
+	caps      []string
+	capsKnown bool
+	at        time.Time
+}
+
+func cachedOf(n Node) cachedNode {
+	caps, known := n.Capabilities()
+	return cachedNode{state: n.State, fencing: n.FencingToken, caps: caps, capsKnown: known}
 }
 
 func newNodeCache(ttl time.Duration, now func() time.Time) *nodeCache {
@@ -54,12 +64,30 @@ func (c *nodeCache) put(n Node, epoch uint64) {
 	if c.epoch != epoch {
 		return
 	}
-	c.entries[n.ID] = cachedNode{state: n.State, fencing: n.FencingToken, at: c.now()}
+	e := cachedOf(n)
+	e.at = c.now()
+	c.entries[n.ID] = e
 }
 
 func (c *nodeCache) forget(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.entries, id)
+	c.epoch++
+}
+
+// forgetIfCapsChanged drops a node's entry when reported (a fresh facts
+// list; nil: the legacy reading) differs from the cached capabilities.
+func (c *nodeCache) forgetIfCapsChanged(id string, reported []string) {
+	if reported == nil {
+		reported = LegacyCapabilities
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[id]
+	if !ok || (e.capsKnown && slices.Equal(e.caps, reported)) {
+		return
+	}
 	delete(c.entries, id)
 	c.epoch++
 }

@@ -128,7 +128,7 @@ func validateIssue(in IssueCommand) (json.RawMessage, string, error) {
 	var v errcode.Validation
 	v.Check(idPattern.MatchString(in.OperationID), "operation_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
 	check, known := commandKinds[in.Kind]
-	v.Check(known, "kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload")
+	v.Check(known, "kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload, diagnose")
 	v.Check(len(in.Payload) <= MaxPayloadBytes, "payload", "at most 256 KiB")
 	trimmed := bytes.TrimSpace(in.Payload)
 	v.Check(len(trimmed) > 0 && trimmed[0] == '{', "payload", "required: a JSON object")
@@ -157,6 +157,9 @@ func issueTx(ctx context.Context, tx Tx, actor string, in IssueCommand, payload 
 	}
 	n, err := lockReadyNode(ctx, tx, in.NodeID)
 	if err != nil {
+		return Command{}, false, err
+	}
+	if err := nodeCapable(n, in.Kind); err != nil {
 		return Command{}, false, err
 	}
 	out := Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
@@ -248,7 +251,10 @@ func (s *Service) CheckIssue(ctx context.Context, in IssueCommand) error {
 	if err != nil {
 		return err
 	}
-	return readyForWork(n)
+	if err := readyForWork(n); err != nil {
+		return err
+	}
+	return nodeCapable(n, in.Kind)
 }
 
 // IssueTx records a new command inside a transaction the caller owns: the
@@ -262,6 +268,9 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	}
 	n, err := lockReadyNode(ctx, tx, in.NodeID)
 	if err != nil {
+		return Command{}, err
+	}
+	if err := nodeCapable(n, in.Kind); err != nil {
 		return Command{}, err
 	}
 	c := Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
@@ -403,8 +412,18 @@ func (s *Service) claim(ctx context.Context, sess Session) (DueWork, []Command, 
 	if err != nil || !work.Commands {
 		return work, nil, err
 	}
+	// The node's capabilities come from the cache the session door just
+	// filled: a node that lacks one a command needs has those commands
+	// ended capability_missing instead of delivered (capabilities.go).
+	cur, err := s.currentNode(ctx, sess.NodeID)
+	if err != nil {
+		return work, nil, err
+	}
 	var cmds []Command
 	err = s.store.Tx(ctx, func(tx Tx) error {
+		if err := refuseUncapable(ctx, tx, sess.NodeID, cur, now); err != nil {
+			return err
+		}
 		var err error
 		cmds, err = tx.ClaimDue(ctx, due)
 		return err
@@ -505,13 +524,14 @@ var (
 )
 
 // failureValues answers the secret values the commands of the refused
-// results were given, to scrub from the nodes' failure text. They are
+// results (and of results carrying evidence) were given, to scrub from the
+// nodes' failure text and evidence. They are
 // read before the settling transaction; removing one command's values
 // from another's text removes nothing that should stay.
 func (s *Service) failureValues(ctx context.Context, results []api.Result) ([]string, error) {
 	var ids []string
 	for _, r := range results {
-		if !r.Applied && !r.Duplicate && r.Failure != "" {
+		if (!r.Applied && !r.Duplicate && r.Failure != "") || len(r.Evidence) > 0 {
 			ids = append(ids, r.OperationID)
 		}
 	}
@@ -539,6 +559,9 @@ func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Resu
 	}
 	if r.Applied || r.Duplicate {
 		c.State = CommandApplied
+		if c.Kind == api.KindDiagnose {
+			settleEvidence(&c, r.Evidence, values, now)
+		}
 	} else {
 		c.State = CommandRefused
 		c.FailureCode = "refused_by_node"

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -280,7 +281,16 @@ func validateFacts(v *errcode.Validation, field string, f api.Facts) {
 		v.Check(*f.DiskFreeBytes >= 0, field+".disk_free_bytes", "must not be negative (leave it out when it could not be measured)")
 	}
 	v.Check(len(f.Labels) <= 64, field+".labels", "at most 64 labels")
+	v.Check(len(f.Capabilities) <= 64, field+".capabilities", "at most 64 capabilities")
+	for _, c := range f.Capabilities {
+		if !capabilityPattern.MatchString(c) {
+			v.Add(field+".capabilities", "each a name.vN string, like commands.v1")
+			break
+		}
+	}
 }
+
+var capabilityPattern = regexp.MustCompile(`^[a-z][a-z0-9_]*\.v[0-9]+$`)
 
 // encodeFacts renders facts for storage with the disk's three answers.
 func encodeFacts(f api.Facts, now time.Time) (json.RawMessage, Disk, error) {

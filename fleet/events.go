@@ -133,6 +133,11 @@ func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.E
 		if err := s.leases.heartbeat(ctx, r); err != nil {
 			return EventsResult{}, err
 		}
+		if beat.Facts != nil {
+			// A changed capability list (an agent replaced in place) must
+			// reach the delivery check sooner than the cache's TTL.
+			s.cache.forgetIfCapsChanged(sess.NodeID, beat.Facts.Capabilities)
+		}
 	}
 	return res, nil
 }

@@ -123,7 +123,7 @@ func (s *Service) currentNode(ctx context.Context, id string) (cachedNode, error
 		return cachedNode{}, err
 	}
 	s.cache.put(n, epoch)
-	return cachedNode{state: n.State, fencing: n.FencingToken}, nil
+	return cachedOf(n), nil
 }
 
 // Renew mints a fresh credential from a valid one. It writes nothing: the

@@ -205,6 +205,9 @@ type Command struct {
 	// applied the command (not stored on the command; its operation's
 	// result records it).
 	Duplicate bool
+	// Evidence is a settled diagnose command's answer (not stored on the
+	// command; its operation's result records it).
+	Evidence json.RawMessage
 }
 
 // Wire returns the command as delivered to an agent.
@@ -214,9 +217,10 @@ func (c Command) Wire() api.Command {
 }
 
 // LeavesNoEffectOnFailure reports whether a refused command of kind can be
-// asked again safely: preparing content either completes or leaves nothing.
+// asked again safely: preparing content either completes or leaves nothing,
+// and a diagnose is read-only.
 func LeavesNoEffectOnFailure(kind string) bool {
-	return kind == api.KindPrepareImage || kind == api.KindPrepareArtifact
+	return kind == api.KindPrepareImage || kind == api.KindPrepareArtifact || kind == api.KindDiagnose
 }
 
 // Workload is the latest observation of one workload attempt.

@@ -64,7 +64,8 @@ func (h *handler) requirePrincipal(next http.Handler) http.Handler {
 // packageHostRoutes are what a package host may call: submit operations
 // (the ledger checks its families), and read, watch and cancel its own
 // (the ledger hides everyone else's), and seal values for their own
-// requests, and redeem their own reveal handles. A {segment} matches
+// requests, and redeem their own reveal handles, and read what the
+// control plane serves (capabilities). A {segment} matches
 // one non-empty path segment.
 var packageHostRoutes = []struct{ method, pattern string }{
 	{http.MethodPost, "/api/v1/operations"},
@@ -74,6 +75,7 @@ var packageHostRoutes = []struct{ method, pattern string }{
 	{http.MethodGet, "/api/v1/node-operations"},
 	{http.MethodPost, "/api/v1/secrets/seal"},
 	{http.MethodGet, "/api/v1/reveals/{handle}"},
+	{http.MethodGet, "/api/v1/capabilities"},
 }
 
 func packageHostMayCall(method, path string) bool {

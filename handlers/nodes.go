@@ -453,8 +453,8 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	kind := "node." + body.Kind
-	if _, known := ledger.CommandKinds[kind]; !known {
-		writeError(w, r, validationError("kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload"))
+	if _, known := ledger.CommandKinds[kind]; !known && kind != ledger.KindNodeDiagnose {
+		writeError(w, r, validationError("kind", "one of prepare_image, prepare_artifact, launch_workload, stop_workload, diagnose"))
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")

@@ -45,6 +45,10 @@ var statusOf = map[errcode.Code]int{
 	errcode.RequestConflict:      http.StatusConflict,
 	errcode.KindNotServed:        http.StatusNotImplemented,
 	errcode.OutcomeUnknown:       http.StatusConflict,
+
+	// Capabilities and diagnostics (DECISIONS.md §45, §46).
+	errcode.CapabilityMissing:     http.StatusConflict,
+	errcode.DestinationNotAllowed: http.StatusForbidden,
 }
 
 // titles are the short human summaries of each status family.
@@ -69,6 +73,8 @@ type problem struct {
 	Instance  string               `json:"instance,omitempty"`
 	RequestID string               `json:"request_id,omitempty"`
 	Errors    []errcode.FieldError `json:"errors,omitempty"`
+	// Capability names what a capability_missing node lacks.
+	Capability string `json:"capability,omitempty"`
 }
 
 // resolve is the one mapping from an error to what a caller is told, for
@@ -129,6 +135,8 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, e *errcode
 		Instance:  clip(r.URL.Path, maxLoggedText),
 		RequestID: requestIDFrom(r.Context()),
 		Errors:    e.Fields,
+		// Only capability_missing carries it.
+		Capability: e.Capability,
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")

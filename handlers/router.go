@@ -119,6 +119,7 @@ func New(d Deps) http.Handler {
 		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Route("/v1", func(r chi.Router) {
 			r.Get("/whoami", h.whoami)
+			r.Get("/capabilities", h.capabilities)
 			r.Post("/tokens", h.createToken)
 			r.Get("/tokens", h.listTokens)
 			r.Post("/tokens/{id}/revoke", h.revokeToken)

@@ -39,6 +39,8 @@ type nodeView struct {
 	Disk            diskView        `json:"disk"`
 	PriceUSD        *float64        `json:"shadow_price_usd_per_hour"`
 	Purchase        purchaseView    `json:"purchase"`
+	// Capabilities is null while the node never reported facts.
+	Capabilities []string `json:"capabilities"`
 }
 
 func priceUSD(micros *int64) *float64 {
@@ -58,8 +60,10 @@ func viewNode(n fleet.Node) nodeView {
 	if classes == nil {
 		classes = []string{}
 	}
+	caps, _ := n.Capabilities()
 	return nodeView{
-		NodeID: n.ID, RentalID: n.RentalID, Generation: n.Generation, State: string(n.State), FencingToken: n.FencingToken,
+		Capabilities: caps,
+		NodeID:       n.ID, RentalID: n.RentalID, Generation: n.Generation, State: string(n.State), FencingToken: n.FencingToken,
 		CreatedAt: n.CreatedAt, EnrolledAt: n.EnrolledAt, LeaseExpiresAt: n.LeaseExpiresAt, LastHeartbeatAt: n.LastHeartbeatAt,
 		RetiredAt: n.RetiredAt, AgentVersion: n.AgentVersion, Facts: facts, FactsObservedAt: n.FactsObservedAt,
 		FactsReceivedAt: n.FactsReceivedAt,

@@ -35,6 +35,10 @@ type Plan struct {
 	MaxConcurrency int
 }
 
+// CountCapabilityMissing is the key under which Tx.ChildCounts answers how
+// many children failed capability_missing (not a state of its own).
+const CountCapabilityMissing State = "failed:capability_missing"
+
 // CodeChildrenFailed ends a parent some of whose children did not succeed.
 const CodeChildrenFailed = "children_failed"
 
@@ -154,7 +158,7 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 			}
 		}
 		counts := Counts{Succeeded: byState[StateSucceeded], Failed: byState[StateFailed], Cancelled: byState[StateCancelled],
-			Pending: byState[StatePending] + byState[StateRunning]}
+			Pending: byState[StatePending] + byState[StateRunning], CapabilityMissing: byState[CountCapabilityMissing]}
 		counts.Total = counts.Succeeded + counts.Failed + counts.Cancelled + counts.Pending
 		changed := *parent.Counts != counts
 		parent.Counts = &counts
@@ -168,7 +172,15 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 			}
 			return tx.Notify(ctx, parent.ID)
 		}
-		result := mustJSON(map[string]any{"max_concurrency": maxConcurrencyOf(parent), "counts": counts})
+		final := map[string]any{"max_concurrency": maxConcurrencyOf(parent), "counts": counts}
+		if k, ok := s.kinds.Kind(parent.Kind); ok && k.Summarize != nil {
+			sum := k.Summarize()
+			if err := eachChild(ctx, tx, parent.ID, sum.Add); err != nil {
+				return err
+			}
+			final["summary"] = sum.Summary()
+		}
+		result := mustJSON(final)
 		switch {
 		case parent.CancelRequestedAt != nil:
 			_, err = s.endTx(ctx, tx, parent, StateCancelled, result, &Error{Code: "cancelled", Message: cancelMessage(parent.CancelReason)}, now)
@@ -180,6 +192,25 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 		}
 		return err
 	})
+}
+
+// eachChild hands every child of a parent to fn, newest first, a page at
+// a time.
+func eachChild(ctx context.Context, tx Tx, parentID string, fn func(Operation)) error {
+	f := Filter{ParentID: parentID, Limit: 500}
+	for {
+		page, err := tx.List(ctx, f)
+		if err != nil {
+			return err
+		}
+		for _, ch := range page {
+			fn(ch)
+		}
+		if len(page) < f.Limit {
+			return nil
+		}
+		f.Before = page[len(page)-1].Cursor
+	}
 }
 
 // release hands a held child to its channel: a node kind records its
@@ -194,6 +225,14 @@ func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Tim
 		return err
 	}
 	kind, ok := s.kinds.Kind(ch.Kind)
+	if ok {
+		if err := s.checkCapability(ctx, kind, ch.Targets); errcode.Of(err) == errcode.CapabilityMissing {
+			_, err = s.endTx(ctx, tx, ch, StateFailed, nil, operationError(err), now)
+			return err
+		} else if err != nil {
+			return err
+		}
+	}
 	if !ok || kind.Record == nil {
 		return tx.NotifyDispatch(ctx, ch.ID)
 	}

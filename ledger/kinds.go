@@ -66,11 +66,22 @@ type Kind struct {
 	// target (see fanout.go); it runs in the claiming transaction, so a
 	// crash before it committed leaves nothing recorded.
 	FanOut func(ctx context.Context, tx Tx, op Operation) (Plan, error)
+	// Summarize, for a fan-out kind, starts a fold of what its children
+	// found, kept as `summary` in the parent's result when the last child
+	// ended (optional). Children are fed a page at a time, never all at
+	// once (a fan-out may have 10,000, each with a result).
+	Summarize func() Summarizer
 	// Reveals names the secrets the kind generates (fields of the
 	// submit answer's reveals, DECISIONS.md §16); Reveal produces one
 	// from the succeeded operation's result, never from storage.
 	Reveals []string
 	Reveal  func(ctx context.Context, op Operation, field string) (string, error)
+}
+
+// Summarizer folds a fan-out's children into its summary.
+type Summarizer interface {
+	Add(child Operation)
+	Summary() any
 }
 
 // Registry maps kind names to kinds. A kind it does not hold is not served.
@@ -135,5 +146,6 @@ func (r *Registry) Kinds() []*Kind {
 func ServedKinds(f *fleet.Service) []*Kind {
 	kinds := NodeKinds(f)
 	kinds = append(kinds, CommandKindsOf(f)...)
+	kinds = append(kinds, DiagnoseKinds(f)...)
 	return append(kinds, FleetKinds()...)
 }

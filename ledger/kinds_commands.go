@@ -51,13 +51,20 @@ type CommandEnding struct {
 func CommandEnd(c fleet.Command) (CommandEnding, bool) {
 	switch c.State {
 	case fleet.CommandApplied:
+		if len(c.Evidence) > 0 {
+			// A diagnose: its evidence is the result (DECISIONS.md §46).
+			return CommandEnding{State: StateSucceeded, Result: c.Evidence}, true
+		}
 		return CommandEnding{State: StateSucceeded, Result: mustJSON(CommandResult{Applied: true, Duplicate: c.Duplicate})}, true
 	case fleet.CommandRefused:
 		e := &Error{Code: c.FailureCode, Message: c.FailureMessage}
 		switch c.FailureCode {
 		case "node_retired":
 			return CommandEnding{State: StateCancelled, Error: e}, true
-		case "outcome_unknown":
+		case "outcome_unknown", "capability_missing":
+			// capability_missing: the node's agent was downgraded between
+			// submit and delivery (DECISIONS.md §45); the same node will
+			// refuse it again until its agent is upgraded.
 			return CommandEnding{State: StateFailed, Error: e}, true
 		}
 		e.Retryable = fleet.LeavesNoEffectOnFailure(c.Kind)
@@ -71,7 +78,7 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 	var out []*Kind
 	for name, agentKind := range CommandKinds {
 		out = append(out, &Kind{
-			Name: name, Family: FamilyCommands, Capability: "commands.v1", LevelTriggered: true,
+			Name: name, Family: FamilyCommands, Capability: fleet.CommandCapability(agentKind), LevelTriggered: true,
 			// The node's state (absent, retired, not ready) is checked by
 			// Record, in the submitting transaction: its refusal rolls the
 			// operation back, so nothing is recorded, at no extra read.

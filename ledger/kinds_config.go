@@ -172,16 +172,9 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 			if err := DecodeOperation(op.Operation, &o); err != nil {
 				return Plan{}, err
 			}
-			nodes := make([]string, 0, len(op.Targets))
-			if len(op.Targets) == 1 && op.Targets[0].Kind == TargetFleet {
-				var err error
-				if nodes, err = selectNodes(ctx, tx.Fleet(), *o.Selector); err != nil {
-					return Plan{}, err
-				}
-			} else {
-				for _, t := range op.Targets {
-					nodes = append(nodes, t.ID)
-				}
+			nodes, err := fanOutNodes(ctx, tx, op.Targets, o.Selector)
+			if err != nil {
+				return Plan{}, err
 			}
 			plan := Plan{MaxConcurrency: DefaultMaxConcurrency}
 			if o.MaxConcurrency != nil && *o.MaxConcurrency > 0 {

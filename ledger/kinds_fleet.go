@@ -81,6 +81,19 @@ func checkFanOutTargets(v *errcode.Validation, targets []Target, sel *Selector, 
 	}
 }
 
+// fanOutNodes answers the nodes a fan-out's targets name, or those its
+// selector picks for the fleet target.
+func fanOutNodes(ctx context.Context, tx Tx, targets []Target, sel *Selector) ([]string, error) {
+	if len(targets) == 1 && targets[0].Kind == TargetFleet {
+		return selectNodes(ctx, tx.Fleet(), *sel)
+	}
+	nodes := make([]string, 0, len(targets))
+	for _, t := range targets {
+		nodes = append(nodes, t.ID)
+	}
+	return nodes, nil
+}
+
 // FleetKinds are the kinds of family fleet.
 func FleetKinds() []*Kind {
 	return []*Kind{{
@@ -97,16 +110,9 @@ func FleetKinds() []*Kind {
 			if err := DecodeOperation(op.Operation, &o); err != nil {
 				return Plan{}, err
 			}
-			nodes := make([]string, 0, len(op.Targets))
-			if len(op.Targets) == 1 && op.Targets[0].Kind == TargetFleet {
-				var err error
-				if nodes, err = selectNodes(ctx, tx.Fleet(), *o.Selector); err != nil {
-					return Plan{}, err
-				}
-			} else {
-				for _, t := range op.Targets {
-					nodes = append(nodes, t.ID)
-				}
+			nodes, err := fanOutNodes(ctx, tx, op.Targets, o.Selector)
+			if err != nil {
+				return Plan{}, err
 			}
 			plan := Plan{MaxConcurrency: o.MaxConcurrency}
 			if plan.MaxConcurrency == 0 {

@@ -98,6 +98,11 @@ type Options struct {
 	// Secrets, when set, resolves the sealed handles an operation carries
 	// inside its submitting transaction.
 	Secrets *secrets.Service
+	// RequireCapability, when set, refuses (capability_missing) work of a
+	// kind whose Capability the target node's agent does not report
+	// (DECISIONS.md §45). The server sets it to the fleet's check, which
+	// reads the per-node cache; a node that never reported facts passes.
+	RequireCapability func(ctx context.Context, nodeID, capability string) error
 }
 
 // Service is the ledger.
@@ -123,6 +128,8 @@ type Service struct {
 
 	checkPrincipal func(ctx context.Context, tx Tx, p Principal) error
 	secrets        *secrets.Service
+
+	requireCapability func(ctx context.Context, nodeID, capability string) error
 }
 
 // New returns the ledger. Call Run to start its dispatcher.
@@ -153,6 +160,8 @@ func New(o Options) *Service {
 
 		checkPrincipal: o.CheckPrincipal,
 		secrets:        o.Secrets,
+
+		requireCapability: o.RequireCapability,
 	}
 }
 
@@ -232,6 +241,9 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	if err := kind.Prepare(ctx, d); err != nil {
 		return Operation{}, false, err
 	}
+	if err := s.checkCapability(ctx, kind, d.Targets); err != nil {
+		return Operation{}, false, err
+	}
 
 	now := s.clock()
 	id := sub.OperationID
@@ -309,6 +321,24 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	}
 	s.metrics.OperationsSubmitted.WithLabelValues(op.Kind).Inc()
 	return s.waitAnswer(ctx, p, op, true, sub, nil)
+}
+
+// checkCapability refuses a kind that needs an agent capability for node
+// targets that do not report it (capability_missing, nothing recorded). It
+// is generic: every kind naming a Capability gets it.
+func (s *Service) checkCapability(ctx context.Context, kind *Kind, targets []Target) error {
+	if kind.Capability == "" || s.requireCapability == nil {
+		return nil
+	}
+	for _, t := range targets {
+		if t.Kind != TargetNode || t.ID == "" {
+			continue
+		}
+		if err := s.requireCapability(ctx, t.ID, kind.Capability); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Service) replay(ctx context.Context, p Principal, requestID, digest string) (Operation, error) {

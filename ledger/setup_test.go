@@ -149,7 +149,7 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 	reg := ledger.NewRegistry(append(kinds, ledger.ConfigKinds(b.fleet, nil)...)...)
 	b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
 		Metrics: b.metrics, Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		CrossReplica: db.Dialect == models.Postgres})
+		CrossReplica: db.Dialect == models.Postgres, RequireCapability: b.fleet.RequireCapability})
 	b.fstore.SetOnCommit(func(notes []fleet.Notification) {
 		b.fleet.Deliver(notes, "local")
 		for _, n := range notes {

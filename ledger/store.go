@@ -149,6 +149,9 @@ type Tx interface {
 	OpenNodeOperations(ctx context.Context, nodeID string) ([]Operation, error)
 	// ChildCounts counts a parent's children by state, and how many of
 	// them are held.
+	// The answer also holds, under CountCapabilityMissing, how many
+	// children failed capability_missing (they count under their state
+	// too).
 	ChildCounts(ctx context.Context, parentID string) (byState map[State]int, held int, err error)
 	// HeldChildren answers up to limit of a parent's held pending
 	// children, oldest first, locked.

@@ -163,6 +163,9 @@ type Counts struct {
 	Failed    int `json:"failed"`
 	Cancelled int `json:"cancelled"`
 	Pending   int `json:"pending"`
+	// CapabilityMissing counts the children (among Failed) whose node
+	// lacked the capability their kind needs (DECISIONS.md §45).
+	CapabilityMissing int `json:"capability_missing,omitempty"`
 }
 
 // Operation is one row of the ledger.

@@ -477,15 +477,19 @@ const orphansSQL = `SELECT * FROM operations
 // ChildCounts counts a parent's children by state, and those held.
 func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger.State]int, int, error) {
 	type row struct {
-		State string
-		Held  bool
-		N     int
+		State   string
+		Held    bool
+		Missing bool
+		N       int
 	}
 	var rows []row
 	err := t.r.db(ctx).Raw(childCountsSQL, parentID).Scan(&rows).Error
 	out, held := map[ledger.State]int{}, 0
 	for _, r := range rows {
 		out[ledger.State(r.State)] += r.N
+		if r.Missing {
+			out[ledger.CountCapabilityMissing] += r.N
+		}
 		if r.Held {
 			held += r.N
 		}
@@ -501,7 +505,10 @@ func (t *ledgerTx) OpenNodeOperations(ctx context.Context, nodeID string) ([]led
 	return operationsFromRows(rows), err
 }
 
-const childCountsSQL = `SELECT state, held, COUNT(*) AS n FROM operations WHERE parent_id = ? GROUP BY state, held`
+// The third column singles out children that failed capability_missing
+// (ledger.CountCapabilityMissing).
+const childCountsSQL = `SELECT state, held, COALESCE(error_code, '') = 'capability_missing' AS missing, COUNT(*) AS n
+	FROM operations WHERE parent_id = ? GROUP BY state, held, missing`
 
 // HeldChildren answers a parent's held children, oldest first, locked.
 func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {

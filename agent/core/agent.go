@@ -22,8 +22,10 @@
 //     settles it (and is sent in the enroll request after a re-enrollment).
 //
 // A redelivered command is answered from its record: done and applied →
-// duplicate:true; done and refused → the same refusal; started and still
-// being applied in this process → nothing yet (DECISIONS §2).
+// duplicate:true (a diagnose, which is read-only: its recorded evidence
+// again, never a bare duplicate — see diagnose.go); done and refused → the
+// same refusal; started and still being applied in this process → nothing
+// yet (DECISIONS §2). A diagnose interrupted by a crash is run again.
 //
 // A crash between 1 and 3 leaves a "started" record; on restart the agent
 // resolves it before it asks for work, and never by blindly re-running a
@@ -134,6 +136,8 @@ type Agent struct {
 	clock Clock
 	log   *slog.Logger
 	kick  chan struct{} // asks the flusher to flush now
+	// started is when this agent was made (the agent diagnostic's uptime).
+	started time.Time
 
 	wg        sync.WaitGroup // command applications and configuration applies
 	conv      converger      // desired configuration (config.go)
@@ -209,6 +213,7 @@ func New(cfg Config) (*Agent, error) {
 		clock:    cfg.Clock,
 		log:      cfg.Logger,
 		kick:     make(chan struct{}, 1),
+		started:  cfg.Clock.Now(),
 		inflight: map[string]bool{},
 		chains:   map[string]chan struct{}{},
 	}, nil
@@ -781,6 +786,12 @@ func (a *Agent) execute(ctx context.Context, cmd api.Command, resumed bool, log 
 			return refuse(err)
 		}
 		a.observeOnce(ctx)
+	case api.KindDiagnose:
+		ev, err := a.diagnose(ctx, cmd)
+		if err != nil {
+			return refuse(err)
+		}
+		res.Evidence = ev
 	default:
 		return refuse(fmt.Errorf("unsupported command kind %q", cmd.Kind))
 	}

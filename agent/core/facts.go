@@ -16,7 +16,7 @@ import (
 // Capabilities are what this agent understands (DECISIONS.md §45),
 // reported in its facts at enrollment and on every heartbeat. Add a name
 // here when the agent learns a new kind of work.
-var Capabilities = []string{api.CapCommands, api.CapConfig, api.CapOutput}
+var Capabilities = []string{api.CapCommands, api.CapConfig, api.CapOutput, api.CapDiag}
 
 // collectFacts observes the machine now. Each fact is an observation with
 // its own time; nothing here is cached, so a heartbeat carries what is true

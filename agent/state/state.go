@@ -392,7 +392,10 @@ func (s *Store) FinishOp(id string, res api.Result) error {
 
 // Redelivered records that a done operation was delivered again: its answer
 // is owed again (a redelivery means the server has not settled it). An applied
-// operation is now answered duplicate, never applied again.
+// operation is now answered duplicate, never applied again — except a
+// diagnose, which is read-only and whose answer is its evidence: it is
+// answered again as it was, evidence and all (a bare duplicate would leave
+// its operation without evidence).
 func (s *Store) Redelivered(id string) (api.Result, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -402,7 +405,7 @@ func (s *Store) Redelivered(id string) (api.Result, error) {
 	}
 	next := *op
 	res := *op.Result
-	if res.Applied {
+	if res.Applied && op.Kind != api.KindDiagnose {
 		res.Duplicate = true
 	}
 	next.Result = &res

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeward/nodeward"
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/diagnose"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
@@ -149,6 +150,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		// records nothing.
 		CheckPrincipal: ledger.CheckPackageHostCurrent,
 		Secrets:        a.Secrets,
+		// Kinds naming an agent capability are refused for nodes that
+		// lack it (DECISIONS.md §45).
+		RequireCapability: a.Fleet.RequireCapability,
 	})
 	// The credential kinds carry out their work through the auth service.
 	for _, k := range ledger.CredentialKinds(a.Auth) {
@@ -166,6 +170,13 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		n, err := a.Fleet.CountLagging(ctx)
 		return float64(n), err == nil
 	}
+	// diagnose.endpoint probes only where the operator allowed (checked by
+	// Validate).
+	allow, err := diagnose.ParseAllowlist(cfg.DiagnoseAllow)
+	if err != nil {
+		return nil, err
+	}
+	a.Ledger.Kinds().Register(ledger.EndpointKind(&diagnose.Prober{Allow: allow, Now: cfg.Now}, a.Secrets))
 	// Only a build tagged nodeward_testkinds adds anything here.
 	testkinds.Register(a.Ledger.Kinds(), cfg.ReplicaID)
 	a.Metrics.OperationStates = func() map[string]float64 {

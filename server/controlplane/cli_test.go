@@ -46,7 +46,7 @@ func cleanEnv(t *testing.T) {
 		"NODEWARD_LISTEN", "NODEWARD_DATA_DIR", "NODEWARD_DATABASE_URL", "NODEWARD_PUBLIC_URL",
 		"NODEWARD_MASTER_KEY", "NODEWARD_MASTER_KEY_FILE", "NODEWARD_LOG_LEVEL", "NODEWARD_LOG_FORMAT",
 		"NODEWARD_TLS_CERT_FILE", "NODEWARD_TLS_KEY_FILE", "NODEWARD_TLS_CA_FILE", "NODEWARD_SHUTDOWN_GRACE",
-		"NODEWARD_READ_TIMEOUT",
+		"NODEWARD_READ_TIMEOUT", "NODEWARD_DIAGNOSE_ALLOW",
 	} {
 		t.Setenv(k, "")
 	}
@@ -226,6 +226,8 @@ func TestCLIBadConfigurationFailsFast(t *testing.T) {
 		{"TLSHalf", nil, []string{"serve", "--tls-cert", "/nonexistent/cert.pem", "--data-dir", dir}, "TLS"},
 		{"TLSMissingFiles", nil, []string{"serve", "--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem", "--data-dir", dir}, "cannot read"},
 		{"PublicURL", nil, []string{"serve", "--public-url", "ftp://x", "--data-dir", dir}, "public URL"},
+		{"DiagnoseAllow", nil, []string{"serve", "--diagnose-allow", "10.0.0.0/8, not a host!", "--data-dir", dir}, "diagnose allowlist"},
+		{"DiagnoseAllowEnv", map[string]string{"NODEWARD_DIAGNOSE_ALLOW": "300.1.1.1/8"}, []string{"serve", "--data-dir", dir}, "diagnose allowlist"},
 		{"MigrateLogLevel", nil, []string{"migrate", "--log-level", "nope", "--data-dir", dir}, "log level"},
 		{"TokenWithoutName", nil, []string{"token", "create", "--data-dir", dir}, "--name"},
 		{"AdminWithoutStdin", nil, []string{"admin", "create", "--username", "x", "--data-dir", dir}, "--password-stdin"},

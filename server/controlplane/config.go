@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nodeward/nodeward/diagnose"
 	"github.com/nodeward/nodeward/keys"
 )
 
@@ -49,6 +50,10 @@ type Config struct {
 	// LedgerWorkers bounds the local operations this replica runs at once
 	// (NODEWARD_LEDGER_WORKERS; default 16). Node commands hold no slot.
 	LedgerWorkers int
+	// DiagnoseAllow is where diagnose.endpoint may probe: CIDRs and host
+	// names, comma-separated (NODEWARD_DIAGNOSE_ALLOW); empty refuses
+	// every destination.
+	DiagnoseAllow string
 
 	// Now is the clock (tests inject one); nil is time.Now.
 	Now func() time.Time
@@ -92,6 +97,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 		workers = -1 // refused by Validate, naming the setting
 	}
 	fs.IntVar(&c.LedgerWorkers, "ledger-workers", workers, "local operations run at once by this replica (NODEWARD_LEDGER_WORKERS)")
+	fs.StringVar(&c.DiagnoseAllow, "diagnose-allow", envOr(getenv, "NODEWARD_DIAGNOSE_ALLOW", ""), "CIDRs and host names diagnose.endpoint may probe, comma-separated; empty refuses all (NODEWARD_DIAGNOSE_ALLOW)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
 }
 
@@ -115,6 +121,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReadTimeout < 0 {
 		return errors.New("read timeout must be a positive duration, like 10s")
+	}
+	if _, err := diagnose.ParseAllowlist(c.DiagnoseAllow); err != nil {
+		return err
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q is not host:port", c.Listen)

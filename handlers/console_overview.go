@@ -2,8 +2,10 @@ package handlers
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/views"
 )
 
@@ -23,13 +25,36 @@ func (h *handler) overview(r *http.Request) views.Overview {
 	for _, s := range views.NodeStates {
 		v.Counts = append(v.Counts, views.StateCount{State: s, Count: int(counts[fleet.State(s)])})
 	}
+	v.Summary = h.summary(r)
 	recent, err := h.Fleet.RecentAudit(r.Context(), 10)
 	if err != nil {
 		logger(r).Error("overview: recent activity", "err", err)
 	}
 	for _, e := range recent {
 		v.Recent = append(v.Recent, views.Activity{At: e.At, Actor: e.Actor,
-			Summary: e.Action + " " + e.NodeID, Href: "/console/nodes"})
+			Summary: e.Action + " " + e.NodeID, Href: views.NodeHref(e.NodeID)})
+	}
+	return v
+}
+
+// summary is the overview's "needs attention" counts, each from an index
+// (fleet.Service.Summarize, ledger.Service.Summarize). A failed read is
+// shown as unavailable, never as zeros.
+func (h *handler) summary(r *http.Request) views.FleetSummary {
+	fs, err := h.Fleet.Summarize(r.Context(), 24*time.Hour)
+	if err != nil {
+		logger(r).Error("overview: fleet summary", "err", err)
+		return views.FleetSummary{}
+	}
+	ls, err := h.Ledger.Summarize(r.Context(), time.Hour, 24*time.Hour)
+	if err != nil {
+		logger(r).Error("overview: ledger summary", "err", err)
+		return views.FleetSummary{}
+	}
+	v := views.FleetSummary{Available: true, Lapsing: fs.Lapsing, LapseWindow: h.Fleet.LapseWindow(),
+		PendingCommands: fs.PendingCommands, Failed: ls.Failed, Refused: fs.RefusedCommands}
+	for _, s := range views.OperationStates {
+		v.Operations = append(v.Operations, views.StateCount{State: s, Count: int(ls.RecentByState[ledger.State(s)])})
 	}
 	return v
 }

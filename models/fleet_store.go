@@ -179,6 +179,9 @@ func (r fleetReader) ListNodes(ctx context.Context, f fleet.NodeFilter) ([]fleet
 	if f.State != "" {
 		q = q.Where("state = ?", string(f.State))
 	}
+	if f.LeaseBefore != nil {
+		q = q.Where("lease_expires_at < ?", dbtime.Norm(*f.LeaseBefore))
+	}
 	if f.BeforeCreated != nil {
 		c := dbtime.Norm(*f.BeforeCreated)
 		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", c, c, f.BeforeID)

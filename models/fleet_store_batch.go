@@ -120,6 +120,29 @@ func (s *FleetStore) CountPendingCommands(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// Summarize answers the overview's counts. Each is one index range: nodes
+// by state walk nodes_state, lapsing leases its ready range up to the
+// lapse time, pending and refused commands their partial indexes (states
+// written as literals so SQLite matches the partial indexes' WHERE).
+func (s *FleetStore) Summarize(ctx context.Context, w fleet.SummaryWindow) (fleet.Summary, error) {
+	sum := fleet.Summary{}
+	var err error
+	if sum.ByState, err = s.CountNodesByState(ctx); err != nil {
+		return sum, err
+	}
+	var row struct {
+		Lapsing, Pending, Refused int64
+	}
+	err = s.db.WithContext(ctx).Raw(summarizeSQL, dbtime.Norm(w.LapseBefore), dbtime.Norm(w.RefusedSince)).Scan(&row).Error
+	sum.Lapsing, sum.PendingCommands, sum.RefusedCommands = row.Lapsing, row.Pending, row.Refused
+	return sum, err
+}
+
+const summarizeSQL = `SELECT
+ (SELECT COUNT(*) FROM nodes WHERE state = 'ready' AND lease_expires_at < ?) AS lapsing,
+ (SELECT COUNT(*) FROM commands WHERE state = 'pending') AS pending,
+ (SELECT COUNT(*) FROM commands WHERE state = 'refused' AND settled_at >= ?) AS refused`
+
 // PublishSessions upserts this replica's row with its held long-polls.
 func (s *FleetStore) PublishSessions(ctx context.Context, replica string, started, now time.Time, sessions []fleet.LiveSession) error {
 	if sessions == nil {

@@ -277,9 +277,18 @@ func factsOf(raw json.RawMessage) []views.Fact {
 	}
 	out := make([]views.Fact, 0, len(m))
 	for k, v := range m {
-		var s string
-		if json.Unmarshal(v, &s) != nil {
-			s = string(v)
+		var val any
+		if json.Unmarshal(v, &val) != nil {
+			continue
+		}
+		s, ok := val.(string)
+		if !ok {
+			// As JSON, but readable: templ escapes it for HTML.
+			var b strings.Builder
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false)
+			_ = enc.Encode(val)
+			s = strings.TrimSpace(b.String())
 		}
 		out = append(out, views.Fact{Key: k, Value: s})
 	}

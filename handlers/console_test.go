@@ -18,9 +18,9 @@ import (
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/fleet"
-	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"

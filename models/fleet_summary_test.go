@@ -1,0 +1,65 @@
+package models_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/models"
+)
+
+// TestFleetStoreSummarize: the overview's counts — nodes by state, ready
+// nodes whose lease ends before the lapse time, unsettled commands, and
+// commands refused since the window's start — and the nodes listing's
+// lease filter that the lapsing count links to.
+func TestFleetStoreSummarize(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		node := func(id string, st fleet.State, lease *time.Time) fleet.Node {
+			n := sampleNode(id, "rent-"+id, 1)
+			n.State, n.LeaseExpiresAt = st, lease
+			return n
+		}
+		insert(t, s,
+			node("soon", fleet.StateReady, tp(t0.Add(10*time.Second))),
+			node("later", fleet.StateReady, tp(t0.Add(80*time.Second))),
+			node("lost", fleet.StateLost, tp(t0.Add(-time.Minute))),
+			node("new", fleet.StateEnrolling, nil),
+		)
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			for i, c := range []struct {
+				state   fleet.CommandState
+				settled *time.Time
+			}{
+				{fleet.CommandPending, nil},
+				{fleet.CommandPending, nil},
+				{fleet.CommandRefused, tp(t0.Add(-time.Hour))},
+				{fleet.CommandRefused, tp(t0.Add(-48 * time.Hour))},
+				{fleet.CommandApplied, tp(t0)},
+			} {
+				err := tx.InsertCommand(ctx, fleet.Command{OperationID: string(rune('a' + i)), NodeID: "soon", Kind: "stop_workload",
+					Payload: json.RawMessage(`{}`), PayloadDigest: "d", FencingToken: 1, IssuedAt: t0.Add(-72 * time.Hour),
+					State: c.state, SettledAt: c.settled})
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+
+		sum, err := s.Summarize(ctx, fleet.SummaryWindow{LapseBefore: t0.Add(30 * time.Second), RefusedSince: t0.Add(-24 * time.Hour)})
+		require.NoError(t, err)
+		require.Equal(t, map[fleet.State]int64{fleet.StateReady: 2, fleet.StateLost: 1, fleet.StateEnrolling: 1}, sum.ByState)
+		require.EqualValues(t, 1, sum.Lapsing, "only the ready node whose lease ends within the window")
+		require.EqualValues(t, 2, sum.PendingCommands)
+		require.EqualValues(t, 1, sum.RefusedCommands, "the refusal two days ago is out of the window")
+
+		lapse := t0.Add(30 * time.Second)
+		nodes, err := s.ListNodes(ctx, fleet.NodeFilter{State: fleet.StateReady, LeaseBefore: &lapse, Limit: 10})
+		require.NoError(t, err)
+		require.Len(t, nodes, 1)
+		require.Equal(t, "soon", nodes[0].ID)
+	})
+}

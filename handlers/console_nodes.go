@@ -30,10 +30,7 @@ import (
 const consoleNodePageSize = 50
 
 // consoleNodeRoutes mounts the node pages (inside the session group).
-func (h *handler) consoleNodeRoutes(r interface {
-	Get(string, http.HandlerFunc)
-	Post(string, http.HandlerFunc)
-}) {
+func (h *handler) consoleNodeRoutes(r chi.Router) {
 	r.Get("/console/nodes", h.consoleNodes)
 	r.Get("/console/nodes/invite", h.consoleInviteForm)
 	r.Post("/console/nodes/invite", h.consoleInvite)

@@ -88,10 +88,10 @@ func TestNodesPage(t *testing.T) {
 func sampleDetail() views.NodeDetail {
 	seen := now.Add(-3 * time.Minute)
 	return views.NodeDetail{Now: now, Node: sampleRow("n1", "ready"), CreatedAt: now.Add(-time.Hour),
-		Facts:     []views.Fact{{Key: "hostname", Value: `<img src=x onerror=alert(1)>`}, {Key: "labels", Value: `{"a":"<b>"}`}},
-		Workloads: []views.WorkloadRow{{RunID: "r1", AttemptID: "a1", State: "exited", ObservedAt: &seen, HasOutput: true, StdoutTail: "hello\n"}},
-		Pending:   []views.CommandRow{{OperationID: "op-1", Kind: "launch_workload", State: "pending", IssuedAt: seen}},
-		Timeline:  []views.TimelineRow{{At: seen, Source: "operation", Action: "succeeded", Actor: "admin:ada", OperationID: "op-0", Kind: "node.invite"}},
+		Facts:      []views.Fact{{Key: "hostname", Value: `<img src=x onerror=alert(1)>`}, {Key: "labels", Value: `{"a":"<b>"}`}},
+		Workloads:  []views.WorkloadRow{{RunID: "r1", AttemptID: "a1", State: "exited", ObservedAt: &seen, HasOutput: true, StdoutTail: "hello\n"}},
+		Pending:    []views.CommandRow{{OperationID: "op-1", Kind: "launch_workload", State: "pending", IssuedAt: seen}},
+		Timeline:   []views.TimelineRow{{At: seen, Source: "operation", Action: "succeeded", Actor: "admin:ada", OperationID: "op-0", Kind: "node.invite"}},
 		Operations: []views.OperationRow{{ID: "op-0", Kind: "node.invite", State: "succeeded", CreatedAt: seen}},
 		Command:    views.CommandForm{RequestID: "console:abc", Kind: "launch_workload"},
 	}

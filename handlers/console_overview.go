@@ -18,14 +18,11 @@ func (h *handler) consoleOverview(w http.ResponseWriter, r *http.Request) {
 // is logged, rather than failing the whole page.
 func (h *handler) overview(r *http.Request) views.Overview {
 	v := views.Overview{BaseURL: requestBaseURL(r)}
-	counts, err := h.Fleet.CountByState(r.Context())
-	if err != nil {
-		logger(r).Error("overview: count nodes", "err", err)
-	}
+	var counts map[fleet.State]int64
+	v.Summary, counts = h.summary(r)
 	for _, s := range views.NodeStates {
 		v.Counts = append(v.Counts, views.StateCount{State: s, Count: int(counts[fleet.State(s)])})
 	}
-	v.Summary = h.summary(r)
 	recent, err := h.Fleet.RecentAudit(r.Context(), 10)
 	if err != nil {
 		logger(r).Error("overview: recent activity", "err", err)
@@ -39,24 +36,25 @@ func (h *handler) overview(r *http.Request) views.Overview {
 
 // summary is the overview's "needs attention" counts, each from an index
 // (fleet.Service.Summarize, ledger.Service.Summarize). A failed read is
-// shown as unavailable, never as zeros.
-func (h *handler) summary(r *http.Request) views.FleetSummary {
+// shown as unavailable, never as zeros. It answers the nodes by state too
+// (nil when unread).
+func (h *handler) summary(r *http.Request) (views.FleetSummary, map[fleet.State]int64) {
 	fs, err := h.Fleet.Summarize(r.Context(), 24*time.Hour)
 	if err != nil {
 		logger(r).Error("overview: fleet summary", "err", err)
-		return views.FleetSummary{}
+		return views.FleetSummary{}, nil
 	}
 	ls, err := h.Ledger.Summarize(r.Context(), time.Hour, 24*time.Hour)
 	if err != nil {
 		logger(r).Error("overview: ledger summary", "err", err)
-		return views.FleetSummary{}
+		return views.FleetSummary{}, fs.ByState
 	}
 	v := views.FleetSummary{Available: true, Lapsing: fs.Lapsing, LapseWindow: h.Fleet.LapseWindow(),
 		PendingCommands: fs.PendingCommands, Failed: ls.Failed, Refused: fs.RefusedCommands}
 	for _, s := range views.OperationStates {
 		v.Operations = append(v.Operations, views.StateCount{State: s, Count: int(ls.RecentByState[ledger.State(s)])})
 	}
-	return v
+	return v, fs.ByState
 }
 
 // requestBaseURL is the URL the browser used to reach this server, for

@@ -396,7 +396,12 @@ func (h *handler) consoleIssueCommand(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		status = statusFor(r, err)
 	}
-	h.render(w, r, status, views.NodePage(h.shell(r, views.NavNodes), v))
+	s := h.shell(r, views.NavNodes)
+	if v.Retired() && form.Error != "" {
+		// A retired node's page has no command form to show it on.
+		s.Flash = views.Flash{Kind: views.FlashError, Message: form.Error}
+	}
+	h.render(w, r, status, views.NodePage(s, v))
 }
 
 // errorMessage is a coded error's message for the page.

@@ -420,6 +420,13 @@ func TestConsoleNodes(t *testing.T) {
 			require.Contains(t, text(page.one(t, "flash")), "retired")
 			require.Empty(t, byTestID(page.doc, "node-actions"), "a retired node offers no actions")
 			require.Empty(t, byTestID(page.doc, "command-form"))
+
+			// A command form left open elsewhere: refused, and said so.
+			hiddenCmd := u.get("/console/nodes/" + ready.NodeID).form(t, "command-form")
+			refused := u.post("/console/nodes/"+waiting.NodeID+"/commands", with(hiddenCmd, "kind", "prepare_image",
+				"payload", `{"image": "x"}`, "operation_id", apitest.RandomID("op")))
+			require.Equal(t, http.StatusGone, refused.status, refused.raw)
+			require.NotEmpty(t, text(refused.one(t, "flash")))
 		})
 
 		t.Run("ReinviteShowsBootstrapOnce", func(t *testing.T) {

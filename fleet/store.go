@@ -87,8 +87,12 @@ type Store interface {
 	SweepLeases(ctx context.Context, now time.Time) (lost []string, swept bool, err error)
 	// CountPendingCommands counts commands not yet settled (0 when none).
 	CountPendingCommands(ctx context.Context) (int64, error)
+	// FoldNodeCounts compacts the nodes-by-state counter (the changes
+	// since the last fold into one entry per state); counts read the same
+	// before and after.
+	FoldNodeCounts(ctx context.Context) error
 	// Summarize answers the fleet overview's counts, each from an index
-	// (never a scan of the nodes or the commands).
+	// or a counter (never a scan of the nodes or the commands).
 	Summarize(ctx context.Context, w SummaryWindow) (Summary, error)
 	// PublishSessions stores the long-polls this replica holds, creating the
 	// replica's row or replacing it whole: there is no conflict.

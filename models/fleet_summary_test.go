@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
 )
 
 // TestFleetStoreSummarize: the overview's counts — nodes by state, ready
@@ -16,7 +17,8 @@ import (
 // commands refused since the window's start — and the nodes listing's
 // lease filter that the lapsing count links to.
 func TestFleetStoreSummarize(t *testing.T) {
-	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
 		node := func(id string, st fleet.State, lease *time.Time) fleet.Node {
 			n := sampleNode(id, "rent-"+id, 1)
 			n.State, n.LeaseExpiresAt = st, lease
@@ -55,6 +57,41 @@ func TestFleetStoreSummarize(t *testing.T) {
 		require.EqualValues(t, 1, sum.Lapsing, "only the ready node whose lease ends within the window")
 		require.EqualValues(t, 2, sum.PendingCommands)
 		require.EqualValues(t, 1, sum.RefusedCommands, "the refusal two days ago is out of the window")
+
+		// The counter follows every change of state, and a fold keeps
+		// the counts.
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			for i := 0; i < 20; i++ {
+				n, err := tx.LockNode(ctx, "later")
+				if err != nil {
+					return err
+				}
+				n.State = []fleet.State{fleet.StateLost, fleet.StateReady}[i%2]
+				if err := tx.UpdateNode(ctx, n); err != nil {
+					return err
+				}
+			}
+			n, err := tx.LockNode(ctx, "new")
+			if err != nil {
+				return err
+			}
+			n.State = fleet.StateRetired
+			if err := tx.UpdateNode(ctx, n); err != nil {
+				return err
+			}
+			n.AgentVersion = "same state, no change counted"
+			return tx.UpdateNode(ctx, n)
+		}))
+		want := map[fleet.State]int64{fleet.StateReady: 2, fleet.StateLost: 1, fleet.StateRetired: 1}
+		for _, fold := range []bool{false, true, true} {
+			if fold {
+				require.NoError(t, s.FoldNodeCounts(ctx))
+			}
+			got, err := s.CountNodesByState(ctx)
+			require.NoError(t, err)
+			require.Equal(t, want, got, "folded: %v", fold)
+		}
+		require.LessOrEqual(t, dbtest.Count(t, db.DB, &models.NodeStateCount{}), int64(16), "folded into a row per state")
 
 		lapse := t0.Add(30 * time.Second)
 		nodes, err := s.ListNodes(ctx, fleet.NodeFilter{State: fleet.StateReady, LeaseBefore: &lapse, Limit: 10})

@@ -422,7 +422,7 @@ func TestConsoleNodes(t *testing.T) {
 			require.Empty(t, byTestID(page.doc, "command-form"))
 
 			// A command form left open elsewhere: refused, and said so.
-			hiddenCmd := u.get("/console/nodes/" + ready.NodeID).form(t, "command-form")
+			hiddenCmd := u.get("/console/nodes/"+ready.NodeID).form(t, "command-form")
 			refused := u.post("/console/nodes/"+waiting.NodeID+"/commands", with(hiddenCmd, "kind", "prepare_image",
 				"payload", `{"image": "x"}`, "operation_id", apitest.RandomID("op")))
 			require.Equal(t, http.StatusGone, refused.status, refused.raw)

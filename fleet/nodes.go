@@ -119,6 +119,38 @@ func (s *Service) CountByState(ctx context.Context) (map[State]int64, error) {
 	return s.store.CountNodesByState(ctx)
 }
 
+// Summary is the fleet overview's counts.
+type Summary struct {
+	// ByState counts nodes in each state; a state with none is absent.
+	ByState map[State]int64
+	// Lapsing counts ready nodes whose lease ends within LapseWindow:
+	// the ones about to be marked lost unless they are heard from.
+	Lapsing int64
+	// LapseBefore is the end of that window (the nodes listing's filter).
+	LapseBefore time.Time
+	// PendingCommands counts commands not yet settled.
+	PendingCommands int64
+	// RefusedCommands counts commands refused since RefusedSince.
+	RefusedCommands int64
+	RefusedSince    time.Time
+}
+
+// LapseWindow is how close to its end a ready node's lease counts as
+// lapsing: one heartbeat interval, and at least 30 s.
+func (s *Service) LapseWindow() time.Duration {
+	return max(s.settings.HeartbeatInterval, 30*time.Second)
+}
+
+// Summarize answers the overview's counts: nodes by state, lapsing leases
+// (LapseWindow), pending commands and commands refused within refusedWithin.
+func (s *Service) Summarize(ctx context.Context, refusedWithin time.Duration) (Summary, error) {
+	now := s.clock()
+	w := SummaryWindow{LapseBefore: now.Add(s.LapseWindow()), RefusedSince: now.Add(-refusedWithin)}
+	sum, err := s.store.Summarize(ctx, w)
+	sum.LapseBefore, sum.RefusedSince = w.LapseBefore, w.RefusedSince
+	return sum, err
+}
+
 // Audit answers a node's recent changes, newest first.
 func (s *Service) Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error) {
 	return s.store.Audit(ctx, nodeID, limit)

@@ -205,6 +205,11 @@ func (s *Service) sweepLoop(ctx context.Context) {
 			if _, err := s.SweepLeases(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("lease sweep", "err", err)
 			}
+			// Keep the nodes-by-state counter's log short (the overview
+			// sums it); nothing changed folds nothing.
+			if err := s.store.FoldNodeCounts(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("fold node counts", "err", err)
+			}
 		}
 	}
 }

@@ -19,7 +19,18 @@ type NodeFilter struct {
 	// Before is the keyset cursor: nodes strictly older than this one.
 	BeforeCreated *time.Time
 	BeforeID      string
-	Limit         int
+	// LeaseBefore, when set, keeps only nodes whose lease ends before it
+	// (with State ready: the nodes about to be marked lost).
+	LeaseBefore *time.Time
+	Limit       int
+}
+
+// SummaryWindow says what Store.Summarize counts besides nodes by state.
+type SummaryWindow struct {
+	// LapseBefore: ready nodes whose lease ends before it are lapsing.
+	LapseBefore time.Time
+	// RefusedSince: commands refused at or after it are counted.
+	RefusedSince time.Time
 }
 
 // Due selects the commands a poll may deliver (DECISIONS.md §2).
@@ -76,6 +87,13 @@ type Store interface {
 	SweepLeases(ctx context.Context, now time.Time) (lost []string, swept bool, err error)
 	// CountPendingCommands counts commands not yet settled (0 when none).
 	CountPendingCommands(ctx context.Context) (int64, error)
+	// FoldNodeCounts compacts the nodes-by-state counter (the changes
+	// since the last fold into one entry per state); counts read the same
+	// before and after.
+	FoldNodeCounts(ctx context.Context) error
+	// Summarize answers the fleet overview's counts, each from an index
+	// or a counter (never a scan of the nodes or the commands).
+	Summarize(ctx context.Context, w SummaryWindow) (Summary, error)
 	// PublishSessions stores the long-polls this replica holds, creating the
 	// replica's row or replacing it whole: there is no conflict.
 	PublishSessions(ctx context.Context, replica string, started, now time.Time, sessions []LiveSession) error

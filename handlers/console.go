@@ -48,11 +48,7 @@ func (h *handler) consoleRoutes(r chi.Router) {
 		r.Post("/console/tokens/{id}/revoke", h.consoleRevokeToken)
 		r.Get("/console/audit", h.consoleAudit)
 		// Sections whose pages land with the fleet, ledger and secrets work.
-		r.Get("/console/nodes", h.consoleComingSoon(views.NavNodes, views.ComingSoonView{
-			Title:    "Nodes",
-			Summary:  "The node registry: every invited, enrolled, lost and retired node, with its facts and lease.",
-			APIPaths: []string{"GET /api/v1/nodes", "POST /api/v1/nodes/invitations"},
-		}))
+		h.consoleNodeRoutes(r)
 		r.Get("/console/operations", h.consoleComingSoon(views.NavOperations, views.ComingSoonView{
 			Title:    "Operations",
 			Summary:  "The operations ledger: every change to the fleet, its state and its events.",

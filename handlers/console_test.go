@@ -20,6 +20,7 @@ import (
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
@@ -74,9 +75,12 @@ func newConsole(t *testing.T, db *models.DB, opts consoleOpts) *console {
 	}
 	ring := keys.NewRing(bytes.Repeat([]byte{7}, 32))
 	m := metrics.New(nil)
-	fl := fleet.New(fleet.Options{Store: models.NewFleetStore(db, "console-test", nil), Keys: ring, Now: clk.Now, Metrics: m})
+	fs := models.NewFleetStore(db, "console-test", nil)
+	fl := fleet.New(fleet.Options{Store: fs, Keys: ring, Now: clk.Now, Metrics: m})
+	lg := ledger.New(ledger.Options{Store: models.NewLedgerStore(fs), Kinds: ledger.NewRegistry(ledger.ServedKinds(fl)...),
+		Replica: "console-test", Now: clk.Now, Metrics: m})
 	h := handlers.New(handlers.Deps{
-		Ready: db, Auth: svc, Fleet: fl, Metrics: m, Static: static.Files,
+		Ready: db, Auth: svc, Fleet: fl, Ledger: lg, Metrics: m, Static: static.Files,
 		SecureCookies: opts.secureCookies,
 	})
 	return &console{t: t, handler: h, auth: svc, clock: clk}

@@ -14,6 +14,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
+	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/ledger"
@@ -49,20 +50,11 @@ func parseTime(v *errcode.Validation, field string, s *string) *time.Time {
 // own failure as problem+json, or 202 with the operation when it has not
 // ended within the wait.
 func (h *handler) submitAndWait(w http.ResponseWriter, r *http.Request, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, bool) {
-	body, err := json.Marshal(operation)
-	if err != nil {
-		writeError(w, r, err)
-		return ledger.Operation{}, false, false
-	}
 	requestID := r.Header.Get("Idempotency-Key")
 	if requestID == "" {
 		requestID = uuid.NewString()
 	}
-	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
-		RequestID: requestID, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait,
-		// The bootstrap shown in the answer spends its reveal handle
-		// (DECISIONS.md §37); an administrator's replay re-mints it (§35).
-		InlineSecrets: true})
+	op, created, err := h.submitNodeOp(r, requestID, kind, targets, operation)
 	switch {
 	case err != nil:
 		writeError(w, r, err)
@@ -78,6 +70,21 @@ func (h *handler) submitAndWait(w http.ResponseWriter, r *http.Request, kind str
 	return op, created, true
 }
 
+// submitNodeOp submits a node wrapper's operation (invite, reinvite,
+// retire) as the request's principal under requestID and waits for its
+// end: the one path the API's wrappers and the console's forms share.
+func (h *handler) submitNodeOp(r *http.Request, requestID, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, error) {
+	body, err := json.Marshal(operation)
+	if err != nil {
+		return ledger.Operation{}, false, err
+	}
+	return h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
+		RequestID: requestID, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait,
+		// The bootstrap shown in the answer spends its reveal handle
+		// (DECISIONS.md §37); an administrator's replay re-mints it (§35).
+		InlineSecrets: true})
+}
+
 // operationFailure is an ended operation's error as the wrapper answers it.
 func operationFailure(op ledger.Operation) error {
 	if op.Error == nil {
@@ -89,18 +96,23 @@ func operationFailure(op ledger.Operation) error {
 // bootstrapAnswer re-reads the bootstrap an invite or reinvite recorded,
 // with its enrollment token minted again (the identical token).
 func (h *handler) bootstrapAnswer(w http.ResponseWriter, r *http.Request, op ledger.Operation, status int) {
-	var res ledger.BootstrapResult
-	if err := json.Unmarshal(op.Result, &res); err != nil {
-		writeError(w, r, err)
-		return
-	}
-	b, err := h.Fleet.RemintBootstrap(r.Context(), res.InvitationID)
+	b, err := h.bootstrapOf(r, op)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/api/v1/nodes/"+b.NodeID)
 	writeJSON(w, status, b)
+}
+
+// bootstrapOf is the bootstrap a succeeded invite or reinvite recorded,
+// its enrollment token minted again (the identical token).
+func (h *handler) bootstrapOf(r *http.Request, op ledger.Operation) (api.Bootstrap, error) {
+	var res ledger.BootstrapResult
+	if err := json.Unmarshal(op.Result, &res); err != nil {
+		return api.Bootstrap{}, err
+	}
+	return h.Fleet.RemintBootstrap(r.Context(), res.InvitationID)
 }
 
 func replayStatus(created bool, fresh int) int {
@@ -111,16 +123,31 @@ func replayStatus(created bool, fresh int) int {
 }
 
 type invitationBody struct {
-	NodeID            string   `json:"node_id"`
-	RentalID          string   `json:"rental_id"`
-	Generation        int64    `json:"generation"`
-	ShadowPriceUSD    *float64 `json:"shadow_price_usd_per_hour"`
-	RedeemableThrough *string  `json:"redeemable_through"`
-	Purchase          *struct {
-		BillingIntervalSeconds *int64   `json:"billing_interval_seconds"`
-		EligibleClasses        []string `json:"eligible_classes"`
-		AvailableUntil         *string  `json:"available_until"`
-	} `json:"purchase"`
+	NodeID            string        `json:"node_id"`
+	RentalID          string        `json:"rental_id"`
+	Generation        int64         `json:"generation"`
+	ShadowPriceUSD    *float64      `json:"shadow_price_usd_per_hour"`
+	RedeemableThrough *string       `json:"redeemable_through"`
+	Purchase          *purchaseBody `json:"purchase"`
+}
+
+type purchaseBody struct {
+	BillingIntervalSeconds *int64   `json:"billing_interval_seconds"`
+	EligibleClasses        []string `json:"eligible_classes"`
+	AvailableUntil         *string  `json:"available_until"`
+}
+
+// operation is the node.invite operation the body asks for; a malformed
+// time is a validation error naming its field.
+func (body invitationBody) operation() (ledger.InviteOperation, error) {
+	var v errcode.Validation
+	in := ledger.InviteOperation{NodeID: body.NodeID, RentalID: body.RentalID, Generation: body.Generation,
+		ShadowPriceUSD: body.ShadowPriceUSD, RedeemableThrough: parseTime(&v, "redeemable_through", body.RedeemableThrough)}
+	if p := body.Purchase; p != nil {
+		in.Purchase = &ledger.PurchaseOperation{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: p.EligibleClasses,
+			AvailableUntil: parseTime(&v, "purchase.available_until", p.AvailableUntil)}
+	}
+	return in, v.Err()
 }
 
 func (h *handler) inviteNode(w http.ResponseWriter, r *http.Request) {
@@ -129,14 +156,8 @@ func (h *handler) inviteNode(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	var v errcode.Validation
-	in := ledger.InviteOperation{NodeID: body.NodeID, RentalID: body.RentalID, Generation: body.Generation,
-		ShadowPriceUSD: body.ShadowPriceUSD, RedeemableThrough: parseTime(&v, "redeemable_through", body.RedeemableThrough)}
-	if p := body.Purchase; p != nil {
-		in.Purchase = &ledger.PurchaseOperation{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: p.EligibleClasses,
-			AvailableUntil: parseTime(&v, "purchase.available_until", p.AvailableUntil)}
-	}
-	if err := v.Err(); err != nil {
+	in, err := body.operation()
+	if err != nil {
 		writeError(w, r, err)
 		return
 	}
@@ -307,10 +328,21 @@ func (h *handler) nodeTimeline(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	events, err := h.Ledger.NodeEvents(r.Context(), id, limit)
+	out, err := h.timeline(r, id, limit, audit)
 	if err != nil {
 		writeError(w, r, err)
 		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out})
+}
+
+// timeline merges a node's audit entries (the latest limit) with the
+// latest limit events of the operations that targeted it, newest first,
+// cut to limit: the API's timeline and the console's node page alike.
+func (h *handler) timeline(r *http.Request, id string, limit int, audit []fleet.AuditEntry) ([]timelineEntry, error) {
+	events, err := h.Ledger.NodeEvents(r.Context(), id, limit)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]timelineEntry, 0, len(audit)+len(events))
 	for _, a := range audit {
@@ -326,7 +358,7 @@ func (h *handler) nodeTimeline(w http.ResponseWriter, r *http.Request) {
 	if len(out) > limit {
 		out = out[:limit]
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"entries": out})
+	return out, nil
 }
 
 // nodeAuditPage reads the node's latest audit entries for the audit and
@@ -467,11 +499,7 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, validationError("payload", "required: a JSON object"))
 		return
 	}
-	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
-		OperationID: body.OperationID, RequestID: requestID, Kind: kind,
-		Targets:   []ledger.Target{{Kind: ledger.TargetNode, ID: chi.URLParam(r, "id")}},
-		Operation: payload,
-	})
+	op, created, err := h.submitCommand(r, chi.URLParam(r, "id"), kind, body.OperationID, requestID, payload)
 	if errors.Is(err, ledger.ErrRequestConflict) && key == "" {
 		err = errcode.Errorf(errcode.OperationConflict, "operation id %q was used for another command", body.OperationID)
 	}
@@ -493,6 +521,17 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/api/v1/commands/"+c.OperationID)
 	writeJSON(w, status, viewCommand(c))
+}
+
+// submitCommand submits a command kind (node.<kind>) for one node under
+// the caller's operation id: the one path the API's wrapper and the
+// console's form share (DECISIONS.md §34, §35).
+func (h *handler) submitCommand(r *http.Request, nodeID, kind, operationID, requestID string, payload json.RawMessage) (ledger.Operation, bool, error) {
+	return h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
+		OperationID: operationID, RequestID: requestID, Kind: kind,
+		Targets:   []ledger.Target{{Kind: ledger.TargetNode, ID: nodeID}},
+		Operation: payload,
+	})
 }
 
 // validationError is a 422 naming one field.

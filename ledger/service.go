@@ -460,6 +460,15 @@ func (s *Service) List(ctx context.Context, p Principal, f Filter) ([]Operation,
 	return s.store.List(ctx, f)
 }
 
+// Summarize answers the overview's counts: operations created within
+// recent by state, and operations that ended failed within failures.
+func (s *Service) Summarize(ctx context.Context, recent, failures time.Duration) (Summary, error) {
+	now := s.clock()
+	sum, err := s.store.Summarize(ctx, now.Add(-recent), now.Add(-failures))
+	sum.RecentSince, sum.FailedSince = now.Add(-recent), now.Add(-failures)
+	return sum, err
+}
+
 // Events answers an operation's events after a cursor. Errors: ErrNotFound.
 func (s *Service) Events(ctx context.Context, p Principal, id string, after int64, limit int) ([]Event, error) {
 	if _, err := s.Get(ctx, p, id); err != nil {

@@ -95,6 +95,22 @@ type Store interface {
 	Prune(ctx context.Context, opsBefore, eventsBefore time.Time, batch int) (ops, events int, pruned bool, err error)
 	// CountOpen answers how many operations are pending and running.
 	CountOpen(ctx context.Context) (map[State]int64, error)
+	// Summarize answers the fleet overview's counts of operations: those
+	// created since createdSince by their state now (every state present),
+	// and those that ended failed since failedSince. Each count is an
+	// index range, never a scan of the ledger.
+	Summarize(ctx context.Context, createdSince, failedSince time.Time) (Summary, error)
+}
+
+// Summary is the fleet overview's count of the ledger.
+type Summary struct {
+	// RecentByState counts operations created since RecentSince by their
+	// state now; every state has an entry.
+	RecentByState map[State]int64
+	RecentSince   time.Time
+	// Failed counts operations that ended failed since FailedSince.
+	Failed      int64
+	FailedSince time.Time
 }
 
 // Reader is the read half of the store, usable in and out of a transaction.

@@ -70,6 +70,18 @@ type WorkloadOutput struct {
 	ReceivedAt time.Time
 }
 
+// NodeStateCount is one entry of the nodes-by-state counter: triggers
+// append +1/-1 as nodes change state (migration 00013), FoldNodeCounts
+// folds them into one row per state.
+type NodeStateCount struct {
+	ID    int64 `gorm:"primaryKey"`
+	State string
+	N     int64
+}
+
+// TableName pins the table name.
+func (NodeStateCount) TableName() string { return "node_state_counts" }
+
 // NodeAudit is one change to a node.
 type NodeAudit struct {
 	ID     int64 `gorm:"primaryKey"`

@@ -120,6 +120,68 @@ func (s *FleetStore) CountPendingCommands(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// FoldNodeCounts folds the nodes-by-state counter's log of changes into
+// one row per state. On Postgres one statement deletes the rows it sees
+// and writes back their sums: a change committed meanwhile is left for
+// the next fold, and two folds at once never count a row twice (the
+// second skips rows the first deleted). SQLite has one writer.
+func (s *FleetStore) FoldNodeCounts(ctx context.Context) error {
+	if s.dialect == Postgres {
+		return s.db.WithContext(ctx).Exec(`WITH gone AS (
+				DELETE FROM node_state_counts WHERE (SELECT COUNT(*) FROM node_state_counts) > ? RETURNING state, n)
+			INSERT INTO node_state_counts(state, n) SELECT state, SUM(n) FROM gone GROUP BY state`, foldAbove).Error
+	}
+	return s.db.WithContext(ctx).Transaction(func(g *gorm.DB) error {
+		var n int64
+		if err := g.Raw(`SELECT COUNT(*) FROM node_state_counts`).Scan(&n).Error; err != nil || n <= foldAbove {
+			return err
+		}
+		var rows []struct {
+			State string
+			N     int64
+		}
+		if err := g.Raw(countNodesSQL).Scan(&rows).Error; err != nil {
+			return err
+		}
+		if err := g.Exec(`DELETE FROM node_state_counts`).Error; err != nil {
+			return err
+		}
+		for _, r := range rows {
+			if err := g.Exec(`INSERT INTO node_state_counts(state, n) VALUES (?, ?)`, r.State, r.N).Error; err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// foldAbove is how many counter rows are left unfolded: one per state and
+// a few changes, so an idle fleet rewrites nothing.
+const foldAbove = 16
+
+// Summarize answers the overview's counts. Each is one index range or a
+// counter: nodes by state from the trigger-kept counter, lapsing leases its ready range up to the
+// lapse time, pending and refused commands their partial indexes (states
+// written as literals so SQLite matches the partial indexes' WHERE).
+func (s *FleetStore) Summarize(ctx context.Context, w fleet.SummaryWindow) (fleet.Summary, error) {
+	sum := fleet.Summary{}
+	var err error
+	if sum.ByState, err = s.CountNodesByState(ctx); err != nil {
+		return sum, err
+	}
+	var row struct {
+		Lapsing, Pending, Refused int64
+	}
+	err = s.db.WithContext(ctx).Raw(summarizeSQL, dbtime.Norm(w.LapseBefore), dbtime.Norm(w.RefusedSince)).Scan(&row).Error
+	sum.Lapsing, sum.PendingCommands, sum.RefusedCommands = row.Lapsing, row.Pending, row.Refused
+	return sum, err
+}
+
+const summarizeSQL = `SELECT
+ (SELECT COUNT(*) FROM nodes WHERE state = 'ready' AND lease_expires_at < ?) AS lapsing,
+ (SELECT COUNT(*) FROM commands WHERE state = 'pending') AS pending,
+ (SELECT COUNT(*) FROM commands WHERE state = 'refused' AND settled_at >= ?) AS refused`
+
 // PublishSessions upserts this replica's row with its held long-polls.
 func (s *FleetStore) PublishSessions(ctx context.Context, replica string, started, now time.Time, sessions []fleet.LiveSession) error {
 	if sessions == nil {

@@ -100,6 +100,12 @@ func (q LedgerStatements) ChildCounts(parentID string) Statement {
 	return q.raw(childCountsSQL, parentID)
 }
 
+// Summarize is the fleet overview's count of operations.
+func (q LedgerStatements) Summarize(createdSince, failedSince time.Time) Statement {
+	c := dbtime.Norm(createdSince)
+	return q.raw(summarizeOpsSQL, c, c, c, c, c, dbtime.Norm(failedSince))
+}
+
 // CountOpen is the count of pending and running operations (a metric).
 func (q LedgerStatements) CountOpen() Statement {
 	return q.raw(countOpenSQL)

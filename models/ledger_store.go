@@ -627,3 +627,27 @@ func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, er
 }
 
 const countOpenSQL = `SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`
+
+// Summarize answers the overview's counts of operations in one statement:
+// one range of operations_state_created per state (the states written as
+// literals so each subquery is its own index range), and the partial index
+// of failed operations by finish time.
+func (s *LedgerStore) Summarize(ctx context.Context, createdSince, failedSince time.Time) (ledger.Summary, error) {
+	var row struct {
+		Pending, Running, Succeeded, Failed, Cancelled, FailedRecently int64
+	}
+	st := s.Statements().Summarize(createdSince, failedSince)
+	err := s.fleet.db.WithContext(ctx).Raw(summarizeOpsSQL, st.Args...).Scan(&row).Error
+	return ledger.Summary{RecentByState: map[ledger.State]int64{
+		ledger.StatePending: row.Pending, ledger.StateRunning: row.Running, ledger.StateSucceeded: row.Succeeded,
+		ledger.StateFailed: row.Failed, ledger.StateCancelled: row.Cancelled,
+	}, Failed: row.FailedRecently}, err
+}
+
+const summarizeOpsSQL = `SELECT
+ (SELECT COUNT(*) FROM operations WHERE state = 'pending' AND created_at >= ?) AS pending,
+ (SELECT COUNT(*) FROM operations WHERE state = 'running' AND created_at >= ?) AS running,
+ (SELECT COUNT(*) FROM operations WHERE state = 'succeeded' AND created_at >= ?) AS succeeded,
+ (SELECT COUNT(*) FROM operations WHERE state = 'failed' AND created_at >= ?) AS failed,
+ (SELECT COUNT(*) FROM operations WHERE state = 'cancelled' AND created_at >= ?) AS cancelled,
+ (SELECT COUNT(*) FROM operations WHERE state = 'failed' AND finished_at >= ?) AS failed_recently`

@@ -28,6 +28,7 @@ var allModels = []any{
 	&models.Workload{},
 	&models.WorkloadOutput{},
 	&models.NodeAudit{},
+	&models.NodeStateCount{},
 	&models.Command{},
 	&models.Replica{},
 	&models.Operation{},

@@ -111,6 +111,8 @@ type Overview struct {
 	Recent []Activity
 	// BaseURL is this control plane's URL, for the invitation example.
 	BaseURL string
+	// Summary is what needs attention beyond nodes by state.
+	Summary FleetSummary
 }
 
 // Total is the number of nodes in every state.

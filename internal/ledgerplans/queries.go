@@ -106,5 +106,7 @@ func Queries(ctx context.Context, db *models.DB, st models.LedgerStatements, sc 
 		Query{"Events", true, st.Events(opID(n/3), 0, 500)},
 		Query{"ChildCounts", true, st.ChildCounts(parent)},
 		Query{"CountOpen", true, st.CountOpen()},
+		// The console's fleet overview (last hour by state, failed in a day).
+		Query{"Summarize", true, st.Summarize(now.Add(-time.Hour), now.Add(-24*time.Hour))},
 	), nil
 }

@@ -1,0 +1,40 @@
+package ledger_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// TestSummarize: the overview counts operations created within the window
+// by their state now, and those that ended failed within the failures
+// window; older ones are out of both.
+func TestSummarize(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		old := b.submit(t, admin, "test.fail", `{}`)
+		b.waitState(t, old.ID, ledger.StateFailed)
+		b.clock.Advance(2 * time.Hour) // out of the last hour, still in the day
+
+		ok := b.submit(t, admin, "test.noop", `{}`)
+		failed := b.submit(t, admin, "test.fail", `{}`)
+		b.waitState(t, ok.ID, ledger.StateSucceeded)
+		b.waitState(t, failed.ID, ledger.StateFailed)
+
+		sum, err := b.svc.Summarize(ctx, time.Hour, 24*time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, map[ledger.State]int64{ledger.StatePending: 0, ledger.StateRunning: 0, ledger.StateSucceeded: 1,
+			ledger.StateFailed: 1, ledger.StateCancelled: 0}, sum.RecentByState)
+		require.EqualValues(t, 2, sum.Failed, "both failures ended within the day")
+		require.Equal(t, b.clock.Now().Add(-time.Hour), sum.RecentSince)
+
+		b.clock.Advance(23 * time.Hour)
+		sum, err = b.svc.Summarize(ctx, time.Hour, 24*time.Hour)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, sum.Failed, "the older failure is a day old now")
+		require.Zero(t, sum.RecentByState[ledger.StateSucceeded])
+	})
+}

@@ -53,21 +53,8 @@ func (h *handler) consoleRoutes(r chi.Router) {
 			Summary:  "The node registry: every invited, enrolled, lost and retired node, with its facts and lease.",
 			APIPaths: []string{"GET /api/v1/nodes", "POST /api/v1/nodes/invitations"},
 		}))
-		r.Get("/console/operations", h.consoleComingSoon(views.NavOperations, views.ComingSoonView{
-			Title:    "Operations",
-			Summary:  "The operations ledger: every change to the fleet, its state and its events.",
-			APIPaths: []string{"GET /api/v1/node-operations", "GET /api/v1/operations/{id}"},
-		}))
-		r.Get("/console/secret-audit", h.consoleComingSoon(views.NavSecretAudit, views.ComingSoonView{
-			Title:    "Secret audit",
-			Summary:  "Who sealed and revealed which secret, and when. Secrets themselves are never shown.",
-			APIPaths: []string{"GET /api/v1/secret-audit"},
-		}))
-		r.Get("/console/package-hosts", h.consoleComingSoon(views.NavHosts, views.ComingSoonView{
-			Title:    "Package hosts",
-			Summary:  "Automation services that post operations with their own scoped tokens.",
-			APIPaths: []string{"POST /api/v1/package-hosts", "POST /api/v1/package-hosts/{id}/revoke"},
-		}))
+		// Operations, secret audit and package hosts.
+		h.consoleOperationsRoutes(r)
 	})
 }
 

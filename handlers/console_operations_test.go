@@ -234,4 +234,3 @@ func TestConsoleOperations(t *testing.T) {
 		})
 	})
 }
-

@@ -23,6 +23,10 @@ func (h *handler) consoleOperationsRoutes(r chi.Router) {
 	r.Get("/console/operations", h.consoleOperations)
 	r.Get("/console/operations/{id}", h.consoleOperation)
 	r.Post("/console/operations/{id}/cancel", h.consoleCancelOperation)
+	r.Get("/console/package-hosts", h.consolePackageHosts)
+	r.Post("/console/package-hosts", h.consoleCreatePackageHost)
+	r.Post("/console/package-hosts/{id}/revoke", h.consoleRevokePackageHost)
+	r.Post("/console/package-hosts/{id}/tokens", h.consoleIssuePackageHostToken)
 }
 
 // consoleQuery is a console GET form's query: a field left empty is not a

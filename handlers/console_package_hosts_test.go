@@ -150,4 +150,3 @@ func TestConsolePackageHosts(t *testing.T) {
 		})
 	})
 }
-

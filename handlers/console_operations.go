@@ -12,6 +12,7 @@ import (
 
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/secrets"
 	"github.com/nodeward/nodeward/views"
 )
 
@@ -23,6 +24,7 @@ func (h *handler) consoleOperationsRoutes(r chi.Router) {
 	r.Get("/console/operations", h.consoleOperations)
 	r.Get("/console/operations/{id}", h.consoleOperation)
 	r.Post("/console/operations/{id}/cancel", h.consoleCancelOperation)
+	r.Get("/console/secret-audit", h.consoleSecretAudit)
 	r.Get("/console/package-hosts", h.consolePackageHosts)
 	r.Post("/console/package-hosts", h.consoleCreatePackageHost)
 	r.Post("/console/package-hosts/{id}/revoke", h.consoleRevokePackageHost)
@@ -230,4 +232,42 @@ func (h *handler) refuseCancel(w http.ResponseWriter, r *http.Request, id, reaso
 	}
 	v.CancelFormReason, v.CancelFormError = reason, msg
 	h.render(w, r, http.StatusUnprocessableEntity, views.OperationPage(h.shell(r, views.NavOperations), v))
+}
+
+// consoleSecretAuditPageSize is the secret audit's default console page.
+const consoleSecretAuditPageSize = 50
+
+func (h *handler) consoleSecretAudit(w http.ResponseWriter, r *http.Request) {
+	q, form := consoleQuery(r)
+	v := views.SecretAuditView{Query: form, Actions: secrets.AuditActions, Outcomes: secrets.AuditOutcomes,
+		PrincipalKinds: []string{string(ledger.PrincipalAdmin), string(ledger.PrincipalPackageHost)}}
+	if q.err == nil && q.values.Get("limit") == "" {
+		q.values.Set("limit", strconv.Itoa(consoleSecretAuditPageSize))
+	}
+	f, err := secretAuditFilterOf(q)
+	if err != nil {
+		msg, field, ok := filterError(err)
+		if !ok {
+			h.consoleInternal(w, r, err)
+			return
+		}
+		v.Error, v.ErrorField = msg, field
+		h.render(w, r, http.StatusBadRequest, views.SecretAuditPage(h.shell(r, views.NavSecretAudit), v))
+		return
+	}
+	v.Paged = f.Before > 0
+	rows, err := h.Secrets.Audit(r.Context(), f)
+	if err != nil {
+		h.consoleInternal(w, r, err)
+		return
+	}
+	for _, a := range rows {
+		v.Entries = append(v.Entries, views.SecretAuditRow{At: a.At, Action: a.Action, Outcome: a.Outcome,
+			PrincipalKind: a.Principal.Kind, PrincipalID: a.Principal.ID, HandleDigest: a.HandleDigest,
+			RequestID: a.RequestID, OperationID: a.OperationID, TargetKind: a.Target.Kind, TargetID: a.Target.ID, Field: a.Field})
+	}
+	if len(rows) == f.Limit {
+		v.OlderBefore = strconv.FormatInt(rows[len(rows)-1].Cursor, 10)
+	}
+	h.render(w, r, http.StatusOK, views.SecretAuditPage(h.shell(r, views.NavSecretAudit), v))
 }

@@ -234,3 +234,57 @@ func TestConsoleOperations(t *testing.T) {
 		})
 	})
 }
+
+func TestConsoleCancelOperation(t *testing.T) {
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		c := newLiveConsole(t, s)
+		// A command for a node that has not polled stays pending.
+		boot, _ := inviteAndEnroll(t, s)
+		submit := func(rid string) string {
+			var op consoleOpJSON
+			s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": rid, "kind": "node.prepare_image",
+				"targets": []any{map[string]any{"kind": "node", "id": boot.NodeID}}, "operation": map[string]any{"image": "busybox:1"}},
+				http.StatusCreated, &op)
+			require.Equal(t, "pending", op.State)
+			return op.OperationID
+		}
+		id := submit("cancel-me")
+		status, doc := c.get("/console/operations/" + id)
+		require.Equal(t, http.StatusOK, status)
+		require.Equal(t, "pending", attr(one(t, doc, "state-badge"), "data-state"))
+		summary := one(t, doc, "operation-summary")
+		require.Equal(t, "/api/v1/operations/"+id+"/watch", attr(summary, "data-watch"), "a live page follows the API's watch")
+		one(t, doc, "cancel-form")
+
+		// The console session reads the watch stream the page follows.
+		res := c.send(http.MethodGet, "/api/v1/operations/"+id+"/watch", nil, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode)
+		require.Equal(t, "text/event-stream", res.Header.Get("Content-Type"))
+		res.Body.Close()
+
+		t.Run("ReasonTooLong", func(t *testing.T) {
+			status, doc := c.read(c.post("/console/operations/"+id+"/cancel", url.Values{"reason": {strings.Repeat("x", 1025)}}))
+			require.Equal(t, http.StatusUnprocessableEntity, status)
+			require.Contains(t, text(one(t, doc, "cancel-error")), "1024")
+			require.Equal(t, "pending", attr(one(t, doc, "state-badge"), "data-state"))
+		})
+
+		res = c.post("/console/operations/"+id+"/cancel", url.Values{"reason": {hostileText}})
+		res.Body.Close()
+		require.Equal(t, http.StatusSeeOther, res.StatusCode)
+		status, doc = c.get(res.Header.Get("Location"))
+		require.Equal(t, http.StatusOK, status)
+		require.Equal(t, "Cancellation requested.", text(one(t, doc, "flash")))
+		require.Equal(t, "cancelled", attr(one(t, doc, "state-badge"), "data-state"))
+		require.Contains(t, text(one(t, doc, "operation-cancel-requested")), hostileText)
+		require.Empty(t, byTestID(doc, "cancel-form"))
+		require.Empty(t, attr(one(t, doc, "operation-summary"), "data-watch"), "an ended operation is not followed")
+		require.Equal(t, "cancelled", text(one(t, doc, "operation-error-code")))
+
+		// The listing shows it under its state, and its parent-less row.
+		require.Equal(t, []string{id}, rowIDs(func() *html.Node {
+			_, d := c.get("/console/operations?state=cancelled&target_id=" + url.QueryEscape(boot.NodeID))
+			return d
+		}()))
+	})
+}

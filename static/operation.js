@@ -124,6 +124,7 @@
     say("The server is restarting: reload the page in a moment to follow the operation again.");
   });
   source.addEventListener("open", function () {
+    root.setAttribute("data-live", "open");
     say("Live: events appear below as they are recorded.");
   });
   source.addEventListener("error", function () {

@@ -20,9 +20,11 @@ import (
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
+	"github.com/nodeward/nodeward/secrets"
 	"github.com/nodeward/nodeward/static"
 	"github.com/nodeward/nodeward/views"
 )
@@ -74,9 +76,15 @@ func newConsole(t *testing.T, db *models.DB, opts consoleOpts) *console {
 	}
 	ring := keys.NewRing(bytes.Repeat([]byte{7}, 32))
 	m := metrics.New(nil)
-	fl := fleet.New(fleet.Options{Store: models.NewFleetStore(db, "console-test", nil), Keys: ring, Now: clk.Now, Metrics: m})
+	fleetStore := models.NewFleetStore(db, "console-test", nil)
+	fl := fleet.New(fleet.Options{Store: fleetStore, Keys: ring, Now: clk.Now, Metrics: m})
+	// The ledger and secrets serve the operations and secret audit pages
+	// (read only here; no dispatcher runs).
+	sec := secrets.New(secrets.Options{Store: models.NewSecretsStore(db), Keys: ring, Now: clk.Now})
+	led := ledger.New(ledger.Options{Store: models.NewLedgerStore(fleetStore), Kinds: ledger.NewRegistry(), Now: clk.Now,
+		Metrics: m, Secrets: sec})
 	h := handlers.New(handlers.Deps{
-		Ready: db, Auth: svc, Fleet: fl, Metrics: m, Static: static.Files,
+		Ready: db, Auth: svc, Fleet: fl, Ledger: led, Secrets: sec, Metrics: m, Static: static.Files,
 		SecureCookies: opts.secureCookies,
 	})
 	return &console{t: t, handler: h, auth: svc, clock: clk}
@@ -637,10 +645,11 @@ func TestConsoleNavigation(t *testing.T) {
 
 		t.Run("StaticAssets", func(t *testing.T) {
 			for path, ctype := range map[string]string{
-				"/static/console.css": "text/css",
-				"/static/setup.js":    "text/javascript",
-				"/static/copy.js":     "text/javascript",
-				"/static/favicon.svg": "image/svg+xml",
+				"/static/console.css":  "text/css",
+				"/static/setup.js":     "text/javascript",
+				"/static/copy.js":      "text/javascript",
+				"/static/operation.js": "text/javascript",
+				"/static/favicon.svg":  "image/svg+xml",
 			} {
 				res := c.get(path, "")
 				require.Equal(t, http.StatusOK, res.StatusCode, path)

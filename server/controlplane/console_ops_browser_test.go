@@ -142,4 +142,13 @@ func TestConsoleOperationsInBrowser(t *testing.T) {
 	actions = get(ctx, t, chromedp.Evaluate[[]string](
 		`Array.from(document.querySelectorAll('[data-testid="secret-action"]')).map(e => e.textContent)`))
 	require.Equal(t, []string{"reveal", "reveal"}, actions)
+
+	// At phone width nothing but a table scrolls sideways: the pages fit.
+	do(ctx, t, chromedp.EmulateViewport(375, 800))
+	for _, path := range []string{"/console/operations", "/console/operations/" + op.OperationID, "/console/package-hosts", "/console/secret-audit", "/console/tokens"} {
+		do(ctx, t, chromedp.Navigate(base+path), chromedp.WaitVisible(chromedp.CSS("main h1")))
+		width := get(ctx, t, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`))
+		wide := get(ctx, t, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("body *")).filter(e => e.getBoundingClientRect().right > window.innerWidth).slice(0, 8).map(e => e.tagName + "." + e.className + "#" + (e.getAttribute("data-testid")||""))`))
+		require.LessOrEqual(t, width[0], width[1], "%s is wider than the screen: %v", path, wide)
+	}
 }

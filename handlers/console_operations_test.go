@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/html"
 
+	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
 	"github.com/nodeward/nodeward/handlers"
 )
@@ -239,7 +240,7 @@ func TestConsoleCancelOperation(t *testing.T) {
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		c := newLiveConsole(t, s)
 		// A command for a node that has not polled stays pending.
-		boot, _ := inviteAndEnroll(t, s)
+		boot, sess := inviteAndEnroll(t, s)
 		submit := func(rid string) string {
 			var op consoleOpJSON
 			s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": rid, "kind": "node.prepare_image",
@@ -286,5 +287,23 @@ func TestConsoleCancelOperation(t *testing.T) {
 			_, d := c.get("/console/operations?state=cancelled&target_id=" + url.QueryEscape(boot.NodeID))
 			return d
 		}()))
+
+		t.Run("NodeFailureEscaped", func(t *testing.T) {
+			// A node's failure text is stored as the operation's error (the
+			// cancelled command above is never delivered).
+			id := submit("fail-me")
+			var polled api.CommandsResponse
+			s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+			require.Len(t, polled.Commands, 1)
+			s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{{OperationID: id, Failure: hostileText}}},
+				sess.SessionToken, http.StatusOK, nil)
+			status, doc := c.get("/console/operations/" + id)
+			require.Equal(t, http.StatusOK, status)
+			require.Equal(t, "failed", attr(one(t, doc, "state-badge"), "data-state"))
+			require.Contains(t, text(one(t, doc, "operation-error-message")), hostileText)
+			require.NotEmpty(t, text(one(t, doc, "operation-error-code")))
+			_, doc = c.get("/console/operations?state=failed")
+			require.Equal(t, []string{id}, rowIDs(doc))
+		})
 	})
 }

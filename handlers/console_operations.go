@@ -96,7 +96,7 @@ func (h *handler) consoleOperations(w http.ResponseWriter, r *http.Request) {
 	for _, o := range ops {
 		row := views.OperationRow{ID: o.ID, Kind: o.Kind, State: string(o.State), RequestID: o.RequestID,
 			Principal: string(o.PrincipalKind) + ": " + o.PrincipalName, Target: targetText(o.Targets),
-			ParentID: o.ParentID, CreatedAt: o.CreatedAt, FinishedAt: o.FinishedAt, Attempt: o.Attempt}
+			ParentID: o.ParentID, CreatedAt: o.CreatedAt}
 		if o.Error != nil {
 			row.ErrorCode = o.Error.Code
 		}

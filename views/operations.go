@@ -32,18 +32,15 @@ var OperationFilterFields = []OperationFilterField{
 
 // OperationRow is one operation in the listing.
 type OperationRow struct {
-	ID          string
-	Kind        string
-	State       string
-	RequestID   string
-	Principal   string
-	Target      string
-	ParentID    string
-	CreatedAt   time.Time
-	FinishedAt  *time.Time
-	ErrorCode   string
-	Attempt     int
-	PackageHost bool
+	ID        string
+	Kind      string
+	State     string
+	RequestID string
+	Principal string
+	Target    string
+	ParentID  string
+	CreatedAt time.Time
+	ErrorCode string
 }
 
 // OperationsView is one page of the operations listing.
@@ -168,9 +165,6 @@ type ChildCounts struct {
 func (v OperationDetailView) WatchURL() string {
 	return "/api/v1/operations/" + url.PathEscape(v.ID) + "/watch"
 }
-
-// EndStates are the states an operation ends in.
-var EndStates = []string{"succeeded", "failed", "cancelled"}
 
 func itoa(n int) string { return strconv.Itoa(n) }
 

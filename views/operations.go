@@ -20,8 +20,8 @@ type OperationFilterField struct {
 // OperationFilterFields are the listing's text filters, in form order (the
 // state filter is a select of its own).
 var OperationFilterFields = []OperationFilterField{
-	{"kind", "Kind", "e.g. node.command"},
-	{"family", "Family", "e.g. node"},
+	{"kind", "Kind", "e.g. node.invite"},
+	{"family", "Family", "e.g. nodes, credentials"},
 	{"package_host_id", "Package host id", ""},
 	{"request_id", "Request id", "the submitter's idempotency key"},
 	{"operation_id", "Operation id", ""},

@@ -109,6 +109,8 @@ func TestOperationsPage(t *testing.T) {
 		}))
 		require.Contains(t, text(one(t, doc, "filter-error")), evil)
 		require.Empty(t, byTestID(doc, "no-operations"))
+		inv, _ := attr(one(t, doc, "filter-state"), "aria-invalid")
+		require.Equal(t, "true", inv, "the refused field is marked")
 	})
 }
 

@@ -73,7 +73,7 @@
     type.appendChild(code);
     tr.appendChild(type);
     var data = e.data === null || JSON.stringify(e.data) === "{}" ? "" : JSON.stringify(e.data);
-    tr.appendChild(cell(data, "mono small break"));
+    tr.appendChild(cell(data, "mono small break event-data"));
     rows.appendChild(tr);
   }
 

@@ -92,6 +92,9 @@ func (v OperationsView) NewestHref() string {
 // OperationHref is an operation's detail page.
 func OperationHref(id string) string { return "/console/operations/" + url.PathEscape(id) }
 
+// opNodeHref is a node's console page.
+func opNodeHref(id string) string { return "/console/nodes/" + url.PathEscape(id) }
+
 // OperationsHref is the listing under one filter.
 func OperationsHref(name, value string) string {
 	return "/console/operations?" + url.Values{name: {value}}.Encode()

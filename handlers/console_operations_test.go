@@ -72,6 +72,17 @@ func (c *liveConsole) get(path string) (int, *html.Node) {
 	return c.read(c.send(http.MethodGet, path, nil, nil))
 }
 
+// raw answers a page's markup (200 required).
+func (c *liveConsole) raw(path string) string {
+	c.t.Helper()
+	res := c.send(http.MethodGet, path, nil, nil)
+	defer res.Body.Close()
+	require.Equal(c.t, http.StatusOK, res.StatusCode, path)
+	b, err := io.ReadAll(res.Body)
+	require.NoError(c.t, err)
+	return string(b)
+}
+
 // post sends a form with the session's CSRF token.
 func (c *liveConsole) post(path string, form url.Values) *http.Response {
 	c.t.Helper()

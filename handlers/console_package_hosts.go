@@ -70,10 +70,17 @@ func (h *handler) consolePackageHosts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s := h.shell(r, views.NavHosts)
-	// After a revoke, name the host (looked up, never echoed).
+	// After a revoke or a form sent twice, name the host (looked up, never
+	// echoed).
 	if id := r.URL.Query().Get("revoked"); id != "" {
 		if p, err := h.Auth.PackageHost(r.Context(), id); err == nil && p.RevokedAt != nil {
 			s.Flash = views.Flash{Kind: views.FlashOK, Message: "Revoked the package host “" + p.Name + "”. Its token no longer works."}
+		}
+	}
+	if id := r.URL.Query().Get("replayed"); id != "" {
+		if p, err := h.Auth.PackageHost(r.Context(), id); err == nil {
+			s.Flash = views.Flash{Kind: views.FlashInfo, Message: "That form was sent already: the token for “" + p.Name +
+				"” was shown then and is not shown again. If it was lost, issue a new token."}
 		}
 	}
 	h.render(w, r, http.StatusOK, views.PackageHostsPage(s, v))
@@ -85,22 +92,33 @@ func (h *handler) consoleCreatePackageHost(w http.ResponseWriter, r *http.Reques
 	// The API's own check first, then the same operation the API submits.
 	_, err := auth.ValidatePackageHost(name, families, "")
 	var op ledger.Operation
+	created := false
 	if err == nil {
-		op, _, err = h.runCredential(r, formRequestID(r), ledger.KindCredentialIssue, nil,
+		op, created, err = h.runCredential(r, formRequestID(r), ledger.KindCredentialIssue, nil,
 			ledger.IssueOperation{Name: name, Families: families})
 	}
 	if err != nil && !errors.Is(err, errCredentialRunning) {
 		h.refuseHostForm(w, r, name, families, err)
 		return
 	}
-	h.showIssued(w, r, op, err, true)
+	h.showIssued(w, r, op, created, err, true)
 }
 
-// showIssued shows the token a credential.issue minted, once; an operation
-// still running is shown on its own page instead.
-func (h *handler) showIssued(w http.ResponseWriter, r *http.Request, op ledger.Operation, err error, created bool) {
+// showIssued shows the token a credential.issue minted, once: a form sent
+// again (its request id replays the operation) is told the token was shown
+// already, and an operation still running is shown on its own page.
+func (h *handler) showIssued(w http.ResponseWriter, r *http.Request, op ledger.Operation, created bool, err error, newHost bool) {
 	if errors.Is(err, errCredentialRunning) {
 		http.Redirect(w, r, views.OperationHref(op.ID), http.StatusSeeOther)
+		return
+	}
+	if !created {
+		res, err := ledger.ResultPackageHost(op)
+		if err != nil {
+			h.consoleInternal(w, r, err)
+			return
+		}
+		http.Redirect(w, r, "/console/package-hosts?replayed="+url.QueryEscape(res.PackageHostID), http.StatusSeeOther)
 		return
 	}
 	host, tok, err := h.issuedHost(r, op)
@@ -109,7 +127,7 @@ func (h *handler) showIssued(w http.ResponseWriter, r *http.Request, op ledger.O
 		return
 	}
 	h.render(w, r, http.StatusOK, views.HostIssuedPage(h.shell(r, views.NavHosts), views.HostIssuedView{
-		Created: created, ID: host.ID, Name: host.Name, Families: host.Families, Generation: host.Generation,
+		Created: newHost, ID: host.ID, Name: host.Name, Families: host.Families, Generation: host.Generation,
 		Token: tok, OperationID: op.ID,
 	}))
 }
@@ -163,12 +181,12 @@ func (h *handler) hostActionFailed(w http.ResponseWriter, r *http.Request, err e
 }
 
 func (h *handler) consoleIssuePackageHostToken(w http.ResponseWriter, r *http.Request) {
-	op, _, err := h.runCredential(r, formRequestID(r), ledger.KindCredentialIssue, hostTarget(r), ledger.IssueOperation{})
+	op, created, err := h.runCredential(r, formRequestID(r), ledger.KindCredentialIssue, hostTarget(r), ledger.IssueOperation{})
 	if err != nil && !errors.Is(err, errCredentialRunning) {
 		h.hostActionFailed(w, r, err)
 		return
 	}
-	h.showIssued(w, r, op, err, false)
+	h.showIssued(w, r, op, created, err, false)
 }
 
 // consoleRevokePackageHost asks for confirmation first (a page with a

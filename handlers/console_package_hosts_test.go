@@ -3,6 +3,7 @@ package handlers_test
 import (
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -52,14 +53,25 @@ func TestConsolePackageHosts(t *testing.T) {
 		id := text(one(t, doc, "host-issued-id"))
 		require.Equal(t, http.StatusOK, whoamiStatus(t, s, token))
 
+		// The same form sent again (a double click, a resubmit) replays the
+		// operation: no second host, and the token is not shown again.
+		res0 := c.post("/console/package-hosts", form)
+		res0.Body.Close()
+		require.Equal(t, http.StatusSeeOther, res0.StatusCode)
+		raw := c.raw(res0.Header.Get("Location"))
+		require.NotContains(t, raw, token)
+		doc, err := html.Parse(strings.NewReader(raw))
+		require.NoError(t, err)
+		require.Contains(t, text(one(t, doc, "flash")), "not shown again")
+		require.Len(t, byTestID(doc, "host-row-name"), 1)
+
 		// The list names the host, never its token.
-		res := c.send(http.MethodGet, "/console/package-hosts", nil, nil)
-		status, doc = c.read(res)
-		require.Equal(t, http.StatusOK, status)
+		raw = c.raw("/console/package-hosts")
+		require.NotContains(t, raw, token)
+		_, doc = c.get("/console/package-hosts")
 		row := one(t, doc, "host-"+id)
 		require.Equal(t, "commands, nodes", text(one(t, row, "host-row-families")))
 		require.Equal(t, "active", text(one(t, row, "host-status")))
-		require.NotContains(t, text(doc), token)
 
 		// The create operation is the ledger's, by the administrator.
 		status, doc = c.get("/console/operations?target_id=" + url.QueryEscape(id))

@@ -15,9 +15,11 @@ import (
 
 	"github.com/a-h/templ"
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/views"
 )
 
@@ -49,21 +51,8 @@ func (h *handler) consoleRoutes(r chi.Router) {
 		r.Get("/console/audit", h.consoleAudit)
 		// Sections whose pages land with the fleet, ledger and secrets work.
 		h.consoleNodeRoutes(r)
-		r.Get("/console/operations", h.consoleComingSoon(views.NavOperations, views.ComingSoonView{
-			Title:    "Operations",
-			Summary:  "The operations ledger: every change to the fleet, its state and its events.",
-			APIPaths: []string{"GET /api/v1/node-operations", "GET /api/v1/operations/{id}"},
-		}))
-		r.Get("/console/secret-audit", h.consoleComingSoon(views.NavSecretAudit, views.ComingSoonView{
-			Title:    "Secret audit",
-			Summary:  "Who sealed and revealed which secret, and when. Secrets themselves are never shown.",
-			APIPaths: []string{"GET /api/v1/secret-audit"},
-		}))
-		r.Get("/console/package-hosts", h.consoleComingSoon(views.NavHosts, views.ComingSoonView{
-			Title:    "Package hosts",
-			Summary:  "Automation services that post operations with their own scoped tokens.",
-			APIPaths: []string{"POST /api/v1/package-hosts", "POST /api/v1/package-hosts/{id}/revoke"},
-		}))
+		// Operations, secret audit and package hosts.
+		h.consoleOperationsRoutes(r)
 	})
 }
 
@@ -263,8 +252,15 @@ func (h *handler) consoleNotFound(w http.ResponseWriter, r *http.Request) {
 	h.consoleError(w, r, cc, http.StatusNotFound, "Page not found", "There is no console page at this address.")
 }
 
-func (h *handler) consoleComingSoon(active string, v views.ComingSoonView) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		h.render(w, r, http.StatusOK, views.ComingSoonPage(h.shell(r, active), v))
+// newRequestID mints the request id a rendered form carries.
+func newRequestID() string { return "console:" + uuid.NewString() }
+
+// formRequestID is the form's request id; a missing or malformed one (a
+// hand-made request) gets a fresh one, so the submit still happens once.
+func formRequestID(r *http.Request) string {
+	id := r.PostForm.Get("request_id")
+	if !ledger.ValidRequestID(id) {
+		return newRequestID()
 	}
+	return id
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
@@ -40,19 +39,6 @@ func (h *handler) consoleNodeRoutes(r chi.Router) {
 	r.Post("/console/nodes/{id}/reinvite", h.consoleReinvite)
 	r.Get("/console/nodes/{id}/retire", h.consoleRetireForm)
 	r.Post("/console/nodes/{id}/retire", h.consoleRetire)
-}
-
-// newRequestID mints the request id a rendered form carries.
-func newRequestID() string { return "console:" + uuid.NewString() }
-
-// formRequestID is the form's request id; a missing or malformed one (a
-// hand-made request) gets a fresh one, so the submit still happens once.
-func formRequestID(r *http.Request) string {
-	id := r.PostForm.Get("request_id")
-	if !ledger.ValidRequestID(id) {
-		return newRequestID()
-	}
-	return id
 }
 
 func priceText(micros *int64) string {
@@ -225,7 +211,7 @@ func (h *handler) nodeDetail(r *http.Request, id string) (views.NodeDetail, erro
 		return v, err
 	}
 	for _, op := range ops {
-		row := views.OperationRow{ID: op.ID, Kind: op.Kind, State: string(op.State), CreatedAt: op.CreatedAt}
+		row := views.NodeOperationRow{ID: op.ID, Kind: op.Kind, State: string(op.State), CreatedAt: op.CreatedAt}
 		if op.Error != nil {
 			row.Error = op.Error.Code + ": " + op.Error.Message
 		}

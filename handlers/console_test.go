@@ -24,6 +24,7 @@ import (
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
+	"github.com/nodeward/nodeward/secrets"
 	"github.com/nodeward/nodeward/static"
 	"github.com/nodeward/nodeward/views"
 )
@@ -77,10 +78,13 @@ func newConsole(t *testing.T, db *models.DB, opts consoleOpts) *console {
 	m := metrics.New(nil)
 	fs := models.NewFleetStore(db, "console-test", nil)
 	fl := fleet.New(fleet.Options{Store: fs, Keys: ring, Now: clk.Now, Metrics: m})
+	// The ledger and secrets serve the operations, nodes and secret audit
+	// pages (no dispatcher runs).
+	sec := secrets.New(secrets.Options{Store: models.NewSecretsStore(db), Keys: ring, Now: clk.Now})
 	lg := ledger.New(ledger.Options{Store: models.NewLedgerStore(fs), Kinds: ledger.NewRegistry(ledger.ServedKinds(fl)...),
-		Replica: "console-test", Now: clk.Now, Metrics: m})
+		Replica: "console-test", Now: clk.Now, Metrics: m, Secrets: sec})
 	h := handlers.New(handlers.Deps{
-		Ready: db, Auth: svc, Fleet: fl, Ledger: lg, Metrics: m, Static: static.Files,
+		Ready: db, Auth: svc, Fleet: fl, Ledger: lg, Secrets: sec, Metrics: m, Static: static.Files,
 		SecureCookies: opts.secureCookies,
 	})
 	return &console{t: t, handler: h, auth: svc, clock: clk}
@@ -641,10 +645,11 @@ func TestConsoleNavigation(t *testing.T) {
 
 		t.Run("StaticAssets", func(t *testing.T) {
 			for path, ctype := range map[string]string{
-				"/static/console.css": "text/css",
-				"/static/setup.js":    "text/javascript",
-				"/static/copy.js":     "text/javascript",
-				"/static/favicon.svg": "image/svg+xml",
+				"/static/console.css":  "text/css",
+				"/static/setup.js":     "text/javascript",
+				"/static/copy.js":      "text/javascript",
+				"/static/operation.js": "text/javascript",
+				"/static/favicon.svg":  "image/svg+xml",
 			} {
 				res := c.get(path, "")
 				require.Equal(t, http.StatusOK, res.StatusCode, path)

@@ -246,29 +246,49 @@ func parseCursor(s string) (int64, error) {
 	return n, nil
 }
 
-func (h *handler) listOperations(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+// operationFilterOf reads the listing's filters, cursor and limit from a
+// query: the API's and the console's one reading of them.
+func operationFilterOf(q query) (ledger.Filter, error) {
 	var f ledger.Filter
+	if q.err != nil {
+		return f, q.err
+	}
 	for _, p := range operationFilterParams {
-		vals, present := q[p.name]
+		vals, present := q.values[p.name]
 		if !present {
 			continue
 		}
 		if len(vals) != 1 || vals[0] == "" || len(vals[0]) > 256 {
-			writeError(w, r, invalidParameter(p.name, "one non-empty value of at most 256 bytes"))
-			return
+			return f, invalidParameter(p.name, "one non-empty value of at most 256 bytes")
 		}
 		if err := p.set(&f, vals[0]); err != nil {
-			writeError(w, r, invalidParameter(p.name, "%s", err.Error()))
-			return
+			return f, invalidParameter(p.name, "%s", err.Error())
 		}
 	}
-	limit, err := queryLimit(r, 100, 500)
+	f.Limit = operationsPageSize
+	n, ok, err := q.number("limit", 1, maxOperationsPage, "an integer from 1 to %d", maxOperationsPage)
+	if err != nil {
+		return f, err
+	}
+	if ok {
+		f.Limit = int(n)
+	}
+	return f, nil
+}
+
+// The listing's default and largest page.
+const (
+	operationsPageSize = 100
+	maxOperationsPage  = 500
+)
+
+func (h *handler) listOperations(w http.ResponseWriter, r *http.Request) {
+	f, err := operationFilterOf(queryOf(r))
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
-	f.Limit = limit
+	limit := f.Limit
 	ops, err := h.Ledger.List(r.Context(), ledgerPrincipal(r), f)
 	if err != nil {
 		writeError(w, r, err)

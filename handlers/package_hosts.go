@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -55,20 +56,19 @@ func idempotencyKey(r *http.Request) (string, error) {
 	return k, nil
 }
 
-// submitCredential submits a credential kind and waits for its end. It
-// answers false after writing the answer itself: a refusal, the failed
-// operation's error, or 202 with the operation when it has not ended
-// within the longest wait.
-func (h *handler) submitCredential(w http.ResponseWriter, r *http.Request, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, bool) {
-	rid, err := idempotencyKey(r)
-	if err != nil {
-		writeError(w, r, err)
-		return ledger.Operation{}, false, false
-	}
+// errCredentialRunning is what runCredential answers for an operation that
+// had not ended within the longest wait.
+var errCredentialRunning = errors.New("credential operation still running")
+
+// runCredential submits a credential kind as the caller, under request id
+// rid, and waits for its end: the API's and the console's one path to
+// package host changes. It answers the succeeded operation; a refusal or
+// the failed operation's error; or the operation with errCredentialRunning
+// when it has not ended within the longest wait.
+func (h *handler) runCredential(r *http.Request, rid, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, error) {
 	body, err := json.Marshal(operation)
 	if err != nil {
-		writeError(w, r, err)
-		return ledger.Operation{}, false, false
+		return ledger.Operation{}, false, err
 	}
 	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
 		RequestID: rid, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait,
@@ -78,10 +78,9 @@ func (h *handler) submitCredential(w http.ResponseWriter, r *http.Request, kind 
 	})
 	switch {
 	case err != nil:
-		writeError(w, r, err)
-		return op, false, false
+		return op, false, err
 	case op.State == ledger.StateSucceeded:
-		return op, created, true
+		return op, created, nil
 	case op.Terminal():
 		e := &errcode.Error{Code: errcode.Internal, Message: "internal error"}
 		if op.Error != nil && op.Error.Code != ledger.CodeInternal {
@@ -91,41 +90,68 @@ func (h *handler) submitCredential(w http.ResponseWriter, r *http.Request, kind 
 				e = errcode.Errorf(errcode.Conflict, "operation %s ended %s: %s", op.ID, op.State, op.Error.Message)
 			}
 		}
-		writeError(w, r, e)
+		return op, false, e
+	}
+	return op, false, errCredentialRunning
+}
+
+// submitCredential runs a credential kind for the API. It answers false
+// after writing the answer itself: a refusal, the failed operation's
+// error, or 202 with the operation when it has not ended within the
+// longest wait.
+func (h *handler) submitCredential(w http.ResponseWriter, r *http.Request, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, bool) {
+	rid, err := idempotencyKey(r)
+	if err != nil {
+		writeError(w, r, err)
+		return ledger.Operation{}, false, false
+	}
+	op, created, err := h.runCredential(r, rid, kind, targets, operation)
+	if errors.Is(err, errCredentialRunning) {
+		w.Header().Set("Location", "/api/v1/operations/"+op.ID)
+		writeJSON(w, http.StatusAccepted, viewOperation(op))
 		return op, false, false
 	}
-	w.Header().Set("Location", "/api/v1/operations/"+op.ID)
-	writeJSON(w, http.StatusAccepted, viewOperation(op))
-	return op, false, false
+	if err != nil {
+		writeError(w, r, err)
+		return op, false, false
+	}
+	return op, created, true
+}
+
+// issuedHost is the host a succeeded credential.issue left, as that
+// operation left it (a later one may have moved on), with the token it
+// minted: re-derived from the operation, never read from storage.
+func (h *handler) issuedHost(r *http.Request, op ledger.Operation) (auth.PackageHost, string, error) {
+	res, err := ledger.ResultPackageHost(op)
+	if err != nil {
+		return auth.PackageHost{}, "", err
+	}
+	tok, err := h.Auth.PackageHostToken(r.Context(), op.ID, res.PackageHostID, res.Generation)
+	if err != nil {
+		return auth.PackageHost{}, "", err
+	}
+	host, err := h.Auth.PackageHost(r.Context(), res.PackageHostID)
+	if err != nil {
+		return auth.PackageHost{}, "", err
+	}
+	host.Generation, host.Families = res.Generation, res.Families
+	return host, tok, nil
 }
 
 // answerIssued answers a host with the token its operation minted: 201
 // when the operation is new, 200 for a replay of the same request.
 func (h *handler) answerIssued(w http.ResponseWriter, r *http.Request, op ledger.Operation, created bool) {
-	res, err := ledger.ResultPackageHost(op)
+	host, tok, err := h.issuedHost(r, op)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
-	tok, err := h.Auth.PackageHostToken(r.Context(), op.ID, res.PackageHostID, res.Generation)
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	host, err := h.Auth.PackageHost(r.Context(), res.PackageHostID)
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	v := viewPackageHost(host)
-	// The host as this operation left it (a later one may have moved on).
-	v.Generation, v.Families = res.Generation, res.Families
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, status, issuedView{packageHostView: v, Token: tok, OperationID: op.ID})
+	writeJSON(w, status, issuedView{packageHostView: viewPackageHost(host), Token: tok, OperationID: op.ID})
 }
 
 func (h *handler) createPackageHost(w http.ResponseWriter, r *http.Request) {

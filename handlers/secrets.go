@@ -1,11 +1,16 @@
 package handlers
 
 import (
+	"fmt"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/secrets"
 )
 
@@ -72,13 +77,82 @@ type principalRef struct {
 	ID   string `json:"id"`
 }
 
+// secretAuditFilterParams are the secret audit's filters and the
+// AuditFilter field each sets.
+var secretAuditFilterParams = []struct {
+	name string
+	set  func(*secrets.AuditFilter, string) error
+}{
+	{"principal_kind", func(f *secrets.AuditFilter, s string) error {
+		if s != string(ledger.PrincipalAdmin) && s != string(ledger.PrincipalPackageHost) {
+			return fmt.Errorf("one of %s, %s", ledger.PrincipalAdmin, ledger.PrincipalPackageHost)
+		}
+		f.PrincipalKind = s
+		return nil
+	}},
+	{"principal_id", func(f *secrets.AuditFilter, s string) error { f.PrincipalID = s; return nil }},
+	{"operation_id", func(f *secrets.AuditFilter, s string) error { f.OperationID = s; return nil }},
+	{"target_kind", func(f *secrets.AuditFilter, s string) error { f.TargetKind = s; return nil }},
+	{"target_id", func(f *secrets.AuditFilter, s string) error { f.TargetID = s; return nil }},
+	{"action", func(f *secrets.AuditFilter, s string) error {
+		if !slices.Contains(secrets.AuditActions, s) {
+			return fmt.Errorf("one of %s", strings.Join(secrets.AuditActions, ", "))
+		}
+		f.Action = s
+		return nil
+	}},
+	{"outcome", func(f *secrets.AuditFilter, s string) error {
+		if !slices.Contains(secrets.AuditOutcomes, s) {
+			return fmt.Errorf("one of %s", strings.Join(secrets.AuditOutcomes, ", "))
+		}
+		f.Outcome = s
+		return nil
+	}},
+}
+
+// secretAuditFilterOf reads the secret audit's filters, cursor and limit
+// from a query: the API's and the console's one reading of them.
+func secretAuditFilterOf(q query) (secrets.AuditFilter, error) {
+	var f secrets.AuditFilter
+	for _, p := range secretAuditFilterParams {
+		s, err := q.get(p.name)
+		if err != nil {
+			return f, err
+		}
+		if s == "" {
+			continue
+		}
+		if len(s) > 256 {
+			return f, invalidParameter(p.name, "at most 256 bytes")
+		}
+		if err := p.set(&f, s); err != nil {
+			return f, invalidParameter(p.name, "%s", err.Error())
+		}
+	}
+	before, _, err := q.number("before", 1, math.MaxInt64, "a cursor from next_before")
+	if err != nil {
+		return f, err
+	}
+	f.Before = before
+	f.Limit = 100
+	n, ok, err := q.number("limit", 1, 500, "an integer from 1 to %d", 500)
+	if err != nil {
+		return f, err
+	}
+	if ok {
+		f.Limit = int(n)
+	}
+	return f, nil
+}
+
 func (h *handler) secretAudit(w http.ResponseWriter, r *http.Request) {
-	limit, before, err := pageParams(r)
+	f, err := secretAuditFilterOf(queryOf(r))
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
-	rows, err := h.Secrets.Audit(r.Context(), before, limit)
+	limit := f.Limit
+	rows, err := h.Secrets.Audit(r.Context(), f)
 	if err != nil {
 		writeError(w, r, err)
 		return

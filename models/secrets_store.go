@@ -91,10 +91,20 @@ func (s *SecretsStore) InsertAudit(ctx context.Context, a ...secrets.AuditEntry)
 }
 
 // Audit implements secrets.Store.
-func (s *SecretsStore) Audit(ctx context.Context, before int64, limit int) ([]secrets.AuditEntry, error) {
-	q := s.db.WithContext(ctx).Order("seq DESC").Limit(limit)
-	if before > 0 {
-		q = q.Where("seq < ?", before)
+func (s *SecretsStore) Audit(ctx context.Context, f secrets.AuditFilter) ([]secrets.AuditEntry, error) {
+	q := s.db.WithContext(ctx).Order("seq DESC").Limit(f.Limit)
+	if f.Before > 0 {
+		q = q.Where("seq < ?", f.Before)
+	}
+	// The ids, action and outcome each have an index ending in seq
+	// (migration 00012).
+	for _, c := range []struct{ col, val string }{
+		{"principal_kind", f.PrincipalKind}, {"principal_id", f.PrincipalID}, {"operation_id", f.OperationID},
+		{"target_kind", f.TargetKind}, {"target_id", f.TargetID}, {"action", f.Action}, {"outcome", f.Outcome},
+	} {
+		if c.val != "" {
+			q = q.Where(c.col+" = ?", c.val)
+		}
 	}
 	var rows []SecretAudit
 	if err := q.Find(&rows).Error; err != nil {

@@ -152,15 +152,80 @@ func TestSecretsStorePurgeAndAudit(t *testing.T) {
 		require.Equal(t, 1, n)
 		require.Equal(t, int64(1), dbtest.Count(t, db.DB, &models.SealedSecret{}), "the unexpired handle stays")
 
-		all, err := s.Audit(ctx, 0, 100)
+		all, err := s.Audit(ctx, secrets.AuditFilter{Limit: 100})
 		require.NoError(t, err)
 		require.Len(t, all, 6, "four seals and two expiries; the used one is purged without an expiry")
 		require.Equal(t, secrets.ActionExpire, all[0].Action)
 		require.Equal(t, secrets.OutcomePurged, all[0].Outcome)
 		require.Equal(t, secrets.ActionSeal, all[5].Action)
 		require.Greater(t, all[0].Cursor, all[1].Cursor, "newest first")
-		page, err := s.Audit(ctx, all[1].Cursor, 2)
+		page, err := s.Audit(ctx, secrets.AuditFilter{Before: all[1].Cursor, Limit: 2})
 		require.NoError(t, err)
 		require.Equal(t, []int64{all[2].Cursor, all[3].Cursor}, []int64{page[0].Cursor, page[1].Cursor})
+	})
+}
+
+func TestSecretsStoreAuditFilters(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewSecretsStore(db)
+		admin := secrets.Principal{Kind: "admin", ID: "u-1"}
+		host := secrets.Principal{Kind: "package_host", ID: "ph-1"}
+		entry := func(action, outcome string, p secrets.Principal, op, tkind, tid string) secrets.AuditEntry {
+			return secrets.AuditEntry{At: t0, Action: action, Outcome: outcome, Principal: p, HandleDigest: "0123456789abcdef",
+				RequestID: "r", OperationID: op, Target: secrets.Target{Kind: tkind, ID: tid}, Field: "f"}
+		}
+		require.NoError(t, s.InsertAudit(ctx,
+			entry(secrets.ActionSeal, secrets.OutcomeOK, admin, "", "node", "n-1"),       // 0
+			entry(secrets.ActionUse, secrets.OutcomeOK, admin, "op-1", "node", "n-1"),    // 1
+			entry(secrets.ActionUse, secrets.OutcomeDenied, host, "op-2", "node", "n-2"), // 2
+			entry(secrets.ActionReveal, secrets.OutcomeOK, admin, "op-3", "fleet", ""),   // 3
+			entry(secrets.ActionSeal, secrets.OutcomeOK, host, "", "node", "n-2"),        // 4
+			entry(secrets.ActionReveal, secrets.OutcomeSpent, host, "op-3", "fleet", ""), // 5
+		))
+		all, err := s.Audit(ctx, secrets.AuditFilter{Limit: 100})
+		require.NoError(t, err)
+		require.Len(t, all, 6)
+		idx := func(rows []secrets.AuditEntry) []int {
+			var out []int
+			for _, r := range rows {
+				for i, a := range all {
+					if a.Cursor == r.Cursor {
+						out = append(out, 5-i)
+					}
+				}
+			}
+			return out
+		}
+		for name, c := range map[string]struct {
+			f    secrets.AuditFilter
+			want []int
+		}{
+			"Principal":     {secrets.AuditFilter{PrincipalKind: "package_host", PrincipalID: "ph-1"}, []int{5, 4, 2}},
+			"PrincipalID":   {secrets.AuditFilter{PrincipalID: "u-1"}, []int{3, 1, 0}},
+			"PrincipalKind": {secrets.AuditFilter{PrincipalKind: "admin"}, []int{3, 1, 0}},
+			"Operation":     {secrets.AuditFilter{OperationID: "op-3"}, []int{5, 3}},
+			"Target":        {secrets.AuditFilter{TargetKind: "node", TargetID: "n-2"}, []int{4, 2}},
+			"TargetKind":    {secrets.AuditFilter{TargetKind: "fleet"}, []int{5, 3}},
+			"Action":        {secrets.AuditFilter{Action: secrets.ActionUse}, []int{2, 1}},
+			"Outcome":       {secrets.AuditFilter{Outcome: secrets.OutcomeDenied}, []int{2}},
+			"Combined":      {secrets.AuditFilter{Action: secrets.ActionReveal, Outcome: secrets.OutcomeOK, PrincipalID: "u-1"}, []int{3}},
+			"None":          {secrets.AuditFilter{OperationID: "op-404"}, nil},
+		} {
+			t.Run(name, func(t *testing.T) {
+				c.f.Limit = 100
+				rows, err := s.Audit(ctx, c.f)
+				require.NoError(t, err)
+				require.Equal(t, c.want, idx(rows))
+			})
+		}
+		// Keyset pages under a filter: each row once, newest first.
+		f := secrets.AuditFilter{PrincipalKind: "package_host", Limit: 2}
+		first, err := s.Audit(ctx, f)
+		require.NoError(t, err)
+		require.Equal(t, []int{5, 4}, idx(first))
+		f.Before = first[1].Cursor
+		rest, err := s.Audit(ctx, f)
+		require.NoError(t, err)
+		require.Equal(t, []int{2}, idx(rest))
 	})
 }

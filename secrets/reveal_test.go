@@ -66,7 +66,7 @@ func TestRevealNotReadyThenOnce(t *testing.T) {
 		wg.Wait()
 		require.Equal(t, int64(1), wins.Load())
 
-		audit, err := f.svc.Audit(ctx, 0, 100)
+		audit, err := f.svc.Audit(ctx, secrets.AuditFilter{Limit: 100})
 		require.NoError(t, err)
 		outcomes := map[string]int{}
 		for _, a := range audit {

@@ -195,10 +195,10 @@ func newGCM(key []byte) (cipher.AEAD, error) {
 	return cipher.NewGCM(block)
 }
 
-// Audit answers audit rows, newest first, below the cursor before (0: the
-// newest), at most limit.
-func (s *Service) Audit(ctx context.Context, before int64, limit int) ([]AuditEntry, error) {
-	return s.store.Audit(ctx, before, limit)
+// Audit answers the audit rows f selects, newest first, below the cursor
+// f.Before (0: the newest), at most f.Limit.
+func (s *Service) Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error) {
+	return s.store.Audit(ctx, f)
 }
 
 // Sweep purges expired handles (auditing each unused one), expires

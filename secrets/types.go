@@ -119,6 +119,27 @@ type AuditEntry struct {
 	Field        string
 }
 
+// AuditFilter selects audit rows: every field set must match (an empty
+// one matches all). Before is the keyset cursor (0: from the newest).
+type AuditFilter struct {
+	PrincipalKind string
+	PrincipalID   string
+	OperationID   string
+	TargetKind    string
+	TargetID      string
+	Action        string
+	Outcome       string
+	Before        int64
+	Limit         int
+}
+
+// AuditActions and AuditOutcomes are every action and outcome an audit row
+// may hold.
+var (
+	AuditActions  = []string{ActionSeal, ActionUse, ActionReveal, ActionExpire}
+	AuditOutcomes = []string{OutcomeOK, OutcomeDenied, OutcomePurged, OutcomeSpent, OutcomeExpired, OutcomeNotReady}
+)
+
 // Store is the secrets' persistence.
 type Store interface {
 	// Seal records s with its audit row, unless s's principal holds
@@ -127,9 +148,11 @@ type Store interface {
 	Seal(ctx context.Context, s Sealed, a AuditEntry, maxLive int) error
 	// InsertAudit records audit rows on their own.
 	InsertAudit(ctx context.Context, a ...AuditEntry) error
-	// Audit answers audit rows with a cursor below before (0: from the
-	// newest), newest first, at most limit.
-	Audit(ctx context.Context, before int64, limit int) ([]AuditEntry, error)
+	// Audit answers the audit rows f selects, with a cursor below
+	// f.Before (0: from the newest), newest first, at most f.Limit; an
+	// index serves each filter, so a page never scans the whole log for a
+	// rare value.
+	Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error)
 	// Purge deletes up to batch handles whose expiry is at or before now,
 	// and audits each one that was never used, in one transaction; it
 	// answers how many went.

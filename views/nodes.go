@@ -128,17 +128,14 @@ type TimelineRow struct {
 	Detail      string
 }
 
-// OperationRow is an operation that targeted the node.
-type OperationRow struct {
+// NodeOperationRow is an operation that targeted the node.
+type NodeOperationRow struct {
 	ID        string
 	Kind      string
 	State     string
 	CreatedAt time.Time
 	Error     string
 }
-
-// OperationHref is an operation's console page.
-func OperationHref(id string) string { return "/console/operations/" + url.PathEscape(id) }
 
 // CommandKinds are the kinds the command form offers (the API's names).
 var CommandKinds = []string{"prepare_image", "prepare_artifact", "launch_workload", "stop_workload"}
@@ -180,7 +177,7 @@ type NodeDetail struct {
 	Pending    []CommandRow
 	Recent     []CommandRow
 	Timeline   []TimelineRow
-	Operations []OperationRow
+	Operations []NodeOperationRow
 
 	Command CommandForm
 }
@@ -250,9 +247,6 @@ type FleetSummary struct {
 	Failed  int64
 	Refused int64
 }
-
-// OperationStates are the ledger's states in lifecycle order.
-var OperationStates = []string{"pending", "running", "succeeded", "failed", "cancelled"}
 
 // ago is how long before now t was, coarsely ("12 s ago", "5 min ago").
 func ago(now, t time.Time) string {

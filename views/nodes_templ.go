@@ -100,7 +100,7 @@ func age(now time.Time, t *time.Time, none string) templ.Component {
 	})
 }
 
-func stateBadge(state string) templ.Component {
+func nodeStateBadge(state string) templ.Component {
 	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
 		if templ_7745c5c3_CtxErr := ctx.Err(); templ_7745c5c3_CtxErr != nil {
@@ -460,7 +460,7 @@ func NodesPage(s Shell, v NodesView) templ.Component {
 					if templ_7745c5c3_Err != nil {
 						return templ_7745c5c3_Err
 					}
-					templ_7745c5c3_Err = stateBadge(n.State).Render(ctx, templ_7745c5c3_Buffer)
+					templ_7745c5c3_Err = nodeStateBadge(n.State).Render(ctx, templ_7745c5c3_Buffer)
 					if templ_7745c5c3_Err != nil {
 						return templ_7745c5c3_Err
 					}
@@ -724,7 +724,7 @@ func NodePage(s Shell, v NodeDetail) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = stateBadge(v.Node.State).Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = nodeStateBadge(v.Node.State).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

@@ -92,7 +92,7 @@ func sampleDetail() views.NodeDetail {
 		Workloads:  []views.WorkloadRow{{RunID: "r1", AttemptID: "a1", State: "exited", ObservedAt: &seen, HasOutput: true, StdoutTail: "hello\n"}},
 		Pending:    []views.CommandRow{{OperationID: "op-1", Kind: "launch_workload", State: "pending", IssuedAt: seen}},
 		Timeline:   []views.TimelineRow{{At: seen, Source: "operation", Action: "succeeded", Actor: "admin:ada", OperationID: "op-0", Kind: "node.invite"}},
-		Operations: []views.OperationRow{{ID: "op-0", Kind: "node.invite", State: "succeeded", CreatedAt: seen}},
+		Operations: []views.NodeOperationRow{{ID: "op-0", Kind: "node.invite", State: "succeeded", CreatedAt: seen}},
 		Command:    views.CommandForm{RequestID: "console:abc", Kind: "launch_workload"},
 	}
 }

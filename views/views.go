@@ -185,14 +185,6 @@ func (a AuditView) OlderHref() string {
 	return "/console/audit?before=" + strconv.FormatInt(a.OlderBefore, 10)
 }
 
-// ComingSoonView is a section whose page has not landed yet.
-type ComingSoonView struct {
-	Title   string
-	Summary string
-	// APIPaths are the endpoints that serve the section meanwhile.
-	APIPaths []string
-}
-
 // ErrorView is an error page.
 type ErrorView struct {
 	Status    int

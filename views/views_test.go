@@ -149,7 +149,6 @@ func TestFrame(t *testing.T) {
 			views.TokensPage(signedIn, views.TokensView{Tokens: []views.TokenRow{{ID: "t1", Name: "a", CreatedAt: now}}}),
 			views.TokenCreatedPage(signedIn, views.TokenCreatedView{Name: "a", Token: "nwa_x"}),
 			views.AuditPage(signedIn, views.AuditView{}),
-			views.ComingSoonPage(signedIn, views.ComingSoonView{Title: "Nodes"}),
 			views.ErrorPage(signedIn, views.ErrorView{Status: 404, Title: "Not found"}),
 		}
 		for _, p := range pages {

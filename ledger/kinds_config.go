@@ -148,7 +148,7 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 		},
 	}
 	fleetKind := &Kind{
-		Name: KindFleetConfigure, Family: FamilyNodeConfig, Capability: api.CapConfig,
+		Name: KindFleetConfigure, Family: FamilyNodeConfig,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetConfigureOperation
 			if err := decodeConfigure(d.Operation, &o); err != nil {

@@ -529,7 +529,7 @@ func TestConfig(t *testing.T) {
 		b := setup(t)
 		b.start(b.cp.bootstrap())
 		b.eventually("a heartbeat", 0, func() bool { return len(b.cp.heartbeats()) > 0 })
-		want := []string{api.CapCommands, api.CapConfig, api.CapOutput}
+		want := []string{api.CapCommands, api.CapConfig, api.CapOutput, api.CapDiag}
 		var enrolled []string
 		b.cp.with(func() { enrolled = b.cp.enrolls[0].Facts.Capabilities })
 		if !slices.Equal(enrolled, want) {

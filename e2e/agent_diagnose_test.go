@@ -39,9 +39,10 @@ func diagnose(t *testing.T, s *Server, nodeID, requestID string, op any) diagnos
 	return got
 }
 
-// TestAgentDiagnose runs diagnostics on a real agent binary through the
-// ledger: the node reports diag.v1, and disk, connect (an open and a
-// closed port) and clock answer evidence as the operation's result.
+// TestAgentDiagnose runs every diagnostic action on a real agent binary
+// through the ledger: the node reports diag.v1, and disk, connect (an open
+// and a closed port), resolve, workloads, clock and agent answer evidence
+// as the operation's result.
 func TestAgentDiagnose(t *testing.T) {
 	t.Parallel()
 	s := StartServer(t, ServerOptions{})
@@ -55,7 +56,6 @@ func TestAgentDiagnose(t *testing.T) {
 	if !slices.Contains(rec.Capabilities, api.CapDiag) {
 		t.Fatalf("node capabilities %v, want %s", rec.Capabilities, api.CapDiag)
 	}
-	_ = f
 
 	var disk api.DiskEvidence
 	op := diagnose(t, s, node, "e2e-disk", map[string]any{"action": "disk", "paths": []string{"/"}})
@@ -97,5 +97,42 @@ func TestAgentDiagnose(t *testing.T) {
 	// One machine, one clock: the server's bounds hold zero skew.
 	if clk.Server.SkewMinMs > 0 || clk.Server.SkewMaxMs < 0 {
 		t.Fatalf("skew bounds [%d, %d] ms exclude 0 on one machine", clk.Server.SkewMinMs, clk.Server.SkewMaxMs)
+	}
+
+	var res api.ResolveEvidence
+	op = diagnose(t, s, node, "e2e-resolve", map[string]any{"action": "resolve", "names": []string{"localhost", "nodeward-e2e.invalid"}})
+	if err := json.Unmarshal(op.Result, &res); err != nil || len(res.Results) != 2 {
+		t.Fatalf("resolve evidence %s", op.Result)
+	}
+	if r := res.Results[0]; r.Name != "localhost" || len(r.Addresses) == 0 || r.Error != "" {
+		t.Fatalf("localhost resolves on any machine: %+v", r)
+	}
+	// A name that cannot resolve is evidence too (RFC 6761 reserves .invalid).
+	if r := res.Results[1]; r.Name != "nodeward-e2e.invalid" || len(r.Addresses) != 0 || r.Error == "" {
+		t.Fatalf("an .invalid name answered %+v", r)
+	}
+
+	f.issue(node, api.KindLaunchWorkload, "e2e-diag-launch", launchPayload("diag-run", "exit 3", nil))
+	f.waitApplied("e2e-diag-launch", time.Minute)
+	var wl api.WorkloadsEvidence
+	testwait.For(t, "the workload's exit in the workloads evidence", time.Minute, func() bool {
+		op = diagnose(t, s, node, "e2e-workloads-"+time.Now().Format("150405.000000"), map[string]any{"action": "workloads"})
+		wl = api.WorkloadsEvidence{}
+		if err := json.Unmarshal(op.Result, &wl); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range wl.Workloads {
+			if w.RunID == "diag-run" && w.State == api.WorkloadExited && w.ExitCode != nil && *w.ExitCode == 3 {
+				return true
+			}
+		}
+		return false
+	})
+
+	var ag api.AgentEvidence
+	op = diagnose(t, s, node, "e2e-agent", map[string]any{"action": "agent"})
+	if err := json.Unmarshal(op.Result, &ag); err != nil || ag.Version == "" || ag.StartedAt.IsZero() ||
+		!slices.Contains(ag.Capabilities, api.CapDiag) || ag.JournalOps == 0 {
+		t.Fatalf("agent evidence %s", op.Result)
 	}
 }

@@ -68,7 +68,9 @@ func stampPtr(t *time.Time) string {
 	return stamp(*t)
 }
 
-func fact(label, value string) views.EvidenceFact { return views.EvidenceFact{Label: label, Value: value} }
+func fact(label, value string) views.EvidenceFact {
+	return views.EvidenceFact{Label: label, Value: value}
+}
 
 // rawEvidence is the fallback: the JSON, indented.
 func rawEvidence(title string, raw json.RawMessage) *views.Evidence {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -152,6 +153,28 @@ func TestConsoleConfig(t *testing.T) {
 			require.Equal(t, "3", text(after.one(t, "config-revision")))
 			after.one(t, "config-cleared")
 			require.Empty(t, byTestID(after.doc, "config-clear-form"))
+		})
+
+		t.Run("ConcurrentDoubleSubmitIsOneOperation", func(t *testing.T) {
+			before := opsOfKind(t, s, boot.NodeID, "node.configure")
+			form := with(u.get(nodePath).form(t, "config-form"), "format", "app/v1", "document", `{"port": 82}`)
+			var wg sync.WaitGroup
+			locs := make([]string, 2)
+			for i := range locs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res := u.send(http.MethodPost, configPath, form)
+					res.Body.Close()
+					if res.StatusCode == http.StatusSeeOther {
+						locs[i] = res.Header.Get("Location")
+					}
+				}()
+			}
+			wg.Wait()
+			require.NotEmpty(t, locs[0])
+			require.Equal(t, locs[0], locs[1], "both land on the one operation")
+			require.Equal(t, before+1, opsOfKind(t, s, boot.NodeID, "node.configure"))
 		})
 
 		t.Run("RetiredRefused", func(t *testing.T) {

@@ -177,6 +177,24 @@ func TestConsoleConfig(t *testing.T) {
 			require.Equal(t, before+1, opsOfKind(t, s, boot.NodeID, "node.configure"))
 		})
 
+		t.Run("SealedValuesNeverShown", func(t *testing.T) {
+			const secret = "db-pass-4c1f9e77"
+			form := u.get(nodePath).form(t, "config-form")
+			// Sealed by the same administrator for the form's request id
+			// (the console's user is the API token's).
+			handle := sealFor(t, s, s.AdminToken, form.Get("request_id"), boot.NodeID, "/document/password", secret)
+			loc := u.redirected(configPath, with(form, "format", "app/v1", "document", `{"password": "`+handle+`", "port": 83}`))
+			page := u.get(loc)
+			require.Contains(t, text(page.one(t, "config-document")), `"[sealed]"`)
+			require.NotContains(t, page.raw, secret)
+			require.NotContains(t, page.raw, handle, "the stored document holds the value, shown masked")
+			var polled api.CommandsResponse
+			s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+			require.Contains(t, string(polled.Config.Document), secret, "only the node receives it")
+			opPage := u.get("/console/operations/" + strings.TrimPrefix(loc, nodePath+"?configured="))
+			require.NotContains(t, opPage.raw, secret)
+		})
+
 		t.Run("RetiredRefused", func(t *testing.T) {
 			form := with(u.get(nodePath).form(t, "config-form"), "format", "app/v1", "document", `{}`)
 			s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/retire", map[string]any{}, http.StatusOK, nil)

@@ -39,6 +39,7 @@ func (h *handler) consoleNodeRoutes(r chi.Router) {
 	r.Post("/console/nodes/{id}/reinvite", h.consoleReinvite)
 	r.Get("/console/nodes/{id}/retire", h.consoleRetireForm)
 	r.Post("/console/nodes/{id}/retire", h.consoleRetire)
+	h.consoleConfigRoutes(r)
 }
 
 func priceText(micros *int64) string {
@@ -136,6 +137,11 @@ func (h *handler) consoleNode(w http.ResponseWriter, r *http.Request) {
 			s.Flash = views.Flash{Kind: views.FlashOK, Message: "Command " + c.OperationID + " (" + c.Kind + ") submitted; it is " + string(c.State) + "."}
 		}
 	}
+	if opID := q.Get("configured"); opID != "" {
+		if op, err := h.Ledger.Get(r.Context(), ledgerPrincipal(r), opID); err == nil && op.Kind == ledger.KindNodeConfigure && op.TargetID == id {
+			s.Flash = views.Flash{Kind: views.FlashOK, Message: "Configuration submitted as operation " + op.ID + "; it is " + string(op.State) + "."}
+		}
+	}
 	if q.Has("retired") && v.Retired() {
 		s.Flash = views.Flash{Kind: views.FlashOK, Message: "Node " + v.Node.ID + " is retired."}
 	}
@@ -158,6 +164,9 @@ func (h *handler) nodeDetail(r *http.Request, id string) (views.NodeDetail, erro
 	if b := n.Purchase.BillingIntervalSeconds; b != nil {
 		v.BillingInterval = (time.Duration(*b) * time.Second).String()
 	}
+	v.Config = h.nodeConfigPanel(r, id)
+	v.Caps = capabilitiesOf(n)
+	freshNodeForms(&v)
 
 	rec, err := h.Fleet.Reconcile(ctx, id)
 	if err != nil {

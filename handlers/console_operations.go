@@ -147,6 +147,7 @@ func (h *handler) operationDetail(r *http.Request, op ledger.Operation) (views.O
 		CancelRequestedAt: op.CancelRequestedAt, CancelReason: op.CancelReason,
 		CreatedAt: op.CreatedAt, AcceptedAt: op.AcceptedAt, FinishedAt: op.FinishedAt, Deadline: op.Deadline,
 	}
+	v.Readable = readableResult(op)
 	for _, t := range op.Targets {
 		v.Targets = append(v.Targets, views.TargetRow{Kind: t.Kind, ID: t.ID})
 	}
@@ -188,6 +189,9 @@ func (h *handler) consoleOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s := h.shell(r, views.NavOperations)
+	if r.URL.Query().Get("diagnose") == "1" && op.Kind == ledger.KindNodeDiagnose {
+		s.Flash = views.Flash{Kind: views.FlashOK, Message: "Diagnose submitted: the evidence shows here when the node answers."}
+	}
 	if r.URL.Query().Get("cancelled") == "1" && op.CancelRequestedAt != nil {
 		s.Flash = views.Flash{Kind: views.FlashOK, Message: "Cancellation requested."}
 	}

@@ -51,6 +51,14 @@ func (h *handler) summary(r *http.Request) (views.FleetSummary, map[fleet.State]
 	}
 	v := views.FleetSummary{Available: true, Lapsing: fs.Lapsing, LapseWindow: h.Fleet.LapseWindow(),
 		PendingCommands: fs.PendingCommands, Failed: ls.Failed, Refused: fs.RefusedCommands}
+	// The lagging count and the never-reported count come together from
+	// the lagging listing's counts (one row read beside them).
+	if lag, err := h.Fleet.LaggingConfigs(r.Context(), "", 1); err != nil {
+		logger(r).Error("overview: lagging configurations", "err", err)
+		v.ConfigUnavailable = true
+	} else {
+		v.Lagging, v.NeverReported = lag.Count, lag.NeverReported
+	}
 	for _, s := range views.OperationStates {
 		v.Operations = append(v.Operations, views.StateCount{State: s, Count: int(ls.RecentByState[ledger.State(s)])})
 	}

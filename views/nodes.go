@@ -180,6 +180,11 @@ type NodeDetail struct {
 	Operations []NodeOperationRow
 
 	Command CommandForm
+
+	Config     ConfigPanel
+	ConfigForm ConfigForm
+	Caps       Capabilities
+	Diagnose   DiagnoseForms
 }
 
 // Retired reports whether the node is retired (no more actions).
@@ -246,6 +251,12 @@ type FleetSummary struct {
 	// the commands refused in them.
 	Failed  int64
 	Refused int64
+	// Lagging counts nodes lagging their desired configuration;
+	// NeverReported those with one that never reported. ConfigUnavailable:
+	// they could not be read.
+	Lagging           int64
+	NeverReported     int64
+	ConfigUnavailable bool
 }
 
 // ago is how long before now t was, coarsely ("12 s ago", "5 min ago").

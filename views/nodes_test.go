@@ -109,9 +109,8 @@ func TestNodePage(t *testing.T) {
 		require.Contains(t, text(one(t, doc, "timeline")), "node.invite")
 		href, _ := attr(elements(one(t, doc, "operation-op-0"), "a")[0], "href")
 		require.Equal(t, "/console/operations/op-0", href)
-		// The places other work fills in, honest meanwhile.
-		require.Contains(t, text(one(t, doc, "desired-config")), "Not available yet")
-		require.Contains(t, text(one(t, doc, "diagnose")), "Not available yet")
+		// No configuration yet, said so.
+		one(t, doc, "config-none")
 	})
 
 	t.Run("CommandForm", func(t *testing.T) {
@@ -193,7 +192,8 @@ func TestOverviewAttention(t *testing.T) {
 		ops[i] = views.StateCount{State: s, Count: i}
 	}
 	doc := render(t, views.OverviewPage(signedIn, views.Overview{Counts: counts(1, 5, 2, 0), Summary: views.FleetSummary{
-		Available: true, Lapsing: 3, LapseWindow: 30 * time.Second, Operations: ops, PendingCommands: 4, Failed: 6, Refused: 2}}))
+		Available: true, Lapsing: 3, LapseWindow: 30 * time.Second, Operations: ops, PendingCommands: 4, Failed: 6, Refused: 2,
+		Lagging: 7, NeverReported: 2}}))
 	link := func(id string) string {
 		href, _ := attr(elements(one(t, doc, id), "a")[0], "href")
 		return href
@@ -204,7 +204,9 @@ func TestOverviewAttention(t *testing.T) {
 	require.Equal(t, "/console/operations?family=commands&state=failed", link("refused-commands"))
 	require.Equal(t, "3 failed", text(one(t, doc, "ops-failed")))
 	require.Equal(t, "/console/operations?state=failed", link("ops-failed"))
-	require.Contains(t, text(one(t, doc, "config-lagging")), "not available yet")
+	require.Equal(t, "/console/config/lagging", link("config-lagging"))
+	require.Contains(t, text(one(t, doc, "config-lagging")), "7 nodes lagging their desired configuration")
+	require.Equal(t, "2 more not reported yet", text(one(t, doc, "config-never-reported")))
 	require.True(t, strings.HasPrefix(link("pending-commands"), "/console/operations?family=commands"))
 
 	doc = render(t, views.OverviewPage(signedIn, views.Overview{Counts: counts(1, 0, 0, 0)}))

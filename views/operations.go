@@ -139,6 +139,9 @@ type OperationDetailView struct {
 	Operation string
 	Result    string
 	Evidence  string
+	// Readable is the result made readable (diagnose evidence, a
+	// configure's outcome); nil when the kind has none.
+	Readable *Evidence
 	// Error is set on a failed (or otherwise ended) operation.
 	ErrorCode      string
 	ErrorMessage   string

@@ -201,16 +201,23 @@ func verifyExactlyOnce(t testing.TB, f *Figures, base, token string, ops []issue
 	}
 }
 
-// launchCounts counts, per operation id, the launches an agent's logs
-// report (every run of the process): a launch is logged once per effect.
-func launchCounts(agents ...*Agent) map[string]int {
+// launchCounts counts, per operation id, the launches the agents' logs
+// report (every run of each process): a launch is logged once per effect.
+// The logs are read at the first call, which verifyExactlyOnce makes only
+// after every command settled.
+func launchCounts(agents ...*Agent) func(op issued) int {
+	var once sync.Once
 	n := map[string]int{}
-	for _, a := range agents {
-		for _, rec := range a.Logs("workload launched") {
-			if id, ok := rec["operation_id"].(string); ok {
-				n[id]++
+	return func(op issued) int {
+		once.Do(func() {
+			for _, a := range agents {
+				for _, rec := range a.Logs("workload launched") {
+					if id, ok := rec["operation_id"].(string); ok {
+						n[id]++
+					}
+				}
 			}
-		}
+		})
+		return n[op.ID]
 	}
-	return n
 }

@@ -116,7 +116,7 @@ func TestTortureReplicaFailover(t *testing.T) {
 		victim.Start(t)
 	}
 	ops := st.finish()
-		verifyExactlyOnce(t, fig, proxy.URL, a.Token, ops, stateDirs, launchCounts(agents...))
+	verifyExactlyOnce(t, fig, proxy.URL, a.Token, ops, stateDirs, launchCounts(agents...))
 	for _, node := range nodes {
 		if n := f.node(node); n.State != "ready" {
 			t.Errorf("node %s: state %s after failovers, want ready (its agent should never have lapsed)", node, n.State)

@@ -65,7 +65,7 @@ func TestTorturePostgresRestart(t *testing.T) {
 		fig.Recovered(st.probe(fmt.Sprintf("pgrestart-probe-%03d", c), nodes[c%len(nodes)], back))
 	}
 	ops := st.finish()
-		verifyExactlyOnce(t, fig, s.URL, s.Token, ops, stateDirs, launchCounts(agents...))
+	verifyExactlyOnce(t, fig, s.URL, s.Token, ops, stateDirs, launchCounts(agents...))
 	st.mu.Lock()
 	for k, v := range st.codes {
 		fig.Codes["stream: "+k] += v

@@ -50,7 +50,7 @@ func TestTortureServerKill9(t *testing.T) {
 		fig.Recovered(st.probe(fmt.Sprintf("cpkill-probe-%03d", c), nodes[c%len(nodes)], killed))
 	}
 	ops := st.finish()
-		verifyExactlyOnce(t, fig, s.URL, s.Token, ops, stateDirs, launchCounts(agents...))
+	verifyExactlyOnce(t, fig, s.URL, s.Token, ops, stateDirs, launchCounts(agents...))
 	for _, node := range nodes {
 		f := fleetAPI{t: t, s: s}
 		if rec := f.reconcile(node); len(rec.Pending) != 0 {

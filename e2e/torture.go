@@ -40,6 +40,16 @@ func TortureCycles(def int) int {
 	return def
 }
 
+// Extension point — desired configuration under faults (issue 7, not built
+// here): a configure fault test plugs into the same pieces. Submit
+// `node.configure` operations through /api/v1/operations from a stream (its
+// payload func gives the kind and operation), break things with the same
+// kill/restart/failover steps, and verify with a sibling of
+// verifyExactlyOnce that reads each agent's config/current.meta.json
+// (revision, hash) against the operation's revision, counting hook runs from
+// the agent log the way launchCounts counts launches. Report it with
+// Figures like the others; cmd/torture renders every Figures it receives.
+
 // Figures are one fault test's outcome, as the reliability report shows it.
 type Figures struct {
 	Fault      string  `json:"fault"`

@@ -131,7 +131,8 @@ func TestTortureReplicaFailover(t *testing.T) {
 		status, raw, err := TryCall(proxy.URL, http.MethodGet, "/api/v1/nodes/"+nodes[0], nil, a.Token, nil)
 		return err == nil && status == http.StatusOK && ProblemCode(raw) == "" && containsState(raw, "lost")
 	})
-	fig.Notes = append(fig.Notes, fmt.Sprintf("connections handed out per replica: %v", proxy.Connections()))
+	conns := proxy.Connections()
+	fig.Notes = append(fig.Notes, fmt.Sprintf("the proxy handed out %d connections to replica A and %d to replica B", conns[a.Addr], conns[b.Addr]))
 	st.mu.Lock()
 	fig.Codes = st.codes
 	for _, r := range st.rejected {

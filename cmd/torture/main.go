@@ -295,6 +295,20 @@ func (r report) markdown() string {
 		r.Started.Format("2006-01-02 15:04 UTC"), r.Commit, r.CPUs, r.Cycles, r.Took, map[bool]string{true: "all passed", false: "FAILURES (below)"}[r.passed()])
 	w("The promise under test: a command is never lost and never applied twice, across control-plane kill -9, agent kill -9, replica failover and Postgres restarts; a superseded agent is fenced; nobody gets in uninvited. Everything runs as real processes on loopback (`e2e/`); the small version of every test runs in CI.\n\n")
 
+	var sumIssued, sumApplied, sumDup, sumLost, sumCycles int
+	var allRecovery []int64
+	for _, f := range r.Figures {
+		sumIssued, sumApplied, sumDup, sumLost, sumCycles = sumIssued+f.Issued, sumApplied+f.Applied, sumDup+f.Duplicated, sumLost+f.Lost, sumCycles+f.Cycles
+		allRecovery = append(allRecovery, f.RecoveryMS...)
+	}
+	var fuzzed int64
+	for _, f := range r.Fuzz {
+		fuzzed += f.execs
+	}
+	med, max := e2e.MedianMax(allRecovery)
+	w("**In short:** %d fault cycles; %d commands issued, %d applied, %d duplicated, %d lost; recovery median %s, max %s; %d attack inputs and %d fuzz inputs tried.\n\n",
+		sumCycles, sumIssued, sumApplied, sumDup, sumLost, dur(med, len(allRecovery)), dur(max, len(allRecovery)), len(r.Tally), fuzzed)
+
 	w("## Faults\n\n")
 	w("| fault | cycles | issued | applied | duplicated | lost | pending | recovery median | recovery max |\n")
 	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")

@@ -2,6 +2,8 @@ package handlers_test
 
 import (
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -99,5 +101,39 @@ func FuzzTokenDecode(f *testing.F) {
 	f.Add([]byte(`{"name":"\u202e"}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		checkFuzzAnswer(t, fuzzPost(s, "/api/v1/tokens", s.AdminToken, body))
+	})
+}
+
+// FuzzListingQueries sends fuzzed query strings to every listing and
+// long-poll endpoint that parses one (filters, limit, cursors, wait): never
+// a 5xx, every refusal a problem document.
+func FuzzListingQueries(f *testing.F) {
+	s, node, tok := adminFuzzServer(f)
+	for _, q := range []string{"limit=5", "limit=0", "limit=501", "before=MTIzfGlk", "before=-1", "state=running&kind=node.invite",
+		"node_id=x&package_host_id=y&package_host_generation=2", "wait=60", "wait=1e9", "since=2026-01-01T00:00:00Z", "%zz", "limit=5;x", "class=a&class=b"} {
+		for i := range 9 {
+			f.Add(q, uint8(i))
+		}
+	}
+	paths := []string{"/api/v1/operations", "/api/v1/nodes", "/api/v1/node-operations", "/api/v1/nodes/" + node + "/commands",
+		"/api/v1/nodes/" + node + "/audit", "/api/v1/nodes/" + node + "/timeline", "/api/v1/package-hosts", "/api/v1/admin-audit", "/api/v1/secret-audit"}
+	f.Fuzz(func(t *testing.T, raw string, which uint8) {
+		if strings.ContainsAny(raw, "#\x00\r\n ") {
+			return // not a query string a client can send
+		}
+		path, token := "", s.AdminToken
+		if int(which) < len(paths) {
+			path = paths[which]
+		} else {
+			path, token = "/agent/v1/commands", tok
+			raw = "wait=0&" + raw // never hold the fuzzer on a long-poll
+		}
+		req := httptest.NewRequest(http.MethodGet, "/x", nil)
+		req.URL.Path, req.URL.RawQuery = path, raw
+		req.RequestURI = ""
+		req.Header.Set("Authorization", "Bearer "+token)
+		rec := httptest.NewRecorder()
+		s.App.Handler.ServeHTTP(rec, req)
+		checkFuzzAnswer(t, rec)
 	})
 }

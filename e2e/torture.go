@@ -88,6 +88,9 @@ func (f *Figures) Report(t testing.TB) {
 	med, max := MedianMax(f.RecoveryMS)
 	t.Logf("%s: %d cycles, issued %d, applied %d, duplicated %d, lost %d, pending %d, refused %d, recovery median %s max %s, codes %v",
 		f.Fault, f.Cycles, f.Issued, f.Applied, f.Duplicated, f.Lost, f.Pending, f.Refused, med, max, f.Codes)
+	for _, n := range f.Notes {
+		t.Logf("%s: %s", f.Fault, n)
+	}
 	out := os.Getenv(EnvTortureOut)
 	if out == "" {
 		return

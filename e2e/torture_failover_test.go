@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func TestTortureReplicaFailover(t *testing.T) {
 	cycles := TortureCycles(2)
 	const lease = 10 * time.Second
 	fig := &Figures{Fault: "replica failover (2 replicas, Postgres, TCP proxy)", Cycles: cycles}
-	fig.Notes = append(fig.Notes, fmt.Sprintf("lease %s; every recovery must land within one lease", lease))
+	fig.Notes = append(fig.Notes, fmt.Sprintf("lease %s; no node lapsed (no node.lost in any node audit) across the failovers", lease))
 
 	// The proxy comes first: the replicas advertise its URL to agents.
 	proxy := StartProxy(t)
@@ -90,6 +91,7 @@ func TestTortureReplicaFailover(t *testing.T) {
 	}
 	f := fleetAPI{t: t, s: front}
 	st := &stream{t: t, base: func() string { return proxy.URL }, token: a.Token, nodes: nodes, prefix: "failover", payload: simulatedLaunch, pace: 50 * time.Millisecond}
+	began := time.Now()
 	st.start()
 	for c := range cycles {
 		time.Sleep(time.Duration(300+rand.IntN(1500)) * time.Millisecond)
@@ -104,9 +106,6 @@ func TestTortureReplicaFailover(t *testing.T) {
 			}
 		}
 		fig.Recovered(worst)
-		if worst > lease {
-			t.Errorf("cycle %d: agents needed %s to get work through the survivor, more than one lease (%s)", c, worst, lease)
-		}
 		// The dispatcher carries on on the survivor: an invitation ends.
 		status, raw, err := TryCall(proxy.URL, http.MethodPost, "/api/v1/nodes/invitations",
 			map[string]any{"rental_id": fmt.Sprintf("torture-ha-invite-%d", c), "generation": 1}, a.Token, nil)
@@ -116,10 +115,20 @@ func TestTortureReplicaFailover(t *testing.T) {
 		victim.Start(t)
 	}
 	ops := st.finish()
+	t.Logf("cycles done after %s", time.Since(began).Round(time.Second))
 	verifyExactlyOnce(t, fig, proxy.URL, a.Token, ops, stateDirs, launchCounts(agents...))
+	// Every agent reconnected within its lease: no replica's sweeper ever
+	// marked a node lost (the audit keeps what any replica did).
 	for _, node := range nodes {
 		if n := f.node(node); n.State != "ready" {
-			t.Errorf("node %s: state %s after failovers, want ready (its agent should never have lapsed)", node, n.State)
+			t.Errorf("node %s: state %s after failovers, want ready", node, n.State)
+		}
+		status, raw, err := TryCall(proxy.URL, http.MethodGet, "/api/v1/nodes/"+node+"/audit", nil, a.Token, nil)
+		if err != nil || status != http.StatusOK {
+			t.Fatalf("audit of %s: %d %v %s", node, status, err, raw)
+		}
+		if strings.Contains(string(raw), `"node.lost"`) {
+			t.Errorf("node %s lapsed during the failovers (its agent did not reconnect within one lease): %s", node, raw)
 		}
 	}
 
@@ -127,10 +136,15 @@ func TestTortureReplicaFailover(t *testing.T) {
 	// agent died is marked lost when its lease lapses.
 	a.Stop(t, syscall.SIGKILL)
 	agents[0].Kill(t)
+	lapseFrom := time.Now()
 	testwait.For(t, "the survivor to mark the dead agent's node lost", 10*lease, func() bool {
 		status, raw, err := TryCall(proxy.URL, http.MethodGet, "/api/v1/nodes/"+nodes[0], nil, a.Token, nil)
 		return err == nil && status == http.StatusOK && ProblemCode(raw) == "" && containsState(raw, "lost")
 	})
+	fig.Notes = append(fig.Notes, fmt.Sprintf("with replica A dead, the survivor marked a node whose agent died lost %s after the kill (lease %s)", time.Since(lapseFrom).Round(time.Second), lease))
+	if _, raw, _ := TryCall(proxy.URL, http.MethodGet, "/api/v1/nodes/"+nodes[0]+"/audit", nil, a.Token, nil); !strings.Contains(string(raw), `"node.lost"`) {
+		t.Errorf("the lapse is not in the node's audit, so the check above proves nothing: %s", raw)
+	}
 	conns := proxy.Connections()
 	fig.Notes = append(fig.Notes, fmt.Sprintf("the proxy handed out %d connections to replica A and %d to replica B", conns[a.Addr], conns[b.Addr]))
 	st.mu.Lock()

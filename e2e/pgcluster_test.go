@@ -107,13 +107,3 @@ func (c *pgCluster) Crash() {
 		c.t.Fatal(err)
 	}
 }
-
-// Dump answers pg_dump of the cluster's postgres database (for grepping).
-func (c *pgCluster) Dump() string {
-	c.t.Helper()
-	out, err := exec.Command("pg_dump", "--data-only", c.URL()).Output()
-	if err != nil {
-		c.t.Fatalf("pg_dump: %v", err)
-	}
-	return string(out)
-}

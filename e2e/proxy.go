@@ -21,10 +21,9 @@ type Proxy struct {
 	backends []string
 	next     atomic.Uint64
 
-	mu    sync.Mutex // guards the following
-	conns map[net.Conn]struct{}
-	// Conns counts the connections accepted per backend.
-	perBackend map[string]int
+	mu         sync.Mutex // guards the following
+	conns      map[net.Conn]struct{}
+	perBackend map[string]int // connections handed to each backend
 }
 
 // StartProxy listens on a free loopback port and balances over backends

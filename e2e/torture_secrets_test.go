@@ -106,9 +106,9 @@ func TestTortureSecretsAtRest(t *testing.T) {
 					}
 				}
 			}
-			fig := &Figures{Fault: "secrets at rest (" + dialect + ")", Cycles: 1, Codes: map[string]int{"occurrences found": found}}
-			fig.Notes = append(fig.Notes, fmt.Sprintf("%d secret values (sealed value, admin token and password, master key, enrollment and session tokens) grepped in %d places (%s: %d bytes of database, the server log, the agent log)",
-				len(secrets), len(places), map[string]string{"sqlite": "every file of the data folder", "postgres": "pg_dump"}[dialect], len(db)))
+			fig := &Figures{Fault: "secrets at rest (" + dialect + ")"}
+			fig.Notes = append(fig.Notes, fmt.Sprintf("%d occurrences of %d secret values (sealed value, admin token and password, master key, enrollment and session tokens) in %d places (%s: %d bytes of database, the server log, the agent log)",
+				found, len(secrets), len(places), map[string]string{"sqlite": "every file of the data folder", "postgres": "pg_dump"}[dialect], len(db)))
 			fig.Report(t)
 		})
 	}

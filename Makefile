@@ -1,5 +1,5 @@
 # Tasks for humans; CI runs .ci/run.
-.PHONY: help run test test-pg lint generate bench bench-ledger load build plans
+.PHONY: help run test test-pg lint generate bench bench-ledger load build plans torture
 
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
@@ -38,3 +38,6 @@ load: ## the delivery load matrix (see BENCHMARKS.md)
 
 plans: ## the ledger's query plans at a million operations, into docs/ledger-plans.md
 	go run ./cmd/ledgerplans -database-url '$(PG_URL)' -out docs/ledger-plans.md
+
+torture: ## the fault and attack suites at full size (about 30 min), into docs/reliability.md
+	go run ./cmd/torture -cycles 50 -database-url '$(PG_URL)' -out docs/reliability.md

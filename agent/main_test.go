@@ -386,3 +386,14 @@ func TestBinaryConfigHook(t *testing.T) {
 		t.Fatalf("current.json %q", doc)
 	}
 }
+
+// FuzzReadBootstrap: an inline bootstrap of any shape is read or refused
+// with an error, never a panic.
+func FuzzReadBootstrap(f *testing.F) {
+	f.Add(`{"node_id":"n","generation":1,"enrollment_token":"t","control_plane_url":"https://cp"}`)
+	f.Add(`{"type":"https://nodeward.dev/problems/unauthenticated","status":401,"code":"unauthenticated"}`)
+	f.Add(`{"node_id":1}`)
+	f.Fuzz(func(t *testing.T, s string) {
+		_, _ = readBootstrap("{" + s)
+	})
+}

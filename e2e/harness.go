@@ -158,7 +158,9 @@ type ServerOptions struct {
 	// DatabaseURL selects Postgres (a schema URL from dbtest.NewSchema);
 	// empty runs SQLite in a temp data folder.
 	DatabaseURL string
-	Replica     string
+	// DataDir is the SQLite data folder (default: a fresh temp dir).
+	DataDir string
+	Replica string
 	// Token is an existing administrator token (for a second replica of
 	// one database); empty creates an administrator and a token.
 	Token string
@@ -178,7 +180,10 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 		s.Replica = "replica-" + strings.ReplaceAll(addr, ":", "-")
 	}
 	if o.DatabaseURL == "" {
-		s.DataDir = t.TempDir()
+		s.DataDir = o.DataDir
+		if s.DataDir == "" {
+			s.DataDir = t.TempDir()
+		}
 	}
 	s.Env = append([]string{
 		"NODEWARD_LISTEN=" + addr,

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/internal/tally"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -252,6 +253,7 @@ func TestHostileRequests(t *testing.T) {
 					}
 				}
 				status, h, raw := s.Send(t, req)
+				tally.Record("hostile requests", status, tc.code)
 				require.Less(t, status, 500, "answer: %.300s", raw)
 				if tc.code != "" {
 					p := apitest.RequireProblem(t, status, h, raw, tc.status, tc.code)

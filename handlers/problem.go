@@ -91,6 +91,12 @@ func resolve(r *http.Request, err error) (int, *errcode.Error) {
 		// nobody reads this answer. Not a fault of the server.
 		logger(r).Debug("client went away", "err", err.Error())
 		e = errcode.New(errcode.Unavailable, "request cancelled by the client")
+	case errcode.IsUnavailable(err):
+		// The database is down, restarting or out of space: a condition the
+		// client retries (with its Idempotency-Key, a retry of a write whose
+		// commit was cut off is answered from the first), not a bug.
+		logger(r).Warn("database unavailable", "err", err.Error())
+		e = errcode.New(errcode.Unavailable, "the database is unavailable; retry later")
 	default:
 		logger(r).Error("internal error", "err", err.Error())
 		e = errcode.New(errcode.Internal, "internal error")

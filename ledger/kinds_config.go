@@ -15,7 +15,9 @@ import (
 // Desired configuration kinds (family nodeconfig, DECISIONS.md §32). Like
 // command kinds they hold no executor slot: node.configure writes the
 // node's desired configuration in the submitting transaction (Record) and
-// stays pending on channel long_poll until the node's report for its
+// is pending on channel long_poll until its revision is first delivered
+// to the node, then running (the store marks it in the statement that
+// records the delivery, as for commands) until the node's report for its
 // revision ends it — in the transaction that records the report — or a
 // later revision supersedes it, its deadline passes, or the node is
 // retired. Cancelling one ends the operation; the configuration stays

@@ -517,7 +517,9 @@ func (s *Service) cancelTx(ctx context.Context, tx Tx, op Operation, reason stri
 		return op, nil
 	}
 	op.CancelRequestedAt, op.CancelReason = &now, reason
-	withdrawn := op.State == StatePending
+	// A configure's operation ends at once, delivered (running) or not;
+	// its configuration stays desired.
+	withdrawn := op.State == StatePending || op.Kind == KindNodeConfigure
 	if op.Channel == ChannelLongPoll && op.Kind != KindNodeConfigure {
 		// A node's command is withdrawn only while undelivered; once
 		// delivered, its operation ends with the node's answer. (A

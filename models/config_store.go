@@ -182,9 +182,54 @@ func (t *fleetTx) SaveNodeConfig(ctx context.Context, c fleet.NodeConfig) error 
 	return t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).Create(&row).Error
 }
 
+// MarkConfigDelivered implements fleet.Tx. A delivery (revision > 0) also
+// makes the node's pending configure operations running — accepted on
+// channel long_poll, like a command's first delivery — with their events:
+// on Postgres in the same statement as the delivery mark (and the
+// cross-replica notification), on SQLite in the same transaction. Only the
+// first delivery finds them pending, so a redelivery writes no more.
 func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error {
-	return t.db(ctx).Exec(`UPDATE node_configs SET delivered_fencing = ?, delivered_revision = ?, delivered_at = ? WHERE node_id = ?`,
-		fencing, revision, dbtime.Norm(at), nodeID).Error
+	const mark = `UPDATE node_configs SET delivered_fencing = ?, delivered_revision = ?, delivered_at = ? WHERE node_id = ?`
+	at = dbtime.Norm(at)
+	if revision <= 0 {
+		return t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error
+	}
+	const pending = `UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
+		WHERE target_id = ? AND terminal = FALSE AND state = 'pending' AND held = FALSE
+		  AND target_kind = ? AND kind = ?`
+	var running []string
+	if t.dialect == Postgres {
+		err := t.db(ctx).Raw(`WITH cfg AS (`+mark+` RETURNING node_id),
+			ops AS (`+pending+` AND EXISTS (SELECT 1 FROM cfg) RETURNING id),
+			ev AS (
+				INSERT INTO operation_events (operation_id, type, at, data)
+				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
+				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
+				RETURNING operation_id)
+			SELECT operation_id FROM ev`,
+			fencing, revision, at, nodeID, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure,
+			at, t.store.channel, notifyPrefix(t.store.replica)).Scan(&running).Error
+		if err != nil {
+			return err
+		}
+		t.noteOperations(running)
+		return nil
+	}
+	if err := t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error; err != nil {
+		return err
+	}
+	if err := t.db(ctx).Raw(pending+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
+		return err
+	}
+	events := make([]ledger.Event, len(running))
+	for i, id := range running {
+		events[i] = ledger.Event{OperationID: id, Type: ledger.EventRunning, At: at, Data: json.RawMessage(`{"channel":"long_poll"}`)}
+	}
+	if err := appendEvents(t.db(ctx), events); err != nil {
+		return err
+	}
+	t.noteOperations(running)
+	return nil
 }
 
 // EndConfigureOperations implements fleet.Tx through the ledger's own

@@ -282,13 +282,15 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 // hook would: applied, through POST /agent/v1/events kind config.
 func (w *agentPool) reportConfig(ctx context.Context, c *client.Client, d *api.ConfigDelivery) {
 	w.configsReceived.Add(1)
+	// A report under way when the worker is told to stop is finished
+	// (bounded), so the counts say what the server acknowledged.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	id := "cfg-" + strconv.FormatInt(d.Revision, 10) + "-" + d.Hash[:min(len(d.Hash), 16)]
-	_, err := c.Events(ctx, []api.Event{{ID: id, Kind: api.EventConfig, ObservedAt: time.Now().UTC(),
+	_, err := c.Events(rctx, []api.Event{{ID: id, Kind: api.EventConfig, ObservedAt: time.Now().UTC(),
 		Config: &api.ConfigReport{Revision: d.Revision, Hash: d.Hash, State: api.ConfigApplied}}})
 	if err != nil {
-		if ctx.Err() == nil {
-			w.fail(err)
-		}
+		w.fail(err)
 		return
 	}
 	w.configsReported.Add(1)

@@ -63,6 +63,10 @@ type ConfigReport struct {
 	// ended, and per node configured.
 	PGCommits      int64   `json:"pg_commits,omitempty"`
 	CommitsPerNode float64 `json:"pg_commits_per_node,omitempty"`
+	// PGIdleCommitsPS is the database's commits/s over one second before
+	// the submit, every agent holding its poll (the baseline: the counter
+	// counts every transaction of the database, read-only ones included).
+	PGIdleCommitsPS float64 `json:"pg_idle_commits_per_s,omitempty"`
 	// The lagging count's cost over LaggingNodes seeded nodes.
 	LaggingNodes  int     `json:"lagging_nodes"`
 	SeedSeconds   float64 `json:"seed_seconds,omitempty"`
@@ -133,8 +137,17 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 	}
 	var commits0 int64
 	if pgdb != nil {
+		// The commit counter is the whole database's: first a second of
+		// the held fleet doing nothing, the baseline to read the rest by.
+		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
+		idle0, _ := pgCommits(ctx, pgdb)
+		t0 := time.Now()
+		if !sleepCtx(ctx, time.Second) {
+			return rep, ctx.Err()
+		}
 		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
 		commits0, _ = pgCommits(ctx, pgdb)
+		rep.PGIdleCommitsPS = float64(commits0-idle0) / time.Since(t0).Seconds()
 	}
 	body, _ := json.Marshal(map[string]any{"request_id": "lt-config-" + run, "kind": "fleet.configure",
 		"targets": []any{map[string]any{"kind": "fleet"}},
@@ -325,7 +338,8 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 	fmt.Fprintf(w, "submit → all applied     %.2fs (last report acknowledged)\n", r.AllAppliedSeconds)
 	fmt.Fprintf(w, "submit → parent ended    %.2fs\n", r.ParentEndedSeconds)
 	if r.PGCommits > 0 {
-		fmt.Fprintf(w, "postgres commits         %d = %.2f per node (whole database, submit → parent ended)\n", r.PGCommits, r.CommitsPerNode)
+		fmt.Fprintf(w, "postgres commits         %d = %.2f per node (whole database, submit → parent ended; %.0f/s idle before the submit)\n",
+			r.PGCommits, r.CommitsPerNode, r.PGIdleCommitsPS)
 	}
 	if r.LaggingNodes > 0 {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)

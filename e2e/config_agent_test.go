@@ -340,6 +340,8 @@ func TestConfigAgentKilledWhileApplying(t *testing.T) {
 	if n := h.runsOf(t, 1); n < 1 || n > 2 {
 		t.Fatalf("hook ran %d times for revision 1, want 1 or 2", n)
 	}
+	t.Logf("hook ran %d times for revision 1; the restarted agent logged %d interrupted applies resumed", h.runsOf(t, 1),
+		len(a.RunLogs("configuration apply was interrupted; applying it once more (hooks must be idempotent)")))
 	if doc := onNode(t, a); doc["k"] != float64(1) {
 		t.Fatalf("current.json: %v", doc)
 	}
@@ -498,6 +500,12 @@ func TestConfigSealedSecret(t *testing.T) {
 			}
 			if dialect == models.SQLite {
 				s.Stop(t, syscall.SIGTERM) // everything checkpointed or in the WAL, both read
+				files := 0
+				defer func() {
+					if files == 0 {
+						t.Errorf("no database file read under %s", s.DataDir)
+					}
+				}()
 				_ = filepath.WalkDir(s.DataDir, func(p string, d os.DirEntry, err error) error {
 					if err != nil || d.IsDir() {
 						return err
@@ -508,6 +516,9 @@ func TestConfigSealedSecret(t *testing.T) {
 					}
 					if bytes.Contains(raw, []byte(secret)) {
 						t.Errorf("the secret is in %s", p)
+					}
+					if strings.Contains(filepath.Base(p), ".db") || strings.Contains(filepath.Base(p), "sqlite") {
+						files++
 					}
 					return nil
 				})

@@ -96,6 +96,21 @@ func TestNodeConfigure(t *testing.T) {
 			require.NotNil(t, a.Config)
 			require.Equal(t, ledger.StateRunning, b.op(t, forced.ID).State)
 		})
+		t.Run("RunningAtSubmitWhenAlreadyDelivered", func(t *testing.T) {
+			node, sess := b.readyNode(t)
+			first := b.configureOp(t, node, `{"format":"f/v1","document":{"d":1}}`)
+			_, err := b.fleet.PollWork(ctx, sess, 0, "")
+			require.NoError(t, err)
+			// The same document again while the node holds it unreported:
+			// its channel has it, so the new operation is running at once.
+			again := b.configureOp(t, node, `{"format":"f/v1","document":{"d":1}}`)
+			require.Equal(t, ledger.StateRunning, again.State, "answered running at submit")
+			require.NotNil(t, again.AcceptedAt)
+			require.Equal(t, []string{ledger.EventSubmitted, ledger.EventRunning}, eventTypes(t, b, again.ID))
+			b.reportConfig(t, sess, 1, api.ConfigApplied, "")
+			require.Equal(t, ledger.StateSucceeded, b.op(t, first.ID).State)
+			require.Equal(t, ledger.StateSucceeded, b.op(t, again.ID).State)
+		})
 		t.Run("CancelRunning", func(t *testing.T) {
 			node, sess := b.readyNode(t)
 			op := b.configureOp(t, node, `{"format":"f/v1","document":{"c":1}}`)

@@ -295,9 +295,10 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 				if err != nil {
 					return err
 				}
-				if e, ok := recorded.(endedAtRecord); ok {
+				if e, ok := recorded.(changedAtRecord); ok {
 					// Ended at once (an unchanged configuration already
-					// applied): answer it as it ended.
+					// applied) or running at once (already delivered):
+					// answer it as it stands.
 					op, recorded = e.op, e.recorded
 				}
 				op.Recorded = recorded

@@ -202,6 +202,10 @@ type ConfigureOutcome struct {
 	// with Message).
 	Failed  bool   `json:"failed,omitempty"`
 	Message string `json:"-"`
+	// Delivered: the unchanged revision was already delivered to the
+	// node's current enrollment and awaits its report (the operation is
+	// running at once: its channel has it).
+	Delivered bool `json:"-"`
 }
 
 // ConfigEnd is how the operations waiting on a node's configuration end.
@@ -269,6 +273,9 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 				return ConfigureOutcome{}, err
 			}
 			return out, tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+		case !cur.Settled && cur.DeliveredRevision != nil && *cur.DeliveredRevision == cur.Revision &&
+			cur.DeliveredFencing != nil && *cur.DeliveredFencing == n.FencingToken:
+			out.Delivered = true
 		}
 		return out, nil
 	}

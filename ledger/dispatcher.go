@@ -321,7 +321,9 @@ func (s *Service) ownerLoop(ctx context.Context) {
 
 // expire ends node operations still undelivered at their deadline: the
 // command is withdrawn and the operation fails timed_out (retryable). One
-// delivered meanwhile is left to the node's answer.
+// delivered meanwhile is left to the node's answer. A configure operation
+// ends timed_out at its deadline whether or not its revision was delivered
+// (running): it waits for a report, not for an answer to a command.
 func (s *Service) expire(ctx context.Context) {
 	now := s.clock()
 	overdue, err := s.store.Overdue(ctx, now, 100)
@@ -334,7 +336,7 @@ func (s *Service) expire(ctx context.Context) {
 	for _, o := range overdue {
 		err := s.store.Tx(ctx, func(tx Tx) error {
 			cur, err := tx.LockOperation(ctx, o.ID)
-			if err != nil || cur.State != StatePending {
+			if err != nil || !(cur.State == StatePending || (cur.State == StateRunning && cur.Kind == KindNodeConfigure)) {
 				return err
 			}
 			withdrawn := cur.Held // nothing was handed out yet

@@ -15,7 +15,9 @@ import (
 // Desired configuration kinds (family nodeconfig, DECISIONS.md §32). Like
 // command kinds they hold no executor slot: node.configure writes the
 // node's desired configuration in the submitting transaction (Record) and
-// stays pending on channel long_poll until the node's report for its
+// is pending on channel long_poll until its revision is first delivered
+// to the node, then running (the store marks it in the statement that
+// records the delivery, as for commands) until the node's report for its
 // revision ends it — in the transaction that records the report — or a
 // later revision supersedes it, its deadline passes, or the node is
 // retired. Cancelling one ends the operation; the configuration stays
@@ -237,21 +239,34 @@ func recordConfigure(ctx context.Context, f *fleet.Service, sec *secrets.Service
 	case out.Applied:
 		ended, err := endOperationTx(ctx, tx, op, StateSucceeded,
 			mustJSON(ConfigureResult{Revision: out.Revision, Hash: out.Hash, State: api.ConfigApplied}), nil, now)
-		return endedAtRecord{op: ended, recorded: out}, err
+		return changedAtRecord{op: ended, recorded: out}, err
 	case out.Failed:
 		msg := out.Message
 		if msg == "" {
 			msg = "the node could not apply this configuration (no reason given); submit it with force: true to ask again"
 		}
 		ended, err := endOperationTx(ctx, tx, op, StateFailed, nil, &Error{Code: CodeConfigFailed, Message: msg}, now)
-		return endedAtRecord{op: ended, recorded: out}, err
+		return changedAtRecord{op: ended, recorded: out}, err
+	case out.Delivered:
+		// The node has this revision already (delivered, not yet
+		// reported): accepted by its channel at once.
+		op.State, op.AcceptedAt, op.UpdatedAt = StateRunning, &now, now
+		if err := tx.UpdateOperation(ctx, op); err != nil {
+			return nil, err
+		}
+		if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: EventRunning, At: now,
+			Data: mustJSON(map[string]any{"channel": ChannelLongPoll})}); err != nil {
+			return nil, err
+		}
+		return changedAtRecord{op: op, recorded: out}, tx.Notify(ctx, op.ID)
 	}
 	return out, nil
 }
 
-// endedAtRecord is what a Record answers when it ended its operation at
-// once: the submitter is answered the ended operation.
-type endedAtRecord struct {
+// changedAtRecord is what a Record answers when it ended its operation at
+// once, or made it running: the submitter is answered the operation as it
+// now stands.
+type changedAtRecord struct {
 	op       Operation
 	recorded any
 }

@@ -295,9 +295,10 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 				if err != nil {
 					return err
 				}
-				if e, ok := recorded.(endedAtRecord); ok {
+				if e, ok := recorded.(changedAtRecord); ok {
 					// Ended at once (an unchanged configuration already
-					// applied): answer it as it ended.
+					// applied) or running at once (already delivered):
+					// answer it as it stands.
 					op, recorded = e.op, e.recorded
 				}
 				op.Recorded = recorded
@@ -517,7 +518,9 @@ func (s *Service) cancelTx(ctx context.Context, tx Tx, op Operation, reason stri
 		return op, nil
 	}
 	op.CancelRequestedAt, op.CancelReason = &now, reason
-	withdrawn := op.State == StatePending
+	// A configure's operation ends at once, delivered (running) or not;
+	// its configuration stays desired.
+	withdrawn := op.State == StatePending || op.Kind == KindNodeConfigure
 	if op.Channel == ChannelLongPoll && op.Kind != KindNodeConfigure {
 		// A node's command is withdrawn only while undelivered; once
 		// delivered, its operation ends with the node's answer. (A

@@ -186,57 +186,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	admin := newAdmin(baseURL, token, cfg.Issuers, cfg.CACertificatePEM)
 	defer admin.tr.CloseIdleConnections()
 
-	// Invitations, through the admin API.
 	run := randomHex(4)
-	start := time.Now()
-	boots, err := admin.inviteAll(ctx, run, cfg.Agents)
-	if err != nil {
-		return rep, err
-	}
-	rep.InvitesPS = float64(len(boots)) / time.Since(start).Seconds()
-	logf("invited %d nodes (%.0f/s)", len(boots), rep.InvitesPS)
-
-	// Workers, each enrolling and then holding its share of the agents.
 	hardStop := time.Now().Add(cfg.Duration + cfg.Drain + 10*time.Minute)
-	start = time.Now()
-	workers, err := startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait,
-		Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()}, boots, cfg.AgentsPerWorker)
-	defer stopWorkers(workers)
+	up, err := bringUp(ctx, cfg, admin, baseURL, run, hardStop, logf)
+	defer stopWorkers(up.workers)
+	rep.InvitesPS, rep.Workers, rep.Enrolled, rep.EnrollPS, rep.Held = up.invitesPS, len(up.workers), up.enrolled, up.enrollPS, up.held
 	if err != nil {
 		return rep, err
 	}
-	rep.Workers = len(workers)
-	for i, w := range workers {
-		var m workerMsg
-		if err := w.read(&m); err != nil {
-			return rep, fmt.Errorf("worker %d: %w", i, err)
-		}
-		if m.Failed > 0 {
-			return rep, fmt.Errorf("worker %d: %d enrollments failed: %s", i, m.Failed, m.Error)
-		}
-		rep.Enrolled += m.Enrolled
-	}
-	rep.EnrollPS = float64(rep.Enrolled) / time.Since(start).Seconds()
-	logf("%d workers enrolled %d agents (%.0f/s)", len(workers), rep.Enrolled, rep.EnrollPS)
-
-	// Wait until every agent holds its long-poll.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		m, err := admin.metrics(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.Held = int(m["nodeward_open_long_polls"])
-		if rep.Held >= rep.Enrolled {
-			break
-		}
-		if time.Now().After(deadline) {
-			return rep, fmt.Errorf("only %d of %d long-polls held after 2m", rep.Held, rep.Enrolled)
-		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
-			return rep, ctx.Err()
-		}
-	}
+	boots, workers := up.boots, up.workers
 	if cfg.OnHeld != nil {
 		cfg.OnHeld(ctx, rep.Held)
 	}
@@ -276,7 +234,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	for i, b := range boots {
 		nodes[i] = b.NodeID
 	}
-	start = time.Now()
+	start := time.Now()
 	var missed atomic.Int64
 	issued, issueErrs := admin.issue(ctx, run, nodes, cfg.Rate, cfg.Duration, &missed, logf)
 	rep.Missed = missed.Load()
@@ -313,7 +271,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	logf("issued %d (%.0f/s, %d errors); settled %.0f/s during the window; draining", issued, rep.IssuedPS, issueErrs, rep.SettledPS)
 
 	// Drain: let the last commands settle.
-	deadline = time.Now().Add(cfg.Drain)
+	deadline := time.Now().Add(cfg.Drain)
 	for time.Now().Before(deadline) {
 		m, err := admin.metrics(ctx)
 		if err != nil || m[settledApplied]-before[settledApplied] >= float64(issued) {
@@ -359,6 +317,65 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		}
 	}
 	return rep, nil
+}
+
+// fleetUp is a fleet of simulated agents, enrolled and holding polls.
+type fleetUp struct {
+	boots               []api.Bootstrap
+	workers             []*worker // stopWorkers them, even after an error
+	invitesPS, enrollPS float64
+	enrolled, held      int
+}
+
+// bringUp invites cfg.Agents nodes through the admin API, starts the
+// workers that enroll them, and waits until every agent holds its
+// long-poll.
+func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run string, hardStop time.Time, logf func(string, ...any)) (up fleetUp, err error) {
+	start := time.Now()
+	if up.boots, err = admin.inviteAll(ctx, run, cfg.Agents); err != nil {
+		return up, err
+	}
+	up.invitesPS = float64(len(up.boots)) / time.Since(start).Seconds()
+	logf("invited %d nodes (%.0f/s)", len(up.boots), up.invitesPS)
+
+	// Workers, each enrolling and then holding its share of the agents.
+	start = time.Now()
+	up.workers, err = startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait,
+		Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()}, up.boots, cfg.AgentsPerWorker)
+	if err != nil {
+		return up, err
+	}
+	for i, w := range up.workers {
+		var m workerMsg
+		if err := w.read(&m); err != nil {
+			return up, fmt.Errorf("worker %d: %w", i, err)
+		}
+		if m.Failed > 0 {
+			return up, fmt.Errorf("worker %d: %d enrollments failed: %s", i, m.Failed, m.Error)
+		}
+		up.enrolled += m.Enrolled
+	}
+	up.enrollPS = float64(up.enrolled) / time.Since(start).Seconds()
+	logf("%d workers enrolled %d agents (%.0f/s)", len(up.workers), up.enrolled, up.enrollPS)
+
+	// Wait until every agent holds its long-poll.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		m, err := admin.metrics(ctx)
+		if err != nil {
+			return up, err
+		}
+		up.held = int(m["nodeward_open_long_polls"])
+		if up.held >= up.enrolled {
+			return up, nil
+		}
+		if time.Now().After(deadline) {
+			return up, fmt.Errorf("only %d of %d long-polls held after 2m", up.held, up.enrolled)
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return up, ctx.Err()
+		}
+	}
 }
 
 func rateName(r float64) string {

@@ -5,6 +5,7 @@
 //
 //	go run ./loadtest -agents 10000 -rate 1000 -duration 30s
 //	go run ./loadtest -db postgres -agents 10000 -rate 1000 -pgbench
+//	go run ./loadtest -db postgres -scenario config -agents 10000 -lagging-nodes 50000
 //
 // By default it starts the control plane in its own process
 // (controlplane.Open and Serve: the binary's wiring) on a fresh SQLite data
@@ -66,7 +67,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.PGBench, "pgbench", false, "afterwards, run the pgbench reference (DECISIONS.md §31) on the same Postgres")
 	fs.StringVar(&cfg.MemProfile, "memprofile", "", "write a heap profile of this process (the server, when started here) once every poll is held")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase")
-	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind) or hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s)")
+	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind), hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s) or config (one fleet.configure over every agent, then the lagging count's cost)")
 	useTLS := fs.Bool("tls", false, "hold: both servers serve HTTPS with a throwaway CA")
 	settle := fs.Duration("settle", 5*time.Second, "hold: wait after every poll is held before sampling")
 	sample := fs.Duration("sample", 10*time.Second, "hold: window over which RSS and CPU are sampled")
@@ -74,6 +75,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	submitters := fs.Int("submitters", 64, "ledger: concurrent submitters")
 	replicas := fs.Int("replicas", 1, "ledger: control planes sharing the database (more than one needs Postgres)")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
+	laggingNodes := fs.Int("lagging-nodes", 0, "config: configured nodes seeded afterwards to time GET /api/v1/config/lagging and CountLagging against (0: skip)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("q", false, "no progress lines")
 	if err := fs.Parse(args); err != nil {
@@ -128,6 +130,31 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		}
 		printHoldReport(stdout, hrep)
 		return 0
+	case "config":
+		if *laggingNodes < 0 {
+			fmt.Fprintln(stderr, "loadtest: -lagging-nodes must not be negative")
+			return 2
+		}
+		cc := ConfigLoad{Config: cfg, LaggingNodes: *laggingNodes}
+		if !visited(fs, "drain") {
+			cc.Drain = 0 // the scenario's own default
+		}
+		if !visited(fs, "duration") {
+			cc.Duration = 0
+		}
+		crep, err := RunConfig(ctx, cc)
+		if err != nil {
+			fmt.Fprintln(stderr, "loadtest:", err)
+			return 1
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(crep)
+			return 0
+		}
+		printConfigReport(stdout, crep)
+		return 0
 	case "ledger":
 		lc := LedgerConfig{Ops: *ops, Submitters: *submitters, Replicas: *replicas, LedgerWorkers: *ledgerWorkers,
 			PGBench: cfg.PGBench, Log: cfg.Log}
@@ -152,7 +179,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		printLedgerReport(stdout, lrep)
 		return 0
 	default:
-		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger or hold")
+		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger, hold or config")
 		return 2
 	}
 	rep, err := runCLI(ctx, cfg, *db)
@@ -168,6 +195,13 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	printReport(stdout, rep)
 	return 0
+}
+
+// visited reports whether the flag was set on the command line.
+func visited(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // runCLI runs cfg; with -db sqlite and -pgbench the server stays on SQLite

@@ -107,3 +107,48 @@ func TestHoldSmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigSmoke runs the config scenario small (30 agents in two
+// workers, then 500 seeded configured nodes), on SQLite and, when a test
+// Postgres is configured, on it. It asserts on counts, never on timings.
+func TestConfigSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts control planes and worker processes")
+	}
+	dbs := []string{""}
+	if url := os.Getenv("NODEWARD_TEST_DATABASE_URL"); url != "" {
+		dbs = append(dbs, url)
+	}
+	const agents, seeded = 30, 500
+	for _, db := range dbs {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		rep, err := RunConfig(ctx, ConfigLoad{Config: Config{Agents: agents, AgentsPerWorker: 15, Wait: 5 * time.Second,
+			Drain: 2 * time.Minute, DatabaseURL: db, Log: testLog{t}}, LaggingNodes: seeded, LaggingSamples: 3})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", rep)
+		if rep.Enrolled != agents || rep.Held != agents {
+			t.Fatalf("%s: enrolled %d, held %d; want %d", rep.Database, rep.Enrolled, rep.Held, agents)
+		}
+		if rep.ParentState != "succeeded" || rep.Total != agents || rep.Succeeded != agents || rep.Failed != 0 {
+			t.Fatalf("%s: parent %s with %d children, %d succeeded, %d failed; want succeeded, %d each", rep.Database,
+				rep.ParentState, rep.Total, rep.Succeeded, rep.Failed, agents)
+		}
+		if rep.Received < agents || rep.Reported < agents || rep.AgentErrs != 0 {
+			t.Fatalf("%s: received %d, reported %d, agent errors %d (%s)", rep.Database, rep.Received, rep.Reported, rep.AgentErrs, rep.FirstErr)
+		}
+		if rep.AllAppliedSeconds <= 0 || rep.ParentEndedSeconds <= 0 {
+			t.Fatalf("%s: no convergence time measured: %+v", rep.Database, rep)
+		}
+		if rep.Database == "postgres" && rep.PGCommits <= 0 {
+			t.Fatalf("postgres: no commits counted")
+		}
+		lagging, never := seededLagging(seeded)
+		if rep.LaggingCount != lagging || rep.NeverReported != never {
+			t.Fatalf("%s: lagging %d, never reported %d; want %d, %d (the seeded rows; the agents applied theirs)",
+				rep.Database, rep.LaggingCount, rep.NeverReported, lagging, never)
+		}
+	}
+}

@@ -66,6 +66,11 @@ type workerMsg struct {
 	SentLatUS   []int64 `json:"sent_lat_us,omitempty"`   // intended issue → receipt
 	IssuedLatUS []int64 `json:"issued_lat_us,omitempty"` // server issued_at → receipt
 	SettleLatUS []int64 `json:"settle_lat_us,omitempty"` // intended issue → settle acknowledged
+	// Desired configurations received and reported applied, and when the
+	// last report was acknowledged (Unix nanoseconds).
+	ConfigsReceived int64 `json:"configs_received,omitempty"`
+	ConfigsReported int64 `json:"configs_reported,omitempty"`
+	LastConfigNS    int64 `json:"last_config_ns,omitempty"`
 }
 
 // workerMain runs one worker process: enroll its agents, report, hold
@@ -124,6 +129,9 @@ type agentPool struct {
 	tr  *http.Transport
 
 	received, settled, heartbeats, polls, errors atomic.Int64
+	// configs received in poll answers and reported applied; lastConfig
+	// is when the last report was acknowledged (Unix nanoseconds).
+	configsReceived, configsReported, lastConfig atomic.Int64
 
 	mu         sync.Mutex // guards the following
 	firstError string
@@ -227,6 +235,9 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		if resp.Config != nil {
+			w.reportConfig(ctx, c, resp.Config)
+		}
 		if len(resp.Commands) == 0 {
 			continue
 		}
@@ -267,6 +278,31 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 	}
 }
 
+// reportConfig answers a delivered configuration as an agent without a
+// hook would: applied, through POST /agent/v1/events kind config.
+func (w *agentPool) reportConfig(ctx context.Context, c *client.Client, d *api.ConfigDelivery) {
+	w.configsReceived.Add(1)
+	// A report under way when the worker is told to stop is finished
+	// (bounded), so the counts say what the server acknowledged.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	id := "cfg-" + strconv.FormatInt(d.Revision, 10) + "-" + d.Hash[:min(len(d.Hash), 16)]
+	_, err := c.Events(rctx, []api.Event{{ID: id, Kind: api.EventConfig, ObservedAt: time.Now().UTC(),
+		Config: &api.ConfigReport{Revision: d.Revision, Hash: d.Hash, State: api.ConfigApplied}}})
+	if err != nil {
+		w.fail(err)
+		return
+	}
+	w.configsReported.Add(1)
+	now := time.Now().UnixNano()
+	for {
+		last := w.lastConfig.Load()
+		if now <= last || w.lastConfig.CompareAndSwap(last, now) {
+			return
+		}
+	}
+}
+
 func (w *agentPool) heartbeat(ctx context.Context, c *client.Client) {
 	every := w.job.Heartbeat
 	first := time.Duration(rand.Int64N(int64(every)))
@@ -297,7 +333,8 @@ func (w *agentPool) summary() workerMsg {
 	defer w.mu.Unlock()
 	return workerMsg{Type: "done", Received: w.received.Load(), Settled: w.settled.Load(), Heartbeats: w.heartbeats.Load(),
 		Polls: w.polls.Load(), Errors: w.errors.Load(), FirstError: w.firstError,
-		SentLatUS: w.sentLat, IssuedLatUS: w.issuedLat, SettleLatUS: w.settleLat}
+		SentLatUS: w.sentLat, IssuedLatUS: w.issuedLat, SettleLatUS: w.settleLat,
+		ConfigsReceived: w.configsReceived.Load(), ConfigsReported: w.configsReported.Load(), LastConfigNS: w.lastConfig.Load()}
 }
 
 // sentAt reads the intended issue time from a load-tool payload; 0 when

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
 	"github.com/nodeward/nodeward/fleet"
@@ -109,8 +110,11 @@ func (r fleetReader) DueWork(ctx context.Context, d fleet.Due) (fleet.DueWork, e
 		Commands int
 		Config   int
 	}
-	before := dbtime.Norm(d.RedeliverBefore)
-	err := r.db(ctx).Raw(`SELECT
+	err := r.db(ctx).Raw(dueWorkSQL, dueWorkArgs(d)...).Scan(&row).Error
+	return fleet.DueWork{Commands: row.Commands == 1, Config: fleet.ConfigWake(row.Config)}, err
+}
+
+const dueWorkSQL = `SELECT
 		CASE WHEN EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending'
 			AND (last_delivered_at IS NULL OR last_delivered_at <= ?)) THEN 1 ELSE 0 END AS commands,
 		COALESCE((SELECT CASE
@@ -118,9 +122,11 @@ func (r fleetReader) DueWork(ctx context.Context, d fleet.Due) (fleet.DueWork, e
 			WHEN settled AND reported_fencing = ? THEN 0
 			WHEN delivered_fencing = ? AND delivered_revision = revision AND delivered_at > ? THEN 1
 			ELSE 2 END
-		FROM node_configs WHERE node_id = ?), 0) AS config`,
-		d.NodeID, before, d.Fencing, d.Fencing, before, d.NodeID).Scan(&row).Error
-	return fleet.DueWork{Commands: row.Commands == 1, Config: fleet.ConfigWake(row.Config)}, err
+		FROM node_configs WHERE node_id = ?), 0) AS config`
+
+func dueWorkArgs(d fleet.Due) []any {
+	before := dbtime.Norm(d.RedeliverBefore)
+	return []any{d.NodeID, before, d.Fencing, d.Fencing, before, d.NodeID}
 }
 
 func (r fleetReader) NodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {
@@ -132,16 +138,8 @@ func (r fleetReader) NodeConfig(ctx context.Context, nodeID string) (fleet.NodeC
 }
 
 func (r fleetReader) LaggingConfigs(ctx context.Context, before string, limit int) ([]fleet.NodeConfig, error) {
-	q := r.db(ctx).Table("node_configs AS c").Select("c.*").Joins("JOIN nodes n ON n.id = c.node_id").
-		Where("c.lagging AND n.state <> ?", string(fleet.StateRetired)).Order("c.node_id DESC")
-	if before != "" {
-		q = q.Where("c.node_id < ?", before)
-	}
-	if limit > 0 {
-		q = q.Limit(limit)
-	}
 	var rows []NodeConfigRow
-	if err := q.Scan(&rows).Error; err != nil {
+	if err := laggingQuery(r.db(ctx), before, limit).Scan(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := make([]fleet.NodeConfig, 0, len(rows))
@@ -155,19 +153,32 @@ func (r fleetReader) LaggingConfigs(ctx context.Context, before string, limit in
 	return out, nil
 }
 
+func laggingQuery(g *gorm.DB, before string, limit int) *gorm.DB {
+	q := g.Table("node_configs AS c").Select("c.*").Joins("JOIN nodes n ON n.id = c.node_id").
+		Where("c.lagging AND n.state <> ?", string(fleet.StateRetired)).Order("c.node_id DESC")
+	if before != "" {
+		q = q.Where("c.node_id < ?", before)
+	}
+	if limit > 0 {
+		q = q.Limit(limit)
+	}
+	return q
+}
+
 func (r fleetReader) CountConfigs(ctx context.Context) (int64, int64, error) {
 	var row struct {
 		Lagging int64
 		Never   int64
 	}
-	err := r.db(ctx).Raw(`SELECT
+	err := r.db(ctx).Raw(countConfigsSQL, string(fleet.StateRetired), string(fleet.StateRetired)).Scan(&row).Error
+	return row.Lagging, row.Never, err
+}
+
+const countConfigsSQL = `SELECT
 		(SELECT COUNT(*) FROM node_configs c JOIN nodes n ON n.id = c.node_id
 			WHERE c.lagging AND n.state <> ?) AS lagging,
 		(SELECT COUNT(*) FROM node_configs c JOIN nodes n ON n.id = c.node_id
-			WHERE c.revision > 0 AND c.reported_at IS NULL AND n.state <> ?) AS never`,
-		string(fleet.StateRetired), string(fleet.StateRetired)).Scan(&row).Error
-	return row.Lagging, row.Never, err
-}
+			WHERE c.revision > 0 AND c.reported_at IS NULL AND n.state <> ?) AS never`
 
 func (t *fleetTx) LockNodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {
 	var row NodeConfigRow
@@ -182,19 +193,67 @@ func (t *fleetTx) SaveNodeConfig(ctx context.Context, c fleet.NodeConfig) error 
 	return t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).Create(&row).Error
 }
 
+// MarkConfigDelivered implements fleet.Tx. A delivery (revision > 0) also
+// makes the node's pending configure operations running — accepted on
+// channel long_poll, like a command's first delivery — with their events:
+// on Postgres in the same statement as the delivery mark (and the
+// cross-replica notification), on SQLite in the same transaction. Only the
+// first delivery finds them pending, so a redelivery writes no more.
 func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error {
-	return t.db(ctx).Exec(`UPDATE node_configs SET delivered_fencing = ?, delivered_revision = ?, delivered_at = ? WHERE node_id = ?`,
-		fencing, revision, dbtime.Norm(at), nodeID).Error
+	const mark = `UPDATE node_configs SET delivered_fencing = ?, delivered_revision = ?, delivered_at = ? WHERE node_id = ?`
+	at = dbtime.Norm(at)
+	if revision <= 0 {
+		return t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error
+	}
+	const pending = configuresRunningSQL
+	var running []string
+	if t.dialect == Postgres {
+		err := t.db(ctx).Raw(`WITH cfg AS (`+mark+` RETURNING node_id),
+			ops AS (`+pending+` AND EXISTS (SELECT 1 FROM cfg) RETURNING id),
+			ev AS (
+				INSERT INTO operation_events (operation_id, type, at, data)
+				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
+				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
+				RETURNING operation_id)
+			SELECT operation_id FROM ev`,
+			fencing, revision, at, nodeID, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure,
+			at, t.store.channel, notifyPrefix(t.store.replica)).Scan(&running).Error
+		if err != nil {
+			return err
+		}
+		t.noteOperations(running)
+		return nil
+	}
+	if err := t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error; err != nil {
+		return err
+	}
+	if err := t.db(ctx).Raw(pending+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
+		return err
+	}
+	events := make([]ledger.Event, len(running))
+	for i, id := range running {
+		events[i] = ledger.Event{OperationID: id, Type: ledger.EventRunning, At: at, Data: json.RawMessage(`{"channel":"long_poll"}`)}
+	}
+	if err := appendEvents(t.db(ctx), events); err != nil {
+		return err
+	}
+	t.noteOperations(running)
+	return nil
 }
+
+// configuresRunningSQL marks a node's pending configure operations
+// running (its arguments: accepted_at, updated_at, the node's id, the
+// target kind and the kind).
+const configuresRunningSQL = `UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
+		WHERE target_id = ? AND terminal = FALSE AND state = 'pending' AND held = FALSE
+		  AND target_kind = ? AND kind = ?`
 
 // EndConfigureOperations implements fleet.Tx through the ledger's own
 // ending (state, event, announcement, the fan-out parent told), in this
 // same transaction.
 func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except string, end fleet.ConfigEnd) (int, error) {
 	var rows []Operation
-	q := t.db(ctx).Where("target_id = ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE AND id <> ?",
-		nodeID, ledger.TargetNode, ledger.KindNodeConfigure, except).Order("seq")
-	if err := t.forUpdate(q).Find(&rows).Error; err != nil {
+	if err := t.forUpdate(openConfiguresQuery(t.db(ctx), nodeID, except)).Find(&rows).Error; err != nil {
 		return 0, err
 	}
 	if len(rows) == 0 {
@@ -206,4 +265,39 @@ func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except str
 	}
 	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
 	return len(ops), ledger.EndConfigures(ctx, ltx, ops, end)
+}
+
+func openConfiguresQuery(g *gorm.DB, nodeID, except string) *gorm.DB {
+	return g.Where("target_id = ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE AND id <> ?",
+		nodeID, ledger.TargetNode, ledger.KindNodeConfigure, except).Order("seq")
+}
+
+// The desired configuration's statements, for the query-plan tool.
+
+// DueWork is a poll's one read of due commands and configuration.
+func (q LedgerStatements) DueWork(d fleet.Due) Statement {
+	return q.raw(dueWorkSQL, dueWorkArgs(d)...)
+}
+
+// LaggingConfigs is the lagging listing's page.
+func (q LedgerStatements) LaggingConfigs(before string, limit int) Statement {
+	return q.build(func(g *gorm.DB) *gorm.DB { return laggingQuery(g, before, limit).Scan(&[]NodeConfigRow{}) })
+}
+
+// CountConfigs is the lagging and never-reported count (the listing's
+// and the metric's).
+func (q LedgerStatements) CountConfigs() Statement {
+	return q.raw(countConfigsSQL, string(fleet.StateRetired), string(fleet.StateRetired))
+}
+
+// OpenConfigures is the select of a node's open configure operations a
+// report or a new revision ends.
+func (q LedgerStatements) OpenConfigures(nodeID string) Statement {
+	return q.build(func(g *gorm.DB) *gorm.DB { return openConfiguresQuery(g, nodeID, "").Find(&[]Operation{}) })
+}
+
+// ConfiguresRunning is the update a configuration's delivery makes.
+func (q LedgerStatements) ConfiguresRunning(nodeID string, at time.Time) Statement {
+	at = dbtime.Norm(at)
+	return q.raw(configuresRunningSQL, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure)
 }

@@ -541,8 +541,12 @@ func (s *LedgerStore) Overdue(ctx context.Context, now time.Time, limit int) ([]
 	return operationsFromRows(rows), err
 }
 
+// overdueSQL: undelivered node operations, and configure operations
+// delivered (running) but not yet reported — each through its partial
+// index (operations_undelivered, operations_configure_running).
 const overdueSQL = `SELECT * FROM operations
-		WHERE state = 'pending' AND channel = 'long_poll' AND deadline < ?
+		WHERE ((state = 'pending' AND channel = 'long_poll') OR (state = 'running' AND kind = 'node.configure'))
+		  AND deadline < ?
 		ORDER BY deadline LIMIT ?`
 
 // pruneLockKey is the advisory lock that makes pruning a singleton across

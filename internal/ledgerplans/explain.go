@@ -20,22 +20,23 @@ import (
 type Plan struct {
 	Query
 	Custom, Generic Explained
-	// SeqScan reports a sequential scan of operations or operation_events
-	// in either plan.
+	// SeqScan reports a sequential scan of operations, operation_events
+	// or node_configs in either plan.
 	SeqScan bool
 }
 
 // Explained is one plan as Postgres printed it.
 type Explained struct {
 	Text string
-	// SeqScan reports a sequential scan of operations or operation_events.
+	// SeqScan reports a sequential scan of operations, operation_events
+	// or node_configs.
 	SeqScan bool
 	// Execution is the execution time Postgres measured.
 	Execution time.Duration
 }
 
 var (
-	seqScan   = regexp.MustCompile(`Seq Scan on (operations|operation_events)\b`)
+	seqScan   = regexp.MustCompile(`Seq Scan on (operations|operation_events|node_configs)\b`)
 	execution = regexp.MustCompile(`Execution Time: ([0-9.]+) ms`)
 )
 
@@ -54,6 +55,14 @@ func Explain(ctx context.Context, db *models.DB, q Query) (Plan, error) {
 		return Plan{}, err
 	}
 	defer func() { _ = conn.Close() }()
+	if isWrite(q.SQL) {
+		// EXPLAIN ANALYZE runs the statement: a write is explained in a
+		// transaction rolled back, so the seeded data stays as seeded.
+		if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+			return Plan{}, err
+		}
+		defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK") }()
+	}
 	p := Plan{Query: q}
 	if p.Custom, err = explain(ctx, conn, "EXPLAIN (ANALYZE, BUFFERS) "+q.SQL, q.Args...); err != nil {
 		return Plan{}, fmt.Errorf("explain %s: %w", q.Name, err)
@@ -84,6 +93,17 @@ func Explain(ctx context.Context, db *models.DB, q Query) (Plan, error) {
 	}
 	p.SeqScan = p.Custom.SeqScan || p.Generic.SeqScan
 	return p, nil
+}
+
+// isWrite reports whether a statement changes rows (a CTE's writes count).
+func isWrite(sql string) bool {
+	u := strings.ToUpper(sql)
+	for _, w := range []string{"UPDATE ", "INSERT ", "DELETE "} {
+		if strings.Contains(u, w) {
+			return true
+		}
+	}
+	return false
 }
 
 func explain(ctx context.Context, conn *sql.Conn, query string, args ...any) (Explained, error) {

@@ -99,3 +99,36 @@ func TestStatementsAreTheStores(t *testing.T) {
 		require.Equal(t, want, got, "filter %+v", f)
 	}
 }
+
+// TestConfigStatementsAreTheStores: the desired configuration's lagging
+// count and page, run as the tool explains them, answer what the fleet
+// store answers over the seeded nodes.
+func TestConfigStatementsAreTheStores(t *testing.T) {
+	dbtest.Dialects(t)
+	ctx := context.Background()
+	db := dbtest.Open(t, models.Postgres)
+	_, err := ledgerplans.Seed(ctx, db, ledgerplans.Scale{Operations: 3_000, Nodes: 400, Open: 100})
+	require.NoError(t, err)
+	fs := models.NewFleetStore(db, "test", nil)
+	st := models.NewLedgerStore(fs).Statements()
+	lagging, never, err := fs.CountConfigs(ctx)
+	require.NoError(t, err)
+	require.Positive(t, lagging)
+	require.Positive(t, never)
+	c := st.CountConfigs()
+	var gotLagging, gotNever int64
+	require.NoError(t, db.WithContext(ctx).Raw(c.SQL, c.Args...).Row().Scan(&gotLagging, &gotNever))
+	require.Equal(t, []int64{lagging, never}, []int64{gotLagging, gotNever})
+
+	page, err := fs.LaggingConfigs(ctx, "nod_000300", 5)
+	require.NoError(t, err)
+	require.Len(t, page, 5)
+	l := st.LaggingConfigs("nod_000300", 5)
+	var ids []string
+	require.NoError(t, db.WithContext(ctx).Raw("SELECT node_id FROM ("+l.SQL+") q ORDER BY node_id DESC", l.Args...).Scan(&ids).Error)
+	want := make([]string, len(page))
+	for i, p := range page {
+		want[i] = p.NodeID
+	}
+	require.Equal(t, want, ids)
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 )
@@ -108,5 +109,14 @@ func Queries(ctx context.Context, db *models.DB, st models.LedgerStatements, sc 
 		Query{"CountOpen", true, st.CountOpen()},
 		// The console's fleet overview (last hour by state, failed in a day).
 		Query{"Summarize", true, st.Summarize(now.Add(-time.Hour), now.Add(-24*time.Hour))},
+		// Desired configuration (DECISIONS.md §32): a poll's read, a
+		// delivery's and a report's writes to the node's configure
+		// operations, the lagging listing and its count.
+		Query{"DueWork", true, st.DueWork(fleet.Due{NodeID: node, Fencing: 1, RedeliverBefore: now.Add(-time.Minute)})},
+		Query{"ConfiguresRunning", true, st.ConfiguresRunning(node, now)},
+		Query{"OpenConfigures", true, st.OpenConfigures(node)},
+		Query{"LaggingConfigs", true, st.LaggingConfigs("", listLimit+1)},
+		Query{"LaggingConfigs, before", true, st.LaggingConfigs("nod_000500", listLimit+1)},
+		Query{"CountConfigs", true, st.CountConfigs()},
 	), nil
 }

@@ -1,6 +1,7 @@
 // Package ledgerplans explains, on PostgreSQL, the statements the
-// operations ledger runs against a large seeded table, and fails on a
-// sequential scan of operations or operation_events (DECISIONS.md §30).
+// operations ledger (and the desired configuration's reads and writes)
+// runs against a large seeded table, and fails on a sequential scan of
+// operations, operation_events or node_configs (DECISIONS.md §30).
 // cmd/ledgerplans runs it at a million operations for `make plans`, which
 // commits docs/ledger-plans.md; this package's test runs it at a small
 // scale in CI.
@@ -59,6 +60,7 @@ type kindSpec struct {
 // credential kinds), the channel following from how each is carried out.
 func servedKinds() []kindSpec {
 	ks := append(ledger.ServedKinds(nil), ledger.CredentialKinds(nil)...)
+	ks = append(ks, ledger.ConfigKinds(nil, nil)...)
 	reg := ledger.NewRegistry(ks...) // sorted by name, so seeds repeat
 	var out []kindSpec
 	for _, k := range reg.Kinds() {
@@ -67,11 +69,11 @@ func servedKinds() []kindSpec {
 			ch = string(ledger.ChannelLongPoll)
 		}
 		tk := ledger.TargetNode
-		switch k.Family {
-		case ledger.FamilyCredentials:
+		switch {
+		case k.Family == ledger.FamilyCredentials:
 			tk = ledger.TargetPackageHost
-		case ledger.FamilyFleet:
-			tk = ledger.TargetFleet
+		case k.Family == ledger.FamilyFleet || k.FanOut != nil:
+			tk = ledger.TargetFleet // fleet.command, fleet.configure, fleet.diagnose
 		}
 		out = append(out, kindSpec{k.Name, k.Family, ch, tk, k.AdminOnly})
 	}
@@ -197,7 +199,20 @@ ORDER BY o.seq, g`
 		fmt.Sprintf(`SELECT setval(pg_get_serial_sequence('operations', 'seq'), %d)`, n),
 		events,
 		`INSERT INTO operation_owners (replica, expires_at) VALUES ('replica-a', now() + interval '1 minute')`,
-		`ANALYZE operations`, `ANALYZE operation_events`, `ANALYZE operation_owners`,
+		// The nodes operations target, each with a desired configuration:
+		// one in 20 lagging, one in 50 never reported, the rest applied.
+		fmt.Sprintf(`INSERT INTO nodes (id, rental_id, generation, state, fencing_token, created_at, updated_at)
+SELECT 'nod_' || lpad(i::text, 6, '0'), 'rental-' || i, 1, CASE WHEN i %% 100 = 0 THEN 'retired' ELSE 'ready' END, 1, now(), now()
+FROM generate_series(0, %d - 1) AS i`, sc.Nodes),
+		`INSERT INTO node_configs (node_id, revision, hash, format, updated_at, settled, reported_revision, reported_hash,
+    reported_state, reported_message, reported_at, reported_fencing, applied_revision, lagging, delivered_fencing, delivered_revision, delivered_at)
+SELECT id, 3, 'h3', 'plans/v1', now(), NOT (lag OR never), CASE WHEN never THEN NULL WHEN lag THEN 2 ELSE 3 END,
+    CASE WHEN never THEN NULL WHEN lag THEN 'h2' ELSE 'h3' END, CASE WHEN never THEN NULL ELSE 'applied' END,
+    CASE WHEN never THEN NULL ELSE '' END, CASE WHEN never THEN NULL ELSE now() END, CASE WHEN never THEN NULL ELSE 1 END,
+    CASE WHEN never THEN 0 WHEN lag THEN 2 ELSE 3 END, lag, 1, 3, now()
+FROM (SELECT id, seq % 20 = 1 AS lag, seq % 50 = 7 AS never
+      FROM (SELECT id, row_number() OVER (ORDER BY id) AS seq FROM nodes) n) c`,
+		`ANALYZE operations`, `ANALYZE operation_events`, `ANALYZE operation_owners`, `ANALYZE nodes`, `ANALYZE node_configs`,
 	}
 	for _, s := range stmts {
 		if err := db.WithContext(ctx).Exec(s).Error; err != nil {

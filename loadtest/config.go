@@ -1,0 +1,349 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/nodeward/nodeward/agent/client"
+	"github.com/nodeward/nodeward/internal/dbtime"
+	"github.com/nodeward/nodeward/models"
+)
+
+// The config scenario (issue 11): simulated agents hold long-polls, then
+// ONE fleet.configure of one document over all of them (selector state
+// ready, max_concurrency the whole fleet); each agent reports applied
+// through POST /agent/v1/events kind config as soon as a poll answer
+// carries the configuration. It reports the time from the submit until
+// every agent's report was acknowledged and until the parent operation
+// ended, and the Postgres commits spent. Then the lagging count's cost:
+// -lagging-nodes more nodes with configurations are seeded straight into
+// the tables, and GET /api/v1/config/lagging (and CountLagging, which the
+// metric runs) is timed against them.
+
+// ConfigLoad is one config run.
+type ConfigLoad struct {
+	Config
+	// LaggingNodes are seeded (nodes and node_configs rows, a tenth never
+	// reported, half of the rest lagging) after the fan-out, for the
+	// lagging count's cost; 0 skips that part. Needs the in-process
+	// server.
+	LaggingNodes int
+	// LaggingSamples is how many times each lagging read is timed.
+	LaggingSamples int
+}
+
+// ConfigReport is what a config run measured.
+type ConfigReport struct {
+	Date     string `json:"date"`
+	Database string `json:"database"`
+	Agents   int    `json:"agents"`
+	Workers  int    `json:"workers"`
+	Enrolled int    `json:"enrolled"`
+	Held     int    `json:"long_polls_held"`
+	// The parent operation as it ended.
+	ParentState string `json:"parent_state"`
+	Total       int    `json:"children_total"`
+	Succeeded   int    `json:"children_succeeded"`
+	Failed      int    `json:"children_failed"`
+	// What the agents saw.
+	Received  int64  `json:"configs_received"`
+	Reported  int64  `json:"configs_reported"`
+	AgentErrs int64  `json:"agent_errors"`
+	FirstErr  string `json:"first_error,omitempty"`
+	// Seconds from the submit until the last agent's report was
+	// acknowledged, and until the parent operation was seen ended.
+	AllAppliedSeconds  float64 `json:"all_applied_seconds"`
+	ParentEndedSeconds float64 `json:"parent_ended_seconds"`
+	// Postgres commits (whole database) from the submit until the parent
+	// ended, and per node configured.
+	PGCommits      int64   `json:"pg_commits,omitempty"`
+	CommitsPerNode float64 `json:"pg_commits_per_node,omitempty"`
+	// PGIdleCommitsPS is the database's commits/s over one second before
+	// the submit, every agent holding its poll (the baseline: the counter
+	// counts every transaction of the database, read-only ones included).
+	PGIdleCommitsPS float64 `json:"pg_idle_commits_per_s,omitempty"`
+	// The lagging count's cost over LaggingNodes seeded nodes.
+	LaggingNodes  int     `json:"lagging_nodes"`
+	SeedSeconds   float64 `json:"seed_seconds,omitempty"`
+	LaggingCount  int64   `json:"lagging_count"`
+	NeverReported int64   `json:"never_reported"`
+	LaggingGetP50 float64 `json:"lagging_get_p50_ms"`
+	LaggingGetMax float64 `json:"lagging_get_max_ms"`
+	CountP50      float64 `json:"count_lagging_p50_ms"`
+	CountMax      float64 `json:"count_lagging_max_ms"`
+}
+
+// RunConfig performs one config run.
+func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error) {
+	if cfg.Duration == 0 {
+		cfg.Duration = time.Second // the scenario issues no commands
+	}
+	if cfg.Drain <= 0 {
+		cfg.Drain = 5 * time.Minute
+	}
+	if err := cfg.defaults(); err != nil {
+		return rep, err
+	}
+	if cfg.LaggingSamples <= 0 {
+		cfg.LaggingSamples = 20
+	}
+	if cfg.LaggingNodes > 0 && cfg.URL != "" {
+		return rep, errors.New("-lagging-nodes seeds the database: it needs the server the tool starts (no -url)")
+	}
+	rep.Date = time.Now().UTC().Format(time.RFC3339)
+	rep.Agents = cfg.Agents
+	logf := func(format string, args ...any) { fmt.Fprintf(cfg.Log, "loadtest: "+format+"\n", args...) }
+
+	baseURL, token := cfg.URL, cfg.Token
+	var local *localServer
+	if baseURL == "" {
+		if local, err = startLocal(ctx, cfg.DatabaseURL, cfg.Log); err != nil {
+			return rep, err
+		}
+		defer local.Close()
+		baseURL, token = local.URL, local.Token
+		rep.Database = local.Dialect
+		logf("started the control plane in-process on %s (%s)", baseURL, local.Dialect)
+	} else {
+		rep.Database = "external"
+	}
+	u, err := client.CheckURL(baseURL, true)
+	if err != nil {
+		return rep, err
+	}
+	if !client.IsLoopbackHost(u.Hostname()) {
+		return rep, fmt.Errorf("%s is not a loopback address; the load tool only sends to loopback", baseURL)
+	}
+	admin := newAdmin(baseURL, token, cfg.Issuers, cfg.CACertificatePEM)
+	defer admin.tr.CloseIdleConnections()
+
+	run := randomHex(4)
+	up, err := bringUp(ctx, cfg.Config, admin, baseURL, run, time.Now().Add(cfg.Drain+10*time.Minute), logf)
+	defer stopWorkers(up.workers)
+	rep.Workers, rep.Enrolled, rep.Held = len(up.workers), up.enrolled, up.held
+	if err != nil {
+		return rep, err
+	}
+
+	// One fleet.configure over every ready node.
+	var pgdb *models.DB
+	if local != nil && local.Dialect == models.Postgres {
+		pgdb = local.App.DB
+	}
+	var commits0 int64
+	if pgdb != nil {
+		// The commit counter is the whole database's: first a second of
+		// the held fleet doing nothing, the baseline to read the rest by.
+		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
+		idle0, _ := pgCommits(ctx, pgdb)
+		t0 := time.Now()
+		if !sleepCtx(ctx, time.Second) {
+			return rep, ctx.Err()
+		}
+		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
+		commits0, _ = pgCommits(ctx, pgdb)
+		rep.PGIdleCommitsPS = float64(commits0-idle0) / time.Since(t0).Seconds()
+	}
+	body, _ := json.Marshal(map[string]any{"request_id": "lt-config-" + run, "kind": "fleet.configure",
+		"targets": []any{map[string]any{"kind": "fleet"}},
+		"operation": map[string]any{"format": "loadtest/v1", "document": map[string]any{"run": run, "listen": ":8080", "workers": 4},
+			"selector": map[string]any{"state": "ready"}, "max_concurrency": max(1, min(cfg.Agents, 10000))}})
+	var parent struct {
+		OperationID string `json:"operation_id"`
+	}
+	submitted := time.Now()
+	if _, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", body, &parent); err != nil {
+		return rep, err
+	}
+	logf("submitted fleet.configure %s over %d agents; waiting for it to end", parent.OperationID, up.enrolled)
+	var op struct {
+		State  string `json:"state"`
+		Counts *struct {
+			Total     int `json:"total"`
+			Succeeded int `json:"succeeded"`
+			Failed    int `json:"failed"`
+		} `json:"counts"`
+	}
+	deadline := submitted.Add(cfg.Drain)
+	for {
+		if _, err := admin.do(ctx, http.MethodGet, "/api/v1/operations/"+parent.OperationID, nil, &op); err != nil {
+			return rep, err
+		}
+		if op.State == "succeeded" || op.State == "failed" || op.State == "cancelled" {
+			rep.ParentEndedSeconds = time.Since(submitted).Seconds()
+			break
+		}
+		if time.Now().After(deadline) {
+			return rep, fmt.Errorf("fleet.configure still %s after %s", op.State, cfg.Drain)
+		}
+		if !sleepCtx(ctx, 20*time.Millisecond) {
+			return rep, ctx.Err()
+		}
+	}
+	if pgdb != nil {
+		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
+		if c, err := pgCommits(ctx, pgdb); err == nil {
+			rep.PGCommits = c - commits0
+			rep.CommitsPerNode = float64(rep.PGCommits) / float64(max(1, up.enrolled))
+		}
+	}
+	rep.ParentState = op.State
+	if op.Counts != nil {
+		rep.Total, rep.Succeeded, rep.Failed = op.Counts.Total, op.Counts.Succeeded, op.Counts.Failed
+	}
+	logf("parent %s after %.2fs (%d children: %d succeeded, %d failed)", op.State, rep.ParentEndedSeconds, rep.Total, rep.Succeeded, rep.Failed)
+
+	// Stop the workers and gather what they saw.
+	for _, w := range up.workers {
+		_ = w.stdin.Close()
+	}
+	var last int64
+	for i, w := range up.workers {
+		if err := w.read(&w.done); err != nil {
+			return rep, fmt.Errorf("worker %d: %w", i, err)
+		}
+		d := w.done
+		rep.Received += d.ConfigsReceived
+		rep.Reported += d.ConfigsReported
+		rep.AgentErrs += d.Errors
+		if rep.FirstErr == "" {
+			rep.FirstErr = d.FirstError
+		}
+		last = max(last, d.LastConfigNS)
+	}
+	if last > 0 {
+		rep.AllAppliedSeconds = time.Unix(0, last).Sub(submitted).Seconds()
+	}
+
+	if cfg.LaggingNodes > 0 {
+		if err := measureLagging(ctx, &rep, cfg, local, admin, logf); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// measureLagging seeds cfg.LaggingNodes configured nodes and times the
+// lagging listing (the real endpoint) and CountLagging.
+func measureLagging(ctx context.Context, rep *ConfigReport, cfg ConfigLoad, local *localServer, admin *adminClient, logf func(string, ...any)) error {
+	rep.LaggingNodes = cfg.LaggingNodes
+	start := time.Now()
+	if err := seedConfigured(ctx, local.App.DB, local.Dialect, cfg.LaggingNodes); err != nil {
+		return fmt.Errorf("seed configured nodes: %w", err)
+	}
+	rep.SeedSeconds = time.Since(start).Seconds()
+	logf("seeded %d configured nodes in %.1fs; timing the lagging reads", cfg.LaggingNodes, rep.SeedSeconds)
+	var page struct {
+		Count         int64 `json:"count"`
+		NeverReported int64 `json:"never_reported"`
+	}
+	var gets, counts []int64
+	for range cfg.LaggingSamples {
+		t0 := time.Now()
+		if _, err := admin.do(ctx, http.MethodGet, "/api/v1/config/lagging?limit=100", nil, &page); err != nil {
+			return err
+		}
+		gets = append(gets, time.Since(t0).Microseconds())
+		t0 = time.Now()
+		n, err := local.App.Fleet.CountLagging(ctx)
+		if err != nil {
+			return err
+		}
+		counts = append(counts, time.Since(t0).Microseconds())
+		if n != page.Count {
+			return fmt.Errorf("CountLagging %d, the listing's count %d", n, page.Count)
+		}
+	}
+	rep.LaggingCount, rep.NeverReported = page.Count, page.NeverReported
+	rep.LaggingGetP50, rep.LaggingGetMax = pct(gets, 0.5), pct(gets, 1)
+	rep.CountP50, rep.CountMax = pct(counts, 0.5), pct(counts, 1)
+	return nil
+}
+
+// Seeded configured nodes: every tenth never reported, of the others
+// every odd one lagging (applied revision 1 of 2), the rest applied.
+func seededLagging(n int) (lagging, never int64) {
+	for i := 1; i <= n; i++ {
+		switch {
+		case i%10 == 0:
+			never++
+		case i%2 == 1:
+			lagging++
+		}
+	}
+	return lagging, never
+}
+
+// seedConfigured inserts n ready nodes and their node_configs rows in
+// two INSERT … SELECT statements (straight into the tables: the cost
+// measured is the reads', not the writes').
+func seedConfigured(ctx context.Context, db *models.DB, dialect string, n int) error {
+	now := dbtime.Norm(time.Now())
+	lease := now.Add(24 * time.Hour)
+	series, id := "generate_series(1, ?) AS s(i)", "'ltlag_' || lpad(i::text, 8, '0')"
+	prefix, ts := "", "CAST(? AS TIMESTAMPTZ)"
+	if dialect != models.Postgres {
+		ts = "?"
+		prefix = "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < ?) "
+		series, id = "s", "'ltlag_' || printf('%08d', i)"
+	}
+	nodes := prefix + `INSERT INTO nodes (id, rental_id, generation, state, fencing_token, created_at, updated_at, enrolled_at, lease_expires_at)
+		SELECT ` + id + `, 'ltlag-' || i, 1, 'ready', 1, ?, ?, ?, ? FROM ` + series
+	configs := prefix + `INSERT INTO node_configs (node_id, revision, hash, format, updated_at, operation_id, settled,
+			reported_revision, reported_hash, reported_state, reported_message, reported_at, reported_fencing, applied_revision, lagging)
+		SELECT ` + id + `, 2, 'h2', 'loadtest/v1', ?, '',
+			i % 10 <> 0 AND i % 2 = 0,
+			CASE WHEN i % 10 = 0 THEN NULL WHEN i % 2 = 1 THEN 1 ELSE 2 END,
+			CASE WHEN i % 10 = 0 THEN NULL WHEN i % 2 = 1 THEN 'h1' ELSE 'h2' END,
+			CASE WHEN i % 10 = 0 THEN NULL ELSE 'applied' END,
+			CASE WHEN i % 10 = 0 THEN NULL ELSE '' END,
+			CASE WHEN i % 10 = 0 THEN NULL ELSE ` + ts + ` END,
+			CASE WHEN i % 10 = 0 THEN NULL ELSE 1 END,
+			CASE WHEN i % 10 = 0 THEN 0 WHEN i % 2 = 1 THEN 1 ELSE 2 END,
+			i % 10 <> 0 AND i % 2 = 1
+		FROM ` + series
+	var nodeArgs, configArgs []any
+	if dialect != models.Postgres {
+		nodeArgs, configArgs = []any{n, now, now, now, lease}, []any{n, now, now}
+	} else {
+		nodeArgs, configArgs = []any{now, now, now, lease, n}, []any{now, now, n}
+	}
+	g := db.WithContext(ctx)
+	if err := g.Exec(nodes, nodeArgs...).Error; err != nil {
+		return err
+	}
+	if err := g.Exec(configs, configArgs...).Error; err != nil {
+		return err
+	}
+	if dialect == models.Postgres {
+		return g.Exec("ANALYZE nodes; ANALYZE node_configs").Error
+	}
+	return g.Exec("ANALYZE").Error
+}
+
+func printConfigReport(w io.Writer, r ConfigReport) {
+	fmt.Fprintf(w, "date                     %s\n", r.Date)
+	fmt.Fprintf(w, "database                 %s\n", r.Database)
+	fmt.Fprintf(w, "agents                   %d in %d workers (%d long-polls held)\n", r.Enrolled, r.Workers, r.Held)
+	fmt.Fprintf(w, "fleet.configure          %s: %d children, %d succeeded, %d failed\n", r.ParentState, r.Total, r.Succeeded, r.Failed)
+	fmt.Fprintf(w, "agents                   %d configurations received, %d reported applied (agent errors %d)\n", r.Received, r.Reported, r.AgentErrs)
+	if r.FirstErr != "" {
+		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)
+	}
+	fmt.Fprintf(w, "submit → all applied     %.2fs (last report acknowledged)\n", r.AllAppliedSeconds)
+	fmt.Fprintf(w, "submit → parent ended    %.2fs\n", r.ParentEndedSeconds)
+	if r.PGCommits > 0 {
+		fmt.Fprintf(w, "postgres commits         %d = %.2f per node (whole database, submit → parent ended; %.0f/s idle before the submit)\n",
+			r.PGCommits, r.CommitsPerNode, r.PGIdleCommitsPS)
+	}
+	if r.LaggingNodes > 0 {
+		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)
+		fmt.Fprintf(w, "GET /config/lagging ms   p50 %.2f  max %.2f\n", r.LaggingGetP50, r.LaggingGetMax)
+		fmt.Fprintf(w, "CountLagging ms          p50 %.2f  max %.2f\n", r.CountP50, r.CountMax)
+	}
+}

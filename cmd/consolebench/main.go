@@ -49,6 +49,7 @@ func main() {
 	flag.IntVar(&o.requests, "n", 50, "timed requests per page (after one untimed)")
 	flag.DurationVar(&o.max, "max", 0, "exit non-zero if any page's p95 server time exceeds this (0: never)")
 	flag.BoolVar(&o.verbose, "v", false, "log the control plane's warnings")
+	flag.StringVar(&o.reuse, "reuse", "", "measure a schema kept by an earlier -keep run instead of seeding one (it is kept)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the seeded schema afterwards (to EXPLAIN a slow page's queries); drop it by hand")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -67,6 +68,7 @@ type options struct {
 	max      time.Duration
 	verbose  bool
 	keep     bool
+	reuse    string
 	// progress is where steps are narrated (default standard error).
 	progress io.Writer
 }
@@ -97,7 +99,9 @@ func run(ctx context.Context, o options) error {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema := "consolebench_" + hex.EncodeToString(b[:])
-	if err := admin.Exec("CREATE SCHEMA " + schema).Error; err != nil {
+	if o.reuse != "" {
+		schema, o.keep = o.reuse, true
+	} else if err := admin.Exec("CREATE SCHEMA " + schema).Error; err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
 	// Dropped however the run ends, interrupted included.
@@ -125,17 +129,24 @@ func run(ctx context.Context, o options) error {
 	if err := db.Migrate(ctx); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	o.logf("seeding %d nodes and %d operations into schema %s", o.scale.Nodes, o.scale.Operations, schema)
-	start := time.Now()
-	if err := seed(ctx, db, o.scale); err != nil {
-		return err
+	if o.reuse == "" {
+		o.logf("seeding %d nodes and %d operations into schema %s", o.scale.Nodes, o.scale.Operations, schema)
+		start := time.Now()
+		if err := seed(ctx, db, o.scale); err != nil {
+			return err
+		}
+		// The counter's log of 50,000 inserts folded, as the fleet's
+		// background work keeps it.
+		if err := models.NewFleetStore(db, "consolebench", nil).FoldNodeCounts(ctx); err != nil {
+			return fmt.Errorf("fold node counts: %w", err)
+		}
+		o.logf("seeded in %s", time.Since(start).Round(time.Second))
+	} else if err := db.WithContext(ctx).Raw("SELECT COUNT(*) FROM nodes").Row().Scan(&o.scale.Nodes); err != nil {
+		return fmt.Errorf("reuse %s: %w", schema, err)
+	} else {
+		_ = db.WithContext(ctx).Raw("SELECT COUNT(*) FROM operations").Row().Scan(&o.scale.Operations)
+		_ = db.WithContext(ctx).Raw("SELECT COUNT(*) FROM operations WHERE terminal = FALSE").Row().Scan(&o.scale.Open)
 	}
-	// The counter's log of 50,000 inserts folded, as the fleet's
-	// background work keeps it.
-	if err := models.NewFleetStore(db, "consolebench", nil).FoldNodeCounts(ctx); err != nil {
-		return fmt.Errorf("fold node counts: %w", err)
-	}
-	o.logf("seeded in %s", time.Since(start).Round(time.Second))
 
 	level := slog.LevelError
 	if o.verbose {

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nodeward/nodeward/models"
@@ -45,6 +46,8 @@ type timed struct {
 	// in the scan pass: the measure that does not depend on how busy the
 	// machine is, and should not grow with the tables.
 	RowsRead int64
+	// ReadFrom is RowsRead by table, most first.
+	ReadFrom []scan
 }
 
 type scan struct {
@@ -201,10 +204,14 @@ func bench(ctx context.Context, o options, db *models.DB, schema, schemaURL stri
 			if a.Scans > b.Scans {
 				t.Scans = append(t.Scans, scan{Table: table, Scans: a.Scans - b.Scans, TuplesRead: a.TuplesRead - b.TuplesRead})
 			}
-			t.RowsRead += a.TuplesRead - b.TuplesRead + a.IndexRead - b.IndexRead
+			if n := a.TuplesRead - b.TuplesRead + a.IndexRead - b.IndexRead; n > 0 {
+				t.RowsRead += n
+				t.ReadFrom = append(t.ReadFrom, scan{Table: table, TuplesRead: n})
+			}
 		}
+		sort.Slice(t.ReadFrom, func(i, j int) bool { return t.ReadFrom[i].TuplesRead > t.ReadFrom[j].TuplesRead })
 		sort.Slice(t.Scans, func(i, j int) bool { return t.Scans[i].TuplesRead > t.Scans[j].TuplesRead })
-		o.logf("%-34s read %d rows and index entries", t.Name, t.RowsRead)
+		o.logf("%-34s read %d rows and index entries (%s)", t.Name, t.RowsRead, t.readFrom())
 	}
 	return &report{Pages: out, Requests: o.requests}, nil
 }
@@ -358,4 +365,17 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 		i = len(s) - 1
 	}
 	return s[i]
+}
+
+// readFrom names the tables a page read most from.
+func (t *timed) readFrom() string {
+	var parts []string
+	for i, r := range t.ReadFrom {
+		if i == 3 {
+			parts = append(parts, "…")
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %d", r.Table, r.TuplesRead))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -48,8 +48,8 @@ func (r *report) writeMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "**Server time** is measured inside the process around the control plane's whole HTTP handler (routing, session check, every query, rendering) — the handler's own time, without the network. "+
 		"**Client** is the same request's time seen by the Go client on loopback. Each page is requested once untimed, then %d times in a row by one signed-in client; "+
 		"times are in milliseconds (p95 by nearest rank).\n\n", r.Requests)
-	b.WriteString("| page | address | server median | server p95 | server max | client median | KiB | rows read | sequential scans (rows) |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+	b.WriteString("| page | address | server median | server p95 | server max | client median | KiB | rows read | read most from | sequential scans (rows) |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
 	for _, p := range r.Pages {
 		var scans []string
 		for _, s := range p.Scans {
@@ -59,9 +59,9 @@ func (r *report) writeMarkdown(w io.Writer) error {
 		if len(scans) > 0 {
 			sc = strings.Join(scans, ", ")
 		}
-		fmt.Fprintf(&b, "| %s | `%s` | %.2f | %.2f | %.2f | %.2f | %.0f | %d | %s |\n", p.Name, clip(p.Path, 70),
+		fmt.Fprintf(&b, "| %s | `%s` | %.2f | %.2f | %.2f | %.2f | %.0f | %d | %s | %s |\n", p.Name, clip(p.Path, 70),
 			ms(quantile(p.Server, 0.5)), ms(quantile(p.Server, 0.95)), ms(quantile(p.Server, 1)),
-			ms(quantile(p.Client, 0.5)), float64(p.Bytes)/1024, p.RowsRead, sc)
+			ms(quantile(p.Client, 0.5)), float64(p.Bytes)/1024, p.RowsRead, p.readFrom(), sc)
 	}
 	b.WriteString("\n**Rows read** and **sequential scans** are counted in a second pass, one request per page on connections that close after use (so PostgreSQL publishes their statistics at once), from `pg_stat_user_tables` and `pg_stat_user_indexes` of the run's schema: every heap row read by a sequential scan plus every index entry read (index-only scans included). Unlike the times, they do not depend on how busy the machine is, and on a page that is keyset-paged and counts from indexes or counters they stay the same as the tables grow. A sequential scan of a table of a few rows (package hosts, API tokens, the folded node counter) is expected; one of nodes, operations, operation_events, commands, node_audit or secret_audit is a page to fix.\n")
 	m := r.Machine

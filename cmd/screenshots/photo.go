@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"image"
+	"image/color"
 	"image/png"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/chromedp/chromedp"
@@ -161,7 +164,7 @@ func capture(ctx context.Context, w width, maxHeight int, path string) error {
 		return err
 	}
 	var buf bytes.Buffer
-	if err := (&png.Encoder{CompressionLevel: png.BestCompression}).Encode(&buf, img); err != nil {
+	if err := (&png.Encoder{CompressionLevel: png.BestCompression}).Encode(&buf, paletted(img)); err != nil {
 		return err
 	}
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
@@ -169,4 +172,50 @@ func capture(ctx context.Context, w width, maxHeight int, path string) error {
 	}
 	fmt.Fprintf(os.Stderr, "screenshots: %s (%d KiB)\n", path, buf.Len()/1024)
 	return nil
+}
+
+// paletted reduces a screenshot to its 256 most used colours, every
+// other pixel drawn in the nearest of them (no dithering: the console is
+// flat colours, and only the edges of text lose a shade). It keeps
+// the PNGs a third of their size.
+func paletted(img image.Image) *image.Paletted {
+	b := img.Bounds()
+	counts := map[color.RGBA]int{}
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			counts[color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)]++
+		}
+	}
+	type entry struct {
+		c color.RGBA
+		n int
+	}
+	all := make([]entry, 0, len(counts))
+	for c, n := range counts {
+		all = append(all, entry{c, n})
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].n != all[j].n {
+			return all[i].n > all[j].n
+		}
+		return fmt.Sprint(all[i].c) < fmt.Sprint(all[j].c)
+	})
+	var pal color.Palette
+	for i := 0; i < len(all) && i < 256; i++ {
+		pal = append(pal, all[i].c)
+	}
+	out := image.NewPaletted(b, pal)
+	index := map[color.RGBA]uint8{}
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			c := color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)
+			i, ok := index[c]
+			if !ok {
+				i = uint8(pal.Index(c))
+				index[c] = i
+			}
+			out.SetColorIndex(x, y, i)
+		}
+	}
+	return out
 }

@@ -1,5 +1,5 @@
 # Tasks for humans; CI runs .ci/run.
-.PHONY: help run test test-pg lint generate bench bench-ledger load build plans
+.PHONY: help run test test-pg lint generate bench bench-ledger load build plans screenshots console-bench
 
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
@@ -38,3 +38,9 @@ load: ## the delivery load matrix (see BENCHMARKS.md)
 
 plans: ## the ledger's query plans at a million operations, into docs/ledger-plans.md
 	go run ./cmd/ledgerplans -database-url '$(PG_URL)' -out docs/ledger-plans.md
+
+screenshots: ## every console page at laptop and phone width, into docs/screenshots (needs chromium)
+	go run ./cmd/screenshots -out docs/screenshots
+
+console-bench: ## every console page timed at 50,000 nodes and a million operations, into docs/console-timings.md
+	go run ./cmd/consolebench -database-url '$(PG_URL)' -out docs/console-timings.md

@@ -44,6 +44,9 @@ func (r *report) writeMarkdown(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Console page timings\n\n")
 	fmt.Fprintf(&b, "Written by `make console-bench` (cmd/consolebench). Issue 12: every console page answers in under 50 ms of server time with 50,000 nodes and a million operations in the database.\n\n")
+	if r.Scale.Nodes < 50_000 || r.Scale.Operations < 1_000_000 {
+		fmt.Fprintf(&b, "**A reduced run**, below the issue's sizes: the times here are not the issue's measure; `make console-bench` is.\n\n")
+	}
 	fmt.Fprintf(&b, "Seeded: %d nodes, %d operations (%d left open). Rows: %s.\n\n", r.Scale.Nodes, r.Scale.Operations, r.Scale.Open, strings.Join(r.Counts, ", "))
 	fmt.Fprintf(&b, "**Server time** is measured inside the process around the control plane's whole HTTP handler (routing, session check, every query, rendering) — the handler's own time, without the network. "+
 		"**Client** is the same request's time seen by the Go client on loopback. Each page is requested once untimed, then %d times in a row by one signed-in client; "+

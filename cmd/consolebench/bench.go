@@ -261,7 +261,7 @@ func settledStats(ctx context.Context, db *models.DB, schema string) (map[string
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(150 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	return last, nil

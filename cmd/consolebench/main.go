@@ -91,7 +91,7 @@ func run(ctx context.Context, o options) error {
 	if o.requests < 1 {
 		return errors.New("-n is at least 1")
 	}
-	admin, err := models.Open(ctx, models.Options{URL: o.dbURL, MaxOpenConns: 2})
+	admin, err := openAdmin(o.dbURL)
 	if err != nil {
 		return err
 	}
@@ -178,4 +178,10 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	return nil
+}
+
+// openAdmin opens the database itself (not the run's schema), where the
+// schema is created and dropped.
+func openAdmin(dbURL string) (*models.DB, error) {
+	return models.Open(context.Background(), models.Options{URL: dbURL, MaxOpenConns: 2})
 }

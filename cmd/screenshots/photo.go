@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"time"
 
 	"github.com/chromedp/chromedp"
 )
@@ -149,7 +148,12 @@ func capture(ctx context.Context, w width, maxHeight int, path string) error {
 		return err
 	}
 	h = max(min(h, int64(maxHeight)), w.height)
-	if err := chromedp.Do(ctx, emulate(w, h), chromedp.Sleep(150*time.Millisecond)); err != nil {
+	if err := chromedp.Do(ctx, emulate(w, h)); err != nil {
+		return err
+	}
+	// Two frames: the resized layout is painted before the picture.
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[any](
+		`new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(1))))`, chromedp.EvalAwaitPromise)); err != nil {
 		return err
 	}
 	raw, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())

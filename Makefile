@@ -1,5 +1,5 @@
 # Tasks for humans; CI runs .ci/run.
-.PHONY: help run test test-pg lint generate bench bench-ledger load build plans torture
+.PHONY: help run test test-pg lint generate bench bench-ledger load build plans torture screenshots console-bench
 
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 
@@ -41,3 +41,9 @@ plans: ## the ledger's query plans at a million operations, into docs/ledger-pla
 
 torture: ## the fault and attack suites at full size (about 30 min), into docs/reliability.md
 	go run ./cmd/torture -cycles 50 -database-url '$(PG_URL)' -out docs/reliability.md
+
+screenshots: ## every console page at laptop and phone width, into docs/screenshots (needs chromium)
+	go run ./cmd/screenshots -out docs/screenshots
+
+console-bench: ## every console page timed at 50,000 nodes and a million operations, into docs/console-timings.md
+	go run ./cmd/consolebench -database-url '$(PG_URL)' -out docs/console-timings.md

@@ -189,6 +189,17 @@ func (s *Service) Reconcile(ctx context.Context, nodeID string) (Reconciliation,
 	return r, nil
 }
 
+// Workloads answers the latest observation of each of the node's workload
+// attempts, by run and attempt id. It is Reconcile's workloads without its
+// lists of every applied and pending command, which grow with the node's
+// history: the console's node page reads this. Errors: ErrNotFound.
+func (s *Service) Workloads(ctx context.Context, nodeID string) ([]Workload, error) {
+	if _, err := s.Node(ctx, nodeID); err != nil {
+		return nil, err
+	}
+	return s.store.Workloads(ctx, nodeID)
+}
+
 // Workload answers the latest observation of a workload attempt; one never
 // reported is absent (which is not an exit). Errors: ErrNotFound (node).
 func (s *Service) Workload(ctx context.Context, nodeID, runID, attemptID string) (Workload, error) {

@@ -442,6 +442,11 @@ func TestWorkloadEvents(t *testing.T) {
 		rec, err := b.svc.Reconcile(ctx, id)
 		require.NoError(t, err)
 		require.Len(t, rec.Workloads, 1)
+		ws, err := b.svc.Workloads(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, rec.Workloads, ws, "the node page's read is reconciliation's")
+		_, err = b.svc.Workloads(ctx, "missing")
+		requireCode(t, err, fleet.ErrNotFound)
 
 		_, err = b.svc.RecordEvents(ctx, sess, []api.Event{{ID: "x", Kind: "workload", ObservedAt: t0, Workload: &api.WorkloadObservation{RunID: "r", AttemptID: "a", State: "exited", ObservedAt: t0}}})
 		var e *errcode.Error

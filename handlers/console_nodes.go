@@ -168,11 +168,12 @@ func (h *handler) nodeDetail(r *http.Request, id string) (views.NodeDetail, erro
 	v.Caps = capabilitiesOf(n)
 	freshNodeForms(&v)
 
-	rec, err := h.Fleet.Reconcile(ctx, id)
+	// Workloads only: Reconcile would also read every command the node
+	// ever applied (consolebench: the busy node's page read them all).
+	ws, err := h.Fleet.Workloads(ctx, id)
 	if err != nil {
 		return v, err
 	}
-	ws := rec.Workloads
 	sort.SliceStable(ws, func(i, j int) bool { return ws[i].ObservedAt.After(ws[j].ObservedAt) })
 	if len(ws) > consoleWorkloadsShown {
 		ws = ws[:consoleWorkloadsShown]

@@ -183,8 +183,11 @@ func (r fleetReader) ListNodes(ctx context.Context, f fleet.NodeFilter) ([]fleet
 		q = q.Where("lease_expires_at < ?", dbtime.Norm(*f.LeaseBefore))
 	}
 	if f.BeforeCreated != nil {
-		c := dbtime.Norm(*f.BeforeCreated)
-		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", c, c, f.BeforeID)
+		// A row-value comparison, not "created_at < ? OR (created_at = ?
+		// AND id < ?)": both dialects read it as a range of the (created_at,
+		// id) index, so a page halfway down the list starts at its cursor
+		// instead of reading and filtering (or sorting) every newer node.
+		q = q.Where("(created_at, id) < (?, ?)", dbtime.Norm(*f.BeforeCreated), f.BeforeID)
 	}
 	if f.Limit > 0 {
 		q = q.Limit(f.Limit)

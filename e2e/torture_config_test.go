@@ -138,7 +138,7 @@ func (r *configRig) configureNode(requestID string, i int, doc any) {
 
 func (r *configRig) configureFleet(requestID string, doc any) string {
 	id, ok := r.submit(requestID, "fleet.configure", []any{map[string]any{"kind": "fleet"}},
-		map[string]any{"format": "torture/v1", "document": doc})
+		map[string]any{"format": "torture/v1", "document": doc, "selector": map[string]any{}})
 	if ok {
 		r.mu.Lock()
 		r.fleetOp = append(r.fleetOp, id)

@@ -295,10 +295,15 @@ func (r report) markdown() string {
 		r.Started.Format("2006-01-02 15:04 UTC"), r.Commit, r.CPUs, r.Cycles, r.Took, map[bool]string{true: "all passed", false: "FAILURES (below)"}[r.passed()])
 	w("The promise under test: a command is never lost and never applied twice, across control-plane kill -9, agent kill -9, replica failover and Postgres restarts; a superseded agent is fenced; nobody gets in uninvited. Everything runs as real processes on loopback (`e2e/`); the small version of every test runs in CI.\n\n")
 
-	var sumIssued, sumApplied, sumDup, sumLost, sumCycles int
+	var sumIssued, sumApplied, sumDup, sumLost, sumCycles, sumRevisions, sumOutOfOrder int
 	var allRecovery []int64
 	for _, f := range r.Figures {
 		sumIssued, sumApplied, sumDup, sumLost, sumCycles = sumIssued+f.Issued, sumApplied+f.Applied, sumDup+f.Duplicated, sumLost+f.Lost, sumCycles+f.Cycles
+		if f.Config != nil {
+			// Convergence, not a command's recovery: in its own table.
+			sumRevisions, sumOutOfOrder = sumRevisions+f.Config.Revisions, sumOutOfOrder+f.Config.OutOfOrder
+			continue
+		}
 		allRecovery = append(allRecovery, f.RecoveryMS...)
 	}
 	var fuzzed int64
@@ -308,13 +313,21 @@ func (r report) markdown() string {
 	med, max := e2e.MedianMax(allRecovery)
 	w("**In short:** %d fault cycles; %d commands issued, %d applied, %d duplicated, %d lost; recovery median %s, max %s; %d attack inputs and %d fuzz inputs tried.\n\n",
 		sumCycles, sumIssued, sumApplied, sumDup, sumLost, dur(med, len(allRecovery)), dur(max, len(allRecovery)), len(r.Tally), fuzzed)
+	if sumRevisions > 0 {
+		w("Desired configuration: %d revisions written under faults, %d applied out of order.\n\n", sumRevisions, sumOutOfOrder)
+	}
 
 	w("## Faults\n\n")
 	w("| fault | cycles | issued | applied | duplicated | lost | pending | recovery median | recovery max |\n")
 	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	var issued, applied, dup, lost, cyc int
-	var checks []e2e.Figures // figures without commands: the secrets greps
+	var checks []e2e.Figures  // figures without commands: the secrets greps
+	var configs []e2e.Figures // desired configuration: revisions, not commands
 	for _, f := range r.Figures {
+		if f.Config != nil {
+			configs = append(configs, f)
+			continue
+		}
 		if f.Cycles == 0 {
 			checks = append(checks, f)
 			continue
@@ -339,6 +352,9 @@ func (r report) markdown() string {
 		w("\n")
 	}
 	w("\n")
+	if len(configs) > 0 {
+		configTable(&b, configs)
+	}
 	if len(checks) > 0 {
 		w("### Secrets at rest\n\n")
 		for _, f := range checks {
@@ -379,6 +395,34 @@ func (r report) markdown() string {
 		w("| | **all** | **%d** | |\n\n", total)
 	}
 	return b.String()
+}
+
+// configTable renders the desired-configuration fault tests: their unit is
+// a revision, and their promise is convergence in order.
+func configTable(b io.Writer, fs []e2e.Figures) {
+	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
+	w("### Desired configuration under faults\n\n")
+	w("| fault | cycles | nodes | revisions written | hook runs | re-runs after kills | given up | out of order | lagging after | convergence median | convergence max |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, f := range fs {
+		c := f.Config
+		med, max := e2e.MedianMax(f.RecoveryMS)
+		w("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s |\n", f.Fault, f.Cycles, c.Nodes, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Lagging,
+			dur(med, len(f.RecoveryMS)), dur(max, len(f.RecoveryMS)))
+	}
+	w("\n*Revisions written* counts every node's revisions (each `node.configure` of the stream and each node's share of a `fleet.configure`); nodes skip revisions superseded before they polled (delivery is level-triggered), so hook runs can be fewer. *Re-runs after kills*: applies a kill interrupted, run once more at restart (DECISIONS.md §32 allows one); *given up*: applies interrupted twice, reported failed instead of a third run. *Out of order*: a hook run of an older revision after a newer one. Convergence is the time from a kill until every node applied the revision desired for it when the fault was over. Afterwards every node applied its last revision, its hook's last run was that revision, and the lagging count (API and gauge) was 0; it was exactly 1 with one node stopped behind a `fleet.configure`.\n\n")
+	for _, f := range fs {
+		c := f.Config
+		w("- **%s** — %d `node.configure`, %d `fleet.configure`", f.Fault, c.NodeConfigures, c.FleetConfigures)
+		if len(f.Codes) > 0 {
+			w("; answers during the faults: %s", counts(f.Codes))
+		}
+		for _, n := range f.Notes {
+			w("; %s", n)
+		}
+		w("\n")
+	}
+	w("\n")
 }
 
 func testTable(b io.Writer, ts []testResult) {

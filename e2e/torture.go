@@ -81,7 +81,11 @@ type ConfigFigures struct {
 	// of a third run.
 	GaveUp     int `json:"gave_up"`
 	OutOfOrder int `json:"out_of_order"` // hook runs of an older revision after a newer one
-	Lagging    int `json:"lagging"`      // the lagging count at the end
+	// Overlaps counts hook runs that started while another was still
+	// running: a run orphaned by killing its agent (the hook has its own
+	// process group) and the one resumed at restart.
+	Overlaps int `json:"overlaps"`
+	Lagging  int `json:"lagging"` // the lagging count at the end
 }
 
 // Recovered adds one recovery time.
@@ -106,8 +110,8 @@ func (f *Figures) Report(t testing.TB) {
 	t.Logf("%s: %d cycles, issued %d, applied %d, duplicated %d, lost %d, pending %d, refused %d, recovery median %s max %s, codes %v",
 		f.Fault, f.Cycles, f.Issued, f.Applied, f.Duplicated, f.Lost, f.Pending, f.Refused, med, max, f.Codes)
 	if c := f.Config; c != nil {
-		t.Logf("%s: %d nodes, %d node.configure, %d fleet.configure, %d revisions, %d hook runs, %d re-runs after kills, %d given up, %d out of order, %d lagging at the end, convergence median %s max %s",
-			f.Fault, c.Nodes, c.NodeConfigures, c.FleetConfigures, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Lagging, med, max)
+		t.Logf("%s: %d nodes, %d node.configure, %d fleet.configure, %d revisions, %d hook runs, %d re-runs after kills, %d given up, %d out of order, %d overlapping runs, %d lagging at the end, convergence median %s max %s",
+			f.Fault, c.Nodes, c.NodeConfigures, c.FleetConfigures, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Overlaps, c.Lagging, med, max)
 	}
 	for _, n := range f.Notes {
 		t.Logf("%s: %s", f.Fault, n)

@@ -20,14 +20,19 @@ import (
 
 // configHookScript is the apply hook the configuration torture gives every
 // agent: it appends "revision hash" to the node's log ($1) before anything
-// else — a line is a run of the hook, whatever happens next — then checks
-// the document it was handed is there and sleeps up to ~0.8 s, so a kill
-// lands between writing the configuration and reporting it.
+// else — a line is a run of the hook, whatever happens next — notes in
+// $1.overlaps when it starts while another run is still going (a run
+// orphaned by killing its agent), checks the document it was handed is
+// there and sleeps up to ~0.8 s, so a kill lands between writing the
+// configuration and reporting it.
 const configHookScript = `#!/bin/sh
 echo "$NODEWARD_CONFIG_REVISION $NODEWARD_CONFIG_HASH" >> "$1"
+mkdir "$1.running" 2>/dev/null || echo "$NODEWARD_CONFIG_REVISION" >> "$1.overlaps"
 test -z "$2" || test -s "$2" || { echo "document $2 missing" >&2; exit 1; }
 r=$(od -An -N1 -tu1 /dev/urandom | tr -d ' ')
 sleep "$(printf '0.%03d' $((r * 3)))"
+rmdir "$1.running" 2>/dev/null
+exit 0
 `
 
 // nodeConfigView is GET /api/v1/nodes/{id}/config, the parts the suite reads.
@@ -278,7 +283,7 @@ func configTorture(t *testing.T, fault, dbURL string) {
 		}
 	}()
 
-	agentKills, serverKills := 0, 0
+	agentKills, serverKills, beforeAnswer := 0, 0, 0
 	for c := range cycles {
 		i := c % n
 		a := r.agents[i]
@@ -304,8 +309,17 @@ func configTorture(t *testing.T, fault, dbURL string) {
 			defer close(submitted)
 			r.configureFleet(fmt.Sprintf("cfgtorture-fleet-%03d", c), map[string]any{"fleet": c, "salt": rand.Int64()})
 		}()
-		time.Sleep(time.Duration(rand.IntN(250)) * time.Millisecond)
+		if c%2 == 0 {
+			time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond) // most likely before the answer
+		} else {
+			time.Sleep(time.Duration(rand.IntN(250)) * time.Millisecond) // while children wait for their nodes
+		}
 		killed = time.Now()
+		select {
+		case <-submitted:
+		default:
+			beforeAnswer++
+		}
 		s.Stop(t, syscall.SIGKILL)
 		serverKills++
 		s.Start(t)
@@ -383,6 +397,11 @@ func configTorture(t *testing.T, fault, dbURL string) {
 		if repeats != resumed {
 			t.Errorf("node %d: %d revisions run again in the hook log, %d resumed after a kill", i, repeats, resumed)
 		}
+		overlaps, err := readLines(r.logs[i] + ".overlaps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fig.Config.Overlaps += len(overlaps)
 		want := fmt.Sprintf("%d %s", c.Desired.Revision, c.Desired.Hash)
 		if len(runs) == 0 || runs[len(runs)-1] != want {
 			t.Errorf("node %d: the hook's last run is %q, want the final revision %q", i, last(runs), want)
@@ -407,6 +426,29 @@ func configTorture(t *testing.T, fault, dbURL string) {
 			return op.Terminal
 		})
 		states[op.State]++
+		if op.State == "succeeded" {
+			continue
+		}
+		// A failed fan-out: each failed child was superseded by a later
+		// revision for its node, never lost.
+		var children struct {
+			Operations []struct {
+				OperationID string `json:"operation_id"`
+				State       string `json:"state"`
+				Error       *struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			} `json:"operations"`
+		}
+		r.s.API(t, http.MethodGet, "/api/v1/node-operations?limit=100&parent="+id, nil, http.StatusOK, &children)
+		if len(children.Operations) != n {
+			t.Errorf("fleet.configure %s: %d children, want %d", id, len(children.Operations), n)
+		}
+		for _, ch := range children.Operations {
+			if ch.State == "failed" && (ch.Error == nil || ch.Error.Code != "superseded") {
+				t.Errorf("fleet.configure %s: child %s failed %+v, want superseded", id, ch.OperationID, ch.Error)
+			}
+		}
 	}
 	var fin struct {
 		State string `json:"state"`
@@ -416,7 +458,7 @@ func configTorture(t *testing.T, fault, dbURL string) {
 		t.Errorf("the final fleet.configure ended %s, want succeeded", fin.State)
 	}
 	fig.Notes = append(fig.Notes,
-		fmt.Sprintf("%d nodes, %d agent kills (half right after the hook started), %d control-plane kills during a fleet.configure", n, agentKills, serverKills),
+		fmt.Sprintf("%d nodes, %d agent kills (half right after the hook started), %d control-plane kills during a fleet.configure (%d before its answer)", n, agentKills, serverKills, beforeAnswer),
 		fmt.Sprintf("fleet.configure outcomes %v (failed: superseded by the node.configure stream before the node reported)", states),
 		fmt.Sprintf("%d answers lost to a kill were recovered by submitting the same request id again", replays),
 		"lagging count exact with one node stopped behind a fleet.configure (1, gauge 1) and after convergence (0, gauge 0)")

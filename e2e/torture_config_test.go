@@ -27,11 +27,12 @@ import (
 // configuration and reporting it.
 const configHookScript = `#!/bin/sh
 echo "$NODEWARD_CONFIG_REVISION $NODEWARD_CONFIG_HASH" >> "$1"
-mkdir "$1.running" 2>/dev/null || echo "$NODEWARD_CONFIG_REVISION" >> "$1.overlaps"
+if p=$(cat "$1.running" 2>/dev/null) && kill -0 "$p" 2>/dev/null; then echo "$NODEWARD_CONFIG_REVISION" >> "$1.overlaps"; fi
+echo $$ > "$1.running"
 test -z "$2" || test -s "$2" || { echo "document $2 missing" >&2; exit 1; }
 r=$(od -An -N1 -tu1 /dev/urandom | tr -d ' ')
 sleep "$(printf '0.%03d' $((r * 3)))"
-rmdir "$1.running" 2>/dev/null
+[ "$(cat "$1.running")" != $$ ] || rm -f "$1.running"
 exit 0
 `
 
@@ -402,6 +403,9 @@ func configTorture(t *testing.T, fault, dbURL string) {
 			t.Fatal(err)
 		}
 		fig.Config.Overlaps += len(overlaps)
+		if len(overlaps) > 0 {
+			t.Errorf("node %d: hook runs of revisions %v started while an earlier run was still going", i, overlaps)
+		}
 		want := fmt.Sprintf("%d %s", c.Desired.Revision, c.Desired.Hash)
 		if len(runs) == 0 || runs[len(runs)-1] != want {
 			t.Errorf("node %d: the hook's last run is %q, want the final revision %q", i, last(runs), want)

@@ -85,7 +85,10 @@ type ConfigFigures struct {
 	// running: a run orphaned by killing its agent (the hook has its own
 	// process group) and the one resumed at restart.
 	Overlaps int `json:"overlaps"`
-	Lagging  int `json:"lagging"` // the lagging count at the end
+	// HooksKilled counts hooks a kill left running that the restarted
+	// agent killed before applying again.
+	HooksKilled int `json:"hooks_killed"`
+	Lagging     int `json:"lagging"` // the lagging count at the end
 }
 
 // Recovered adds one recovery time.
@@ -110,8 +113,8 @@ func (f *Figures) Report(t testing.TB) {
 	t.Logf("%s: %d cycles, issued %d, applied %d, duplicated %d, lost %d, pending %d, refused %d, recovery median %s max %s, codes %v",
 		f.Fault, f.Cycles, f.Issued, f.Applied, f.Duplicated, f.Lost, f.Pending, f.Refused, med, max, f.Codes)
 	if c := f.Config; c != nil {
-		t.Logf("%s: %d nodes, %d node.configure, %d fleet.configure, %d revisions, %d hook runs, %d re-runs after kills, %d given up, %d out of order, %d overlapping runs, %d lagging at the end, convergence median %s max %s",
-			f.Fault, c.Nodes, c.NodeConfigures, c.FleetConfigures, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Overlaps, c.Lagging, med, max)
+		t.Logf("%s: %d nodes, %d node.configure, %d fleet.configure, %d revisions, %d hook runs, %d re-runs after kills, %d given up, %d out of order, %d overlapping runs, %d left-over hooks killed at restart, %d lagging at the end, convergence median %s max %s",
+			f.Fault, c.Nodes, c.NodeConfigures, c.FleetConfigures, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Overlaps, c.HooksKilled, c.Lagging, med, max)
 	}
 	for _, n := range f.Notes {
 		t.Logf("%s: %s", f.Fault, n)

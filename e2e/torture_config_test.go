@@ -370,6 +370,7 @@ func configTorture(t *testing.T, fault, dbURL string) {
 		fig.Config.HookRuns += len(runs)
 		resumed := len(a.Logs("configuration apply was interrupted; applying it once more (hooks must be idempotent)"))
 		fig.Config.ReRuns += resumed
+		fig.Config.HooksKilled += len(a.Logs("config hook of the interrupted apply was still running; killed it"))
 		fig.Config.GaveUp += len(a.Logs("configuration apply was interrupted again; not running the hook a third time"))
 		repeats := 0
 		var prevRev int64

@@ -402,15 +402,15 @@ func (r report) markdown() string {
 func configTable(b io.Writer, fs []e2e.Figures) {
 	w := func(format string, args ...any) { fmt.Fprintf(b, format, args...) }
 	w("### Desired configuration under faults\n\n")
-	w("| fault | cycles | nodes | revisions written | hook runs | re-runs after kills | given up | out of order | lagging after | convergence median | convergence max |\n")
-	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	w("| fault | cycles | nodes | revisions written | hook runs | re-runs after kills | given up | out of order | overlapping runs | left-over hooks killed | lagging after | convergence median | convergence max |\n")
+	w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, f := range fs {
 		c := f.Config
 		med, max := e2e.MedianMax(f.RecoveryMS)
-		w("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s |\n", f.Fault, f.Cycles, c.Nodes, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Lagging,
+		w("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s |\n", f.Fault, f.Cycles, c.Nodes, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Overlaps, c.HooksKilled, c.Lagging,
 			dur(med, len(f.RecoveryMS)), dur(max, len(f.RecoveryMS)))
 	}
-	w("\n*Revisions written* counts every node's revisions (each `node.configure` of the stream and each node's share of a `fleet.configure`); nodes skip revisions superseded before they polled (delivery is level-triggered), so hook runs can be fewer. *Re-runs after kills*: applies a kill interrupted, run once more at restart (DECISIONS.md §32 allows one); *given up*: applies interrupted twice, reported failed instead of a third run. *Out of order*: a hook run of an older revision after a newer one. Convergence is the time from a kill until every node applied the revision desired for it when the fault was over. Afterwards every node applied its last revision, its hook's last run was that revision, and the lagging count (API and gauge) was 0; it was exactly 1 with one node stopped behind a `fleet.configure`.\n\n")
+	w("\n*Revisions written* counts every node's revisions (each `node.configure` of the stream and each node's share of a `fleet.configure`); nodes skip revisions superseded before they polled (delivery is level-triggered), so hook runs can be fewer. *Re-runs after kills*: applies a kill interrupted, run once more at restart (DECISIONS.md §32 allows one); *given up*: applies interrupted twice, reported failed instead of a third run. *Out of order*: a hook run of an older revision after a newer one; *overlapping runs*: a hook run started while another was still going; *left-over hooks killed*: hooks a kill -9 of the agent left running (their process group survives it, and the unit's `KillMode=process` keeps it), killed by the restarted agent before it applied again. Convergence is the time from a kill until every node applied the revision desired for it when the fault was over. Afterwards every node applied its last revision, its hook's last run was that revision, and the lagging count (API and gauge) was 0; it was exactly 1 with one node stopped behind a `fleet.configure`.\n\n")
 	for _, f := range fs {
 		c := f.Config
 		w("- **%s** — %d `node.configure`, %d `fleet.configure`", f.Fault, c.NodeConfigures, c.FleetConfigures)

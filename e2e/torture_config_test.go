@@ -18,14 +18,14 @@ import (
 	"github.com/nodeward/nodeward/internal/testwait"
 )
 
-// configHookScript is the apply hook the configuration torture gives every
+// cfgTortureHook is the apply hook the configuration torture gives every
 // agent: it appends "revision hash" to the node's log ($1) before anything
 // else — a line is a run of the hook, whatever happens next — notes in
 // $1.overlaps when it starts while another run is still going (a run
 // orphaned by killing its agent), checks the document it was handed is
 // there and sleeps up to ~0.8 s, so a kill lands between writing the
 // configuration and reporting it.
-const configHookScript = `#!/bin/sh
+const cfgTortureHook = `#!/bin/sh
 echo "$NODEWARD_CONFIG_REVISION $NODEWARD_CONFIG_HASH" >> "$1"
 if p=$(cat "$1.running" 2>/dev/null) && kill -0 "$p" 2>/dev/null; then echo "$NODEWARD_CONFIG_REVISION" >> "$1.overlaps"; fi
 echo $$ > "$1.running"
@@ -36,8 +36,8 @@ sleep "$(printf '0.%03d' $((r * 3)))"
 exit 0
 `
 
-// nodeConfigView is GET /api/v1/nodes/{id}/config, the parts the suite reads.
-type nodeConfigView struct {
+// cfgTortureNode is GET /api/v1/nodes/{id}/config, the parts the suite reads.
+type cfgTortureNode struct {
 	Desired *struct {
 		Revision int64  `json:"revision"`
 		Hash     string `json:"hash"`
@@ -52,8 +52,8 @@ type nodeConfigView struct {
 	Lagging         bool   `json:"lagging"`
 }
 
-// laggingView is GET /api/v1/config/lagging.
-type laggingView struct {
+// cfgTortureLagging is GET /api/v1/config/lagging.
+type cfgTortureLagging struct {
 	Count         int64 `json:"count"`
 	NeverReported int64 `json:"never_reported"`
 	Nodes         []struct {
@@ -61,9 +61,9 @@ type laggingView struct {
 	} `json:"nodes"`
 }
 
-// configRig is the configuration torture's fleet: agents with the logging
+// cfgTortureRig is the configuration torture's fleet: agents with the logging
 // hook, the server, and the configure operations it accepted.
-type configRig struct {
+type cfgTortureRig struct {
 	t      *testing.T
 	s      *Server
 	nodes  []string
@@ -77,14 +77,14 @@ type configRig struct {
 	nodeOps int      // node.configure operations accepted
 }
 
-func newConfigRig(t *testing.T, s *Server, n int) *configRig {
+func newCfgTortureRig(t *testing.T, s *Server, n int) *cfgTortureRig {
 	t.Helper()
 	dir := t.TempDir()
 	hook := filepath.Join(dir, "hook.sh")
-	if err := os.WriteFile(hook, []byte(configHookScript), 0o700); err != nil {
+	if err := os.WriteFile(hook, []byte(cfgTortureHook), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	r := &configRig{t: t, s: s, codes: map[string]int{}}
+	r := &cfgTortureRig{t: t, s: s, codes: map[string]int{}}
 	for i := range n {
 		log := filepath.Join(dir, fmt.Sprintf("node-%d.log", i))
 		_, b, a := enrolledAgent(t, s, fmt.Sprintf("torture-config-%d", i), AgentOptions{Name: fmt.Sprintf("agent-%d", i),
@@ -97,7 +97,7 @@ func newConfigRig(t *testing.T, s *Server, n int) *configRig {
 // submit records a configure operation, retrying with the same request id
 // until the API answers it (an answer lost to a killed server is recovered
 // by the replay, never recorded twice); it answers the operation's id.
-func (r *configRig) submit(requestID, kind string, targets []any, operation map[string]any) (string, bool) {
+func (r *cfgTortureRig) submit(requestID, kind string, targets []any, operation map[string]any) (string, bool) {
 	body := map[string]any{"request_id": requestID, "kind": kind, "targets": targets, "operation": operation}
 	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
@@ -133,7 +133,7 @@ func (r *configRig) submit(requestID, kind string, targets []any, operation map[
 	return "", false
 }
 
-func (r *configRig) configureNode(requestID string, i int, doc any) {
+func (r *cfgTortureRig) configureNode(requestID string, i int, doc any) {
 	if _, ok := r.submit(requestID, "node.configure", []any{map[string]any{"kind": "node", "id": r.nodes[i]}},
 		map[string]any{"format": "torture/v1", "document": doc}); ok {
 		r.mu.Lock()
@@ -142,7 +142,7 @@ func (r *configRig) configureNode(requestID string, i int, doc any) {
 	}
 }
 
-func (r *configRig) configureFleet(requestID string, doc any) string {
+func (r *cfgTortureRig) configureFleet(requestID string, doc any) string {
 	id, ok := r.submit(requestID, "fleet.configure", []any{map[string]any{"kind": "fleet"}},
 		map[string]any{"format": "torture/v1", "document": doc, "selector": map[string]any{}})
 	if ok {
@@ -155,12 +155,12 @@ func (r *configRig) configureFleet(requestID string, doc any) string {
 
 // config reads one node's configuration (ok false while the server is
 // unreachable).
-func (r *configRig) config(node string) (nodeConfigView, bool) {
+func (r *cfgTortureRig) config(node string) (cfgTortureNode, bool) {
 	status, raw, err := TryCall(r.s.URL, http.MethodGet, "/api/v1/nodes/"+node+"/config", nil, r.s.Token, nil)
 	if err != nil || status != http.StatusOK {
-		return nodeConfigView{}, false
+		return cfgTortureNode{}, false
 	}
-	var c nodeConfigView
+	var c cfgTortureNode
 	if err := json.Unmarshal(raw, &c); err != nil {
 		r.t.Fatalf("node config: %v: %s", err, raw)
 	}
@@ -168,16 +168,16 @@ func (r *configRig) config(node string) (nodeConfigView, bool) {
 }
 
 // converged reports whether the node applied its desired configuration.
-func converged(c nodeConfigView) bool {
+func cfgConverged(c cfgTortureNode) bool {
 	return c.Desired != nil && c.AppliedRevision == c.Desired.Revision && c.Verdict == "applied" && !c.Lagging &&
 		c.Reported != nil && c.Reported.Hash == c.Desired.Hash
 }
 
-func (r *configRig) waitConverged(what string, idx []int) {
+func (r *cfgTortureRig) waitConverged(what string, idx []int) {
 	r.t.Helper()
 	testwait.For(r.t, what, 3*time.Minute, func() bool {
 		for _, i := range idx {
-			if c, ok := r.config(r.nodes[i]); !ok || !converged(c) {
+			if c, ok := r.config(r.nodes[i]); !ok || !cfgConverged(c) {
 				return false
 			}
 		}
@@ -193,15 +193,15 @@ func (r *configRig) waitConverged(what string, idx []int) {
 	})
 }
 
-func (r *configRig) lagging() laggingView {
+func (r *cfgTortureRig) lagging() cfgTortureLagging {
 	r.t.Helper()
-	var l laggingView
+	var l cfgTortureLagging
 	r.s.API(r.t, http.MethodGet, "/api/v1/config/lagging?limit=100", nil, http.StatusOK, &l)
 	return l
 }
 
 // gauge reads nodeward_config_lagging_nodes, failing when it is absent.
-func (r *configRig) gauge() float64 {
+func (r *cfgTortureRig) gauge() float64 {
 	r.t.Helper()
 	resp, err := http.Get(r.s.URL + "/metrics")
 	if err != nil {
@@ -223,7 +223,7 @@ func (r *configRig) gauge() float64 {
 	return 0
 }
 
-func (r *configRig) hookRuns(i int) []string {
+func (r *cfgTortureRig) hookRuns(i int) []string {
 	lines, err := readLines(r.logs[i])
 	if err != nil {
 		r.t.Fatal(err)
@@ -232,20 +232,20 @@ func (r *configRig) hookRuns(i int) []string {
 }
 
 // TestTortureConfig: desired configuration under faults, on SQLite (see
-// configTorture).
+// runConfigTorture).
 func TestTortureConfig(t *testing.T) {
 	t.Parallel()
-	configTorture(t, "desired configuration: agent kill -9 mid-apply, control plane kill -9 during fleet.configure (SQLite)", "")
+	runConfigTorture(t, "desired configuration: agent kill -9 mid-apply, control plane kill -9 during fleet.configure (SQLite)", "")
 }
 
 // TestTortureConfigPostgres is TestTortureConfig on a private Postgres
 // database.
 func TestTortureConfigPostgres(t *testing.T) {
 	t.Parallel()
-	configTorture(t, "desired configuration: agent kill -9 mid-apply, control plane kill -9 during fleet.configure (Postgres)", privateDatabase(t))
+	runConfigTorture(t, "desired configuration: agent kill -9 mid-apply, control plane kill -9 during fleet.configure (Postgres)", privateDatabase(t))
 }
 
-// configTorture runs agents whose config hook logs every (revision, hash)
+// runConfigTorture runs agents whose config hook logs every (revision, hash)
 // it is run with and sleeps a random short time, under a stream of
 // node.configure revisions (a different document each time). Each cycle
 // kills one agent with SIGKILL — every other cycle right after its hook
@@ -258,11 +258,11 @@ func TestTortureConfigPostgres(t *testing.T) {
 // (DECISIONS §32), its last line the node's final revision and hash; the
 // lagging count is exact at an intermediate point (one stopped node behind
 // a fleet.configure, the gauge agreeing) and 0 at the end.
-func configTorture(t *testing.T, fault, dbURL string) {
+func runConfigTorture(t *testing.T, fault, dbURL string) {
 	cycles := TortureCycles(2)
 	s := StartServer(t, ServerOptions{DatabaseURL: dbURL})
 	const n = 4
-	r := newConfigRig(t, s, n)
+	r := newCfgTortureRig(t, s, n)
 	fig := &Figures{Fault: fault, Cycles: cycles, Config: &ConfigFigures{Nodes: n}}
 	all := []int{0, 1, 2, 3}
 
@@ -411,7 +411,7 @@ func configTorture(t *testing.T, fault, dbURL string) {
 		}
 		want := fmt.Sprintf("%d %s", c.Desired.Revision, c.Desired.Hash)
 		if len(runs) == 0 || runs[len(runs)-1] != want {
-			t.Errorf("node %d: the hook's last run is %q, want the final revision %q", i, last(runs), want)
+			t.Errorf("node %d: the hook's last run is %q, want the final revision %q", i, lastLine(runs), want)
 		}
 	}
 
@@ -474,7 +474,7 @@ func configTorture(t *testing.T, fault, dbURL string) {
 
 // recovered waits until every node applied at least the revision desired
 // for it now (or a newer one), and counts the time since the fault.
-func (r *configRig) recovered(fig *Figures, since time.Time) {
+func (r *cfgTortureRig) recovered(fig *Figures, since time.Time) {
 	r.t.Helper()
 	want := map[string]int64{}
 	testwait.For(r.t, "the desired revisions to be readable", time.Minute, func() bool {
@@ -500,7 +500,7 @@ func (r *configRig) recovered(fig *Figures, since time.Time) {
 	fig.Recovered(time.Since(since))
 }
 
-func last(lines []string) string {
+func lastLine(lines []string) string {
 	if len(lines) == 0 {
 		return ""
 	}

@@ -74,7 +74,7 @@ type cfgTortureRig struct {
 	codes   map[string]int
 	replays int
 	fleetOp []string // fleet.configure operation ids
-	nodeOps int      // node.configure operations accepted
+	nodeOps []int    // node.configure operations accepted, by node
 }
 
 func newCfgTortureRig(t *testing.T, s *Server, n int) *cfgTortureRig {
@@ -84,7 +84,7 @@ func newCfgTortureRig(t *testing.T, s *Server, n int) *cfgTortureRig {
 	if err := os.WriteFile(hook, []byte(cfgTortureHook), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	r := &cfgTortureRig{t: t, s: s, codes: map[string]int{}}
+	r := &cfgTortureRig{t: t, s: s, codes: map[string]int{}, nodeOps: make([]int, n)}
 	for i := range n {
 		log := filepath.Join(dir, fmt.Sprintf("node-%d.log", i))
 		_, b, a := enrolledAgent(t, s, fmt.Sprintf("torture-config-%d", i), AgentOptions{Name: fmt.Sprintf("agent-%d", i),
@@ -137,7 +137,7 @@ func (r *cfgTortureRig) configureNode(requestID string, i int, doc any) {
 	if _, ok := r.submit(requestID, "node.configure", []any{map[string]any{"kind": "node", "id": r.nodes[i]}},
 		map[string]any{"format": "torture/v1", "document": doc}); ok {
 		r.mu.Lock()
-		r.nodeOps++
+		r.nodeOps[i]++
 		r.mu.Unlock()
 	}
 }
@@ -363,9 +363,19 @@ func runConfigTorture(t *testing.T, fault, dbURL string) {
 
 	// The hook logs: in order, re-runs only after an interrupted run,
 	// the last line the final revision.
+	r.mu.Lock()
+	nodeOps, fleetN := append([]int(nil), r.nodeOps...), len(r.fleetOp)
+	r.mu.Unlock()
 	for i, a := range r.agents {
 		c, _ := r.config(r.nodes[i])
 		fig.Config.Revisions += int(c.Desired.Revision)
+		// Every document differs: each accepted configure of the node,
+		// its own or its share of a fleet's, is exactly one revision —
+		// none lost to a kill, none written twice by a replayed submit
+		// or a fan-out resumed after a restart.
+		if want := int64(nodeOps[i] + fleetN); c.Desired.Revision != want {
+			t.Errorf("node %d: desired revision %d after %d node.configure and %d fleet.configure, want %d", i, c.Desired.Revision, nodeOps[i], fleetN, want)
+		}
 		runs := r.hookRuns(i)
 		fig.Config.HookRuns += len(runs)
 		resumed := len(a.Logs("configuration apply was interrupted; applying it once more (hooks must be idempotent)"))
@@ -418,7 +428,10 @@ func runConfigTorture(t *testing.T, fault, dbURL string) {
 	// Every configure operation ended; none was lost to a kill.
 	r.mu.Lock()
 	fleetOps := append([]string(nil), r.fleetOp...)
-	fig.Config.NodeConfigures, fig.Config.FleetConfigures = r.nodeOps, len(fleetOps)
+	for _, k := range r.nodeOps {
+		fig.Config.NodeConfigures += k
+	}
+	fig.Config.FleetConfigures = len(fleetOps)
 	fig.Codes = r.codes
 	replays := r.replays
 	r.mu.Unlock()

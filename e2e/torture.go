@@ -40,15 +40,10 @@ func TortureCycles(def int) int {
 	return def
 }
 
-// Extension point — desired configuration under faults (issue 7, not built
-// here): a configure fault test plugs into the same pieces. Submit
-// `node.configure` operations through /api/v1/operations from a stream (its
-// payload func gives the kind and operation), break things with the same
-// kill/restart/failover steps, and verify with a sibling of
-// verifyExactlyOnce that reads each agent's config/current.meta.json
-// (revision, hash) against the operation's revision, counting hook runs from
-// the agent log the way launchCounts counts launches. Report it with
-// Figures like the others; cmd/torture renders every Figures it receives.
+// Desired configuration under faults (torture_config_test.go) plugs into
+// the same pieces: its own stream of configure operations, the same
+// kill/restart steps, and Figures with Config set, which cmd/torture
+// renders in a table of its own.
 
 // Figures are one fault test's outcome, as the reliability report shows it.
 type Figures struct {
@@ -65,6 +60,35 @@ type Figures struct {
 	// e.g. fenced, unavailable).
 	Codes map[string]int `json:"codes,omitempty"`
 	Notes []string       `json:"notes,omitempty"`
+	// Config is set by the desired-configuration fault tests, whose unit
+	// is a revision, not a command: Issued..Refused stay 0 and RecoveryMS
+	// is the convergence time (from the fault until every node applied
+	// the revision desired for it when the fault was over).
+	Config *ConfigFigures `json:"config,omitempty"`
+}
+
+// ConfigFigures are a desired-configuration fault test's outcome.
+type ConfigFigures struct {
+	Nodes           int `json:"nodes"`
+	NodeConfigures  int `json:"node_configures"`  // node.configure operations accepted
+	FleetConfigures int `json:"fleet_configures"` // fleet.configure operations accepted
+	Revisions       int `json:"revisions"`        // revisions written, over all nodes
+	HookRuns        int `json:"hook_runs"`        // runs of the apply hook, over all nodes
+	// ReRuns counts revisions whose hook ran again at restart because a
+	// kill interrupted the apply (DECISIONS §32 allows one).
+	ReRuns int `json:"re_runs"`
+	// GaveUp counts applies interrupted twice, reported failed instead
+	// of a third run.
+	GaveUp     int `json:"gave_up"`
+	OutOfOrder int `json:"out_of_order"` // hook runs of an older revision after a newer one
+	// Overlaps counts hook runs that started while another was still
+	// running: a run orphaned by killing its agent (the hook has its own
+	// process group) and the one resumed at restart.
+	Overlaps int `json:"overlaps"`
+	// HooksKilled counts hooks a kill left running that the restarted
+	// agent killed before applying again.
+	HooksKilled int `json:"hooks_killed"`
+	Lagging     int `json:"lagging"` // the lagging count at the end
 }
 
 // Recovered adds one recovery time.
@@ -88,6 +112,10 @@ func (f *Figures) Report(t testing.TB) {
 	med, max := MedianMax(f.RecoveryMS)
 	t.Logf("%s: %d cycles, issued %d, applied %d, duplicated %d, lost %d, pending %d, refused %d, recovery median %s max %s, codes %v",
 		f.Fault, f.Cycles, f.Issued, f.Applied, f.Duplicated, f.Lost, f.Pending, f.Refused, med, max, f.Codes)
+	if c := f.Config; c != nil {
+		t.Logf("%s: %d nodes, %d node.configure, %d fleet.configure, %d revisions, %d hook runs, %d re-runs after kills, %d given up, %d out of order, %d overlapping runs, %d left-over hooks killed at restart, %d lagging at the end, convergence median %s max %s",
+			f.Fault, c.Nodes, c.NodeConfigures, c.FleetConfigures, c.Revisions, c.HookRuns, c.ReRuns, c.GaveUp, c.OutOfOrder, c.Overlaps, c.HooksKilled, c.Lagging, med, max)
+	}
 	for _, n := range f.Notes {
 		t.Logf("%s: %s", f.Fault, n)
 	}

@@ -23,7 +23,13 @@ package core
 // A restart finds the status and reports it again; a status still
 // "applying" (the agent stopped between 1 and 4) is applied once more, and
 // when that second attempt is interrupted too it is reported failed instead
-// of being run a third time. Hooks must therefore be idempotent.
+// of being run a third time. Hooks must therefore be idempotent. A hook
+// the previous life left running (a crash or kill -9 does not reach its
+// process group, and the service's KillMode=process keeps it) is killed
+// first, so two runs never overlap: the hook runs with the attempt's id in
+// NODEWARD_CONFIG_APPLY_ID, and the restart kills the process groups led
+// by a process carrying that id (never a session leader: a daemon the hook
+// started with setsid is not the hook's to kill).
 //
 // Deliveries are level-triggered: the server repeats one until a report
 // names it. So the agent ignores a revision lower than the newest it knows,
@@ -132,6 +138,11 @@ func (a *Agent) resumeConfig(ctx context.Context) {
 	}
 	if !ok {
 		return
+	}
+	if st.State == state.ConfigApplying {
+		if n := killHookGroups(st.ApplyID, hookKillWait); n > 0 {
+			a.log.Warn("config hook of the interrupted apply was still running; killed it", "revision", st.Revision, "process_groups", n)
+		}
 	}
 	c := &a.conv
 	c.mu.Lock()
@@ -252,7 +263,7 @@ func (a *Agent) applyConfig(ctx context.Context, d api.ConfigDelivery, attempt i
 	log := a.log.With("revision", d.Revision, "hash", d.Hash, "format", d.Format)
 	cleared := state.IsCleared(d.Document)
 	marker := state.ConfigStatus{Revision: d.Revision, Hash: d.Hash, Format: d.Format, Cleared: cleared,
-		State: state.ConfigApplying, Attempt: attempt, At: a.clock.Now().UTC()}
+		State: state.ConfigApplying, Attempt: attempt, ApplyID: uuid.NewString(), At: a.clock.Now().UTC()}
 	if err := a.store.SetConfigStatus(marker); err != nil {
 		log.Error("cannot record the configuration apply; not applying it", "err", err)
 		a.finish(d, cleared, attempt, api.ConfigFailed, "the agent could not record the apply in its state directory: "+err.Error())
@@ -279,7 +290,7 @@ func (a *Agent) applyConfig(ctx context.Context, d api.ConfigDelivery, attempt i
 	a.mu.Lock()
 	a.stats.ConfigHookRuns++
 	a.mu.Unlock()
-	msg, ok := a.runConfigHook(ctx, path, d)
+	msg, ok := a.runConfigHook(ctx, path, d, marker.ApplyID)
 	if ctx.Err() != nil {
 		log.Info("agent stopping: configuration apply interrupted; it is resolved on the next start")
 		return false
@@ -340,7 +351,7 @@ func (a *Agent) reportLocked(st state.ConfigStatus) {
 // runConfigHook runs the apply hook for the document at path ("" when
 // cleared). ok is true when it exited 0; otherwise msg says why, ending in
 // the tail of its combined output.
-func (a *Agent) runConfigHook(ctx context.Context, path string, d api.ConfigDelivery) (msg string, ok bool) {
+func (a *Agent) runConfigHook(ctx context.Context, path string, d api.ConfigDelivery, applyID string) (msg string, ok bool) {
 	timeout := a.cfg.ConfigHookTimeout
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -358,7 +369,7 @@ func (a *Agent) runConfigHook(ctx context.Context, path string, d api.ConfigDeli
 
 	argv := a.cfg.ConfigHook
 	cmd := exec.CommandContext(hctx, argv[0], append(slices.Clone(argv[1:]), path)...)
-	cmd.Env = hookEnv(d)
+	cmd.Env = hookEnv(d, applyID)
 	out := &tailBuffer{max: hookOutputTail}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group, killed whole: a script's children must not
@@ -396,8 +407,8 @@ func (a *Agent) runConfigHook(ctx context.Context, path string, d api.ConfigDeli
 
 // hookEnv is the agent's environment without its own settings (a bootstrap
 // passed in the environment carries an enrollment token) plus the revision
-// being applied.
-func hookEnv(d api.ConfigDelivery) []string {
+// being applied and the attempt's id.
+func hookEnv(d api.ConfigDelivery, applyID string) []string {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "NODEWARD_AGENT_") || strings.HasPrefix(kv, "NODEWARD_CONFIG_")
 	})
@@ -405,6 +416,7 @@ func hookEnv(d api.ConfigDelivery) []string {
 		"NODEWARD_CONFIG_REVISION="+strconv.FormatInt(d.Revision, 10),
 		"NODEWARD_CONFIG_HASH="+d.Hash,
 		"NODEWARD_CONFIG_FORMAT="+d.Format,
+		hookApplyEnv+applyID,
 	)
 }
 

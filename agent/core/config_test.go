@@ -544,13 +544,13 @@ func TestConfig(t *testing.T) {
 func TestConfigHookEnvironment(t *testing.T) {
 	t.Setenv("NODEWARD_AGENT_BOOTSTRAP", `{"enrollment_token":"secret"}`)
 	t.Setenv("NODEWARD_CONFIG_REVISION", "99")
-	env := hookEnv(api.ConfigDelivery{Revision: 4, Hash: "abc", Format: "f/v1"})
+	env := hookEnv(api.ConfigDelivery{Revision: 4, Hash: "abc", Format: "f/v1"}, "apply-1")
 	for _, kv := range env {
 		if strings.HasPrefix(kv, "NODEWARD_AGENT_") {
 			t.Fatalf("agent setting leaked to the hook: %s", kv)
 		}
 	}
-	for _, want := range []string{"NODEWARD_CONFIG_REVISION=4", "NODEWARD_CONFIG_HASH=abc", "NODEWARD_CONFIG_FORMAT=f/v1"} {
+	for _, want := range []string{"NODEWARD_CONFIG_REVISION=4", "NODEWARD_CONFIG_HASH=abc", "NODEWARD_CONFIG_FORMAT=f/v1", "NODEWARD_CONFIG_APPLY_ID=apply-1"} {
 		if !slices.Contains(env, want) {
 			t.Fatalf("%s missing from %q", want, env)
 		}

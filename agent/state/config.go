@@ -50,7 +50,11 @@ type ConfigStatus struct {
 	// Attempt counts the applies begun for this revision since it was last
 	// delivered: 1 for the first, 2 for the one re-run after an interrupted
 	// first. It bounds re-runs after crashes.
-	Attempt int       `json:"attempt,omitempty"`
+	Attempt int `json:"attempt,omitempty"`
+	// ApplyID names one apply attempt; its hook runs with it in
+	// NODEWARD_CONFIG_APPLY_ID, so that a restart finds a hook the agent's
+	// previous life left running (KillMode=process keeps it alive).
+	ApplyID string    `json:"apply_id,omitempty"`
 	Message string    `json:"message,omitempty"`
 	At      time.Time `json:"at"`
 }

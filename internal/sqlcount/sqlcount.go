@@ -101,7 +101,9 @@ func (c *Counter) statement(query string, inTx bool) {
 }
 
 // Wrap answers a connector whose connections are counted by c.
-func (c *Counter) Wrap(inner driver.Connector) driver.Connector { return &connector{inner: inner, c: c} }
+func (c *Counter) Wrap(inner driver.Connector) driver.Connector {
+	return &connector{inner: inner, c: c}
+}
 
 type connector struct {
 	inner driver.Connector

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,6 +108,55 @@ func TestPostgresWriteCounters(t *testing.T) {
 				Kind: api.EventHeartbeat, ObservedAt: f.ObservedAt, Facts: &f}}}, sess.SessionToken, http.StatusOK, nil)
 		})
 	}
+
+	// Concurrent: k nodes, each with a submitter and an agent that
+	// long-polls and settles what it is handed, every command through the
+	// API. Batch sizes depend on scheduling, so these are logged, not
+	// asserted: write commits (COMMITs) and all transactions per settled
+	// command under load.
+	const k, per = 8, 10
+	type agent struct {
+		node string
+		sess api.EnrollResponse
+	}
+	agents := make([]agent, k)
+	for i := range agents {
+		b, se := inviteAndEnroll(t, s)
+		agents[i] = agent{b.NodeID, se}
+	}
+	before := counter.Snapshot()
+	var wg sync.WaitGroup
+	for i, a := range agents {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < per; j++ {
+				s.Admin(t, http.MethodPost, "/api/v1/nodes/"+a.node+"/commands", map[string]any{"kind": "prepare_image",
+					"operation_id": fmt.Sprintf("cc-%d-%d", i, j), "payload": map[string]any{"image": "busybox"}}, http.StatusCreated, nil)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for settled := 0; settled < per; {
+				var polled api.CommandsResponse
+				s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=10", nil, a.sess.SessionToken, http.StatusOK, &polled)
+				if len(polled.Commands) == 0 {
+					continue
+				}
+				var rs []api.Result
+				for _, c := range polled.Commands {
+					rs = append(rs, api.Result{OperationID: c.OperationID, Applied: true})
+				}
+				s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: rs}, a.sess.SessionToken, http.StatusOK, nil)
+				settled += len(rs)
+			}
+		}()
+	}
+	wg.Wait()
+	load := counter.Snapshot().Sub(before)
+	cmds := float64(k * per)
+	t.Logf("concurrent, %d nodes × %d commands (submit, long-poll claim, settle): per settled command %.2f COMMITs, %.2f transactions, %.2f round trips",
+		k, per, float64(load.Commits)/cmds, float64(load.Transactions())/cmds, float64(load.RoundTrips())/cmds)
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%-58s %8s %8s %8s\n", "step (median per request)", "commits", "rtrips", "stmts")

@@ -42,14 +42,18 @@ type groupReq struct {
 	notes []fleet.Notification
 	// pg are the payloads of this request's notifications to announce to
 	// the other replicas (Postgres), sent with the batch's commit.
-	pg   []string
-	err  error
-	done chan struct{} // closed when err is final
-	lead chan struct{} // signalled when this request must lead the next batch
+	pg    []string
+	err   error
+	tries int           // runs again after a deadlock
+	done  chan struct{} // closed when err is final
+	lead  chan struct{} // signalled when this request must lead the next batch
 }
 
 // maxBatch bounds one batch, so a commit never waits on an unbounded list.
 const maxBatch = 128
+
+// maxTries bounds the runs again of a request refused by deadlocks.
+const maxTries = 5
 
 func (g *groupCommit) do(ctx context.Context, fn func(fleet.Tx) error) error {
 	r := &groupReq{fn: fn, done: make(chan struct{}), lead: make(chan struct{}, 1)}
@@ -126,7 +130,7 @@ func (g *groupCommit) run(ctx context.Context, batch []*groupReq) {
 		}
 		if r.err == nil {
 			notes = append(notes, r.notes...)
-		} else if !single && err == nil && lockConflict(r.err) {
+		} else if (single || err == nil) && lockConflict(r.err) && r.tries < maxTries {
 			again = append(again, r)
 		}
 	}
@@ -141,6 +145,7 @@ func (g *groupCommit) run(ctx context.Context, batch []*groupReq) {
 	// Requests refused by a deadlock with another writer run again, each
 	// alone: a batch of one takes its locks in its own order and waits.
 	for _, r := range again {
+		r.tries++
 		g.run(ctx, []*groupReq{r})
 	}
 }

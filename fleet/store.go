@@ -217,6 +217,15 @@ type Tx interface {
 	// not exist is not an error and nothing is written: callers update only
 	// a command they locked.
 	UpdateCommand(ctx context.Context, c Command) error
+	// LockCommands answers the commands of ids that exist, by operation
+	// id, each locked until the transaction ends (locked in operation id
+	// order, so two settlements of overlapping commands cannot deadlock).
+	LockCommands(ctx context.Context, ids []string) (map[string]Command, error)
+	// SettleCommands writes the settlement (state, failure, settled time)
+	// of commands the transaction locked, and ends each one's operation as
+	// UpdateCommand does: one statement for all of them where the store
+	// can.
+	SettleCommands(ctx context.Context, cs []Command) error
 	// WithdrawCommand cancels a pending command never delivered to any
 	// session and answers true; a command delivered at least once, settled,
 	// or absent is left as it is and answers false.

@@ -73,7 +73,10 @@ type Store interface {
 	Reader
 	// Tx runs fn in one transaction; a non-nil error from fn rolls it back
 	// and is answered unchanged. Notifications fn queued are delivered only
-	// once the transaction commits.
+	// once the transaction commits. fn may run more than once (a store
+	// runs it again when the database refused it for a deadlock, having
+	// rolled back what it wrote): it must set, not accumulate, what it
+	// hands its caller.
 	Tx(ctx context.Context, fn func(tx Tx) error) error
 	// RenewLeases writes a batch of coalesced lease renewals in one commit:
 	// ready and lost nodes get the new lease (lost ones become ready);

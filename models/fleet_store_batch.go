@@ -32,19 +32,14 @@ func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 	batch = append([]fleet.LeaseRenewal(nil), batch...)
 	sort.Slice(batch, func(i, j int) bool { return batch[i].NodeID < batch[j].NodeID })
 	changed := 0
-	var err error
-	// A fleet batch holding some of these nodes may meet this one in a
-	// deadlock; Postgres then refuses one side, which changed nothing, and
-	// when it is this one the whole renewal runs again.
-	for try := 0; try == 0 || (lockConflict(err) && try < maxTries); try++ {
-		err = s.renewLeases(ctx, batch, &changed)
-	}
-	return changed, err
-}
-
-func (s *FleetStore) renewLeases(ctx context.Context, batch []fleet.LeaseRenewal, changed *int) error {
-	return s.db.Tx(ctx, func(g *gorm.DB) error {
-		*changed = 0
+	// The renewals ride the fleet's group commit: they share its commit,
+	// and the fleet transactions of this replica, which lock nodes in no
+	// particular order, never wait on them (nor they on those) in a
+	// deadlock. A renewal refused by a deadlock with another replica runs
+	// again (group.go).
+	err := s.Tx(ctx, func(tx fleet.Tx) error {
+		g := tx.(*fleetTx).db(ctx)
+		changed = 0
 		for _, r := range batch {
 			until := dbtime.Norm(r.Until)
 			// A lease only grows, and only for a live node: a retired node
@@ -74,10 +69,11 @@ func (s *FleetStore) renewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 			if res.Error != nil {
 				return res.Error
 			}
-			*changed += int(res.RowsAffected)
+			changed += int(res.RowsAffected)
 		}
 		return nil
 	})
+	return changed, err
 }
 
 // sweepLockKey is the advisory lock that makes the lease sweep a singleton

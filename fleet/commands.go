@@ -487,10 +487,21 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 	now := s.clock()
 	out := make([]api.Settled, 0, len(results))
 	var newly []Command
+	ids := make([]string, len(results))
+	for i, r := range results {
+		ids[i] = r.OperationID
+	}
 	err = s.store.Tx(ctx, func(tx Tx) error {
 		out, newly = out[:0], newly[:0]
+		// Every command of the request is locked in one statement and
+		// every settlement written in one: round trips per request, not
+		// per result.
+		locked, err := tx.LockCommands(ctx, ids)
+		if err != nil {
+			return err
+		}
 		for _, r := range results {
-			c, fresh, err := s.settleTx(ctx, tx, sess.NodeID, r, values, now)
+			c, fresh, err := s.settleOne(locked, sess.NodeID, r, values, now)
 			switch {
 			case err == nil:
 				item := api.Settled{OperationID: r.OperationID, State: string(c.State)}
@@ -507,7 +518,7 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 				return err
 			}
 		}
-		return nil
+		return tx.SettleCommands(ctx, newly)
 	})
 	if err != nil {
 		return nil, err
@@ -541,15 +552,15 @@ func (s *Service) failureValues(ctx context.Context, results []api.Result) ([]st
 	return s.secretValues(ctx, ids...)
 }
 
-// settleTx settles one result inside tx; fresh reports a state change.
-// values are secret values to scrub from the node's failure text.
-func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Result, values []string, now time.Time) (Command, bool, error) {
-	c, err := tx.LockCommand(ctx, r.OperationID)
-	if isNoRows(err) {
+// settleOne settles one result against the commands the transaction
+// locked (and records the new state there, so the same id twice in one
+// request answers the first settlement); fresh reports a state change,
+// which the caller writes. values are secret values to scrub from the
+// node's failure text.
+func (s *Service) settleOne(locked map[string]Command, nodeID string, r api.Result, values []string, now time.Time) (Command, bool, error) {
+	c, ok := locked[r.OperationID]
+	if !ok {
 		return Command{}, false, errUnknownOperation
-	}
-	if err != nil {
-		return Command{}, false, err
 	}
 	if c.NodeID != nodeID {
 		return Command{}, false, errNotThisNode
@@ -571,9 +582,7 @@ func (s *Service) settleTx(ctx context.Context, tx Tx, nodeID string, r api.Resu
 	c.Duplicate = r.Duplicate
 	// The settlement is recorded as the end of the command's operation (the
 	// store keeps the two in step), not as a node audit row.
-	if err := tx.UpdateCommand(ctx, c); err != nil {
-		return Command{}, false, err
-	}
+	locked[r.OperationID] = c
 	return c, true, nil
 }
 

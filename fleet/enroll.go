@@ -175,16 +175,30 @@ func storeDoor(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims
 // taken (unknown operation, another node's) is skipped; only a store
 // failure ends the enrollment. It answers the commands it settled.
 func (s *Service) settleUnacknowledged(ctx context.Context, tx Tx, nodeID string, results []api.Result, values []string, now time.Time) ([]Command, error) {
-	var settled []Command
+	if len(results) == 0 {
+		return nil, nil
+	}
+	ids := make([]string, len(results))
+	for i, r := range results {
+		ids[i] = r.OperationID
+	}
+	locked, err := tx.LockCommands(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	var settled, fresh []Command
 	for _, r := range results {
-		c, _, err := s.settleTx(ctx, tx, nodeID, r, values, now)
+		c, isNew, err := s.settleOne(locked, nodeID, r, values, now)
 		if err == nil && c.OperationID != "" {
 			settled = append(settled, c)
+			if isNew {
+				fresh = append(fresh, c)
+			}
 		} else if err != nil && errcode.Of(err) == errcode.Internal {
 			return nil, err
 		}
 	}
-	return settled, nil
+	return settled, tx.SettleCommands(ctx, fresh)
 }
 
 // refence gives n a new fencing token, which ends every older session, and

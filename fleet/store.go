@@ -73,7 +73,10 @@ type Store interface {
 	Reader
 	// Tx runs fn in one transaction; a non-nil error from fn rolls it back
 	// and is answered unchanged. Notifications fn queued are delivered only
-	// once the transaction commits.
+	// once the transaction commits. fn may run more than once (a store
+	// runs it again when the database refused it for a deadlock, having
+	// rolled back what it wrote): it must set, not accumulate, what it
+	// hands its caller.
 	Tx(ctx context.Context, fn func(tx Tx) error) error
 	// RenewLeases writes a batch of coalesced lease renewals in one commit:
 	// ready and lost nodes get the new lease (lost ones become ready);
@@ -217,6 +220,15 @@ type Tx interface {
 	// not exist is not an error and nothing is written: callers update only
 	// a command they locked.
 	UpdateCommand(ctx context.Context, c Command) error
+	// LockCommands answers the commands of ids that exist, by operation
+	// id, each locked until the transaction ends (locked in operation id
+	// order, so two settlements of overlapping commands cannot deadlock).
+	LockCommands(ctx context.Context, ids []string) (map[string]Command, error)
+	// SettleCommands writes the settlement (state, failure, settled time)
+	// of commands the transaction locked, and ends each one's operation as
+	// UpdateCommand does: one statement for all of them where the store
+	// can.
+	SettleCommands(ctx context.Context, cs []Command) error
 	// WithdrawCommand cancels a pending command never delivered to any
 	// session and answers true; a command delivered at least once, settled,
 	// or absent is left as it is and answers false.

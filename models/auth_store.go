@@ -19,7 +19,7 @@ type AuthStore struct {
 	// g is the database, or the transaction when inTx.
 	g    *gorm.DB
 	inTx bool
-	// batched: g is a SQLite group commit's shared transaction, which
+	// batched: g is a group commit's shared transaction, which
 	// carries its own context (a caller's must not cancel a statement
 	// others depend on).
 	batched bool

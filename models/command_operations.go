@@ -3,6 +3,8 @@ package models
 import (
 	"context"
 	"encoding/json"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/nodeward/nodeward/fleet"
@@ -133,4 +135,95 @@ func (t *fleetTx) WithdrawCommand(ctx context.Context, operationID string, at ti
 		WHERE operation_id = ? AND state = 'pending' AND delivery_count = 0`,
 		string(fleet.CommandCancelled), dbtime.Norm(at), operationID)
 	return res.RowsAffected == 1, res.Error
+}
+
+// LockCommands implements fleet.Tx: one statement locks them all, in
+// operation id order.
+func (t *fleetTx) LockCommands(ctx context.Context, ids []string) (map[string]fleet.Command, error) {
+	out := make(map[string]fleet.Command, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	var rows []Command
+	if err := t.forUpdate(t.db(ctx)).Where("operation_id IN ?", ids).Order("operation_id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		out[r.OperationID] = commandFromRow(r)
+	}
+	return out, nil
+}
+
+// SettleCommands implements fleet.Tx. On Postgres one statement (hand
+// written: GORM would send a statement per row) writes every settlement,
+// ends the operations, appends their events and announces them; SQLite
+// writes them one by one inside its group-committed transaction.
+func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	cs = append([]fleet.Command(nil), cs...)
+	sort.Slice(cs, func(i, j int) bool { return cs[i].OperationID < cs[j].OperationID })
+	if t.dialect != Postgres {
+		for _, c := range cs {
+			if err := t.UpdateCommand(ctx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var cmdVals, endVals []string
+	var cmdArgs, endArgs []any
+	for _, c := range cs {
+		cmdVals = append(cmdVals, "(CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS timestamptz))")
+		cmdArgs = append(cmdArgs, c.OperationID, string(c.State), strp(c.FailureCode), strp(c.FailureMessage), dbtime.NormPtr(c.SettledAt))
+		end, ok := ledger.CommandEnd(c)
+		if !ok {
+			continue
+		}
+		at := time.Now()
+		if c.SettledAt != nil {
+			at = *c.SettledAt
+		}
+		var code, msg *string
+		var retryable *bool
+		if end.Error != nil {
+			code, msg, retryable = &end.Error.Code, &end.Error.Message, &end.Error.Retryable
+		}
+		data, _ := json.Marshal(map[string]any{"from": "command", "error": end.Error})
+		endVals = append(endVals, "(CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS boolean), CAST(? AS timestamptz), CAST(? AS text))")
+		endArgs = append(endArgs, c.OperationID, string(end.State), rawp(end.Result), code, msg, retryable, dbtime.Norm(at), string(data))
+	}
+	cmdSQL := `cmd AS (
+			UPDATE commands c SET state = v.state, failure_code = v.code, failure_message = v.message, settled_at = v.settled_at
+			FROM (VALUES ` + strings.Join(cmdVals, ", ") + `) AS v (operation_id, state, code, message, settled_at)
+			WHERE c.operation_id = v.operation_id RETURNING c.operation_id)`
+	if len(endVals) == 0 {
+		return t.db(ctx).Exec(`WITH `+cmdSQL+` SELECT COUNT(*) FROM cmd`, cmdArgs...).Error
+	}
+	args := append(cmdArgs, endArgs...)
+	args = append(args, t.store.channel, notifyPrefix(t.store.replica))
+	var ended []endedOperation
+	err := t.db(ctx).Raw(`WITH `+cmdSQL+`,
+		op AS (
+			UPDATE operations o SET state = e.state, terminal = TRUE, result = e.result, error_code = e.code,
+				error_message = e.message, error_retryable = e.retryable, finished_at = e.at, updated_at = e.at
+			FROM (VALUES `+strings.Join(endVals, ", ")+`) AS e (id, state, result, code, message, retryable, at, data)
+			WHERE o.id = e.id AND o.terminal = FALSE
+			RETURNING o.id, o.parent_id, e.state, e.at, e.data),
+		ev AS (
+			INSERT INTO operation_events (operation_id, type, at, data)
+			SELECT op.id, op.state, op.at, op.data FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
+			RETURNING 1)
+		SELECT op.id, op.parent_id FROM op`, args...).Scan(&ended).Error
+	if err != nil {
+		return err
+	}
+	for _, e := range ended {
+		t.noteOperations([]string{e.ID})
+		if e.ParentID != nil {
+			*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: *e.ParentID})
+		}
+	}
+	return nil
 }

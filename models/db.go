@@ -7,6 +7,7 @@ package models
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/glebarez/sqlite"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -63,6 +66,10 @@ type Options struct {
 	DataDir string
 	// MaxOpenConns bounds the pool; zero picks a default per dialect.
 	MaxOpenConns int
+	// WrapConnector, when set, wraps the Postgres driver's connector: the
+	// write-path counters (internal/sqlcount) count through it. Nil in
+	// production.
+	WrapConnector func(driver.Connector) driver.Connector
 }
 
 // Open opens (and for SQLite creates) the database. It does not migrate.
@@ -88,7 +95,15 @@ func openPostgres(ctx context.Context, opts Options) (*DB, error) {
 		// The URL may carry a password: never echo it.
 		return nil, errors.New("database URL must be a postgres:// URL")
 	}
-	gdb, err := gorm.Open(postgres.Open(opts.URL), gormConfig())
+	dialector := postgres.Open(opts.URL)
+	if opts.WrapConnector != nil {
+		pc, err := pgx.ParseConfig(opts.URL)
+		if err != nil {
+			return nil, fmt.Errorf("open postgres: %w", redactURLError(err, opts.URL))
+		}
+		dialector = postgres.New(postgres.Config{Conn: sql.OpenDB(opts.WrapConnector(stdlib.GetConnector(*pc)))})
+	}
+	gdb, err := gorm.Open(dialector, gormConfig())
 	if err != nil {
 		return nil, fmt.Errorf("open postgres: %w", redactURLError(err, opts.URL))
 	}

@@ -35,9 +35,7 @@ var _ fleet.Store = (*FleetStore)(nil)
 func NewFleetStore(db *DB, replica string, onCommit func([]fleet.Notification)) *FleetStore {
 	s := &FleetStore{fleetReader: fleetReader{g: db.DB, dialect: db.Dialect}, db: db, replica: replica,
 		channel: NotifyChannel(db), onCommit: onCommit}
-	if db.Dialect == SQLite {
-		s.group = &groupCommit{store: s}
-	}
+	s.group = &groupCommit{store: s}
 	return s
 }
 
@@ -57,23 +55,14 @@ func NotifyChannel(db *DB) string {
 func (s *FleetStore) SetOnCommit(fn func([]fleet.Notification)) { s.onCommit = fn }
 
 // Tx runs fn in a transaction and, after it commits, hands its
-// notifications to the local hook. On SQLite, which has one writer and pays
-// an fsync per commit, concurrent calls share one commit (see group.go),
-// each fn inside its own savepoint so one fn's failure undoes that fn only.
-// Postgres runs them in parallel and groups WAL flushes itself.
+// notifications to the local hook. Concurrent calls share one commit (see
+// group.go), each fn inside its own savepoint so one fn's failure undoes
+// that fn only: on SQLite, which has one writer, that saves an fsync per
+// call; on Postgres, a commit (and its WAL flush) and the BEGIN/COMMIT
+// round trips per call, and the batch's notifications go out in one
+// statement.
 func (s *FleetStore) Tx(ctx context.Context, fn func(fleet.Tx) error) error {
-	if s.group != nil {
-		return s.group.do(ctx, fn)
-	}
-	var notes []fleet.Notification
-	err := s.db.Tx(ctx, func(g *gorm.DB) error {
-		notes = notes[:0]
-		return fn(&fleetTx{fleetReader: fleetReader{g: g, dialect: s.dialect}, store: s, notes: &notes})
-	})
-	if err == nil && len(notes) > 0 && s.onCommit != nil {
-		s.onCommit(notes)
-	}
-	return err
+	return s.group.do(ctx, fn)
 }
 
 type fleetReader struct {
@@ -88,6 +77,9 @@ type fleetTx struct {
 	fleetReader
 	store *FleetStore
 	notes *[]fleet.Notification
+	// pg collects the payloads to announce to the other replicas
+	// (Postgres); the group commit sends them with the commit.
+	pg *[]string
 }
 
 func notFound(err error) error {
@@ -599,12 +591,12 @@ func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
 
 func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {
 	*t.notes = append(*t.notes, n)
-	if t.dialect != Postgres {
-		return nil
+	if t.dialect == Postgres {
+		// Delivered to the other replicas when (and only if) the
+		// transaction commits: sent with the batch (group.go flushNotes).
+		*t.pg = append(*t.pg, n.Encode(t.store.replica))
 	}
-	// Delivered to the other replicas when (and only if) the transaction
-	// commits.
-	return t.db(ctx).Exec("SELECT pg_notify(?, ?)", t.store.channel, n.Encode(t.store.replica)).Error
+	return nil
 }
 
 // LaunchCommands implements fleet.Reader. The payload is canonical JSON,

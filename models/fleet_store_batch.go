@@ -32,7 +32,13 @@ func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 	batch = append([]fleet.LeaseRenewal(nil), batch...)
 	sort.Slice(batch, func(i, j int) bool { return batch[i].NodeID < batch[j].NodeID })
 	changed := 0
-	err := s.db.Tx(ctx, func(g *gorm.DB) error {
+	// The renewals ride the fleet's group commit: they share its commit,
+	// and the fleet transactions of this replica, which lock nodes in no
+	// particular order, never wait on them (nor they on those) in a
+	// deadlock. A renewal refused by a deadlock with another replica runs
+	// again (group.go).
+	err := s.Tx(ctx, func(tx fleet.Tx) error {
+		g := tx.(*fleetTx).db(ctx)
 		changed = 0
 		for _, r := range batch {
 			until := dbtime.Norm(r.Until)

@@ -19,7 +19,7 @@ import (
 )
 
 // LedgerStore implements ledger.Store over GORM for both dialects. Its
-// transactions are the fleet store's (one group commit on SQLite), so an
+// transactions are the fleet store's (group-committed on both dialects), so an
 // operation and the fleet change it makes commit together.
 type LedgerStore struct {
 	fleet  *FleetStore

@@ -7,6 +7,7 @@ package controlplane
 
 import (
 	"crypto/rand"
+	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -57,6 +58,9 @@ type Config struct {
 
 	// Now is the clock (tests inject one); nil is time.Now.
 	Now func() time.Time
+	// WrapDBConnector wraps the Postgres driver's connector (the write-path
+	// counters of handlers' tests count through it); nil in production.
+	WrapDBConnector func(driver.Connector) driver.Connector
 }
 
 // DefaultReadTimeout is the default of Config.ReadTimeout.

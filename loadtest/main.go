@@ -66,13 +66,19 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.PGBench, "pgbench", false, "afterwards, run the pgbench reference (DECISIONS.md §31) on the same Postgres")
 	fs.StringVar(&cfg.MemProfile, "memprofile", "", "write a heap profile of this process (the server, when started here) once every poll is held")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase")
-	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind) or hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s)")
+	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind), hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s), storm (restart the real binary under held agents) or enroll (enrollments/s)")
 	useTLS := fs.Bool("tls", false, "hold: both servers serve HTTPS with a throwaway CA")
 	settle := fs.Duration("settle", 5*time.Second, "hold: wait after every poll is held before sampling")
 	sample := fs.Duration("sample", 10*time.Second, "hold: window over which RSS and CPU are sampled")
 	ops := fs.Int("ops", 20000, "ledger: operations to submit")
 	submitters := fs.Int("submitters", 64, "ledger: concurrent submitters")
-	replicas := fs.Int("replicas", 1, "ledger: control planes sharing the database (more than one needs Postgres)")
+	replicas := fs.Int("replicas", 1, "ledger, deliver, storm, enroll: control planes sharing the database (more than one needs Postgres; deliver and enroll then run the real binary)")
+	fs.IntVar(&cfg.FanOut, "fanout", 0, "deliver: issue fleet.command operations over this many nodes each instead of single commands (-rate counts operations)")
+	binary := fs.Bool("binary", false, "deliver, enroll: run the real server binary as a process instead of in this one")
+	commands := fs.Int("commands", 5000, "storm: the burst issued right before the stop")
+	sig := fs.String("signal", "kill", "storm: how the replica is stopped: kill (SIGKILL, a crash) or term (SIGTERM, a drain)")
+	recoverIn := fs.Duration("recover", 2*time.Minute, "storm: how long to wait for every agent and command after the restart")
+	concurrency := fs.Int("concurrency", 64, "enroll: concurrent enrollments over all workers")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("q", false, "no progress lines")
@@ -104,6 +110,17 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	switch *scenario {
 	case "deliver":
+		if *binary || *replicas > 1 {
+			if cfg.URL != "" {
+				fmt.Fprintln(stderr, "loadtest: -binary and -replicas start their own servers; not with -url")
+				return 2
+			}
+			rep, err := runDeliverProcs(ctx, cfg, *replicas)
+			return report(stdout, stderr, rep, err, *asJSON, printReport)
+		}
+	case "storm", "enroll":
+		return cliPresets(ctx, *scenario, presetFlags{cfg: cfg, db: *db, dbURL: *dbURL, replicas: *replicas, binary: *binary,
+			commands: *commands, signal: *sig, recover: *recoverIn, concurrency: *concurrency, asJSON: *asJSON}, stdout, stderr)
 	case "hold":
 		hc := HoldConfig{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Wait: cfg.Wait, Settle: *settle,
 			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log}
@@ -152,7 +169,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		printLedgerReport(stdout, lrep)
 		return 0
 	default:
-		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger or hold")
+		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger, hold, storm or enroll")
 		return 2
 	}
 	rep, err := runCLI(ctx, cfg, *db)
@@ -212,6 +229,10 @@ func printReport(w io.Writer, r Report) {
 	if r.PGBenchTPS > 0 {
 		fmt.Fprintf(w, "pgbench -N tps           %.0f (settled commands/s above: %.0f)\n", r.PGBenchTPS, r.SettledPS)
 	}
+	if r.FanOut > 0 {
+		fmt.Fprintf(w, "fan-out                  %d fleet.command operations over %d nodes each\n", r.IssuedOps, r.FanOut)
+	}
+	printReplicaStats(w, r.Replicas)
 }
 
 func printHoldReport(w io.Writer, r HoldReport) {

@@ -47,15 +47,37 @@ type workerJob struct {
 	// StopBy is the hard deadline (Unix nanoseconds): the worker stops by
 	// then even if the coordinator never tells it to.
 	StopBy int64 `json:"stop_by"`
+	// Track keeps every operation id the agents received (the storm
+	// scenario): a redelivery of an operation already applied is answered
+	// as a duplicate, as the real agent does, and counted; the done line
+	// carries the ids whose settlement was acknowledged.
+	Track bool `json:"track,omitempty"`
+	// Progress, when > 0, writes a progress line at that interval after
+	// the enrolled line (only coordinators that read them ask for them).
+	Progress time.Duration `json:"progress,omitempty"`
 }
 
 // workerMsg is one line a worker writes on stdout.
 type workerMsg struct {
-	Type string `json:"type"` // "enrolled" or "done"
+	Type string `json:"type"` // "enrolled", "progress" or "done"
 	// enrolled
-	Enrolled int    `json:"enrolled,omitempty"`
-	Failed   int    `json:"failed,omitempty"`
-	Error    string `json:"error,omitempty"`
+	Enrolled    int     `json:"enrolled,omitempty"`
+	Failed      int     `json:"failed,omitempty"`
+	Error       string  `json:"error,omitempty"`
+	EnrollLatUS []int64 `json:"enroll_lat_us,omitempty"` // one enrollment's round trip
+	// progress (and done): distinct operations whose settlement was
+	// acknowledged (Track).
+	SettledDistinct int64 `json:"settled_distinct,omitempty"`
+	// done, with Track
+	SettledIDs []string `json:"settled_ids,omitempty"`
+	// Redelivered counts deliveries of an operation the agent had already
+	// received but whose settlement it had not seen acknowledged (at least
+	// once delivery across an outage: expected).
+	Redelivered int64 `json:"redelivered,omitempty"`
+	// AfterSettle counts deliveries of an operation whose settlement had
+	// been acknowledged: an agent without the duplicate check would apply
+	// it twice. Must be 0.
+	AfterSettle int64 `json:"after_settle,omitempty"`
 	// done
 	Received    int64   `json:"received,omitempty"`
 	Settled     int64   `json:"settled,omitempty"`
@@ -98,12 +120,29 @@ func workerMain(stdin io.Reader, stdout io.Writer) error {
 
 	w := newAgentPool(job)
 	enrolled, failed, firstErr := w.enrollAll(ctx)
-	msg := workerMsg{Type: "enrolled", Enrolled: len(enrolled), Failed: failed}
+	msg := workerMsg{Type: "enrolled", Enrolled: len(enrolled), Failed: failed, EnrollLatUS: w.enrollLat}
 	if firstErr != nil {
 		msg.Error = firstErr.Error()
 	}
+	var outMu sync.Mutex // progress lines and the last line
 	if err := out.Encode(msg); err != nil {
 		return err
+	}
+	if job.Progress > 0 {
+		go func() {
+			t := time.NewTicker(job.Progress)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				outMu.Lock()
+				_ = out.Encode(workerMsg{Type: "progress", SettledDistinct: w.settledDistinct.Load()})
+				outMu.Unlock()
+			}
+		}()
 	}
 	var wg sync.WaitGroup
 	for _, c := range enrolled {
@@ -113,6 +152,8 @@ func workerMain(stdin io.Reader, stdout io.Writer) error {
 	<-ctx.Done()
 	wg.Wait()
 	w.tr.CloseIdleConnections()
+	outMu.Lock()
+	defer outMu.Unlock()
 	return out.Encode(w.summary())
 }
 
@@ -124,12 +165,17 @@ type agentPool struct {
 	tr  *http.Transport
 
 	received, settled, heartbeats, polls, errors atomic.Int64
+	settledDistinct, redelivered, afterSettle       atomic.Int64
 
 	mu         sync.Mutex // guards the following
 	firstError string
 	sentLat    []int64
 	issuedLat  []int64
 	settleLat  []int64
+	enrollLat  []int64
+	// ops is every operation received (Track): true once its settlement
+	// was acknowledged.
+	ops map[string]bool
 }
 
 func newAgentPool(job workerJob) *agentPool {
@@ -147,7 +193,7 @@ func newAgentPool(job workerJob) *agentPool {
 	if job.CACertificatePEM != "" {
 		tr.TLSClientConfig = transportFor(job.CACertificatePEM).TLSClientConfig
 	}
-	return &agentPool{job: job, tr: tr, hc: &http.Client{Transport: tr,
+	return &agentPool{job: job, tr: tr, ops: map[string]bool{}, hc: &http.Client{Transport: tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
@@ -186,10 +232,15 @@ func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error
 				c.SetSessionToken("bare")
 			} else if err == nil {
 				var resp *api.EnrollResponse
+				t0 := time.Now()
 				resp, err = c.Enroll(ctx, api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
 					EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts()})
 				if err == nil {
 					c.SetSessionToken(resp.SessionToken)
+					lat := time.Since(t0).Microseconds()
+					w.mu.Lock()
+					w.enrollLat = append(w.enrollLat, lat)
+					w.mu.Unlock()
 				}
 			}
 			mu.Lock()
@@ -238,17 +289,28 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 			results[i] = api.Result{OperationID: cmd.OperationID, Applied: true}
 			sent[i] = sentAt(cmd.Payload)
 			w.mu.Lock()
+			if w.job.Track {
+				if acked, seen := w.ops[cmd.OperationID]; seen {
+					// Applied already: answer as the real agent does.
+					results[i].Duplicate = true
+					if acked {
+						w.afterSettle.Add(1)
+					} else {
+						w.redelivered.Add(1)
+					}
+					sent[i] = 0 // its latency was taken at the first receipt
+				} else {
+					w.ops[cmd.OperationID] = false
+				}
+			}
 			if sent[i] > 0 {
 				w.sentLat = append(w.sentLat, got.Sub(time.Unix(0, sent[i])).Microseconds())
 			}
 			w.issuedLat = append(w.issuedLat, got.Sub(cmd.IssuedAt).Microseconds())
 			w.mu.Unlock()
 		}
-		res, err := c.Results(ctx, results)
+		res, err := w.results(ctx, c, results)
 		if err != nil {
-			if ctx.Err() == nil {
-				w.fail(err)
-			}
 			continue
 		}
 		done := time.Now()
@@ -258,12 +320,39 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 				continue
 			}
 			w.settled.Add(1)
+			if w.job.Track {
+				w.mu.Lock()
+				if !w.ops[s.OperationID] {
+					w.ops[s.OperationID] = true
+					w.settledDistinct.Add(1)
+				}
+				w.mu.Unlock()
+			}
 			if i < len(sent) && sent[i] > 0 {
 				w.mu.Lock()
 				w.settleLat = append(w.settleLat, done.Sub(time.Unix(0, sent[i])).Microseconds())
 				w.mu.Unlock()
 			}
 		}
+	}
+}
+
+// results reports results, retrying with backoff for up to a minute (the
+// server may be restarting; settling again is idempotent), as the agent
+// keeps its results until they are acknowledged.
+func (w *agentPool) results(ctx context.Context, c *client.Client, results []api.Result) (*api.ResultsResponse, error) {
+	backoff := 50 * time.Millisecond
+	giveUp := time.Now().Add(time.Minute)
+	for {
+		res, err := c.Results(ctx, results)
+		if err == nil || ctx.Err() != nil {
+			return res, err
+		}
+		w.fail(err)
+		if time.Now().After(giveUp) || !sleepCtx(ctx, backoff) {
+			return nil, err
+		}
+		backoff = min(2*backoff, time.Second)
 	}
 }
 
@@ -295,9 +384,18 @@ func (w *agentPool) heartbeat(ctx context.Context, c *client.Client) {
 func (w *agentPool) summary() workerMsg {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return workerMsg{Type: "done", Received: w.received.Load(), Settled: w.settled.Load(), Heartbeats: w.heartbeats.Load(),
+	m := workerMsg{Type: "done", Received: w.received.Load(), Settled: w.settled.Load(), Heartbeats: w.heartbeats.Load(),
 		Polls: w.polls.Load(), Errors: w.errors.Load(), FirstError: w.firstError,
-		SentLatUS: w.sentLat, IssuedLatUS: w.issuedLat, SettleLatUS: w.settleLat}
+		SentLatUS: w.sentLat, IssuedLatUS: w.issuedLat, SettleLatUS: w.settleLat,
+		SettledDistinct: w.settledDistinct.Load(), Redelivered: w.redelivered.Load(), AfterSettle: w.afterSettle.Load()}
+	if w.job.Track {
+		for id, acked := range w.ops {
+			if acked {
+				m.SettledIDs = append(m.SettledIDs, id)
+			}
+		}
+	}
+	return m
 }
 
 // sentAt reads the intended issue time from a load-tool payload; 0 when

@@ -121,11 +121,11 @@ type Report struct {
 	TargetRate float64 `json:"target_rate"`
 	// FanOut is the nodes per fleet.command operation (0: single node
 	// commands); IssuedOps counts those operations, Issued their commands.
-	FanOut    int   `json:"fan_out,omitempty"`
-	IssuedOps int64 `json:"issued_operations,omitempty"`
-	Seconds    float64 `json:"seconds"`
-	Issued     int64   `json:"issued"`
-	IssueErrs  int64   `json:"issue_errors"`
+	FanOut    int     `json:"fan_out,omitempty"`
+	IssuedOps int64   `json:"issued_operations,omitempty"`
+	Seconds   float64 `json:"seconds"`
+	Issued    int64   `json:"issued"`
+	IssueErrs int64   `json:"issue_errors"`
 	// Missed counts commands scheduled but not sent by the end of the
 	// window because the issue requests fell behind.
 	Missed   int64   `json:"missed"`

@@ -72,14 +72,15 @@ type StormReport struct {
 	ReadySeconds  float64 `json:"ready_seconds"`
 	// AllHeldSeconds and AllSettledSeconds are -1 when not reached within
 	// Recover.
-	AllHeldSeconds    float64       `json:"all_held_seconds"`
-	AllSettledSeconds float64       `json:"all_settled_seconds"`
-	Lost              int           `json:"lost"`
-	AppliedTwice      int64         `json:"applied_twice"`
-	Redelivered       int64         `json:"redelivered"`
-	AgentErrs         int64         `json:"agent_errors"`
-	FirstErr          string        `json:"first_error,omitempty"`
-	Servers           []ReplicaStat `json:"replicas_after"`
+	AllHeldSeconds    float64 `json:"all_held_seconds"`
+	AllSettledSeconds float64 `json:"all_settled_seconds"`
+	Lost              int     `json:"lost"`
+	AppliedTwice      int64   `json:"applied_twice"`
+	Redelivered       int64   `json:"redelivered"`
+	AgentErrs         int64   `json:"agent_errors"`
+	FirstErr          string  `json:"first_error,omitempty"`
+	// Servers are the replicas from the restart to the end of the wait.
+	Servers []ReplicaStat `json:"replicas"`
 }
 
 func (c *StormConfig) defaults() error {
@@ -221,6 +222,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	if err := cl.Spawn(target); err != nil {
 		return rep, err
 	}
+	win := cl.begin() // CPU over the recovery, per replica
 	hc := &http.Client{Transport: transportFor(""), Timeout: 5 * time.Second}
 	defer hc.CloseIdleConnections()
 	if err := waitReady(ctx, hc, target.URL); err != nil {
@@ -238,7 +240,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 		return rep.AllHeldSeconds >= 0 && rep.AllSettledSeconds >= 0
 	})
 	logf("after the restart: ready %.2fs, all held %.2fs, all settled %.2fs", rep.ReadySeconds, rep.AllHeldSeconds, rep.AllSettledSeconds)
-	rep.Servers = cl.begin().end(ctx)
+	rep.Servers = win.end(ctx)
 
 	for _, w := range ws {
 		_ = w.stdin.Close()

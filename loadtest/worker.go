@@ -165,7 +165,7 @@ type agentPool struct {
 	tr  *http.Transport
 
 	received, settled, heartbeats, polls, errors atomic.Int64
-	settledDistinct, redelivered, afterSettle       atomic.Int64
+	settledDistinct, redelivered, afterSettle    atomic.Int64
 
 	mu         sync.Mutex // guards the following
 	firstError string

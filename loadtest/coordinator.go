@@ -52,6 +52,12 @@ type Config struct {
 	// OnWindow, when set, runs at the start (begin) and the end of the
 	// issue window (the -replicas runs sample the server processes).
 	OnWindow func(ctx context.Context, begin bool)
+	// P99Target is the issue→receipt p99 (ms) above which the report
+	// names the tail's causes (0: never).
+	P99Target float64
+	// PGStatURL is a Postgres the server uses, sampled for wait events
+	// over the window when the server is not in this process.
+	PGStatURL string
 	// CACertificatePEM is trusted for an https URL (the hold scenario's
 	// throwaway CA).
 	CACertificatePEM string
@@ -157,6 +163,9 @@ type Report struct {
 	// Replicas are the server processes over the issue window (the
 	// -binary and -replicas runs).
 	Replicas []ReplicaStat `json:"replicas,omitempty"`
+	// Tail is the evidence about the tail latency (causes named when
+	// SentP99 exceeded the target).
+	Tail TailCause `json:"tail"`
 }
 
 type worker struct {
@@ -306,6 +315,12 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if cfg.OnWindow != nil {
 		cfg.OnWindow(ctx, true)
 	}
+	statURL := cfg.PGStatURL
+	if local != nil {
+		statURL = local.SchemaURL
+	}
+	probe := startTailProbe(ctx, statURL)
+	defer probe.stop()
 	start = time.Now()
 	var missed atomic.Int64
 	admin.fanOut = cfg.FanOut
@@ -315,6 +330,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if cfg.OnWindow != nil {
 		cfg.OnWindow(ctx, false)
 	}
+	probe.stop()
 	if cfg.FanOut > 0 {
 		// issue counted operations; each is FanOut commands.
 		rep.IssuedOps = issued
@@ -388,6 +404,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	rep.SentP50, rep.SentP90, rep.SentP99, rep.SentMax = pct(sent, 0.5), pct(sent, 0.9), pct(sent, 0.99), pct(sent, 1)
 	rep.IssuedP50, rep.IssuedP99 = pct(issuedLat, 0.5), pct(issuedLat, 0.99)
 	rep.SettleP50, rep.SettleP99 = pct(settle, 0.5), pct(settle, 0.99)
+	rep.Tail = probe.finish(&rep, cfg.P99Target, before, after)
 	if cfg.Heartbeat > 0 {
 		rep.HeartbeatsPS = float64(rep.Heartbeats) / window
 	}

@@ -24,6 +24,7 @@ func runDeliverProcs(ctx context.Context, cfg Config, replicas int) (Report, err
 	}
 	urls := cl.URLs()
 	fmt.Fprintf(cfg.Log, "loadtest: %d server process(es) on %s: %v\n", replicas, cl.Database, urls)
+	cfg.PGStatURL = cl.SchemaURL
 	cfg.URL, cfg.Token, cfg.Replicas, cfg.DatabaseURL, cfg.PGBench = urls[0], cl.Token, urls[1:], "", false
 	var mu sync.Mutex
 	var win *replicaWindow

@@ -25,9 +25,11 @@ type procCluster struct {
 	env      []string // shared by every replica: database, master key
 	Token    string
 	Database string // sqlite or postgres
-	Replicas []*procReplica
-	log      io.Writer
-	drop     func()
+	// SchemaURL is the Postgres URL of the private schema (empty on SQLite).
+	SchemaURL string
+	Replicas  []*procReplica
+	log       io.Writer
+	drop      func()
 }
 
 // procReplica is one server process.
@@ -74,7 +76,7 @@ func startCluster(ctx context.Context, o clusterOptions) (*procCluster, error) {
 		if err != nil {
 			return c, err
 		}
-		c.drop, c.Database = drop, "postgres"
+		c.drop, c.Database, c.SchemaURL = drop, "postgres", schemaURL
 		c.env = append(c.env, "NODEWARD_DATABASE_URL="+schemaURL)
 	} else {
 		c.env = append(c.env, "NODEWARD_DATA_DIR="+filepath.Join(dir, "data"))

@@ -60,7 +60,7 @@ type StormReport struct {
 	Database  string `json:"database"`
 	Agents    int    `json:"agents"`
 	Workers   int    `json:"workers"`
-	Replicas  int    `json:"replicas"`
+	Replicas  int    `json:"replica_count"`
 	Signal    string `json:"signal"`
 	Issued    int    `json:"issued"`
 	IssueErrs int    `json:"issue_errors"`

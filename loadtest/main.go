@@ -124,7 +124,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			commands: *commands, signal: *sig, recover: *recoverIn, concurrency: *concurrency, asJSON: *asJSON}, stdout, stderr)
 	case "hold":
 		hc := HoldConfig{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Wait: cfg.Wait, Settle: *settle,
-			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log}
+			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log, Replicas: *replicas, P99Target: cfg.P99Target}
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "rate" {
 				hc.Rate = cfg.Rate
@@ -252,4 +252,10 @@ func printHoldReport(w io.Writer, r HoldReport) {
 	fmt.Fprintf(w, "issue→receipt ms         p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", r.Deliver.SentP50, r.Deliver.SentP90, r.Deliver.SentP99, r.Deliver.SentMax)
 	fmt.Fprintf(w, "cpu while issuing        machine %.0f%% busy; workers %.2f cores; rest (server, database, other) %.2f\n",
 		100*r.Deliver.CPU.MachineBusy, r.Deliver.CPU.Workers, r.Deliver.CPU.Rest)
+	for i, s := range r.PerReplica {
+		fmt.Fprintf(w, "replica %-16d %d held; RSS %d KB idle, %d KB holding = %.1f KB a poll; %.2f cores\n",
+			i+1, s.Held, s.IdleRSSKB, s.HeldRSSKB, s.PerPollKB, s.Cores)
+	}
+	printReplicaStats(w, r.Deliver.Replicas)
+	printTail(w, r.Deliver.Tail)
 }

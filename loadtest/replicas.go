@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -269,5 +270,72 @@ func printReplicaStats(w io.Writer, stats []ReplicaStat) {
 	for _, s := range stats {
 		fmt.Fprintf(w, "replica %-16s pid %d: %.2f cores, RSS %d KB, %d open files, %d long-polls held\n",
 			s.ID, s.PID, s.Cores, s.RSSKB, s.OpenFiles, s.Held)
+		if s.OpenFiles > 19000 {
+			fmt.Fprintf(w, "  over 19,000 open files: the 20,000 limit (DECISIONS.md §31) is near; add a replica\n")
+		}
 	}
+}
+
+// holdReplicas is the hold scenario's server side on cfg.Replicas
+// processes sharing the Postgres: each replica's RSS idle and holding its
+// share of the polls (and its cores) is sampled once every poll is held,
+// then commands are delivered at cfg.Rate through all of them.
+func holdReplicas(ctx context.Context, cfg HoldConfig, logf func(string, ...any)) ([]HoldSide, Report, error) {
+	cl, err := startCluster(ctx, clusterOptions{Replicas: cfg.Replicas, DatabaseURL: cfg.DatabaseURL, Log: cfg.Log})
+	if cl != nil {
+		defer cl.Close()
+	}
+	if err != nil {
+		return nil, Report{}, err
+	}
+	sides := make([]HoldSide, len(cl.Replicas))
+	for i, r := range cl.Replicas {
+		sides[i].IdleRSSKB = rssKB(r.PID())
+	}
+	urls := cl.URLs()
+	logf("%d replicas ready on %v; holding %d agents", len(urls), urls, cfg.Agents)
+	dcfg := Config{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Rate: cfg.Rate, Duration: cfg.Duration,
+		Wait: cfg.Wait, URL: urls[0], Replicas: urls[1:], Token: cl.Token, WorkerCommand: cfg.WorkerCommand, Log: cfg.Log,
+		P99Target: cfg.P99Target, PGStatURL: cl.SchemaURL,
+		OnHeld: func(ctx context.Context, held int) {
+			if !sleepCtx(ctx, cfg.Settle) {
+				return
+			}
+			win := cl.begin()
+			peak := make([]int64, len(cl.Replicas))
+			for end := time.Now().Add(cfg.Sample); time.Now().Before(end); {
+				for i, r := range cl.Replicas {
+					peak[i] = max(peak[i], rssKB(r.PID()))
+				}
+				if !sleepCtx(ctx, time.Second) {
+					return
+				}
+			}
+			for i, st := range win.end(ctx) {
+				s := &sides[i]
+				s.Held, s.Cores, s.HeldRSSKB = st.Held, st.Cores, max(peak[i], st.RSSKB)
+				if s.Held > 0 {
+					s.PerPollKB = float64(s.HeldRSSKB-s.IdleRSSKB) / float64(s.Held)
+				}
+				logf("replica %s: %d held, %d KB idle, %d KB holding (%.1f KB a poll), %.2f cores, %d open files",
+					st.ID, s.Held, s.IdleRSSKB, s.HeldRSSKB, s.PerPollKB, s.Cores, st.OpenFiles)
+			}
+		}}
+	var mu sync.Mutex
+	var win *replicaWindow
+	var stats []ReplicaStat
+	dcfg.OnWindow = func(ctx context.Context, begin bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if begin {
+			win = cl.begin()
+		} else {
+			stats = win.end(ctx)
+		}
+	}
+	rep, err := Run(ctx, dcfg)
+	mu.Lock()
+	rep.Replicas, rep.Database = stats, cl.Database
+	mu.Unlock()
+	return sides, rep, err
 }

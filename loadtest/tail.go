@@ -29,8 +29,9 @@ type TailCause struct {
 	// (issued_at → receipt: wake-up, the poll's answer), at p99.
 	IssueSideP99MS    float64 `json:"issue_side_p99_ms"`
 	DeliverySideP99MS float64 `json:"delivery_side_p99_ms"`
-	// Go GC of the server (summed over replicas): collections, total and
-	// longest recent stop-the-world pause.
+	// Go GC of the server (summed over replicas; with the server in this
+	// process, the tool's too): collections, total stop-the-world pause,
+	// and the longest pause (at most the total).
 	GCs        float64 `json:"gc_cycles"`
 	GCPauseMS  float64 `json:"gc_pause_total_ms"`
 	GCMaxMS    float64 `json:"gc_pause_max_ms"`
@@ -142,6 +143,9 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 		MachineBus: rep.CPU.MachineBusy, RenewalFlushes: d("nodeward_lease_renewals_flushed_total"),
 		LeaseSweeps: d("nodeward_lease_sweeps_total"), PollStoreReads: d("nodeward_long_poll_store_queries_total"),
 		Redeliveries: d("nodeward_command_redeliveries_total")}
+	// The Go collector's quantile 1 is the longest of the recent pauses,
+	// which may predate the window: no pause in it is longer than their sum.
+	tc.GCMaxMS = min(tc.GCMaxMS, tc.GCPauseMS)
 	p.mu.Lock()
 	if p.samples > 0 {
 		n := float64(p.samples)

@@ -440,6 +440,12 @@ func pct(us []int64, q float64) float64 {
 // dialling from its own loopback source address (127.0.0.2, .3, ...).
 // It answers the workers it started even on error: stopWorkers them.
 func startWorkers(cfg Config, job workerJob, agents []api.Bootstrap, perWorker int) ([]*worker, error) {
+	if n := len(cfg.Replicas) + 1; n > 1 {
+		// As many workers on every replica, each under perWorker.
+		workers := (len(agents) + perWorker - 1) / perWorker
+		workers = (workers + n - 1) / n * n
+		perWorker = max(1, (len(agents)+workers-1)/workers)
+	}
 	var workers []*worker
 	for i := 0; i*perWorker < len(agents); i++ {
 		j := job

@@ -145,6 +145,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	commands := fs.Int("commands", 5000, "storm: the burst issued right before the stop")
 	sig := fs.String("signal", "kill", "storm: how the replica is stopped: kill (SIGKILL, a crash) or term (SIGTERM, a drain)")
 	recoverIn := fs.Duration("recover", 2*time.Minute, "storm: how long to wait for every agent and command after the restart")
+	backoffBase := fs.Duration("backoff-base", time.Second, "storm: the agents' first poll retry delay (the agent's default)")
+	backoffMax := fs.Duration("backoff-max", time.Minute, "storm: the agents' longest poll retry delay (the agent's default)")
 	concurrency := fs.Int("concurrency", 64, "enroll: concurrent enrollments over all workers")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -187,7 +189,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		}
 	case "storm", "enroll":
 		return cliPresets(ctx, *scenario, presetFlags{cfg: cfg, db: *db, dbURL: *dbURL, replicas: *replicas, binary: *binary,
-			commands: *commands, signal: *sig, recover: *recoverIn, concurrency: *concurrency, asJSON: *asJSON}, stdout, stderr)
+			commands: *commands, signal: *sig, backoffBase: *backoffBase, backoffMax: *backoffMax, recover: *recoverIn, concurrency: *concurrency, asJSON: *asJSON}, stdout, stderr)
 	case "hold":
 		hc := HoldConfig{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Wait: cfg.Wait, Settle: *settle,
 			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log, Replicas: *replicas, P99Target: cfg.P99Target}

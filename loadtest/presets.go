@@ -18,6 +18,8 @@ type presetFlags struct {
 	commands    int
 	signal      string
 	recover     time.Duration
+	backoffBase time.Duration
+	backoffMax  time.Duration
 	concurrency int
 	asJSON      bool
 }
@@ -35,7 +37,8 @@ func cliPresets(ctx context.Context, scenario string, f presetFlags, stdout, std
 	switch scenario {
 	case "storm":
 		sc := StormConfig{Agents: f.cfg.Agents, AgentsPerWorker: f.cfg.AgentsPerWorker, Commands: f.commands,
-			Issuers: f.cfg.Issuers, Replicas: f.replicas, DatabaseURL: pgURL, Wait: f.cfg.Wait, Recover: f.recover, Log: f.cfg.Log}
+			Issuers: f.cfg.Issuers, Replicas: f.replicas, DatabaseURL: pgURL, Wait: f.cfg.Wait, Recover: f.recover, Log: f.cfg.Log,
+			BackoffBase: f.backoffBase, BackoffMax: f.backoffMax}
 		switch f.signal {
 		case "kill":
 			sc.Signal = syscall.SIGKILL

@@ -32,8 +32,9 @@ import (
 // lost (recorded, never settled: must be 0), applied twice (delivered
 // again after their settlement was acknowledged: must be 0) and
 // redelivered (delivered again before it was: at-least-once across the
-// outage, expected). The agents retry polls and results with backoff
-// across the outage, as the agent does.
+// outage, expected). The agents retry their polls across the outage as
+// the agent does (agent/core: 1 s doubling to 60 s, jittered;
+// -backoff-base, -backoff-max), and their results until acknowledged.
 
 // StormConfig is one storm run.
 type StormConfig struct {
@@ -46,6 +47,9 @@ type StormConfig struct {
 	// Signal stops the replica: SIGKILL (a crash) or SIGTERM (a drain).
 	Signal syscall.Signal
 	Wait   time.Duration // long-poll wait the agents ask for
+	// BackoffBase and BackoffMax are the agents' poll retry (the agent's
+	// defaults: 1 s doubling to 60 s, jittered).
+	BackoffBase, BackoffMax time.Duration
 	// Recover bounds the wait for every agent and command after the
 	// restart.
 	Recover       time.Duration
@@ -101,6 +105,12 @@ func (c *StormConfig) defaults() error {
 	}
 	if c.Wait <= 0 {
 		c.Wait = 25 * time.Second
+	}
+	if c.BackoffBase <= 0 {
+		c.BackoffBase = time.Second
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = time.Minute
 	}
 	if c.Recover <= 0 {
 		c.Recover = 2 * time.Minute
@@ -176,7 +186,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	}
 	wcfg := Config{WorkerCommand: cfg.WorkerCommand, Log: cfg.Log, Replicas: urls[1:]}
 	ws, err := startWorkers(wcfg, workerJob{URL: urls[0], Wait: cfg.Wait, Enrollers: 16, Track: true,
-		Progress: 100 * time.Millisecond, StopBy: time.Now().Add(cfg.Recover + 15*time.Minute).UnixNano()}, boots, cfg.AgentsPerWorker)
+		Progress: 100 * time.Millisecond, BackoffBase: cfg.BackoffBase, BackoffMax: cfg.BackoffMax, StopBy: time.Now().Add(cfg.Recover + 15*time.Minute).UnixNano()}, boots, cfg.AgentsPerWorker)
 	defer stopWorkers(ws)
 	if err != nil {
 		return rep, err
@@ -207,7 +217,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	}
 	logf("%d agents hold their polls; issuing a burst of %d commands", cfg.Agents, cfg.Commands)
 
-	issued := stormBurst(ctx, admin, run, boots, cfg.Commands, cfg.Issuers, &rep.IssueErrs)
+	issued := stormBurst(ctx, admin, run, boots, cfg.Commands, cfg.Issuers, &rep.IssueErrs, logf)
 	rep.Issued = len(issued)
 
 	target := cl.Replicas[0]
@@ -271,7 +281,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 
 // stormBurst issues n commands round robin over the agents as fast as
 // issuers go, answering the operation ids recorded (2xx).
-func stormBurst(ctx context.Context, admin *adminClient, run string, boots []api.Bootstrap, n, issuers int, errs *int) []string {
+func stormBurst(ctx context.Context, admin *adminClient, run string, boots []api.Bootstrap, n, issuers int, errs *int, logf func(string, ...any)) []string {
 	var mu sync.Mutex
 	var ok []string
 	var next atomic.Int64
@@ -293,7 +303,7 @@ func stormBurst(ctx context.Context, admin *adminClient, run string, boots []api
 				mu.Lock()
 				if err != nil {
 					*errs++
-					once.Do(func() { fmt.Fprintf(os.Stderr, "loadtest: issue: %v\n", err) })
+					once.Do(func() { logf("issue: %v", err) })
 				} else {
 					ok = append(ok, op)
 				}

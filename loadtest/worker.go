@@ -55,6 +55,12 @@ type workerJob struct {
 	// Progress, when > 0, writes a progress line at that interval after
 	// the enrolled line (only coordinators that read them ask for them).
 	Progress time.Duration `json:"progress,omitempty"`
+	// BackoffBase and BackoffMax, when set, make a failed poll retry as
+	// the agent does (agent/core: each failure doubles the ceiling up to
+	// max, the delay drawn from [ceiling/2, ceiling)); unset, 50 ms
+	// doubling to 2 s.
+	BackoffBase time.Duration `json:"backoff_base,omitempty"`
+	BackoffMax  time.Duration `json:"backoff_max,omitempty"`
 }
 
 // workerMsg is one line a worker writes on stdout.
@@ -264,7 +270,11 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 	if w.job.Heartbeat > 0 {
 		go w.heartbeat(ctx, c)
 	}
-	backoff := 50 * time.Millisecond
+	base, most, jittered := 50*time.Millisecond, 2*time.Second, false
+	if w.job.BackoffBase > 0 && w.job.BackoffMax > 0 {
+		base, most, jittered = w.job.BackoffBase, w.job.BackoffMax, true
+	}
+	backoff := base
 	for ctx.Err() == nil {
 		w.polls.Add(1)
 		resp, err := c.Commands(ctx, w.job.Wait)
@@ -273,11 +283,15 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 				return
 			}
 			w.fail(err)
-			sleepCtx(ctx, backoff)
-			backoff = min(2*backoff, 2*time.Second)
+			d := backoff
+			if jittered {
+				d = d/2 + time.Duration(rand.Int64N(int64(d-d/2)+1))
+			}
+			sleepCtx(ctx, d)
+			backoff = min(2*backoff, most)
 			continue
 		}
-		backoff = 50 * time.Millisecond
+		backoff = base
 		if len(resp.Commands) == 0 {
 			continue
 		}

@@ -81,8 +81,14 @@ type StormReport struct {
 	Lost              int     `json:"lost"`
 	AppliedTwice      int64   `json:"applied_twice"`
 	Redelivered       int64   `json:"redelivered"`
-	AgentErrs         int64   `json:"agent_errors"`
-	FirstErr          string  `json:"first_error,omitempty"`
+	// ServerRedeliveries counts commands the servers handed out again
+	// after the visibility timeout (nodeward_command_redeliveries_total
+	// over the replicas; the restarted one's since its restart): a command
+	// recorded as delivered whose answer died with the process waits for
+	// that timeout (60 s, DECISIONS.md §2) and the agent's next poll.
+	ServerRedeliveries float64 `json:"server_redeliveries"`
+	AgentErrs          int64   `json:"agent_errors"`
+	FirstErr           string  `json:"first_error,omitempty"`
 	// Servers are the replicas from the restart to the end of the wait.
 	Servers []ReplicaStat `json:"replicas"`
 }
@@ -251,6 +257,11 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	})
 	logf("after the restart: ready %.2fs, all held %.2fs, all settled %.2fs", rep.ReadySeconds, rep.AllHeldSeconds, rep.AllSettledSeconds)
 	rep.Servers = win.end(ctx)
+	for _, u := range urls {
+		if m, err := newAdmin(u, cl.Token, 1, "").metrics(ctx); err == nil {
+			rep.ServerRedeliveries += m["nodeward_command_redeliveries_total"]
+		}
+	}
 
 	for _, w := range ws {
 		_ = w.stdin.Close()
@@ -338,6 +349,7 @@ func printStormReport(w io.Writer, r StormReport) {
 	fmt.Fprintf(w, "after the restart        ready %.2fs; every agent holding %s; every command settled %s\n",
 		r.ReadySeconds, secondsOrNever(r.AllHeldSeconds), secondsOrNever(r.AllSettledSeconds))
 	fmt.Fprintf(w, "lost / applied twice     %d / %d (must be 0 / 0); redelivered before settling %d\n", r.Lost, r.AppliedTwice, r.Redelivered)
+	fmt.Fprintf(w, "server redeliveries      %.0f (after the visibility timeout: a delivery lost with the process)\n", r.ServerRedeliveries)
 	fmt.Fprintf(w, "agent errors             %d (the outage's refused polls count here)\n", r.AgentErrs)
 	if r.FirstErr != "" {
 		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)

@@ -191,6 +191,18 @@ func (r *procReplica) LogTail(n int) string {
 	return lastLines(string(b), n)
 }
 
+// Errors answers the last n error lines of the replica's log.
+func (r *procReplica) Errors(n int) string {
+	b, _ := os.ReadFile(r.logPath)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, `"level":"ERROR"`) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out[max(0, len(out)-n):], "\n")
+}
+
 // Close stops every replica (SIGTERM: a drain) and removes the database.
 func (c *procCluster) Close() {
 	for _, r := range c.Replicas {
@@ -237,7 +249,7 @@ func (w *replicaWindow) end(ctx context.Context) []ReplicaStat {
 		if secs > 0 {
 			s.Cores = (processCPU(r.PID()) - w.cpu0[i]) / secs
 		}
-		if m, err := newAdmin(r.URL, w.c.Token, 1, "").metrics(ctx); err == nil {
+		if m, err := scrape(ctx, r.URL); err == nil {
 			s.Held = int(m["nodeward_open_long_polls"])
 		}
 		out = append(out, s)
@@ -254,12 +266,26 @@ func openFiles(pid int) int {
 	return len(ents)
 }
 
+// scrapeClient is the one transport every scrape of a replica's /metrics
+// goes through (a transport per scrape would leave an idle connection
+// each, on both sides, for the idle timeout).
+var scrapeClient = &adminClient{tr: transportFor(""), hc: &http.Client{Timeout: 10 * time.Second}}
+
+func init() { scrapeClient.hc.Transport = scrapeClient.tr }
+
+// scrape reads a server's /metrics (open to all: no token).
+func scrape(ctx context.Context, url string) (map[string]float64, error) {
+	a := *scrapeClient
+	a.url = url
+	return a.metrics(ctx)
+}
+
 // heldOn sums the long-polls held by every replica (a replica that does
 // not answer counts 0).
-func heldOn(ctx context.Context, urls []string, token string) int {
+func heldOn(ctx context.Context, urls []string) int {
 	n := 0
 	for _, u := range urls {
-		if m, err := newAdmin(u, token, 1, "").metrics(ctx); err == nil {
+		if m, err := scrape(ctx, u); err == nil {
 			n += int(m["nodeward_open_long_polls"])
 		}
 	}

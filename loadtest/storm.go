@@ -218,13 +218,18 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 		}
 		return int(n)
 	}
-	if _, err := waitFor(ctx, 2*time.Minute, func() bool { return heldOn(ctx, urls, cl.Token) >= cfg.Agents }); err != nil {
+	if _, err := waitFor(ctx, 2*time.Minute, func() bool { return heldOn(ctx, urls) >= cfg.Agents }); err != nil {
 		return rep, fmt.Errorf("holding %d agents: %w", cfg.Agents, err)
 	}
 	logf("%d agents hold their polls; issuing a burst of %d commands", cfg.Agents, cfg.Commands)
 
 	issued := stormBurst(ctx, admin, run, boots, cfg.Commands, cfg.Issuers, &rep.IssueErrs, logf)
 	rep.Issued = len(issued)
+	if rep.IssueErrs > 0 {
+		for _, r := range cl.Replicas {
+			logf("replica %s errors:\n%s", r.ID, r.Errors(5))
+		}
+	}
 
 	target := cl.Replicas[0]
 	rep.SettledAtStop = settled()
@@ -247,7 +252,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	rep.ReadySeconds = time.Since(restart).Seconds()
 	rep.AllHeldSeconds, rep.AllSettledSeconds = -1, -1
 	_, _ = waitFor(ctx, cfg.Recover-time.Since(restart), func() bool {
-		if rep.AllHeldSeconds < 0 && heldOn(ctx, urls, cl.Token) >= cfg.Agents {
+		if rep.AllHeldSeconds < 0 && heldOn(ctx, urls) >= cfg.Agents {
 			rep.AllHeldSeconds = time.Since(restart).Seconds()
 		}
 		if rep.AllSettledSeconds < 0 && settled() >= rep.Issued {
@@ -258,7 +263,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	logf("after the restart: ready %.2fs, all held %.2fs, all settled %.2fs", rep.ReadySeconds, rep.AllHeldSeconds, rep.AllSettledSeconds)
 	rep.Servers = win.end(ctx)
 	for _, u := range urls {
-		if m, err := newAdmin(u, cl.Token, 1, "").metrics(ctx); err == nil {
+		if m, err := scrape(ctx, u); err == nil {
 			rep.ServerRedeliveries += m["nodeward_command_redeliveries_total"]
 		}
 	}

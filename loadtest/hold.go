@@ -236,13 +236,15 @@ func holdServer(ctx context.Context, cfg HoldConfig, dir, bin, certFile, keyFile
 	env := append(os.Environ(),
 		"NODEWARD_LISTEN="+addr, "NODEWARD_PUBLIC_URL="+url, "NODEWARD_MASTER_KEY="+hex.EncodeToString(key),
 		"NODEWARD_AGENT_VERSION=loadtest", "NODEWARD_LOG_LEVEL=warn", "NODEWARD_LOG_FORMAT=json")
+	statURL := "" // the tail's wait sampling
 	if cfg.DatabaseURL != "" {
-		schemaURL, drop, err := newSchema(ctx, cfg.DatabaseURL)
+		su, drop, err := newSchema(ctx, cfg.DatabaseURL)
 		if err != nil {
 			return side, Report{}, err
 		}
 		defer drop()
-		env = append(env, "NODEWARD_DATABASE_URL="+schemaURL)
+		statURL = su
+		env = append(env, "NODEWARD_DATABASE_URL="+su)
 	} else {
 		env = append(env, "NODEWARD_DATA_DIR="+filepath.Join(dir, "data"))
 	}
@@ -300,6 +302,7 @@ func holdServer(ctx context.Context, cfg HoldConfig, dir, bin, certFile, keyFile
 
 	dcfg := Config{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Rate: cfg.Rate, Duration: cfg.Duration,
 		Wait: cfg.Wait, URL: url, Token: token, CACertificatePEM: caPEM, WorkerCommand: cfg.WorkerCommand, Log: cfg.Log,
+		P99Target: cfg.P99Target, PGStatURL: statURL,
 		OnHeld: func(ctx context.Context, held int) {
 			side.Held = held
 			sampleHold(ctx, cmd.Process.Pid, cfg, &side)

@@ -41,6 +41,23 @@ type Config struct {
 	DatabaseURL string
 	// URL and Token target a running server instead (loopback only).
 	URL, Token string
+	// Replicas are further servers sharing URL's database (and Token):
+	// the workers are spread over all of them, commands are issued round
+	// robin through them and their metrics are summed.
+	Replicas []string
+	// FanOut, when > 0, issues each command as a fleet.command operation
+	// over FanOut nodes (POST /api/v1/operations) instead of one node
+	// command; Rate then counts operations.
+	FanOut int
+	// OnWindow, when set, runs at the start (begin) and the end of the
+	// issue window (the -replicas runs sample the server processes).
+	OnWindow func(ctx context.Context, begin bool)
+	// P99Target is the issue→receipt p99 (ms) above which the report
+	// names the tail's causes (0: never).
+	P99Target float64
+	// PGStatURL is a Postgres the server uses, sampled for wait events
+	// over the window when the server is not in this process.
+	PGStatURL string
 	// CACertificatePEM is trusted for an https URL (the hold scenario's
 	// throwaway CA).
 	CACertificatePEM string
@@ -108,9 +125,13 @@ type Report struct {
 	EnrollPS   float64 `json:"enrollments_per_s"`
 	Held       int     `json:"long_polls_held"`
 	TargetRate float64 `json:"target_rate"`
-	Seconds    float64 `json:"seconds"`
-	Issued     int64   `json:"issued"`
-	IssueErrs  int64   `json:"issue_errors"`
+	// FanOut is the nodes per fleet.command operation (0: single node
+	// commands); IssuedOps counts those operations, Issued their commands.
+	FanOut    int     `json:"fan_out,omitempty"`
+	IssuedOps int64   `json:"issued_operations,omitempty"`
+	Seconds   float64 `json:"seconds"`
+	Issued    int64   `json:"issued"`
+	IssueErrs int64   `json:"issue_errors"`
 	// Missed counts commands scheduled but not sent by the end of the
 	// window because the issue requests fell behind.
 	Missed   int64   `json:"missed"`
@@ -139,6 +160,12 @@ type Report struct {
 	CPU struct {
 		Cores, MachineBusy, Self, Workers, Rest float64
 	}
+	// Replicas are the server processes over the issue window (the
+	// -binary and -replicas runs).
+	Replicas []ReplicaStat `json:"replicas,omitempty"`
+	// Tail is the evidence about the tail latency (causes named when
+	// SentP99 exceeded the target).
+	Tail TailCause `json:"tail"`
 }
 
 type worker struct {
@@ -185,6 +212,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	admin := newAdmin(baseURL, token, cfg.Issuers, cfg.CACertificatePEM)
 	defer admin.tr.CloseIdleConnections()
+	for _, u := range cfg.Replicas {
+		if pu, err := client.CheckURL(u, true); err != nil || !client.IsLoopbackHost(pu.Hostname()) {
+			return rep, fmt.Errorf("%s is not a loopback address; the load tool only sends to loopback", u)
+		}
+		peer := newAdmin(u, token, cfg.Issuers, cfg.CACertificatePEM)
+		defer peer.tr.CloseIdleConnections()
+		admin.peers = append(admin.peers, peer)
+	}
+	rep.FanOut = cfg.FanOut
 
 	run := randomHex(4)
 	hardStop := time.Now().Add(cfg.Duration + cfg.Drain + 10*time.Minute)
@@ -205,7 +241,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	logf("%d long-polls held; issuing for %s at %s", rep.Held, cfg.Duration, rateName(cfg.Rate))
 
-	before, err := admin.metrics(ctx)
+	before, err := admin.metricsAll(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -234,11 +270,31 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	for i, b := range boots {
 		nodes[i] = b.NodeID
 	}
+	if cfg.OnWindow != nil {
+		cfg.OnWindow(ctx, true)
+	}
+	statURL := cfg.PGStatURL
+	if local != nil {
+		statURL = local.SchemaURL
+	}
+	probe := startTailProbe(ctx, statURL)
+	defer probe.stop()
 	start := time.Now()
 	var missed atomic.Int64
+	admin.fanOut = cfg.FanOut
 	issued, issueErrs := admin.issue(ctx, run, nodes, cfg.Rate, cfg.Duration, &missed, logf)
 	rep.Missed = missed.Load()
 	window := time.Since(start).Seconds()
+	if cfg.OnWindow != nil {
+		cfg.OnWindow(ctx, false)
+	}
+	probe.stop()
+	if cfg.FanOut > 0 {
+		// issue counted operations; each is FanOut commands.
+		rep.IssuedOps = issued
+		issued *= int64(min(cfg.FanOut, len(nodes)))
+		issueErrs *= int64(min(cfg.FanOut, len(nodes)))
+	}
 	if cfg.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
@@ -253,7 +309,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	rep.CPU.Workers = (rep.CPU.Workers - workers0) / window
 	rep.CPU.Rest = rep.CPU.MachineBusy*rep.CPU.Cores - rep.CPU.Self - rep.CPU.Workers
-	after, err := admin.metrics(ctx)
+	after, err := admin.metricsAll(ctx)
 	if err != nil {
 		return rep, err
 	}
@@ -273,7 +329,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// Drain: let the last commands settle.
 	deadline := time.Now().Add(cfg.Drain)
 	for time.Now().Before(deadline) {
-		m, err := admin.metrics(ctx)
+		m, err := admin.metricsAll(ctx)
 		if err != nil || m[settledApplied]-before[settledApplied] >= float64(issued) {
 			break
 		}
@@ -306,6 +362,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	rep.SentP50, rep.SentP90, rep.SentP99, rep.SentMax = pct(sent, 0.5), pct(sent, 0.9), pct(sent, 0.99), pct(sent, 1)
 	rep.IssuedP50, rep.IssuedP99 = pct(issuedLat, 0.5), pct(issuedLat, 0.99)
 	rep.SettleP50, rep.SettleP99 = pct(settle, 0.5), pct(settle, 0.99)
+	rep.Tail = probe.finish(&rep, cfg.P99Target, before, after)
 	if cfg.Heartbeat > 0 {
 		rep.HeartbeatsPS = float64(rep.Heartbeats) / window
 	}
@@ -361,7 +418,7 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 	// Wait until every agent holds its long-poll.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		m, err := admin.metrics(ctx)
+		m, err := admin.metricsAll(ctx)
 		if err != nil {
 			return up, err
 		}
@@ -400,11 +457,22 @@ func pct(us []int64, q float64) float64 {
 // dialling from its own loopback source address (127.0.0.2, .3, ...).
 // It answers the workers it started even on error: stopWorkers them.
 func startWorkers(cfg Config, job workerJob, agents []api.Bootstrap, perWorker int) ([]*worker, error) {
+	if n := len(cfg.Replicas) + 1; n > 1 {
+		// As many workers on every replica, each under perWorker.
+		workers := (len(agents) + perWorker - 1) / perWorker
+		workers = (workers + n - 1) / n * n
+		perWorker = max(1, (len(agents)+workers-1)/workers)
+	}
 	var workers []*worker
 	for i := 0; i*perWorker < len(agents); i++ {
 		j := job
 		j.Agents = agents[i*perWorker : min(len(agents), (i+1)*perWorker)]
 		j.SourceIP = fmt.Sprintf("127.0.%d.%d", (i+2)/250, (i+2)%250)
+		if len(cfg.Replicas) > 0 {
+			// Spread the workers over the replicas.
+			urls := append([]string{job.URL}, cfg.Replicas...)
+			j.URL = urls[i%len(urls)]
+		}
 		w, err := startWorker(cfg, j)
 		if err != nil {
 			return workers, err
@@ -465,6 +533,11 @@ type adminClient struct {
 	tr         *http.Transport
 	hc         *http.Client
 	issuers    int
+	// peers are the other replicas: issue goes round robin over a and
+	// them, metricsAll sums them.
+	peers []*adminClient
+	// fanOut > 0 issues fleet.command operations over that many nodes.
+	fanOut int
 }
 
 func newAdmin(url, token string, issuers int, caPEM string) *adminClient {
@@ -545,11 +618,23 @@ func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rat
 			missed.Add(1)
 			return
 		}
-		node := nodes[seq%int64(len(nodes))]
+		via := a
+		if len(a.peers) > 0 {
+			if i := seq % int64(len(a.peers)+1); i > 0 {
+				via = a.peers[i-1]
+			}
+		}
 		op := "lt-" + run + "-" + strconv.FormatInt(seq, 10)
-		body := `{"kind":"launch_workload","operation_id":"` + op + `","payload":{"run_id":"` + op +
-			`","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(at.UnixNano(), 10) + `"}}}`
-		if _, err := a.do(ctx, http.MethodPost, "/api/v1/nodes/"+node+"/commands", []byte(body), nil); err != nil {
+		payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(at.UnixNano(), 10) + `"}}`
+		path, body := "", ""
+		if a.fanOut > 0 {
+			path, body = "/api/v1/operations", fleetCommandBody(op, payload, nodes, seq, a.fanOut)
+		} else {
+			node := nodes[seq%int64(len(nodes))]
+			path = "/api/v1/nodes/" + node + "/commands"
+			body = `{"kind":"launch_workload","operation_id":"` + op + `","payload":` + payload + `}`
+		}
+		if _, err := via.do(ctx, http.MethodPost, path, []byte(body), nil); err != nil {
 			bad.Add(1)
 			firstErr.Do(func() { logf("issue: %v", err) })
 			return
@@ -599,6 +684,40 @@ func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rat
 	close(jobs)
 	wg.Wait()
 	return ok.Load(), bad.Load()
+}
+
+// fleetCommandBody is the seq-th fleet.command operation: the payload
+// fanned out over n nodes (the next n round robin), all handed out at once.
+func fleetCommandBody(op, payload string, nodes []string, seq int64, n int) string {
+	n = min(n, len(nodes))
+	var b strings.Builder
+	b.WriteString(`{"request_id":"` + op + `","kind":"fleet.command","targets":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"kind":"node","id":"` + nodes[(seq*int64(n)+int64(i))%int64(len(nodes))] + `"}`)
+	}
+	b.WriteString(`],"operation":{"kind":"node.launch_workload","payload":` + payload + `,"max_concurrency":` + strconv.Itoa(n) + `}}`)
+	return b.String()
+}
+
+// metricsAll scrapes a and its peers and sums every series.
+func (a *adminClient) metricsAll(ctx context.Context) (map[string]float64, error) {
+	out, err := a.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range a.peers {
+		m, err := p.metrics(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range m {
+			out[k] += v
+		}
+	}
+	return out, nil
 }
 
 // metrics scrapes the server's /metrics into name{labels} → value.

@@ -41,8 +41,13 @@ type HoldConfig struct {
 	Duration        time.Duration // how long commands are issued
 	TLS             bool          // both servers serve HTTPS (a throwaway CA)
 	DatabaseURL     string        // Postgres for the server (a private schema); empty: SQLite
-	Log             io.Writer
-	WorkerCommand   []string
+	// Replicas > 1 holds the agents on that many server processes sharing
+	// the Postgres (the workers spread over them); each is measured.
+	Replicas int
+	// P99Target: see Config.
+	P99Target     float64
+	Log           io.Writer
+	WorkerCommand []string
 }
 
 // HoldSide is what one server spent holding the agents.
@@ -65,6 +70,9 @@ type HoldReport struct {
 	// Ratio is the server's memory per held poll over the bare waiter's.
 	Ratio   float64 `json:"ratio"`
 	Deliver Report  `json:"deliver"`
+	// PerReplica is each server process (Replicas > 1); Server is then
+	// their sum, its per-poll figure over every poll held.
+	PerReplica []HoldSide `json:"per_replica,omitempty"`
 }
 
 func (c *HoldConfig) defaults() error {
@@ -133,7 +141,24 @@ func RunHold(ctx context.Context, cfg HoldConfig) (rep HoldReport, err error) {
 	if cfg.DatabaseURL != "" {
 		rep.Database = "postgres"
 	}
-	if rep.Server, rep.Deliver, err = holdServer(ctx, cfg, dir, serverBin, certFile, keyFile, caPEM, logf); err != nil {
+	if cfg.Replicas > 1 {
+		if cfg.DatabaseURL == "" || cfg.TLS {
+			return rep, errors.New("hold -replicas needs -db postgres and no -tls")
+		}
+		rep.PerReplica, rep.Deliver, err = holdReplicas(ctx, cfg, logf)
+		for _, s := range rep.PerReplica {
+			rep.Server.Held += s.Held
+			rep.Server.IdleRSSKB += s.IdleRSSKB
+			rep.Server.HeldRSSKB += s.HeldRSSKB
+			rep.Server.Cores += s.Cores
+		}
+		if rep.Server.Held > 0 {
+			rep.Server.PerPollKB = float64(rep.Server.HeldRSSKB-rep.Server.IdleRSSKB) / float64(rep.Server.Held)
+		}
+		if err != nil {
+			return rep, fmt.Errorf("replicas: %w", err)
+		}
+	} else if rep.Server, rep.Deliver, err = holdServer(ctx, cfg, dir, serverBin, certFile, keyFile, caPEM, logf); err != nil {
 		return rep, fmt.Errorf("server: %w", err)
 	}
 	if rep.Bare.PerPollKB > 0 {
@@ -211,13 +236,15 @@ func holdServer(ctx context.Context, cfg HoldConfig, dir, bin, certFile, keyFile
 	env := append(os.Environ(),
 		"NODEWARD_LISTEN="+addr, "NODEWARD_PUBLIC_URL="+url, "NODEWARD_MASTER_KEY="+hex.EncodeToString(key),
 		"NODEWARD_AGENT_VERSION=loadtest", "NODEWARD_LOG_LEVEL=warn", "NODEWARD_LOG_FORMAT=json")
+	statURL := "" // the tail's wait sampling
 	if cfg.DatabaseURL != "" {
-		schemaURL, drop, err := newSchema(ctx, cfg.DatabaseURL)
+		su, drop, err := newSchema(ctx, cfg.DatabaseURL)
 		if err != nil {
 			return side, Report{}, err
 		}
 		defer drop()
-		env = append(env, "NODEWARD_DATABASE_URL="+schemaURL)
+		statURL = su
+		env = append(env, "NODEWARD_DATABASE_URL="+su)
 	} else {
 		env = append(env, "NODEWARD_DATA_DIR="+filepath.Join(dir, "data"))
 	}
@@ -275,6 +302,7 @@ func holdServer(ctx context.Context, cfg HoldConfig, dir, bin, certFile, keyFile
 
 	dcfg := Config{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Rate: cfg.Rate, Duration: cfg.Duration,
 		Wait: cfg.Wait, URL: url, Token: token, CACertificatePEM: caPEM, WorkerCommand: cfg.WorkerCommand, Log: cfg.Log,
+		P99Target: cfg.P99Target, PGStatURL: statURL,
 		OnHeld: func(ctx context.Context, held int) {
 			side.Held = held
 			sampleHold(ctx, cmd.Process.Pid, cfg, &side)

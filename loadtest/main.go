@@ -24,6 +24,72 @@
 //
 // Every phase is bounded: the issue phase by -duration, the drain by
 // -drain, the workers by a hard deadline; nothing runs on after the tool.
+//
+// # Presets (-scenario)
+//
+// Each prints a human summary, or its report as JSON with -json; -h lists
+// every flag. The Postgres runs take -database-url (default
+// $NODEWARD_TEST_DATABASE_URL) and use a private schema, dropped after.
+//
+// deliver (the default): held agents, commands issued at -rate (0:
+// saturation, as fast as -issuers go), issue→receipt latency. -fanout N
+// issues fleet.command operations over N nodes each (POST
+// /api/v1/operations, all N handed out at once) instead of single
+// commands, -rate then counting operations. -binary runs the real server
+// binary as a process; -replicas N runs N of them on one Postgres (same
+// master key, replica ids loadtest-1…N), the workers spread evenly over
+// them, commands issued round robin through them, each process's cores,
+// RSS, open files and held polls reported.
+//
+//	go run ./loadtest -db postgres -agents 10000 -rate 1000 -duration 15s
+//	go run ./loadtest -db postgres -agents 10000 -rate 0 -duration 15s
+//	go run ./loadtest -db postgres -agents 10000 -rate 10 -fanout 100 -duration 15s
+//	go run ./loadtest -db postgres -agents 10000 -rate 0 -fanout 100 -duration 15s
+//	go run ./loadtest -db postgres -replicas 3 -agents 50000 -rate 100 -duration 30s
+//
+// hold: memory per held poll of the server binary against the bare waiter
+// (cmd/barewaiter), then commands at -rate (default 100/s); -replicas N on
+// Postgres measures each server process.
+//
+//	go run ./loadtest -scenario hold -agents 10000
+//	go run ./loadtest -scenario hold -db postgres -replicas 3 -agents 50000 -rate 100 -duration 30s
+//
+// storm: the real binary under -agents held agents; a burst of -commands
+// is issued and the moment the last is recorded the first replica is
+// stopped (-signal kill: SIGKILL, a crash; term: SIGTERM, the drain) and
+// started again on the same database and address. It reports, from the
+// restart, when the replica was ready, when every agent held a poll again
+// and when every command of the burst was settled, and from the agents'
+// receipts by operation id the commands lost and applied twice (both must
+// be 0) and those redelivered before their settlement was acknowledged.
+//
+//	go run ./loadtest -scenario storm -agents 10000 -commands 5000
+//	go run ./loadtest -scenario storm -db postgres -replicas 3 -agents 10000 -commands 5000 -signal term
+//
+// enroll: invite -agents, then enroll them through /agent/v1/enroll with
+// -concurrency enrollments in flight over the workers: enrollments/s and
+// each enrollment's latency; in this process, or the binary (-binary,
+// -replicas).
+//
+//	go run ./loadtest -scenario enroll -db postgres -agents 10000 -concurrency 64
+//	go run ./loadtest -scenario enroll -db postgres -binary -agents 10000 -concurrency 64
+//
+// ledger: the operations engine with a no-op kind (ledger.go).
+//
+//	go run ./loadtest -scenario ledger -db postgres -ops 20000 -submitters 64 -ledger-workers 128
+//
+// When issue→receipt p99 exceeds -p99-target (default 25 ms; deliver,
+// hold) the report names its causes from counters over the issue window
+// (tail.go): which side of issued_at the tail is on, the machine's CPU,
+// the run's own Postgres backends waiting on locks, WAL or lightweight
+// locks (pg_stat_activity sampled every 100 ms, picked by the schema's
+// application_name), the server's GC pauses, redeliveries and lease
+// batches.
+//
+// The 50,000-agent runs hold 17,000 connections or fewer per server
+// process at three replicas, each worker (2,500 agents at most) dialling
+// one replica from its own loopback source address, so neither a server
+// nor a worker nears the 20,000 open files (the report warns past 19,000).
 package main
 
 import (
@@ -67,13 +133,22 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.PGBench, "pgbench", false, "afterwards, run the pgbench reference (DECISIONS.md §31) on the same Postgres")
 	fs.StringVar(&cfg.MemProfile, "memprofile", "", "write a heap profile of this process (the server, when started here) once every poll is held")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase")
-	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind), hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s) or config (one fleet.configure over every agent, then the lagging count's cost)")
+	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind), hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s), config (one fleet.configure over every agent, then the lagging count's cost), storm (restart the real binary under held agents) or enroll (enrollments/s)")
 	useTLS := fs.Bool("tls", false, "hold: both servers serve HTTPS with a throwaway CA")
 	settle := fs.Duration("settle", 5*time.Second, "hold: wait after every poll is held before sampling")
 	sample := fs.Duration("sample", 10*time.Second, "hold: window over which RSS and CPU are sampled")
 	ops := fs.Int("ops", 20000, "ledger: operations to submit")
 	submitters := fs.Int("submitters", 64, "ledger: concurrent submitters")
-	replicas := fs.Int("replicas", 1, "ledger: control planes sharing the database (more than one needs Postgres)")
+	replicas := fs.Int("replicas", 1, "ledger, deliver, storm, enroll: control planes sharing the database (more than one needs Postgres; deliver and enroll then run the real binary)")
+	fs.IntVar(&cfg.FanOut, "fanout", 0, "deliver: issue fleet.command operations over this many nodes each instead of single commands (-rate counts operations)")
+	fs.Float64Var(&cfg.P99Target, "p99-target", 25, "deliver, hold: issue→receipt p99 in ms above which the report names the tail's causes (GC, batches, lock waits, CPU)")
+	binary := fs.Bool("binary", false, "deliver, enroll: run the real server binary as a process instead of in this one")
+	commands := fs.Int("commands", 5000, "storm: the burst issued right before the stop")
+	sig := fs.String("signal", "kill", "storm: how the replica is stopped: kill (SIGKILL, a crash) or term (SIGTERM, a drain)")
+	recoverIn := fs.Duration("recover", 2*time.Minute, "storm: how long to wait for every agent and command after the restart")
+	backoffBase := fs.Duration("backoff-base", time.Second, "storm: the agents' first poll retry delay (the agent's default)")
+	backoffMax := fs.Duration("backoff-max", time.Minute, "storm: the agents' longest poll retry delay (the agent's default)")
+	concurrency := fs.Int("concurrency", 64, "enroll: concurrent enrollments over all workers")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
 	laggingNodes := fs.Int("lagging-nodes", 0, "config: configured nodes seeded afterwards to time GET /api/v1/config/lagging and CountLagging against (0: skip)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -106,9 +181,20 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	switch *scenario {
 	case "deliver":
+		if *binary || *replicas > 1 {
+			if cfg.URL != "" {
+				fmt.Fprintln(stderr, "loadtest: -binary and -replicas start their own servers; not with -url")
+				return 2
+			}
+			rep, err := runDeliverProcs(ctx, cfg, *replicas)
+			return report(stdout, stderr, rep, err, *asJSON, printReport)
+		}
+	case "storm", "enroll":
+		return cliPresets(ctx, *scenario, presetFlags{cfg: cfg, db: *db, dbURL: *dbURL, replicas: *replicas, binary: *binary,
+			commands: *commands, signal: *sig, backoffBase: *backoffBase, backoffMax: *backoffMax, recover: *recoverIn, concurrency: *concurrency, asJSON: *asJSON}, stdout, stderr)
 	case "hold":
 		hc := HoldConfig{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Wait: cfg.Wait, Settle: *settle,
-			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log}
+			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log, Replicas: *replicas, P99Target: cfg.P99Target}
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "rate" {
 				hc.Rate = cfg.Rate
@@ -179,7 +265,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		printLedgerReport(stdout, lrep)
 		return 0
 	default:
-		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger, hold or config")
+		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger, hold, config, storm or enroll")
 		return 2
 	}
 	rep, err := runCLI(ctx, cfg, *db)
@@ -225,7 +311,11 @@ func printReport(w io.Writer, r Report) {
 	fmt.Fprintf(w, "database                 %s\n", r.Database)
 	fmt.Fprintf(w, "agents                   %d in %d workers (%d long-polls held)\n", r.Enrolled, r.Workers, r.Held)
 	fmt.Fprintf(w, "setup                    %.0f invitations/s, %.0f enrollments/s\n", r.InvitesPS, r.EnrollPS)
-	fmt.Fprintf(w, "issued                   %d in %.1fs = %.0f/s (target %s), %d errors, %d not sent in time\n", r.Issued, r.Seconds, r.IssuedPS, rateName(r.TargetRate), r.IssueErrs, r.Missed)
+	target := rateName(r.TargetRate)
+	if r.FanOut > 0 && r.TargetRate > 0 {
+		target += " (operations)"
+	}
+	fmt.Fprintf(w, "issued                   %d in %.1fs = %.0f/s (target %s), %d errors, %d not sent in time\n", r.Issued, r.Seconds, r.IssuedPS, target, r.IssueErrs, r.Missed)
 	fmt.Fprintf(w, "received / settled       %d / %d (agent errors %d)\n", r.Received, r.Settled, r.AgentErrs)
 	if r.FirstErr != "" {
 		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)
@@ -246,6 +336,11 @@ func printReport(w io.Writer, r Report) {
 	if r.PGBenchTPS > 0 {
 		fmt.Fprintf(w, "pgbench -N tps           %.0f (settled commands/s above: %.0f)\n", r.PGBenchTPS, r.SettledPS)
 	}
+	if r.FanOut > 0 {
+		fmt.Fprintf(w, "fan-out                  %d fleet.command operations over %d nodes each\n", r.IssuedOps, r.FanOut)
+	}
+	printReplicaStats(w, r.Replicas)
+	printTail(w, r.Tail)
 }
 
 func printHoldReport(w io.Writer, r HoldReport) {
@@ -263,4 +358,10 @@ func printHoldReport(w io.Writer, r HoldReport) {
 	fmt.Fprintf(w, "issue→receipt ms         p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", r.Deliver.SentP50, r.Deliver.SentP90, r.Deliver.SentP99, r.Deliver.SentMax)
 	fmt.Fprintf(w, "cpu while issuing        machine %.0f%% busy; workers %.2f cores; rest (server, database, other) %.2f\n",
 		100*r.Deliver.CPU.MachineBusy, r.Deliver.CPU.Workers, r.Deliver.CPU.Rest)
+	for i, s := range r.PerReplica {
+		fmt.Fprintf(w, "replica %-16d %d held; RSS %d KB idle, %d KB holding = %.1f KB a poll; %.2f cores\n",
+			i+1, s.Held, s.IdleRSSKB, s.HeldRSSKB, s.PerPollKB, s.Cores)
+	}
+	printReplicaStats(w, r.Deliver.Replicas)
+	printTail(w, r.Deliver.Tail)
 }

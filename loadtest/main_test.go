@@ -152,3 +152,84 @@ func TestConfigSmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestFanOutSmoke runs deliver with -fanout: fleet.command operations over
+// 5 nodes each reach every node once and settle. Counts only.
+func TestFanOutSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server and two worker processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{Agents: 20, AgentsPerWorker: 10, Rate: 5, FanOut: 5, Issuers: 4, Duration: 2 * time.Second,
+		Wait: 5 * time.Second, Drain: time.Minute, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", rep)
+	if rep.IssuedOps == 0 || rep.IssueErrs != 0 || rep.Issued != 5*rep.IssuedOps {
+		t.Fatalf("%d operations (%d commands), %d errors: want operations of 5 commands each", rep.IssuedOps, rep.Issued, rep.IssueErrs)
+	}
+	if rep.Received != rep.Issued || rep.Settled != rep.Issued || rep.AgentErrs != 0 {
+		t.Fatalf("issued %d, received %d, settled %d, agent errors %d (%s)", rep.Issued, rep.Received, rep.Settled, rep.AgentErrs, rep.FirstErr)
+	}
+}
+
+// TestEnrollSmoke runs the enroll scenario in-process and against the real
+// binary, on SQLite (and the binary on Postgres when configured). Counts
+// only.
+func TestEnrollSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts servers and worker processes")
+	}
+	runs := []EnrollConfig{{Agents: 30, AgentsPerWorker: 15, Concurrency: 8}, {Agents: 30, AgentsPerWorker: 15, Concurrency: 8, Binary: true}}
+	if url := os.Getenv("NODEWARD_TEST_DATABASE_URL"); url != "" {
+		runs = append(runs, EnrollConfig{Agents: 30, AgentsPerWorker: 15, Concurrency: 8, Binary: true, Replicas: 2, DatabaseURL: url})
+	}
+	for _, cfg := range runs {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		cfg.Log = testLog{t}
+		rep, err := RunEnroll(ctx, cfg)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%+v", rep)
+		if rep.Enrolled != 30 || rep.Failed != 0 || rep.Workers != 2 || rep.Latency.Max == 0 {
+			t.Fatalf("%+v: want 30 enrolled by 2 workers, none failed, latencies taken", rep)
+		}
+		if cfg.Binary && len(rep.Servers) != max(1, cfg.Replicas) {
+			t.Fatalf("%d replicas sampled, want %d", len(rep.Servers), max(1, cfg.Replicas))
+		}
+	}
+}
+
+// TestStormSmoke restarts the real binary (SQLite, SIGKILL) under 20 held
+// agents right after a burst of 200 commands: every agent comes back,
+// every recorded command settles, none is lost or applied twice. Counts
+// only: the recovery's seconds are reported, never asserted.
+func TestStormSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and restarts the server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := RunStorm(ctx, StormConfig{Agents: 20, AgentsPerWorker: 10, Commands: 200, Issuers: 8,
+		Wait: 5 * time.Second, Recover: 3 * time.Minute, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", rep)
+	if rep.Issued != 200 || rep.IssueErrs != 0 {
+		t.Fatalf("burst: %d recorded, %d errors; want 200, 0", rep.Issued, rep.IssueErrs)
+	}
+	if rep.AllHeldSeconds < 0 || rep.AllSettledSeconds < 0 {
+		t.Fatalf("after the restart not every agent held a poll (%v) or not every command settled (%v)", rep.AllHeldSeconds, rep.AllSettledSeconds)
+	}
+	if rep.Lost != 0 || rep.AppliedTwice != 0 {
+		t.Fatalf("lost %d, applied twice %d; want 0, 0", rep.Lost, rep.AppliedTwice)
+	}
+	if len(rep.Servers) != 1 || rep.Servers[0].PID == 0 {
+		t.Fatalf("replicas after the restart: %+v; want the one restarted", rep.Servers)
+	}
+}

@@ -183,6 +183,7 @@ func newSchema(ctx context.Context, baseURL string) (string, func(), error) {
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
+	q.Set("application_name", schema) // the load tool's wait sampling picks its backends by it
 	u.RawQuery = q.Encode()
 	return u.String(), drop, nil
 }

@@ -47,15 +47,43 @@ type workerJob struct {
 	// StopBy is the hard deadline (Unix nanoseconds): the worker stops by
 	// then even if the coordinator never tells it to.
 	StopBy int64 `json:"stop_by"`
+	// Track keeps every operation id the agents received (the storm
+	// scenario): a redelivery of an operation already applied is answered
+	// as a duplicate, as the real agent does, and counted; the done line
+	// carries the ids whose settlement was acknowledged.
+	Track bool `json:"track,omitempty"`
+	// Progress, when > 0, writes a progress line at that interval after
+	// the enrolled line (only coordinators that read them ask for them).
+	Progress time.Duration `json:"progress,omitempty"`
+	// BackoffBase and BackoffMax, when set, make a failed poll retry as
+	// the agent does (agent/core: each failure doubles the ceiling up to
+	// max, the delay drawn from [ceiling/2, ceiling)); unset, 50 ms
+	// doubling to 2 s.
+	BackoffBase time.Duration `json:"backoff_base,omitempty"`
+	BackoffMax  time.Duration `json:"backoff_max,omitempty"`
 }
 
 // workerMsg is one line a worker writes on stdout.
 type workerMsg struct {
-	Type string `json:"type"` // "enrolled" or "done"
+	Type string `json:"type"` // "enrolled", "progress" or "done"
 	// enrolled
-	Enrolled int    `json:"enrolled,omitempty"`
-	Failed   int    `json:"failed,omitempty"`
-	Error    string `json:"error,omitempty"`
+	Enrolled    int     `json:"enrolled,omitempty"`
+	Failed      int     `json:"failed,omitempty"`
+	Error       string  `json:"error,omitempty"`
+	EnrollLatUS []int64 `json:"enroll_lat_us,omitempty"` // one enrollment's round trip
+	// progress (and done): distinct operations whose settlement was
+	// acknowledged (Track).
+	SettledDistinct int64 `json:"settled_distinct,omitempty"`
+	// done, with Track
+	SettledIDs []string `json:"settled_ids,omitempty"`
+	// Redelivered counts deliveries of an operation the agent had already
+	// received but whose settlement it had not seen acknowledged (at least
+	// once delivery across an outage: expected).
+	Redelivered int64 `json:"redelivered,omitempty"`
+	// AfterSettle counts deliveries of an operation whose settlement had
+	// been acknowledged: an agent without the duplicate check would apply
+	// it twice. Must be 0.
+	AfterSettle int64 `json:"after_settle,omitempty"`
 	// done
 	Received    int64   `json:"received,omitempty"`
 	Settled     int64   `json:"settled,omitempty"`
@@ -103,12 +131,29 @@ func workerMain(stdin io.Reader, stdout io.Writer) error {
 
 	w := newAgentPool(job)
 	enrolled, failed, firstErr := w.enrollAll(ctx)
-	msg := workerMsg{Type: "enrolled", Enrolled: len(enrolled), Failed: failed}
+	msg := workerMsg{Type: "enrolled", Enrolled: len(enrolled), Failed: failed, EnrollLatUS: w.enrollLat}
 	if firstErr != nil {
 		msg.Error = firstErr.Error()
 	}
+	var outMu sync.Mutex // progress lines and the last line
 	if err := out.Encode(msg); err != nil {
 		return err
+	}
+	if job.Progress > 0 {
+		go func() {
+			t := time.NewTicker(job.Progress)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				outMu.Lock()
+				_ = out.Encode(workerMsg{Type: "progress", SettledDistinct: w.settledDistinct.Load()})
+				outMu.Unlock()
+			}
+		}()
 	}
 	var wg sync.WaitGroup
 	for _, c := range enrolled {
@@ -118,6 +163,8 @@ func workerMain(stdin io.Reader, stdout io.Writer) error {
 	<-ctx.Done()
 	wg.Wait()
 	w.tr.CloseIdleConnections()
+	outMu.Lock()
+	defer outMu.Unlock()
 	return out.Encode(w.summary())
 }
 
@@ -132,12 +179,17 @@ type agentPool struct {
 	// configs received in poll answers and reported applied; lastConfig
 	// is when the last report was acknowledged (Unix nanoseconds).
 	configsReceived, configsReported, lastConfig atomic.Int64
+	settledDistinct, redelivered, afterSettle    atomic.Int64
 
 	mu         sync.Mutex // guards the following
 	firstError string
 	sentLat    []int64
 	issuedLat  []int64
 	settleLat  []int64
+	enrollLat  []int64
+	// ops is every operation received (Track): true once its settlement
+	// was acknowledged.
+	ops map[string]bool
 }
 
 func newAgentPool(job workerJob) *agentPool {
@@ -155,7 +207,7 @@ func newAgentPool(job workerJob) *agentPool {
 	if job.CACertificatePEM != "" {
 		tr.TLSClientConfig = transportFor(job.CACertificatePEM).TLSClientConfig
 	}
-	return &agentPool{job: job, tr: tr, hc: &http.Client{Transport: tr,
+	return &agentPool{job: job, tr: tr, ops: map[string]bool{}, hc: &http.Client{Transport: tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
@@ -194,10 +246,15 @@ func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error
 				c.SetSessionToken("bare")
 			} else if err == nil {
 				var resp *api.EnrollResponse
+				t0 := time.Now()
 				resp, err = c.Enroll(ctx, api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
 					EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts()})
 				if err == nil {
 					c.SetSessionToken(resp.SessionToken)
+					lat := time.Since(t0).Microseconds()
+					w.mu.Lock()
+					w.enrollLat = append(w.enrollLat, lat)
+					w.mu.Unlock()
 				}
 			}
 			mu.Lock()
@@ -221,7 +278,11 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 	if w.job.Heartbeat > 0 {
 		go w.heartbeat(ctx, c)
 	}
-	backoff := 50 * time.Millisecond
+	base, most, jittered := 50*time.Millisecond, 2*time.Second, false
+	if w.job.BackoffBase > 0 && w.job.BackoffMax > 0 {
+		base, most, jittered = w.job.BackoffBase, w.job.BackoffMax, true
+	}
+	backoff := base
 	for ctx.Err() == nil {
 		w.polls.Add(1)
 		resp, err := c.Commands(ctx, w.job.Wait)
@@ -230,11 +291,15 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 				return
 			}
 			w.fail(err)
-			sleepCtx(ctx, backoff)
-			backoff = min(2*backoff, 2*time.Second)
+			d := backoff
+			if jittered {
+				d = d/2 + time.Duration(rand.Int64N(int64(d-d/2)+1))
+			}
+			sleepCtx(ctx, d)
+			backoff = min(2*backoff, most)
 			continue
 		}
-		backoff = 50 * time.Millisecond
+		backoff = base
 		if resp.Config != nil {
 			w.reportConfig(ctx, c, resp.Config)
 		}
@@ -249,17 +314,28 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 			results[i] = api.Result{OperationID: cmd.OperationID, Applied: true}
 			sent[i] = sentAt(cmd.Payload)
 			w.mu.Lock()
+			if w.job.Track {
+				if acked, seen := w.ops[cmd.OperationID]; seen {
+					// Applied already: answer as the real agent does.
+					results[i].Duplicate = true
+					if acked {
+						w.afterSettle.Add(1)
+					} else {
+						w.redelivered.Add(1)
+					}
+					sent[i] = 0 // its latency was taken at the first receipt
+				} else {
+					w.ops[cmd.OperationID] = false
+				}
+			}
 			if sent[i] > 0 {
 				w.sentLat = append(w.sentLat, got.Sub(time.Unix(0, sent[i])).Microseconds())
 			}
 			w.issuedLat = append(w.issuedLat, got.Sub(cmd.IssuedAt).Microseconds())
 			w.mu.Unlock()
 		}
-		res, err := c.Results(ctx, results)
+		res, err := w.results(ctx, c, results)
 		if err != nil {
-			if ctx.Err() == nil {
-				w.fail(err)
-			}
 			continue
 		}
 		done := time.Now()
@@ -269,6 +345,14 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 				continue
 			}
 			w.settled.Add(1)
+			if w.job.Track {
+				w.mu.Lock()
+				if !w.ops[s.OperationID] {
+					w.ops[s.OperationID] = true
+					w.settledDistinct.Add(1)
+				}
+				w.mu.Unlock()
+			}
 			if i < len(sent) && sent[i] > 0 {
 				w.mu.Lock()
 				w.settleLat = append(w.settleLat, done.Sub(time.Unix(0, sent[i])).Microseconds())
@@ -303,6 +387,25 @@ func (w *agentPool) reportConfig(ctx context.Context, c *client.Client, d *api.C
 	}
 }
 
+// results reports results, retrying with backoff for up to a minute (the
+// server may be restarting; settling again is idempotent), as the agent
+// keeps its results until they are acknowledged.
+func (w *agentPool) results(ctx context.Context, c *client.Client, results []api.Result) (*api.ResultsResponse, error) {
+	backoff := 50 * time.Millisecond
+	giveUp := time.Now().Add(time.Minute)
+	for {
+		res, err := c.Results(ctx, results)
+		if err == nil || ctx.Err() != nil {
+			return res, err
+		}
+		w.fail(err)
+		if time.Now().After(giveUp) || !sleepCtx(ctx, backoff) {
+			return nil, err
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
 func (w *agentPool) heartbeat(ctx context.Context, c *client.Client) {
 	every := w.job.Heartbeat
 	first := time.Duration(rand.Int64N(int64(every)))
@@ -331,10 +434,19 @@ func (w *agentPool) heartbeat(ctx context.Context, c *client.Client) {
 func (w *agentPool) summary() workerMsg {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return workerMsg{Type: "done", Received: w.received.Load(), Settled: w.settled.Load(), Heartbeats: w.heartbeats.Load(),
+	m := workerMsg{Type: "done", Received: w.received.Load(), Settled: w.settled.Load(), Heartbeats: w.heartbeats.Load(),
 		Polls: w.polls.Load(), Errors: w.errors.Load(), FirstError: w.firstError,
 		SentLatUS: w.sentLat, IssuedLatUS: w.issuedLat, SettleLatUS: w.settleLat,
-		ConfigsReceived: w.configsReceived.Load(), ConfigsReported: w.configsReported.Load(), LastConfigNS: w.lastConfig.Load()}
+		ConfigsReceived: w.configsReceived.Load(), ConfigsReported: w.configsReported.Load(), LastConfigNS: w.lastConfig.Load(),
+		SettledDistinct: w.settledDistinct.Load(), Redelivered: w.redelivered.Load(), AfterSettle: w.afterSettle.Load()}
+	if w.job.Track {
+		for id, acked := range w.ops {
+			if acked {
+				m.SettledIDs = append(m.SettledIDs, id)
+			}
+		}
+	}
+	return m
 }
 
 // sentAt reads the intended issue time from a load-tool payload; 0 when

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	neturl "net/url"
+	"sync"
+	"time"
+
+	"github.com/nodeward/nodeward/models"
+)
+
+// Tail latency causes (issue 13: "tail latencies come with their cause
+// when they exceed the target: GC, a batch, lock waits — say which, from a
+// trace or counters"). Over the issue window the tool keeps the server's
+// own counters (the Go collector's GC pauses, the lease and long-poll
+// batches) and, on Postgres, samples pg_stat_activity every 100 ms for
+// backends of the database waiting on a lock, on WAL or on another
+// lightweight lock. When issue→receipt p99 exceeds -p99-target the report
+// names the causes the counters support, strongest first.
+
+// TailCause is the evidence about the window's tail latency.
+type TailCause struct {
+	TargetMS float64 `json:"target_ms"`
+	Exceeded bool    `json:"exceeded"`
+	// The issue side (intended issue time → the server's issued_at: the
+	// issuer's queue, the request, its commit) and the delivery side
+	// (issued_at → receipt: wake-up, the poll's answer), at p99.
+	IssueSideP99MS    float64 `json:"issue_side_p99_ms"`
+	DeliverySideP99MS float64 `json:"delivery_side_p99_ms"`
+	// Go GC of the server (summed over replicas; with the server in this
+	// process, the tool's too): collections, total stop-the-world pause,
+	// and the longest pause (at most the total).
+	GCs        float64 `json:"gc_cycles"`
+	GCPauseMS  float64 `json:"gc_pause_total_ms"`
+	GCMaxMS    float64 `json:"gc_pause_max_ms"`
+	HeapMB     float64 `json:"heap_mb"`
+	MachineBus float64 `json:"machine_busy"`
+	// Batches during the window: lease renewal flushes and lease sweeps,
+	// long-poll store queries (a wake-up's read).
+	RenewalFlushes  float64  `json:"lease_renewals_flushed"`
+	LeaseSweeps     float64  `json:"lease_sweeps"`
+	PollStoreReads  float64  `json:"long_poll_store_queries"`
+	Redeliveries    float64  `json:"redeliveries"`
+	PGSamples       int      `json:"pg_samples,omitempty"`
+	PGLockWaits     float64  `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
+	PGLWLockWaits   float64  `json:"pg_lwlock_waiting_backends_avg,omitempty"`
+	PGWALWaits      float64  `json:"pg_wal_waiting_backends_avg,omitempty"` // WAL write/fsync: the commit's flush
+	PGActive        float64  `json:"pg_active_backends_avg,omitempty"`
+	PGLockWaitShare float64  `json:"pg_lock_wait_share,omitempty"` // samples with any backend waiting on a lock
+	Causes          []string `json:"causes,omitempty"`
+}
+
+// tailProbe samples Postgres over the window.
+type tailProbe struct {
+	db     *models.DB
+	own    bool
+	cancel context.CancelFunc
+	done   chan struct{}
+	once   sync.Once
+
+	mu                        sync.Mutex
+	samples, lockSamples      int
+	lock, lwlock, wal, active float64
+}
+
+// startTailProbe starts sampling the backends of the server's schema on
+// the Postgres at url (their application_name is the schema: newSchema);
+// on SQLite (url empty) there is nothing to sample.
+func startTailProbe(ctx context.Context, url string) *tailProbe {
+	p := &tailProbe{done: make(chan struct{})}
+	app := ""
+	if u, err := neturl.Parse(url); err == nil {
+		app = u.Query().Get("application_name")
+	}
+	if url == "" || app == "" {
+		close(p.done)
+		return p
+	}
+	var err error
+	if p.db, err = models.Open(ctx, models.Options{URL: url, MaxOpenConns: 1}); err != nil {
+		close(p.done)
+		return p
+	}
+	p.own = true
+	ctx, p.cancel = context.WithCancel(ctx)
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var row struct{ Lock, LWLock, WAL, Active float64 }
+			err := p.db.WithContext(ctx).Raw(`SELECT
+  count(*) FILTER (WHERE wait_event_type = 'Lock') AS lock,
+  count(*) FILTER (WHERE wait_event_type = 'LWLock' AND wait_event NOT LIKE 'WAL%') AS lw_lock,
+  count(*) FILTER (WHERE wait_event LIKE 'WAL%') AS wal,
+  count(*) FILTER (WHERE state = 'active') AS active
+FROM pg_stat_activity WHERE application_name = ? AND pid <> pg_backend_pid()`, app).Scan(&row).Error
+			if err == nil {
+				p.mu.Lock()
+				p.samples++
+				p.lock += row.Lock
+				p.lwlock += row.LWLock
+				p.wal += row.WAL
+				p.active += row.Active
+				if row.Lock > 0 {
+					p.lockSamples++
+				}
+				p.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the sampling (at the window's end); finish calls it too.
+func (p *tailProbe) stop() {
+	p.once.Do(func() {
+		if p.cancel != nil {
+			p.cancel()
+		}
+		<-p.done
+		if p.own {
+			_ = p.db.Close()
+		}
+	})
+}
+
+// finish reads the window's evidence.
+func (p *tailProbe) finish(rep *Report, target float64, before, after map[string]float64) TailCause {
+	p.stop()
+	d := func(k string) float64 { return after[k] - before[k] }
+	tc := TailCause{TargetMS: target, Exceeded: target > 0 && rep.SentP99 > target,
+		IssueSideP99MS: max(0, rep.SentP99-rep.IssuedP99), DeliverySideP99MS: rep.IssuedP99,
+		GCs: d("go_gc_duration_seconds_count"), GCPauseMS: 1000 * d("go_gc_duration_seconds_sum"),
+		GCMaxMS: 1000 * after[`go_gc_duration_seconds{quantile="1"}`], HeapMB: after["go_memstats_heap_alloc_bytes"] / (1 << 20),
+		MachineBus: rep.CPU.MachineBusy, RenewalFlushes: d("nodeward_lease_renewals_flushed_total"),
+		LeaseSweeps: d("nodeward_lease_sweeps_total"), PollStoreReads: d("nodeward_long_poll_store_queries_total"),
+		Redeliveries: d("nodeward_command_redeliveries_total")}
+	// The Go collector's quantile 1 is the longest of the recent pauses,
+	// which may predate the window: no pause in it is longer than their sum.
+	tc.GCMaxMS = min(tc.GCMaxMS, tc.GCPauseMS)
+	p.mu.Lock()
+	if p.samples > 0 {
+		n := float64(p.samples)
+		tc.PGSamples = p.samples
+		tc.PGLockWaits, tc.PGLWLockWaits, tc.PGWALWaits, tc.PGActive = p.lock/n, p.lwlock/n, p.wal/n, p.active/n
+		tc.PGLockWaitShare = float64(p.lockSamples) / n
+	}
+	p.mu.Unlock()
+	if tc.Exceeded {
+		tc.Causes = tailCauses(tc, rep)
+	}
+	return tc
+}
+
+// tailCauses names what the counters support, strongest first.
+func tailCauses(tc TailCause, rep *Report) []string {
+	var out []string
+	excess := rep.SentP99 - tc.TargetMS
+	if tc.IssueSideP99MS > tc.DeliverySideP99MS {
+		out = append(out, fmt.Sprintf("issue side: p99 %.1f ms from the intended issue time to the server's issued_at (issuer queue, the request, its commit) against %.1f ms from issued_at to receipt", tc.IssueSideP99MS, tc.DeliverySideP99MS))
+	} else {
+		out = append(out, fmt.Sprintf("delivery side: p99 %.1f ms from issued_at to receipt (wake-up, the poll's answer) against %.1f ms before issued_at", tc.DeliverySideP99MS, tc.IssueSideP99MS))
+	}
+	if tc.MachineBus >= 0.9 {
+		out = append(out, fmt.Sprintf("CPU: the machine was %.0f%% busy (%.2f cores outside the tool and its workers): requests queued for a core", 100*tc.MachineBus, rep.CPU.Rest))
+	}
+	if tc.PGLockWaitShare >= 0.05 {
+		out = append(out, fmt.Sprintf("lock waits: a backend waited on a row or transaction lock in %.0f%% of the samples (%.2f waiting on average)", 100*tc.PGLockWaitShare, tc.PGLockWaits))
+	}
+	if tc.PGWALWaits >= 0.5 {
+		out = append(out, fmt.Sprintf("commit flush: %.2f backends waiting on WAL write/fsync on average", tc.PGWALWaits))
+	}
+	if tc.PGLWLockWaits >= 0.5 {
+		out = append(out, fmt.Sprintf("lightweight locks: %.2f backends waiting on average", tc.PGLWLockWaits))
+	}
+	if tc.GCMaxMS >= max(1, excess/4) {
+		out = append(out, fmt.Sprintf("GC: %.0f collections, the longest recent pause %.1f ms (total %.1f ms)", tc.GCs, tc.GCMaxMS, tc.GCPauseMS))
+	}
+	if tc.Redeliveries > 0 {
+		out = append(out, fmt.Sprintf("redeliveries: %.0f commands handed out again after their lease ran out", tc.Redeliveries))
+	}
+	if tc.LeaseSweeps > 0 && tc.RenewalFlushes > 0 {
+		out = append(out, fmt.Sprintf("batches: %.0f lease sweeps and %.0f renewal flushes ran in the window", tc.LeaseSweeps, tc.RenewalFlushes))
+	}
+	return out
+}
+
+func printTail(w io.Writer, tc TailCause) {
+	if !tc.Exceeded {
+		return
+	}
+	fmt.Fprintf(w, "p99 over %.0f ms because   (evidence below; strongest first)\n", tc.TargetMS)
+	for _, c := range tc.Causes {
+		fmt.Fprintf(w, "  - %s\n", c)
+	}
+	fmt.Fprintf(w, "  GC %.0f cycles, max pause %.2f ms, heap %.0f MB; postgres samples %d: lock %.2f, lwlock %.2f, WAL %.2f, active %.2f\n",
+		tc.GCs, tc.GCMaxMS, tc.HeapMB, tc.PGSamples, tc.PGLockWaits, tc.PGLWLockWaits, tc.PGWALWaits, tc.PGActive)
+}

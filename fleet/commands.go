@@ -328,58 +328,115 @@ type PollAnswer struct {
 // A held poll counts as the node's liveness. Errors: ErrFenced,
 // ErrNodeRetired (also when the node is retired while waiting),
 // ErrDraining, ctx's error.
+//
+// The poll spends nearly all its life parked in the select below, and a
+// parked goroutine keeps the stack it grew to until the collector finds it
+// uses less than a quarter of it (then halves it). So this frame stays
+// small, nothing but the wait: the store, the answer and the re-check each
+// run in a call that has returned before the poll parks (BENCHMARKS.md,
+// memory per held poll).
 func (s *Service) PollWork(ctx context.Context, sess Session, wait time.Duration, remote string) (PollAnswer, error) {
+	var out pollStep
 	w, err := s.hub.subscribe(sess.NodeID, remote)
 	if err != nil {
 		return PollAnswer{}, err
 	}
-	defer s.hub.unsubscribe(w)
-	s.leases.touch(sess.NodeID)
-
 	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	var fallback <-chan time.Time
-	for {
-		work, cmds, err := s.claim(ctx, sess)
-		if err != nil {
-			return PollAnswer{}, err
-		}
-		if len(cmds) > 0 || work.Config == ConfigWakes || (wait <= 0 && work.Config == ConfigRides) {
-			return s.answer(ctx, sess, cmds, work.Config != ConfigNotDue)
-		}
-		if wait <= 0 {
-			return PollAnswer{}, nil
-		}
-		rides := work.Config == ConfigRides
-		fallback = nil
-		if !s.notifierOK() {
-			fallback = time.After(s.settings.FallbackPoll)
+	defer s.endPoll(w, deadline)
+	s.leases.touch(sess.NodeID)
+loop:
+	for !s.pollCheck(ctx, sess, wait, &out) {
+		var fallback <-chan time.Time
+		if out.fallback {
+			fallback = s.clockAfter(s.settings.FallbackPoll)
 		}
 		select {
 		case <-ctx.Done():
-			return PollAnswer{}, ctx.Err()
+			out.err = ctx.Err()
+			break loop
 		case <-deadline.C:
-			return s.answer(ctx, sess, nil, rides)
+			s.pollDeadline(ctx, sess, &out)
+			break loop
 		case <-fallback:
-			s.metrics.Wakeups.WithLabelValues("poll").Inc()
+			s.countWakeup("poll")
 		case why := <-w.ch:
-			switch why {
-			case wakeDrain:
-				return PollAnswer{}, ErrDraining
-			case wakeRecheck:
-				cur, err := s.currentNode(ctx, sess.NodeID)
-				if err != nil {
-					return PollAnswer{}, err
-				}
-				if cur.fencing != sess.Fencing {
-					return PollAnswer{}, ErrFenced
-				}
-				if cur.state == StateRetired {
-					return PollAnswer{}, ErrNodeRetired
-				}
+			if out.err = s.pollWoken(ctx, sess, why); out.err != nil {
+				break loop
 			}
 		}
 	}
+	return out.answer, out.err
+}
+
+// endPoll stops a poll's timer and forgets its waiter.
+func (s *Service) endPoll(w *waiter, deadline *time.Timer) {
+	deadline.Stop()
+	s.hub.unsubscribe(w)
+}
+
+// clockAfter is time.After, out of line (see PollWork).
+//
+//go:noinline
+func (s *Service) clockAfter(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// countWakeup counts a wake-up by its source.
+func (s *Service) countWakeup(source string) { s.metrics.Wakeups.WithLabelValues(source).Inc() }
+
+// pollDeadline answers a poll whose wait ended: what rides along, if anything.
+//
+//go:noinline
+func (s *Service) pollDeadline(ctx context.Context, sess Session, out *pollStep) {
+	out.answer, out.err = s.answer(ctx, sess, nil, out.rides)
+}
+
+// pollStep is what one check of a long-poll decided.
+type pollStep struct {
+	answer   PollAnswer
+	err      error
+	rides    bool // a due configuration rides along with the answer at the deadline
+	fallback bool // the notifier is down: look again after FallbackPoll
+}
+
+// pollCheck claims what is due and reports whether the poll is answered
+// (out.answer, out.err); else it says how to wait.
+func (s *Service) pollCheck(ctx context.Context, sess Session, wait time.Duration, out *pollStep) bool {
+	work, cmds, err := s.claim(ctx, sess)
+	if err != nil {
+		out.answer, out.err = PollAnswer{}, err
+		return true
+	}
+	if len(cmds) > 0 || work.Config == ConfigWakes || (wait <= 0 && work.Config == ConfigRides) {
+		out.answer, out.err = s.answer(ctx, sess, cmds, work.Config != ConfigNotDue)
+		return true
+	}
+	if wait <= 0 {
+		out.answer, out.err = PollAnswer{}, nil
+		return true
+	}
+	out.rides = work.Config == ConfigRides
+	out.fallback = !s.notifierOK()
+	return false
+}
+
+// pollWoken handles a wake-up: a drain ends the poll, a changed node record
+// is re-checked (fenced, retired); otherwise the poll looks again.
+func (s *Service) pollWoken(ctx context.Context, sess Session, why wake) error {
+	switch why {
+	case wakeDrain:
+		return ErrDraining
+	case wakeRecheck:
+		cur, err := s.currentNode(ctx, sess.NodeID)
+		if err != nil {
+			return err
+		}
+		if cur.fencing != sess.Fencing {
+			return ErrFenced
+		}
+		if cur.state == StateRetired {
+			return ErrNodeRetired
+		}
+	}
+	return nil
 }
 
 // answer adds the configuration, when one may be due, to claimed commands.

@@ -627,5 +627,24 @@ func writeHeapProfile(path string) error {
 		_ = f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	// The heap profile leaves out goroutine stacks and the collector's
+	// headroom: name them beside it (issue 13, memory per held poll).
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(os.Stderr, "loadtest: memstats after GC: heap in use %d KB, live %d KB, stacks %d KB, "+
+		"heap from OS %d KB (released %d KB), sys %d KB, goroutines %d\n",
+		ms.HeapInuse>>10, ms.HeapAlloc>>10, ms.StackInuse>>10, ms.HeapSys>>10, ms.HeapReleased>>10, ms.Sys>>10,
+		runtime.NumGoroutine())
+	g, err := os.Create(path + ".goroutine")
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("goroutine").WriteTo(g, 0); err != nil {
+		_ = g.Close()
+		return err
+	}
+	return g.Close()
 }

@@ -11,10 +11,17 @@ import (
 // wake tells a waiting long-poll why it should look again.
 type wake int
 
+// A held poll waits on its waiter's channel alone (PollWork), so its end
+// and its timers arrive there too. Stronger reasons replace weaker ones
+// still unread (send); the poll's own end is the strongest, so it is never
+// lost.
 const (
-	wakeWork    wake = iota + 1 // new work may be due
-	wakeRecheck                 // the node's record changed: re-check the session
-	wakeDrain                   // the server is shutting down
+	wakeFallback wake = iota + 1 // the notifier is down: look again (counted as source "poll")
+	wakeWork                     // new work may be due
+	wakeRecheck                  // the node's record changed: re-check the session
+	wakeDrain                    // the server is shutting down
+	wakeDeadline                 // the poll's wait is over
+	wakeGone                     // the poll's context ended (the agent left)
 )
 
 // waiter is one held long-poll.

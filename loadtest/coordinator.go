@@ -240,6 +240,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if cfg.OnHeld != nil {
 		cfg.OnHeld(ctx, rep.Held)
 	}
+	// What the server's memory is made of while it holds every poll (the
+	// Go collector's figures): live heap, stacks, and the heap goal the
+	// collector lets garbage grow to.
+	if m, err := admin.metrics(ctx); err == nil {
+		mb := func(name string) float64 { return m[name] / (1 << 20) }
+		logf("server memory holding %d polls: heap in use %.1f MB, stacks %.1f MB, next GC at %.1f MB, heap from OS %.1f MB (released %.1f MB), %d goroutines",
+			rep.Held, mb("go_memstats_heap_inuse_bytes"), mb("go_memstats_stack_inuse_bytes"), mb("go_memstats_next_gc_bytes"),
+			mb("go_memstats_heap_sys_bytes"), mb("go_memstats_heap_released_bytes"), int(m["go_goroutines"]))
+	}
 	if cfg.MemProfile != "" {
 		if err := writeHeapProfile(cfg.MemProfile); err != nil {
 			return rep, err

@@ -30,6 +30,10 @@ type waiter struct {
 	remote string
 	since  time.Time
 	ch     chan wake // buffered: a wake never blocks the waker
+	// sending serialises senders (the hub, and the poll's own timers and
+	// context, which send outside the hub's lock), so a stronger reason
+	// taken out to be compared is always put back.
+	sending sync.Mutex
 }
 
 // Hub tracks the long-polls this replica holds and wakes them. It holds no
@@ -116,6 +120,8 @@ func (h *Hub) unsubscribe(w *waiter) {
 // send delivers a wake without blocking; a stronger reason replaces a
 // weaker one still unread.
 func send(w *waiter, why wake) bool {
+	w.sending.Lock()
+	defer w.sending.Unlock()
 	select {
 	case w.ch <- why:
 		return true

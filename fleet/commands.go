@@ -328,58 +328,133 @@ type PollAnswer struct {
 // A held poll counts as the node's liveness. Errors: ErrFenced,
 // ErrNodeRetired (also when the node is retired while waiting),
 // ErrDraining, ctx's error.
+//
+// The poll spends nearly all its life parked on its waiter's channel, and
+// a parked goroutine keeps the stack it grew to until the collector finds
+// it uses less than a quarter of it (less 800 B; then halves it). So the
+// frames under the wait are kept small: one channel receive (the deadline,
+// the fallback and the context's end are sent to it, rather than selected
+// on), and the store, the answer and the re-check each in a call that has
+// returned before the poll parks. That keeps a held poll on an 8 KB stack
+// instead of 16 KB (BENCHMARKS.md, memory per held poll).
 func (s *Service) PollWork(ctx context.Context, sess Session, wait time.Duration, remote string) (PollAnswer, error) {
+	var out pollStep
 	w, err := s.hub.subscribe(sess.NodeID, remote)
 	if err != nil {
 		return PollAnswer{}, err
 	}
-	defer s.hub.unsubscribe(w)
+	var timers pollTimers
+	defer s.endPoll(w, &timers)
 	s.leases.touch(sess.NodeID)
-
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	var fallback <-chan time.Time
-	for {
-		work, cmds, err := s.claim(ctx, sess)
-		if err != nil {
-			return PollAnswer{}, err
-		}
-		if len(cmds) > 0 || work.Config == ConfigWakes || (wait <= 0 && work.Config == ConfigRides) {
-			return s.answer(ctx, sess, cmds, work.Config != ConfigNotDue)
-		}
-		if wait <= 0 {
-			return PollAnswer{}, nil
-		}
-		rides := work.Config == ConfigRides
-		fallback = nil
-		if !s.notifierOK() {
-			fallback = time.After(s.settings.FallbackPoll)
-		}
-		select {
-		case <-ctx.Done():
-			return PollAnswer{}, ctx.Err()
-		case <-deadline.C:
-			return s.answer(ctx, sess, nil, rides)
-		case <-fallback:
-			s.metrics.Wakeups.WithLabelValues("poll").Inc()
-		case why := <-w.ch:
-			switch why {
-			case wakeDrain:
-				return PollAnswer{}, ErrDraining
-			case wakeRecheck:
-				cur, err := s.currentNode(ctx, sess.NodeID)
-				if err != nil {
-					return PollAnswer{}, err
-				}
-				if cur.fencing != sess.Fencing {
-					return PollAnswer{}, ErrFenced
-				}
-				if cur.state == StateRetired {
-					return PollAnswer{}, ErrNodeRetired
-				}
-			}
+	if wait > 0 {
+		timers.arm(ctx, w, wait)
+	}
+	for !s.pollCheck(ctx, sess, wait, &out) {
+		s.armPoll(&out, w, &timers)
+		if s.pollWoken(ctx, sess, <-w.ch, &out) {
+			break
 		}
 	}
+	return out.answer, out.err
+}
+
+// pollTimers are what a waiting poll armed to be woken by.
+type pollTimers struct {
+	deadline, fallback *time.Timer
+	stopGone           func() bool
+}
+
+// arm arms the poll's deadline and its context's end.
+func (t *pollTimers) arm(ctx context.Context, w *waiter, wait time.Duration) {
+	t.deadline = time.AfterFunc(wait, func() { send(w, wakeDeadline) })
+	t.stopGone = context.AfterFunc(ctx, func() { send(w, wakeGone) })
+}
+
+// armPoll arms the fallback look when the notifier is down.
+func (s *Service) armPoll(out *pollStep, w *waiter, t *pollTimers) {
+	switch {
+	case !out.fallback:
+		if t.fallback != nil {
+			t.fallback.Stop()
+		}
+	case t.fallback == nil:
+		t.fallback = time.AfterFunc(s.settings.FallbackPoll, func() { send(w, wakeFallback) })
+	default:
+		t.fallback.Reset(s.settings.FallbackPoll)
+	}
+}
+
+// endPoll stops a poll's timers and forgets its waiter.
+func (s *Service) endPoll(w *waiter, t *pollTimers) {
+	if t.deadline != nil {
+		t.deadline.Stop()
+		t.stopGone()
+	}
+	if t.fallback != nil {
+		t.fallback.Stop()
+	}
+	s.hub.unsubscribe(w)
+}
+
+// pollStep is what one check of a long-poll decided.
+type pollStep struct {
+	answer   PollAnswer
+	err      error
+	rides    bool // a due configuration rides along with the answer at the deadline
+	fallback bool // the notifier is down: look again after FallbackPoll
+}
+
+// pollCheck claims what is due and reports whether the poll is answered
+// (out.answer, out.err); else it says how to wait.
+func (s *Service) pollCheck(ctx context.Context, sess Session, wait time.Duration, out *pollStep) bool {
+	work, cmds, err := s.claim(ctx, sess)
+	if err != nil {
+		out.answer, out.err = PollAnswer{}, err
+		return true
+	}
+	if len(cmds) > 0 || work.Config == ConfigWakes || (wait <= 0 && work.Config == ConfigRides) {
+		out.answer, out.err = s.answer(ctx, sess, cmds, work.Config != ConfigNotDue)
+		return true
+	}
+	if wait <= 0 {
+		out.answer, out.err = PollAnswer{}, nil
+		return true
+	}
+	out.rides = work.Config == ConfigRides
+	out.fallback = !s.notifierOK()
+	return false
+}
+
+// pollWoken handles a wake-up and reports whether it answered the poll
+// (out): its end, its deadline, a drain, a changed node record (fenced,
+// retired); otherwise the poll looks again.
+func (s *Service) pollWoken(ctx context.Context, sess Session, why wake, out *pollStep) bool {
+	switch why {
+	case wakeGone:
+		out.answer, out.err = PollAnswer{}, ctx.Err()
+		return true
+	case wakeDeadline:
+		out.answer, out.err = s.answer(ctx, sess, nil, out.rides)
+		return true
+	case wakeFallback:
+		s.metrics.Wakeups.WithLabelValues("poll").Inc()
+	case wakeDrain:
+		out.answer, out.err = PollAnswer{}, ErrDraining
+		return true
+	case wakeRecheck:
+		cur, err := s.currentNode(ctx, sess.NodeID)
+		if err == nil && cur.fencing != sess.Fencing {
+			err = ErrFenced
+		}
+		if err == nil && cur.state == StateRetired {
+			err = ErrNodeRetired
+		}
+		if err != nil {
+			out.answer, out.err = PollAnswer{}, err
+			return true
+		}
+	}
+	return false
 }
 
 // answer adds the configuration, when one may be due, to claimed commands.

@@ -11,10 +11,17 @@ import (
 // wake tells a waiting long-poll why it should look again.
 type wake int
 
+// A held poll waits on its waiter's channel alone (PollWork), so its end
+// and its timers arrive there too. Stronger reasons replace weaker ones
+// still unread (send); the poll's own end is the strongest, so it is never
+// lost.
 const (
-	wakeWork    wake = iota + 1 // new work may be due
-	wakeRecheck                 // the node's record changed: re-check the session
-	wakeDrain                   // the server is shutting down
+	wakeFallback wake = iota + 1 // the notifier is down: look again (counted as source "poll")
+	wakeWork                     // new work may be due
+	wakeRecheck                  // the node's record changed: re-check the session
+	wakeDrain                    // the server is shutting down
+	wakeDeadline                 // the poll's wait is over
+	wakeGone                     // the poll's context ended (the agent left)
 )
 
 // waiter is one held long-poll.
@@ -23,6 +30,10 @@ type waiter struct {
 	remote string
 	since  time.Time
 	ch     chan wake // buffered: a wake never blocks the waker
+	// sending serialises senders (the hub, and the poll's own timers and
+	// context, which send outside the hub's lock), so a stronger reason
+	// taken out to be compared is always put back.
+	sending sync.Mutex
 }
 
 // Hub tracks the long-polls this replica holds and wakes them. It holds no
@@ -109,6 +120,8 @@ func (h *Hub) unsubscribe(w *waiter) {
 // send delivers a wake without blocking; a stronger reason replaces a
 // weaker one still unread.
 func send(w *waiter, why wake) bool {
+	w.sending.Lock()
+	defer w.sending.Unlock()
 	select {
 	case w.ch <- why:
 		return true

@@ -48,23 +48,51 @@ type agentSessionKey struct{}
 // session credential: an anonymous caller learns nothing about the doors.
 // Other refusals (fenced, retired) depend on the door and are left to it.
 // A session good for every door is kept for the handler (agentSession).
+// Then a path that is not plain text is 404 (plainPath).
+//
+// The work is in authAgent, which has returned before the handler runs: a
+// held long-poll parks under this frame (see edge).
 func (h *handler) requireAgentSession(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != enrollPath {
-			sess, err := h.Fleet.Authenticate(r.Context(), bearer(r), fleet.DoorAsk)
-			switch {
-			case errors.Is(err, fleet.ErrSessionInvalid):
-				w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward-agent"`)
-				writeError(w, r, err)
-				return
-			case err == nil:
-				// DoorAsk asks the most of the node: the session holds
-				// for DoorReport too.
-				r = r.WithContext(context.WithValue(r.Context(), agentSessionKey{}, sess))
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
+	return &agentSessionHandler{h: h, next: next}
+}
+
+// agentSessionHandler is requireAgentSession's layer (a type of its own:
+// see edgeHandler).
+type agentSessionHandler struct {
+	h    *handler
+	next http.Handler
+}
+
+func (a *agentSessionHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r, ok := a.h.authAgent(w, r)
+	if !ok {
+		return
+	}
+	if !plainText(r.URL.Path) {
+		a.h.notFound(w, r)
+		return
+	}
+	a.next.ServeHTTP(w, r)
+}
+
+// authAgent is requireAgentSession's authentication: it answers the
+// request to go on with, or false once it has answered the refusal.
+func (h *handler) authAgent(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if r.URL.Path == enrollPath {
+		return r, true
+	}
+	sess, err := h.Fleet.Authenticate(r.Context(), bearer(r), fleet.DoorAsk)
+	switch {
+	case errors.Is(err, fleet.ErrSessionInvalid):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="nodeward-agent"`)
+		writeError(w, r, err)
+		return r, false
+	case err == nil:
+		// DoorAsk asks the most of the node: the session holds for
+		// DoorReport too.
+		r = r.WithContext(context.WithValue(r.Context(), agentSessionKey{}, sess))
+	}
+	return r, true
 }
 
 // agentSession authenticates the request's session for a door, answering
@@ -103,25 +131,57 @@ func (h *handler) renewSession(w http.ResponseWriter, r *http.Request) {
 // DefaultPollWait is the long-poll wait when the agent names none.
 const DefaultPollWait = 25 * time.Second
 
+// pollCommands holds the agent's long-poll. The request is read and
+// authenticated, and the answer written, in calls of their own that have
+// returned while the poll is parked in PollWork: a parked goroutine keeps
+// the stack its deepest frames grew until the collector finds it mostly
+// unused, so the frames under the wait are kept small (BENCHMARKS.md,
+// memory per held poll).
+//
+// It is routed as a pollHandler: a method value would add two frames.
 func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
-	sess, ok := h.agentSession(w, r, fleet.DoorAsk)
+	(*pollHandler)(h).ServeHTTP(w, r)
+}
+
+// pollHandler serves GET /agent/v1/commands (pollCommands).
+type pollHandler handler
+
+func (p *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := (*handler)(p)
+	sess, wait, ok := h.pollRequest(w, r)
 	if !ok {
 		return
+	}
+	answer, err := h.Fleet.PollWork(r.Context(), sess, wait, r.RemoteAddr)
+	h.answerPoll(w, r, sess, answer, err)
+}
+
+// pollRequest authenticates a poll and reads its wait, answering the
+// refusal itself when there is one.
+func (h *handler) pollRequest(w http.ResponseWriter, r *http.Request) (fleet.Session, time.Duration, bool) {
+	sess, ok := h.agentSession(w, r, fleet.DoorAsk)
+	if !ok {
+		return fleet.Session{}, 0, false
 	}
 	wait := DefaultPollWait
 	n, ok, err := queryOf(r).number("wait", 0, int64(fleet.MaxPollWait/time.Second), "whole seconds from 0 to 60")
 	if err != nil {
 		writeError(w, r, err)
-		return
+		return fleet.Session{}, 0, false
 	}
 	if ok {
 		wait = time.Duration(n) * time.Second
 	}
 	if h.Draining() {
 		writeError(w, r, fleet.ErrDraining)
-		return
+		return fleet.Session{}, 0, false
 	}
-	answer, err := h.Fleet.PollWork(r.Context(), sess, wait, r.RemoteAddr)
+	return sess, wait, true
+}
+
+// answerPoll writes what a poll found; when the node cannot have seen the
+// answer, its commands and configuration are made due again.
+func (h *handler) answerPoll(w http.ResponseWriter, r *http.Request, sess fleet.Session, answer fleet.PollAnswer, err error) {
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the agent went away; nothing was claimed

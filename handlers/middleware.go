@@ -50,35 +50,95 @@ var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // requestID takes the caller's X-Request-Id when it is well formed, else
 // mints one, and puts it on the response, the context and the logger.
-func (h *handler) requestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("X-Request-Id")
-		if !requestIDPattern.MatchString(id) {
-			var b [8]byte
-			_, _ = rand.Read(b[:])
-			id = hex.EncodeToString(b[:])
-		}
-		w.Header().Set("X-Request-Id", id)
-		ctx := context.WithValue(r.Context(), requestIDKey, id)
-		ctx = context.WithValue(ctx, loggerKey, h.log.With("request_id", id))
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
+func (h *handler) requestID(w http.ResponseWriter, r *http.Request) *http.Request {
+	id := r.Header.Get("X-Request-Id")
+	if !requestIDPattern.MatchString(id) {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		id = hex.EncodeToString(b[:])
+	}
+	w.Header().Set("X-Request-Id", id)
+	ctx := context.WithValue(r.Context(), requestIDKey, id)
+	ctx = context.WithValue(ctx, loggerKey, h.log.With("request_id", id))
+	return r.WithContext(ctx)
 }
 
-// recoverer turns a panic into a logged 500 problem.
-func recoverer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				logger(r).Error("panic", "panic", v, "stack", string(debug.Stack()))
-				writeError(w, r, errcode.New(errcode.Internal, "internal error"))
-			}
-		}()
-		next.ServeHTTP(w, r)
-	})
+// recovered turns a panic into a logged 500 problem.
+func recovered(w http.ResponseWriter, r *http.Request, v any) {
+	if v == http.ErrAbortHandler {
+		panic(v)
+	}
+	logger(r).Error("panic", "panic", v, "stack", string(debug.Stack()))
+	writeError(w, r, errcode.New(errcode.Internal, "internal error"))
+}
+
+// edge is what every request passes before routing, outermost first: the
+// body's read deadline (bodyReadTimeout), the request id, panic recovery,
+// the access log and metrics, the security headers, the body limit, the
+// cross-origin check and the plain-path check (plainPath, /api and /agent
+// paths left to their own, after authentication).
+//
+// They are one layer rather than a chain of eight: a held long-poll parks
+// under every frame of the chain, and its goroutine's stack stays as large
+// as a power of two above four times their depth (the collector halves a
+// parked stack only while less than a quarter is in use). One frame here,
+// with the work in calls that have returned before the handler runs,
+// keeps a held poll's stack at half the size (BENCHMARKS.md, memory per
+// held poll).
+func (h *handler) edge(bodyTimeout time.Duration, limit int64, cop *http.CrossOriginProtection) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return &edgeHandler{h: h, next: next, bodyTimeout: bodyTimeout, limit: limit, cop: cop}
+	}
+}
+
+// edgeHandler is edge's layer: a type of its own rather than a
+// http.HandlerFunc, which would add a frame under every held poll.
+type edgeHandler struct {
+	h           *handler
+	next        http.Handler
+	bodyTimeout time.Duration
+	limit       int64
+	cop         *http.CrossOriginProtection
+}
+
+func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r = e.h.requestID(w, limitBodyTime(w, r, e.bodyTimeout))
+	defer func() {
+		if v := recover(); v != nil {
+			recovered(w, r, v)
+		}
+	}()
+	start := time.Now()
+	ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+	if e.h.admit(ww, r, e.limit, e.cop) {
+		e.next.ServeHTTP(ww, r)
+	}
+	e.h.logRequest(r, ww, start)
+}
+
+// admit sets the headers every answer carries and answers the request's
+// refusal itself when its body is too large (413), it comes cross-site
+// (403) or its path is not plain text (404); it reports whether the
+// request goes on. The body is capped at limit from here.
+func (h *handler) admit(w http.ResponseWriter, r *http.Request, limit int64, cop *http.CrossOriginProtection) bool {
+	setSecurityHeaders(w, r)
+	if r.ContentLength > limit {
+		writeError(w, r, errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", limit))
+		return false
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	// Browsers say where a request comes from; a cross-site state change is
+	// refused for the console and for cookie-authenticated API calls alike.
+	// Scripts and agents send no such headers and are unaffected.
+	if err := cop.Check(r); err != nil {
+		writeError(w, r, errcode.New(errcode.PermissionDenied, "cross-origin request refused"))
+		return false
+	}
+	if !plainText(r.URL.Path) && !isAPIPath(r.URL.Path) {
+		h.notFound(w, r)
+		return false
+	}
+	return true
 }
 
 // statusClientClosed labels, in metrics and the access log, a request whose
@@ -128,14 +188,11 @@ func methodLabel(m string) string {
 	return "other"
 }
 
-// accessLog logs one structured line per request and counts it. It logs the
-// route pattern, never the query string (which could carry a secret), and
-// client-controlled text clipped.
-func (h *handler) accessLog(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
-		next.ServeHTTP(ww, r)
+// logRequest logs one structured line per answered request and counts it.
+// It logs the route pattern, never the query string (which could carry a
+// secret), and client-controlled text clipped.
+func (h *handler) logRequest(r *http.Request, ww middleware.WrapResponseWriter, start time.Time) {
+	{
 		route := chi.RouteContext(r.Context()).RoutePattern()
 		if route == "" {
 			route = "unmatched"
@@ -164,23 +221,20 @@ func (h *handler) accessLog(next http.Handler) http.Handler {
 			"method", clip(r.Method, 16), "path", clip(loggedPath(r.URL.Path), maxLoggedText), "route", route, "status", status,
 			"bytes", ww.BytesWritten(), "duration_ms", elapsed.Milliseconds(), "remote", r.RemoteAddr,
 			"user_agent", clip(r.UserAgent(), maxLoggedText))
-	})
+	}
 }
 
-// securityHeaders sets the headers every answer carries.
-func securityHeaders(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hd := w.Header()
-		hd.Set("X-Content-Type-Options", "nosniff")
-		hd.Set("X-Frame-Options", "DENY")
-		hd.Set("Referrer-Policy", "no-referrer")
-		hd.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
-		hd.Set("Cross-Origin-Opener-Policy", "same-origin")
-		if r.TLS != nil {
-			hd.Set("Strict-Transport-Security", "max-age=31536000")
-		}
-		next.ServeHTTP(w, r)
-	})
+// setSecurityHeaders sets the headers every answer carries.
+func setSecurityHeaders(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+	hd.Set("Cross-Origin-Opener-Policy", "same-origin")
+	if r.TLS != nil {
+		hd.Set("Strict-Transport-Security", "max-age=31536000")
+	}
 }
 
 // bodyReadTimeout bounds the time to receive a request's body: a client
@@ -194,23 +248,26 @@ func securityHeaders(next http.Handler) http.Handler {
 func bodyReadTimeout(timeout time.Duration) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-				next.ServeHTTP(w, r)
-				return
-			}
-			rc := http.NewResponseController(w)
-			if err := rc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
-				// A writer without deadlines (a test recorder): nothing
-				// to bound.
-				next.ServeHTTP(w, r)
-				return
-			}
-			st := &bodyState{}
-			r = r.WithContext(context.WithValue(r.Context(), bodyStateKey, st))
-			r.Body = &deadlineBody{ReadCloser: r.Body, state: st}
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, limitBodyTime(w, r, timeout))
 		})
 	}
+}
+
+// limitBodyTime is bodyReadTimeout's work: it answers the request to go on
+// with.
+func limitBodyTime(w http.ResponseWriter, r *http.Request, timeout time.Duration) *http.Request {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return r
+	}
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		// A writer without deadlines (a test recorder): nothing to bound.
+		return r
+	}
+	st := &bodyState{}
+	r = r.WithContext(context.WithValue(r.Context(), bodyStateKey, st))
+	r.Body = &deadlineBody{ReadCloser: r.Body, state: st}
+	return r
 }
 
 // bodyState is what the request's context knows of its body's deadline.
@@ -257,20 +314,6 @@ func (h *handler) plainPath(skip func(path string) bool) func(http.Handler) http
 				h.notFound(w, r)
 				return
 			}
-			next.ServeHTTP(w, r)
-		})
-	}
-}
-
-// bodyLimit caps every request body.
-func bodyLimit(limit int64) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.ContentLength > limit {
-				writeError(w, r, errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", limit))
-				return
-			}
-			r.Body = http.MaxBytesReader(w, r.Body, limit)
 			next.ServeHTTP(w, r)
 		})
 	}

@@ -79,15 +79,7 @@ func New(d Deps) http.Handler {
 	h := &handler{Deps: d, log: d.Logger, metrics: d.Metrics}
 
 	r := chi.NewRouter()
-	r.Use(bodyReadTimeout(d.BodyReadTimeout), h.requestID, recoverer, h.accessLog, securityHeaders, bodyLimit(d.BodyLimit))
-	// Browsers say where a request comes from; a cross-site state change is
-	// refused for the console and for cookie-authenticated API calls alike.
-	// Scripts and agents send no such headers and are unaffected.
-	cop := http.NewCrossOriginProtection()
-	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, errcode.New(errcode.PermissionDenied, "cross-origin request refused"))
-	}))
-	r.Use(cop.Handler, h.plainPath(isAPIPath))
+	r.Use(h.edge(d.BodyReadTimeout, d.BodyLimit, http.NewCrossOriginProtection()))
 	r.NotFound(h.notFound)
 	r.MethodNotAllowed(h.methodNotAllowed)
 
@@ -100,12 +92,12 @@ func New(d Deps) http.Handler {
 	// Agents: enrollment by token, everything else on a fenced session,
 	// authenticated before routing.
 	r.Route("/agent/v1", func(r chi.Router) {
-		r.Use(h.requireAgentSession, h.plainPath(nil))
+		r.Use(h.requireAgentSession)
 		r.NotFound(h.notFound)
 		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Post("/enroll", h.enroll)
 		r.Post("/session/renew", h.renewSession)
-		r.Get("/commands", h.pollCommands)
+		r.Method(http.MethodGet, "/commands", (*pollHandler)(h))
 		r.Post("/results", h.postResults)
 		r.Post("/events", h.postEvents)
 		r.Post("/output", h.postOutput)

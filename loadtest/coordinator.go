@@ -234,6 +234,15 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if cfg.OnHeld != nil {
 		cfg.OnHeld(ctx, rep.Held)
 	}
+	// What the server's memory is made of while it holds every poll (the
+	// Go collector's figures): live heap, stacks, and the heap goal the
+	// collector lets garbage grow to.
+	if m, err := admin.metrics(ctx); err == nil {
+		mb := func(name string) float64 { return m[name] / (1 << 20) }
+		logf("server memory holding %d polls: heap in use %.1f MB, stacks %.1f MB, next GC at %.1f MB, heap from OS %.1f MB (released %.1f MB), %d goroutines",
+			rep.Held, mb("go_memstats_heap_inuse_bytes"), mb("go_memstats_stack_inuse_bytes"), mb("go_memstats_next_gc_bytes"),
+			mb("go_memstats_heap_sys_bytes"), mb("go_memstats_heap_released_bytes"), int(m["go_goroutines"]))
+	}
 	if cfg.MemProfile != "" {
 		if err := writeHeapProfile(cfg.MemProfile); err != nil {
 			return rep, err
@@ -763,5 +772,24 @@ func writeHeapProfile(path string) error {
 		_ = f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	// The heap profile leaves out goroutine stacks and the collector's
+	// headroom: name them beside it (issue 13, memory per held poll).
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	fmt.Fprintf(os.Stderr, "loadtest: memstats after GC: heap in use %d KB, live %d KB, stacks %d KB, "+
+		"heap from OS %d KB (released %d KB), sys %d KB, goroutines %d\n",
+		ms.HeapInuse>>10, ms.HeapAlloc>>10, ms.StackInuse>>10, ms.HeapSys>>10, ms.HeapReleased>>10, ms.Sys>>10,
+		runtime.NumGoroutine())
+	g, err := os.Create(path + ".goroutine")
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("goroutine").WriteTo(g, 0); err != nil {
+		_ = g.Close()
+		return err
+	}
+	return g.Close()
 }

@@ -29,6 +29,10 @@ func seed(ctx context.Context, db *models.DB, sc scale) error {
 	}
 	n := sc.Nodes
 	stmts := []string{
+		// ledgerplans seeds bare nodes (and their configuration) for its
+		// own plans; the console's nodes below replace them whole.
+		`DELETE FROM node_configs`,
+		`DELETE FROM nodes`,
 		// Mixed states (70% ready, 15% lost, 10% retired, 5% enrolling),
 		// one created a minute after another. Ready leases run an hour
 		// and more (so they hold for the run), one in fifty lapsing within

@@ -126,7 +126,9 @@ func run(args []string) int {
 			return 1
 		}
 	}
-	store, err := state.Open(*stateDir, state.Options{})
+	// A few seconds for the lock: a restart right after a kill -9 may find
+	// it held for an instant by a child the killed agent was starting.
+	store, err := state.Open(*stateDir, state.Options{LockWait: 5 * time.Second})
 	if err != nil {
 		log.Error("open state dir", "err", err)
 		return 1

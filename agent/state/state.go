@@ -138,6 +138,13 @@ type Options struct {
 	AckedRetention time.Duration
 	// Now is the wall clock (default time.Now).
 	Now func() time.Time
+	// LockWait is how long Open keeps trying for the directory's lock
+	// before answering ErrLocked (default 0: one try). An agent restarted
+	// the instant its predecessor was killed can find the lock still held
+	// for a moment by a child the predecessor was starting (a forked
+	// process holds every descriptor until it execs); waiting a little
+	// tells that moment from a second agent, which holds it for good.
+	LockWait time.Duration
 }
 
 type spooled struct {
@@ -188,7 +195,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state dir lock: %w", err)
 	}
-	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := flockWithin(lf, opts.LockWait); err != nil {
 		lf.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: %s", ErrLocked, abs)
@@ -449,6 +456,19 @@ func (s *Store) UnackedResults() []api.Result {
 		out = append(out, *op.Result)
 	}
 	return out
+}
+
+// flockWithin takes an exclusive lock on f, trying again until wait has
+// passed; it answers the last try's error.
+func flockWithin(f *os.File, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // sameResult reports whether two results say the same thing.

@@ -48,6 +48,25 @@ func TestStore(t *testing.T) {
 		open(t, dir, Options{})
 	})
 
+	t.Run("LockWaitOutlastsABriefHolder", func(t *testing.T) {
+		dir := t.TempDir()
+		s := open(t, dir, Options{})
+		// Held for good: refused once the wait has passed.
+		if _, err := Open(dir, Options{LockWait: 100 * time.Millisecond}); !errors.Is(err, ErrLocked) {
+			t.Fatalf("open while held = %v", err)
+		}
+		// Released during the wait (as a killed agent's half-started child
+		// lets go): taken.
+		released := make(chan struct{})
+		time.AfterFunc(200*time.Millisecond, func() { s.Close(); close(released) })
+		s2, err := Open(dir, Options{LockWait: time.Minute})
+		if err != nil {
+			t.Fatalf("open after the holder let go = %v", err)
+		}
+		<-released
+		s2.Close()
+	})
+
 	t.Run("SessionRoundTrip", func(t *testing.T) {
 		dir := t.TempDir()
 		s := open(t, dir, Options{})

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -72,6 +73,22 @@ func TestTortureDiskFull(t *testing.T) {
 		disk := mountTmpfs(t, "4m")
 		f, b, a := enrolledAgent(t, s, "torture-full-agent", AgentOptions{Name: "agent", StateDir: filepath.Join(disk, "state"), Args: []string{"--runtime", "simulated"}})
 		node := b.NodeID
+		// Fill only once the agent's spool has drained: an acknowledged
+		// event file deleted after the fill would free the very pages the
+		// launch's record then takes, and the launch would be applied.
+		spool := filepath.Join(disk, "state", "spool")
+		testwait.For(t, "the agent's spool to drain", time.Minute, func() bool {
+			entries, err := os.ReadDir(spool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if strings.HasSuffix(e.Name(), ".json") {
+					return false
+				}
+			}
+			return true
+		})
 		filler := fill(t, disk)
 		f.issue(node, api.KindLaunchWorkload, "full-1", api.LaunchWorkload{RunID: "full-1", AttemptID: "a1", Command: "exit", Args: []string{"0"}})
 		testwait.For(t, "the agent to be handed full-1 and refuse it", 2*time.Minute, func() bool {

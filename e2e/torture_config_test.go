@@ -252,8 +252,11 @@ func TestTortureConfigPostgres(t *testing.T) {
 // started, between writing the configuration and reporting it — and starts
 // it again, then kills the control plane with SIGKILL while a
 // fleet.configure is being submitted and fanned out, and starts it again.
-// Afterwards: every node converged on its last revision (applied, not
-// lagging); each hook log is in non-decreasing revision order, a revision
+// Afterwards, once every fleet.configure ended: each node's desired
+// revision is exactly its accepted node.configure operations plus the
+// fleet.configure children the ledger says recorded a revision for it;
+// every node converged on its last revision (applied, not lagging); each
+// hook log is in non-decreasing revision order, a revision
 // run again only right after an interrupted run and at most once
 // (DECISIONS §32), its last line the node's final revision and hash; the
 // lagging count is exact at an intermediate point (one stopped node behind

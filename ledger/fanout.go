@@ -276,8 +276,13 @@ func (s *Service) ChildEnded(parentID string) {
 
 // advanceLoop advances parents whose children ended here, and every
 // running parent on each owner-lease tick (so a parent whose replica died
-// before advancing it still ends).
+// before advancing it still ends). It first advances every running parent
+// once: a process killed between a fan-out's commit and its advance left
+// the children held, their revisions and commands unwritten, and waiting
+// for the first tick (a third of the owner lease) delayed them for no
+// reason.
 func (s *Service) advanceLoop(ctx context.Context) {
+	s.sweepParents(ctx)
 	for {
 		select {
 		case <-ctx.Done():

@@ -172,3 +172,65 @@ func TestFleetCommand(t *testing.T) {
 		})
 	})
 }
+
+// TestRestartReleasesHeldChildrenAtOnce: a replica killed after its
+// fan-out committed but before it advanced the parent leaves every child
+// held, each configure's revision not yet written. The replica that
+// starts next releases them at once, not at its first owner-lease tick
+// (a third of the lease later): until then the fleet.configure has
+// written nothing, and a reader counting revisions meanwhile counted one
+// fewer on every node.
+func TestRestartReleasesHeldChildrenAtOnce(t *testing.T) {
+	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour } // no owner tick during the test
+	each(t, func(t *testing.T, b *bundle) {
+		var ids []string
+		for range 3 {
+			id, _ := b.readyNode(t)
+			ids = append(ids, id)
+		}
+		// The killed replica: its fan-out commits, the advance that would
+		// follow never runs (the process died with the notification).
+		dead := newLedger(t, b.db, b.tk, b.clock, hour)
+		dead.fstore.SetOnCommit(func(notes []fleet.Notification) {
+			for _, n := range notes {
+				switch n.Kind {
+				case fleet.NotifyOperation:
+					dead.svc.Changed(ctx, n.NodeID)
+				case fleet.NotifyDispatch:
+					dead.svc.Dispatchable(n.NodeID)
+				}
+			}
+		})
+		dead.start(t)
+		parent, _, err := dead.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetConfigure,
+			Targets: nodeTargets(ids...), Operation: json.RawMessage(`{"format":"f/v1","document":{"restart":true}}`)})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == len(ids) }, waitLong, tick)
+		dead.stop()
+		for _, ch := range b.children(t, parent.ID) {
+			require.True(t, ch.Held, "child %s released before the kill", ch.ID)
+		}
+		for _, id := range ids {
+			c, err := b.fleet.NodeConfig(ctx, id)
+			require.NoError(t, err)
+			require.Nil(t, c.Desired, "node %s configured before its child was released", id)
+		}
+
+		// The next replica releases them as it starts.
+		b.start(t)
+		require.Eventually(t, func() bool {
+			for _, ch := range b.children(t, parent.ID) {
+				if ch.Held {
+					return false
+				}
+			}
+			return true
+		}, waitLong, tick, "held children not released by the restarted replica")
+		for _, id := range ids {
+			c, err := b.fleet.NodeConfig(ctx, id)
+			require.NoError(t, err)
+			require.NotNil(t, c.Desired)
+			require.Equal(t, int64(1), c.Desired.Revision)
+		}
+	}, hour)
+}

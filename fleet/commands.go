@@ -312,6 +312,22 @@ func (s *Service) Poll(ctx context.Context, sess Session, wait time.Duration, re
 	return a.Commands, err
 }
 
+// PollRequest is what an agent asks of one long-poll.
+type PollRequest struct {
+	Wait   time.Duration
+	Remote string
+	// Resume says the agent may have lost an earlier answer (its last poll
+	// failed, or it has just started): what was delivered to this session's
+	// fencing token before the poll arrived and is still unsettled is due
+	// at once rather than after the visibility timeout, and so is the
+	// configuration. A restarted replica's agents come back within seconds;
+	// without it a command whose answer died with the process waited 60 s
+	// (DECISIONS.md §2). The agent answers a redelivery from its journal
+	// (done: a duplicate result; still running: nothing yet), as it does
+	// after the timeout, so only this node's own work is sent again.
+	Resume bool
+}
+
 // PollAnswer is what a long-poll answers: due commands, and the desired
 // configuration while it is due (nil otherwise).
 type PollAnswer struct {
@@ -338,14 +354,27 @@ type PollAnswer struct {
 // returned before the poll parks. That keeps a held poll on an 8 KB stack
 // instead of 16 KB (BENCHMARKS.md, memory per held poll).
 func (s *Service) PollWork(ctx context.Context, sess Session, wait time.Duration, remote string) (PollAnswer, error) {
+	return s.PollFor(ctx, sess, PollRequest{Wait: wait, Remote: remote})
+}
+
+// PollFor is PollWork for a PollRequest: with Resume, work delivered to the
+// session before the poll arrived is due again at once (PollRequest).
+func (s *Service) PollFor(ctx context.Context, sess Session, req PollRequest) (PollAnswer, error) {
 	var out pollStep
-	w, err := s.hub.subscribe(sess.NodeID, remote)
+	wait := req.Wait
+	w, err := s.hub.subscribe(sess.NodeID, req.Remote)
 	if err != nil {
 		return PollAnswer{}, err
 	}
 	var timers pollTimers
 	defer s.endPoll(w, &timers)
 	s.leases.touch(sess.NodeID)
+	if req.Resume {
+		// Fixed at arrival: a delivery this poll's own wait overlaps (another
+		// connection of the node's, say) was not lost, so is not resent.
+		out.resumeAt = s.clock()
+		s.metrics.PollResumes.Inc()
+	}
 	if wait > 0 {
 		timers.arm(ctx, w, wait)
 	}
@@ -402,12 +431,15 @@ type pollStep struct {
 	err      error
 	rides    bool // a due configuration rides along with the answer at the deadline
 	fallback bool // the notifier is down: look again after FallbackPoll
+	// resumeAt, when set, is a resuming poll's arrival: deliveries to the
+	// session before it are due again.
+	resumeAt time.Time
 }
 
 // pollCheck claims what is due and reports whether the poll is answered
 // (out.answer, out.err); else it says how to wait.
 func (s *Service) pollCheck(ctx context.Context, sess Session, wait time.Duration, out *pollStep) bool {
-	work, cmds, err := s.claim(ctx, sess)
+	work, cmds, err := s.claim(ctx, sess, out.resumeAt)
 	if err != nil {
 		out.answer, out.err = PollAnswer{}, err
 		return true
@@ -477,11 +509,19 @@ func (s *Service) answer(ctx context.Context, sess Session, cmds []Command, conf
 // claim marks the session's due commands delivered and answers them, with
 // how a due configuration bears on the poll. Most polls find nothing due:
 // a plain read finds that out without a write transaction, so an idle fleet
-// takes no write lock.
-func (s *Service) claim(ctx context.Context, sess Session) (DueWork, []Command, error) {
+// takes no write lock. A resuming poll (resumeAt set: its arrival) takes
+// what was delivered before it as due, commands and configuration alike
+// (the store judges both against RedeliverBefore). Unsettled commands
+// delivered under an older fencing token are not among them: enrollment
+// made them due again or ended them (DECISIONS.md §1).
+func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time) (DueWork, []Command, error) {
 	now := s.clock()
+	before := now.Add(-s.settings.VisibilityTimeout)
+	if resumeAt.After(before) {
+		before = resumeAt
+	}
 	due := Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
-		RedeliverBefore: now.Add(-s.settings.VisibilityTimeout), Now: now, Limit: s.settings.MaxPollBatch}
+		RedeliverBefore: before, Now: now, Limit: s.settings.MaxPollBatch}
 	work, err := s.store.DueWork(ctx, due)
 	s.metrics.PollStoreQueries.Inc() // counted once answered
 	if err != nil || !work.Commands {

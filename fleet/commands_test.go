@@ -153,6 +153,55 @@ func TestDelivery(t *testing.T) {
 			require.Equal(t, []string{"vis"}, ops(got))
 			require.Equal(t, 2, got[0].DeliveryCount)
 		})
+		t.Run("ResumeRedeliversAtOnceAndSettlesOnce", func(t *testing.T) {
+			id, sess, _ := b.readyNode(t)
+			other, otherSess, _ := b.readyNode(t)
+			b.issue(t, id, launch("resume"))
+			b.issue(t, other, launch("resume-theirs"))
+			got, err := b.svc.Poll(ctx, sess, 0, "")
+			require.NoError(t, err)
+			require.Equal(t, []string{"resume"}, ops(got))
+			_, err = b.svc.Poll(ctx, otherSess, 0, "")
+			require.NoError(t, err)
+			b.clock.Advance(time.Second)
+			got, err = b.svc.Poll(ctx, sess, 0, "")
+			require.NoError(t, err)
+			require.Empty(t, got, "delivered 1 s ago: not handed again without resume")
+
+			redeliveries := testutil.ToFloat64(b.metrics.Redeliveries)
+			resumes := testutil.ToFloat64(b.metrics.PollResumes)
+			settledMetric := testutil.ToFloat64(b.metrics.CommandsSettled.WithLabelValues("applied"))
+			resumed, err := b.svc.PollFor(ctx, sess, fleet.PollRequest{Resume: true})
+			require.NoError(t, err)
+			require.Equal(t, []string{"resume"}, ops(resumed.Commands), "only this node's own work")
+			require.Equal(t, 2, resumed.Commands[0].DeliveryCount)
+			require.Equal(t, sess.Fencing, resumed.Commands[0].FencingToken)
+			require.Equal(t, redeliveries+1, testutil.ToFloat64(b.metrics.Redeliveries))
+			require.Equal(t, resumes+1, testutil.ToFloat64(b.metrics.PollResumes))
+			theirs, _ := b.svc.Command(ctx, "resume-theirs")
+			require.Equal(t, 1, theirs.DeliveryCount, "another node's delivery is untouched")
+
+			// The agent had applied it and its result is on its way; it
+			// answers the redelivery from its journal as a duplicate. One
+			// settlement: the duplicate is answered with the recorded
+			// outcome and changes nothing.
+			settled, err := b.svc.Settle(ctx, sess, []api.Result{{OperationID: "resume", Applied: true}})
+			require.NoError(t, err)
+			require.Equal(t, []api.Settled{{OperationID: "resume", State: "applied"}}, settled)
+			first, _ := b.svc.Command(ctx, "resume")
+			b.clock.Advance(time.Second)
+			settled, err = b.svc.Settle(ctx, sess, []api.Result{{OperationID: "resume", Applied: true, Duplicate: true}})
+			require.NoError(t, err)
+			require.Equal(t, []api.Settled{{OperationID: "resume", State: "applied"}}, settled)
+			again, _ := b.svc.Command(ctx, "resume")
+			require.Equal(t, first, again, "never settled twice")
+			require.Equal(t, settledMetric+1, testutil.ToFloat64(b.metrics.CommandsSettled.WithLabelValues("applied")))
+
+			// Settled: a resuming poll does not hand it out again.
+			resumed, err = b.svc.PollFor(ctx, sess, fleet.PollRequest{Resume: true})
+			require.NoError(t, err)
+			require.Empty(t, resumed.Commands)
+		})
 		t.Run("ReleasedWhenTheAnswerWasLost", func(t *testing.T) {
 			id, sess, _ := b.readyNode(t)
 			b.issue(t, id, launch("lost-answer"))

@@ -1,6 +1,7 @@
 package fleet_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -99,6 +100,37 @@ func TestConfigDelivery(t *testing.T) {
 			require.Equal(t, int64(1), r.a.Config.Revision)
 			require.Equal(t, wakes+1, testutil.ToFloat64(b.metrics.Wakeups.WithLabelValues("local")))
 			require.Equal(t, queries+2, testutil.ToFloat64(b.metrics.PollStoreQueries), "one query on arrival, one on the wake-up")
+		})
+		t.Run("ResumeRepushesAtOnce", func(t *testing.T) {
+			id, sess, _ := b.readyNode(t)
+			b.configure(t, id, `{"a":1}`, false)
+			require.NotNil(t, b.pollNow(t, sess).Config)
+			b.clock.Advance(time.Second)
+			require.Equal(t, fleet.ConfigRides, b.dueWork(t, sess).Config, "delivered 1 s ago: it would not cut a wait short")
+			deliveries := testutil.ToFloat64(b.metrics.ConfigDeliveries)
+			queries := testutil.ToFloat64(b.metrics.PollStoreQueries)
+			wakes := testutil.ToFloat64(b.metrics.Wakeups.WithLabelValues("local"))
+			// A held poll that resumes is answered on arrival: the
+			// delivery it may have lost is due at once.
+			pctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			res := make(chan workResult, 1)
+			go func() {
+				a, err := b.svc.PollFor(pctx, sess, fleet.PollRequest{Wait: 2 * testwait.Patience, Resume: true})
+				res <- workResult{a, err}
+			}()
+			var r workResult
+			select {
+			case r = <-res:
+			case <-time.After(testwait.Patience):
+				t.Fatal("a resuming poll was held for a configuration it may have lost")
+			}
+			require.NoError(t, r.err)
+			require.NotNil(t, r.a.Config)
+			require.Equal(t, int64(1), r.a.Config.Revision)
+			require.Equal(t, deliveries+1, testutil.ToFloat64(b.metrics.ConfigDeliveries))
+			require.Equal(t, queries+1, testutil.ToFloat64(b.metrics.PollStoreQueries), "answered on its arrival check")
+			require.Equal(t, wakes, testutil.ToFloat64(b.metrics.Wakeups.WithLabelValues("local")), "no wake-up needed")
 		})
 		t.Run("NoRepushWithinVisibilityTimeout", func(t *testing.T) {
 			id, sess, _ := b.readyNode(t)

@@ -133,7 +133,7 @@ const DefaultPollWait = 25 * time.Second
 
 // pollCommands holds the agent's long-poll. The request is read and
 // authenticated, and the answer written, in calls of their own that have
-// returned while the poll is parked in PollWork: a parked goroutine keeps
+// returned while the poll is parked in PollFor: a parked goroutine keeps
 // the stack its deepest frames grew until the collector finds it mostly
 // unused, so the frames under the wait are kept small (BENCHMARKS.md,
 // memory per held poll).
@@ -148,35 +148,39 @@ type pollHandler handler
 
 func (p *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := (*handler)(p)
-	sess, wait, ok := h.pollRequest(w, r)
+	sess, req, ok := h.pollRequest(w, r)
 	if !ok {
 		return
 	}
-	answer, err := h.Fleet.PollWork(r.Context(), sess, wait, r.RemoteAddr)
+	answer, err := h.Fleet.PollFor(r.Context(), sess, req)
 	h.answerPoll(w, r, sess, answer, err)
 }
 
-// pollRequest authenticates a poll and reads its wait, answering the
-// refusal itself when there is one.
-func (h *handler) pollRequest(w http.ResponseWriter, r *http.Request) (fleet.Session, time.Duration, bool) {
+// pollRequest authenticates a poll and reads its wait and resume flag,
+// answering the refusal itself when there is one.
+func (h *handler) pollRequest(w http.ResponseWriter, r *http.Request) (fleet.Session, fleet.PollRequest, bool) {
 	sess, ok := h.agentSession(w, r, fleet.DoorAsk)
 	if !ok {
-		return fleet.Session{}, 0, false
+		return fleet.Session{}, fleet.PollRequest{}, false
 	}
-	wait := DefaultPollWait
-	n, ok, err := queryOf(r).number("wait", 0, int64(fleet.MaxPollWait/time.Second), "whole seconds from 0 to 60")
+	req := fleet.PollRequest{Wait: DefaultPollWait, Remote: r.RemoteAddr}
+	q := queryOf(r)
+	n, ok, err := q.number("wait", 0, int64(fleet.MaxPollWait/time.Second), "whole seconds from 0 to 60")
+	if err == nil && ok {
+		req.Wait = time.Duration(n) * time.Second
+	}
+	if err == nil {
+		req.Resume, _, err = q.boolean("resume")
+	}
 	if err != nil {
 		writeError(w, r, err)
-		return fleet.Session{}, 0, false
-	}
-	if ok {
-		wait = time.Duration(n) * time.Second
+		return fleet.Session{}, fleet.PollRequest{}, false
 	}
 	if h.Draining() {
 		writeError(w, r, fleet.ErrDraining)
-		return fleet.Session{}, 0, false
+		return fleet.Session{}, fleet.PollRequest{}, false
 	}
-	return sess, wait, true
+	return sess, req, true
 }
 
 // answerPoll writes what a poll found; when the node cannot have seen the

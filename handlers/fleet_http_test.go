@@ -148,6 +148,34 @@ func TestCommandsHTTP(t *testing.T) {
 	})
 }
 
+// TestPollResumeHTTP: resume=true hands the session again what it was
+// delivered and has not settled (the agent may have lost that answer);
+// anything but true or false is refused, naming the parameter.
+func TestPollResumeHTTP(t *testing.T) {
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, sess := inviteAndEnroll(t, s)
+		s.Admin(t, "POST", "/api/v1/nodes/"+boot.NodeID+"/commands", map[string]any{"kind": "launch_workload", "operation_id": "op-resume",
+			"payload": map[string]any{"run_id": "r1", "attempt_id": "a1", "command": "/bin/true"}}, http.StatusCreated, nil)
+		var polled api.CommandsResponse
+		s.JSON(t, "GET", "/agent/v1/commands?wait=0", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Len(t, polled.Commands, 1)
+		s.JSON(t, "GET", "/agent/v1/commands?wait=0&resume=false", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Empty(t, polled.Commands, "delivered moments ago: not handed again without resume")
+		s.JSON(t, "GET", "/agent/v1/commands?wait=0&resume=true", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Len(t, polled.Commands, 1)
+		require.Equal(t, "op-resume", polled.Commands[0].OperationID)
+
+		for _, q := range []string{"resume=yes", "resume=1", "resume=True", "resume=", "resume=true&resume=true", "resume=%00"} {
+			p := s.Problem(t, "GET", "/agent/v1/commands?wait=0&"+q, nil, sess.SessionToken, http.StatusBadRequest, "invalid_parameter")
+			require.Len(t, p.Errors, 1, q)
+			require.Equal(t, "resume", p.Errors[0].Field, q)
+		}
+		// Refused before anything was claimed: still not due without resume.
+		s.JSON(t, "GET", "/agent/v1/commands?wait=0", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.Empty(t, polled.Commands)
+	})
+}
+
 // TestLiveSessionsHTTP: a held long-poll is listed as connected.
 func TestLiveSessionsHTTP(t *testing.T) {
 	s := apitest.Start(t)

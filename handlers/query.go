@@ -78,3 +78,19 @@ func (q query) number(name string, min, max int64, format string, args ...any) (
 	}
 	return n, true, nil
 }
+
+// boolean reads name as true or false (those words only: "1", "yes" or
+// "True" are refused rather than guessed at); ok is false when it is
+// absent.
+func (q query) boolean(name string) (b, ok bool, err error) {
+	s, err := q.get(name)
+	switch {
+	case err != nil || s == "":
+		return false, false, err
+	case s == "true":
+		return true, true, nil
+	case s == "false":
+		return false, true, nil
+	}
+	return false, false, invalidParameter(name, "true or false")
+}

@@ -147,7 +147,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	sig := fs.String("signal", "kill", "storm: how the replica is stopped: kill (SIGKILL, a crash) or term (SIGTERM, a drain)")
 	recoverIn := fs.Duration("recover", 2*time.Minute, "storm: how long to wait for every agent and command after the restart")
 	backoffBase := fs.Duration("backoff-base", time.Second, "storm: the agents' first poll retry delay (the agent's default)")
-	backoffMax := fs.Duration("backoff-max", time.Minute, "storm: the agents' longest poll retry delay (the agent's default)")
+	backoffMax := fs.Duration("backoff-max", time.Minute, "storm: the agents' longest poll retry delay (the agent's default; held to 5 s, as the agent does, while connections are refused or cut)")
 	concurrency := fs.Int("concurrency", 64, "enroll: concurrent enrollments over all workers")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
 	laggingNodes := fs.Int("lagging-nodes", 0, "config: configured nodes seeded afterwards to time GET /api/v1/config/lagging and CountLagging against (0: skip)")

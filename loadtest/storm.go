@@ -33,8 +33,10 @@ import (
 // again after their settlement was acknowledged: must be 0) and
 // redelivered (delivered again before it was: at-least-once across the
 // outage, expected). The agents retry their polls across the outage as
-// the agent does (agent/core: 1 s doubling to 60 s, jittered;
-// -backoff-base, -backoff-max), and their results until acknowledged.
+// the agent does (agent/core: 1 s doubling to 60 s, jittered, the
+// ceiling held to 5 s while connections are refused or cut;
+// -backoff-base, -backoff-max), resume on the poll after a failed one
+// (resume=true), and retry their results until acknowledged.
 
 // StormConfig is one storm run.
 type StormConfig struct {
@@ -82,13 +84,19 @@ type StormReport struct {
 	AppliedTwice      int64   `json:"applied_twice"`
 	Redelivered       int64   `json:"redelivered"`
 	// ServerRedeliveries counts commands the servers handed out again
-	// after the visibility timeout (nodeward_command_redeliveries_total
-	// over the replicas; the restarted one's since its restart): a command
-	// recorded as delivered whose answer died with the process waits for
-	// that timeout (60 s, DECISIONS.md §2) and the agent's next poll.
+	// (nodeward_command_redeliveries_total over the replicas; the
+	// restarted one's since its restart): a command recorded as delivered
+	// whose answer died with the process is handed out again to the
+	// agent's resuming poll (resume=true, its first after a failed one),
+	// else only after the visibility timeout (60 s, DECISIONS.md §2).
 	ServerRedeliveries float64 `json:"server_redeliveries"`
-	AgentErrs          int64   `json:"agent_errors"`
-	FirstErr           string  `json:"first_error,omitempty"`
+	// ServerResumes counts resuming polls the servers took
+	// (nodeward_long_poll_resumes_total, as above); AgentResumes those the
+	// agents sent (their first poll included).
+	ServerResumes float64 `json:"server_resumes"`
+	AgentResumes  int64   `json:"agent_resumes"`
+	AgentErrs     int64   `json:"agent_errors"`
+	FirstErr      string  `json:"first_error,omitempty"`
 	// Servers are the replicas from the restart to the end of the wait.
 	Servers []ReplicaStat `json:"replicas"`
 }
@@ -265,6 +273,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	for _, u := range urls {
 		if m, err := scrape(ctx, u); err == nil {
 			rep.ServerRedeliveries += m["nodeward_command_redeliveries_total"]
+			rep.ServerResumes += m["nodeward_long_poll_resumes_total"]
 		}
 	}
 
@@ -283,6 +292,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 		rep.AppliedTwice += m.AfterSettle
 		rep.Redelivered += m.Redelivered
 		rep.AgentErrs += m.Errors
+		rep.AgentResumes += m.Resumes
 		if rep.FirstErr == "" {
 			rep.FirstErr = m.FirstError
 		}
@@ -354,7 +364,8 @@ func printStormReport(w io.Writer, r StormReport) {
 	fmt.Fprintf(w, "after the restart        ready %.2fs; every agent holding %s; every command settled %s\n",
 		r.ReadySeconds, secondsOrNever(r.AllHeldSeconds), secondsOrNever(r.AllSettledSeconds))
 	fmt.Fprintf(w, "lost / applied twice     %d / %d (must be 0 / 0); redelivered before settling %d\n", r.Lost, r.AppliedTwice, r.Redelivered)
-	fmt.Fprintf(w, "server redeliveries      %.0f (after the visibility timeout: a delivery lost with the process)\n", r.ServerRedeliveries)
+	fmt.Fprintf(w, "server redeliveries      %.0f (a delivery lost with the process, to a resuming poll or after the visibility timeout)\n", r.ServerRedeliveries)
+	fmt.Fprintf(w, "resuming polls           %.0f taken by the servers since the restart; %d sent by the agents in all\n", r.ServerResumes, r.AgentResumes)
 	fmt.Fprintf(w, "agent errors             %d (the outage's refused polls count here)\n", r.AgentErrs)
 	if r.FirstErr != "" {
 		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)

@@ -185,7 +185,7 @@ func tailCauses(tc TailCause, rep *Report) []string {
 		out = append(out, fmt.Sprintf("GC: %.0f collections, the longest recent pause %.1f ms (total %.1f ms)", tc.GCs, tc.GCMaxMS, tc.GCPauseMS))
 	}
 	if tc.Redeliveries > 0 {
-		out = append(out, fmt.Sprintf("redeliveries: %.0f commands handed out again after their lease ran out", tc.Redeliveries))
+		out = append(out, fmt.Sprintf("redeliveries: %.0f commands handed out again (their lease ran out, or a resuming poll asked)", tc.Redeliveries))
 	}
 	if tc.LeaseSweeps > 0 && tc.RenewalFlushes > 0 {
 		out = append(out, fmt.Sprintf("batches: %.0f lease sweeps and %.0f renewal flushes ran in the window", tc.LeaseSweeps, tc.RenewalFlushes))

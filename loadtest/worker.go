@@ -89,6 +89,7 @@ type workerMsg struct {
 	Settled     int64   `json:"settled,omitempty"`
 	Heartbeats  int64   `json:"heartbeats,omitempty"`
 	Polls       int64   `json:"polls,omitempty"`
+	Resumes     int64   `json:"resumes,omitempty"` // polls sent with resume=true
 	Errors      int64   `json:"errors,omitempty"`
 	FirstError  string  `json:"first_error,omitempty"`
 	SentLatUS   []int64 `json:"sent_lat_us,omitempty"`   // intended issue → receipt
@@ -176,6 +177,7 @@ type agentPool struct {
 	tr  *http.Transport
 
 	received, settled, heartbeats, polls, errors atomic.Int64
+	resumes                                      atomic.Int64 // polls sent with resume=true
 	// configs received in poll answers and reported applied; lastConfig
 	// is when the last report was acknowledged (Unix nanoseconds).
 	configsReceived, configsReported, lastConfig atomic.Int64
@@ -273,7 +275,15 @@ func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error
 	return out, failed, firstErr
 }
 
-// run is one agent: long-poll, answer what arrives, poll again.
+// lostConnectionRetryMax mirrors agent/core's: while the server's
+// process is gone (client.ConnectionLost) an agent-like retry's ceiling
+// stops doubling at 5 s.
+const lostConnectionRetryMax = 5 * time.Second
+
+// run is one agent: long-poll, answer what arrives, poll again. Like the
+// agent (agent/core pollLoop), its first poll and the first after a failed
+// one ask the server to resume, so an answer lost with a killed server is
+// handed out again at once rather than after the visibility timeout.
 func (w *agentPool) run(ctx context.Context, c *client.Client) {
 	if w.job.Heartbeat > 0 {
 		go w.heartbeat(ctx, c)
@@ -283,16 +293,24 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 		base, most, jittered = w.job.BackoffBase, w.job.BackoffMax, true
 	}
 	backoff := base
+	resume := !w.job.Bare // the bare waiter knows no such thing
 	for ctx.Err() == nil {
 		w.polls.Add(1)
-		resp, err := c.Commands(ctx, w.job.Wait)
+		if resume {
+			w.resumes.Add(1)
+		}
+		resp, err := c.Poll(ctx, w.job.Wait, client.PollOptions{Resume: resume})
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			w.fail(err)
+			resume = !w.job.Bare
 			d := backoff
 			if jittered {
+				if client.ConnectionLost(err) {
+					d = min(d, lostConnectionRetryMax)
+				}
 				d = d/2 + time.Duration(rand.Int64N(int64(d-d/2)+1))
 			}
 			sleepCtx(ctx, d)
@@ -300,6 +318,7 @@ func (w *agentPool) run(ctx context.Context, c *client.Client) {
 			continue
 		}
 		backoff = base
+		resume = false
 		if resp.Config != nil {
 			w.reportConfig(ctx, c, resp.Config)
 		}
@@ -435,7 +454,7 @@ func (w *agentPool) summary() workerMsg {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	m := workerMsg{Type: "done", Received: w.received.Load(), Settled: w.settled.Load(), Heartbeats: w.heartbeats.Load(),
-		Polls: w.polls.Load(), Errors: w.errors.Load(), FirstError: w.firstError,
+		Polls: w.polls.Load(), Resumes: w.resumes.Load(), Errors: w.errors.Load(), FirstError: w.firstError,
 		SentLatUS: w.sentLat, IssuedLatUS: w.issuedLat, SettleLatUS: w.settleLat,
 		ConfigsReceived: w.configsReceived.Load(), ConfigsReported: w.configsReported.Load(), LastConfigNS: w.lastConfig.Load(),
 		SettledDistinct: w.settledDistinct.Load(), Redelivered: w.redelivered.Load(), AfterSettle: w.afterSettle.Load()}

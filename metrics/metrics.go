@@ -20,6 +20,7 @@ type Metrics struct {
 	PendingCommands   prometheus.GaugeFunc
 	DeliveryLatency   prometheus.Histogram
 	Redeliveries      prometheus.Counter
+	PollResumes       prometheus.Counter
 	Wakeups           *prometheus.CounterVec
 	PollStoreQueries  prometheus.Counter
 	CommandsIssued    prometheus.Counter
@@ -78,6 +79,9 @@ func New(pending func() float64) *Metrics {
 		}),
 		Redeliveries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_command_redeliveries_total", Help: "Commands delivered again after an earlier delivery.",
+		}),
+		PollResumes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_long_poll_resumes_total", Help: "Long-polls that asked for work delivered before them again (resume=true: the agent may have lost an answer).",
 		}),
 		Wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_wakeups_total", Help: "Long-poll wake-ups by source: local, notify, poll.",
@@ -143,7 +147,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.Wakeups, m.PollStoreQueries, m.CommandsIssued, m.CommandsSettled,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.CommandsIssued, m.CommandsSettled,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -84,6 +85,21 @@ func (e *Error) Is(target error) bool {
 		return false
 	}
 	return t.Code != "" && t.Code == e.Code
+}
+
+// ConnectionLost reports whether err is a transport failure that says the
+// control plane's process is gone rather than slow or unreachable: the
+// connection was refused (nothing listens: it is restarting), reset, or
+// closed before the answer (it died under a held request). A timeout, a
+// DNS failure or an unreachable network are not: they may be a partition,
+// where backing off longer is right.
+func ConnectionLost(err error) bool {
+	var answered *Error
+	if err == nil || errors.As(err, &answered) {
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // CodeOf returns the machine code of err when it is (or wraps) an *Error,
@@ -239,9 +255,27 @@ func (c *Client) Renew(ctx context.Context) (*api.RenewResponse, error) {
 // to wait (whole seconds, 0–60). Refusals: session_invalid (401), fenced
 // (409), node_retired (410), draining (503, RetryAfter set).
 func (c *Client) Commands(ctx context.Context, wait time.Duration) (*api.CommandsResponse, error) {
+	return c.Poll(ctx, wait, PollOptions{})
+}
+
+// PollOptions are a long-poll's optional parameters.
+type PollOptions struct {
+	// Resume (resume=true) says an earlier answer may have been lost (the
+	// last poll failed, or this process has just started): the server hands
+	// out again at once what it delivered to the session and has not seen
+	// settled, instead of after its visibility timeout. The caller must
+	// answer such a redelivery from its own record of what it applied.
+	Resume bool
+}
+
+// Poll is Commands with options.
+func (c *Client) Poll(ctx context.Context, wait time.Duration, opts PollOptions) (*api.CommandsResponse, error) {
 	secs := int(wait / time.Second)
 	secs = max(0, min(secs, 60))
 	q := url.Values{"wait": {strconv.Itoa(secs)}}
+	if opts.Resume {
+		q.Set("resume", "true")
+	}
 	var out api.CommandsResponse
 	if err := c.do(ctx, http.MethodGet, "/agent/v1/commands", q, nil, &out, true, time.Duration(secs)*time.Second+c.timeout); err != nil {
 		return nil, err

@@ -38,7 +38,7 @@ func TestCheckURL(t *testing.T) {
 }
 
 func TestClient(t *testing.T) {
-	var gotAuth, gotWait string
+	var gotAuth, gotWait, gotQuery string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gotAuth = r.Header.Get("Authorization")
 		switch r.URL.Path {
@@ -54,6 +54,7 @@ func TestClient(t *testing.T) {
 			json.NewEncoder(w).Encode(api.EnrollResponse{NodeID: req.NodeID, SessionToken: "s1", FencingToken: 1})
 		case "/agent/v1/commands":
 			gotWait = r.URL.Query().Get("wait")
+			gotQuery = r.URL.RawQuery
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.Header().Set("Retry-After", "5")
 			w.WriteHeader(503)
@@ -93,6 +94,12 @@ func TestClient(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != CodeDraining || ce.RetryAfter != 5*time.Second || gotWait != "25" || gotAuth != "Bearer s1" {
 		t.Fatalf("commands = %#v wait=%q auth=%q", err, gotWait, gotAuth)
 	}
+	if gotQuery != "wait=25" {
+		t.Fatalf("a plain poll sent %q", gotQuery)
+	}
+	if _, err = c.Poll(ctx, 5*time.Second, PollOptions{Resume: true}); gotQuery != "resume=true&wait=5" {
+		t.Fatalf("a resuming poll sent %q (%v)", gotQuery, err)
+	}
 	rr, err := c.Results(ctx, []api.Result{{OperationID: "op", Applied: true}})
 	if err != nil || rr.Settled[0].State != "applied" {
 		t.Fatalf("results %+v %v", rr, err)
@@ -119,5 +126,56 @@ func TestPinnedCA(t *testing.T) {
 	}
 	if _, err := New(Options{BaseURL: srv.URL, CACertificatePEM: "garbage"}); err == nil {
 		t.Fatal("garbage CA accepted")
+	}
+}
+
+// TestConnectionLost: what the server's process going away looks like to
+// a poll (refused, cut before or during the answer) is told apart from
+// answers and from a timeout.
+func TestConnectionLost(t *testing.T) {
+	ctx := context.Background()
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	defer cut.Close()
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+	}))
+	defer slow.Close()
+	answers := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"status":503,"code":"unavailable"}`))
+	}))
+	defer answers.Close()
+	gone := httptest.NewServer(http.NotFoundHandler())
+	refused := gone.URL
+	gone.Close()
+
+	poll := func(url string, timeout time.Duration) error {
+		c, err := New(Options{BaseURL: url, AllowInsecureHTTP: true, RequestTimeout: timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetSessionToken("s")
+		_, err = c.Commands(ctx, 0)
+		return err
+	}
+	for name, tc := range map[string]struct {
+		err  error
+		lost bool
+	}{
+		"refused":  {poll(refused, time.Second), true},
+		"cut":      {poll(cut.URL, time.Second), true},
+		"answered": {poll(answers.URL, time.Second), false},
+		"timeout":  {poll(slow.URL, 50*time.Millisecond), false},
+		"none":     {nil, false},
+	} {
+		if got := ConnectionLost(tc.err); got != tc.lost {
+			t.Errorf("%s: ConnectionLost(%v) = %v", name, tc.err, got)
+		}
 	}
 }

@@ -157,6 +157,7 @@ type Stats struct {
 	Renewals        int
 	Polls           int
 	PollErrors      int
+	ResumePolls     int // polls that asked the server to resume (pollLoop)
 	Applied         int // effects attempted (started records written)
 	Duplicates      int // redeliveries answered from the journal
 	ResultsSettled  int
@@ -555,19 +556,45 @@ func (a *Agent) heartbeatLoop(ctx context.Context) error {
 	}
 }
 
+// lostConnectionRetryMax caps the poll retry delay while the control
+// plane's process is gone (client.ConnectionLost: refused, reset, cut
+// mid-answer), where the backoff would otherwise grow to BackoffMax. That
+// is a restart, not overload: a refused connect costs the server nothing
+// (the kernel answers it; 10,000 agents every 2.5–5 s is a few thousand
+// resets a second), while a 60 s ceiling would keep agents away for up to
+// a minute after a restart that took seconds (issue 13: every agent back
+// ≤ 10 s after a restart). The delay stays jittered in [cap/2, cap), so a
+// fleet cut off together does not come back together. Overload is
+// answered 503/429 with Retry-After, and other failures (timeouts, DNS,
+// unreachable networks: maybe a partition) still back off to BackoffMax.
+const lostConnectionRetryMax = 5 * time.Second
+
 // pollLoop long-polls for commands. Failures back off exponentially with
-// jitter (reset by any success); a draining server's Retry-After is honoured
-// as asked, since it says exactly when a replica will take us.
+// jitter (reset by any success), held to lostConnectionRetryMax while the
+// server's process is gone; a draining server's Retry-After is honoured as
+// asked, since it says exactly when a replica will take us.
+//
+// The first poll of this process, and the first after a failed one, asks
+// the server to resume (client.PollOptions): an answer to an earlier poll
+// may have been lost — cut by a crash of either side, or this process died
+// before reading it — and the server would otherwise hand its commands out
+// again only after its 60 s visibility timeout. What it sends again is
+// answered from the journal (dispatch: done → duplicate, running → nothing
+// yet), as any redelivery is. A successful answer clears it.
 func (a *Agent) pollLoop(ctx, applyCtx context.Context) error {
 	bo := newBackoff(a.cfg.BackoffBase, a.cfg.BackoffMax, a.cfg.Rand)
+	resume := true
 	for {
 		seq := a.nextPollSeq()
-		resp, err := a.client().Commands(ctx, a.cfg.PollWait)
+		resp, err := a.client().Poll(ctx, a.cfg.PollWait, client.PollOptions{Resume: resume})
 		if ctx.Err() != nil {
 			return nil
 		}
 		a.mu.Lock()
 		a.stats.Polls++
+		if resume {
+			a.stats.ResumePolls++
+		}
 		if err != nil {
 			a.stats.PollErrors++
 		}
@@ -576,12 +603,17 @@ func (a *Agent) pollLoop(ctx, applyCtx context.Context) error {
 			if t := terminal(err); t != nil {
 				return t
 			}
+			resume = true
 			var d time.Duration
 			var ce *client.Error
-			if errors.As(err, &ce) && (ce.Code == client.CodeDraining || ce.Status == http.StatusServiceUnavailable || ce.Status == http.StatusTooManyRequests) && ce.RetryAfter > 0 {
+			switch {
+			case errors.As(err, &ce) && (ce.Code == client.CodeDraining || ce.Status == http.StatusServiceUnavailable || ce.Status == http.StatusTooManyRequests) && ce.RetryAfter > 0:
 				d = ce.RetryAfter + jitter(time.Second, 0, 1, a.cfg.Rand)
 				a.log.Info("control plane draining; polling again after its Retry-After", "retry_after", ce.RetryAfter)
-			} else {
+			case client.ConnectionLost(err):
+				d = bo.nextUpTo(lostConnectionRetryMax)
+				a.log.Warn("control plane unreachable (restarting?); polling again soon", "err", err, "in", d)
+			default:
 				d = bo.next()
 				a.log.Warn("poll failed; backing off", "err", err, "in", d)
 			}
@@ -594,6 +626,7 @@ func (a *Agent) pollLoop(ctx, applyCtx context.Context) error {
 			continue
 		}
 		bo.reset()
+		resume = false
 		// Applied beside the poll: a slow hook holds up neither commands
 		// nor the next poll.
 		if resp.Config != nil {

@@ -394,6 +394,72 @@ func TestAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("PollAfterFailureResumes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		fail := func(w http.ResponseWriter) { problem(w, 500, "internal") }
+		ok := func(w http.ResponseWriter) { writeJSON(w, api.CommandsResponse{}) }
+		b.cp.script(ok, cutAnswer, fail, ok)
+		b.start(b.cp.bootstrap())
+		var got []bool
+		b.eventually("five polls", 100*time.Millisecond, func() bool {
+			b.cp.with(func() { got = append([]bool(nil), b.cp.pollResumes...) })
+			return len(got) >= 5
+		})
+		// The first poll of the process resumes (a previous one may have
+		// lost an answer); a success clears it; a cut connection and a 500
+		// set it for the poll after them.
+		want := []bool{true, false, true, true, false}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("resume flags %v, want %v first", got, want)
+			}
+		}
+		if s := b.agent.Stats(); s.ResumePolls < 3 || s.PollErrors != 2 {
+			t.Fatalf("stats %+v", s)
+		}
+	})
+
+	t.Run("ResumedRedeliveryAnsweredFromJournal", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.start(b.cp.bootstrap())
+		cmd := launch("op-1", "run-1", "a1", "sleep")
+		b.cp.push(cmd)
+		b.eventually("the result", 0, func() bool { return len(b.cp.resultsFor("op-1")) == 1 })
+		// The server restarts under the held poll; it holds op-1 as
+		// delivered and unsettled, and hands it out again to the poll that
+		// resumes.
+		b.cp.with(func() { b.cp.onResume = []api.Command{cmd} })
+		b.cp.script(cutAnswer)
+		b.eventually("the duplicate answer", 100*time.Millisecond, func() bool { return hasDuplicate(b.cp.resultsFor("op-1")) })
+		if n := b.sim.Calls("launch"); n != 1 {
+			t.Fatalf("launched %d times", n)
+		}
+		if s := b.agent.Stats(); s.Duplicates != 1 || s.Applied != 1 {
+			t.Fatalf("stats %+v", s)
+		}
+	})
+
+	t.Run("LostConnectionRetryCapped", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		d := cutAnswer
+		b.cp.script(d, d, d, d, d, d, d)
+		b.start(b.cp.bootstrap())
+		b.eventually("seven backoffs", 100*time.Millisecond, func() bool { return len(b.agent.Stats().Backoffs) >= 7 })
+		// Rand is 0: half the ceiling, which doubles from 1 s but stops at
+		// 5 s while the server's process is gone (a 500 goes on to 60 s).
+		got := b.agent.Stats().Backoffs[:7]
+		want := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 2500 * time.Millisecond,
+			2500 * time.Millisecond, 2500 * time.Millisecond, 2500 * time.Millisecond}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("backoffs %v, want %v", got, want)
+			}
+		}
+	})
+
 	t.Run("DrainingRetryAfterHonoured", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -67,12 +67,16 @@ func newBackoff(base, max time.Duration, rnd func() float64) *backoff {
 }
 
 // next is the delay before the next attempt after a failure.
-func (b *backoff) next() time.Duration {
+func (b *backoff) next() time.Duration { return b.nextUpTo(b.max) }
+
+// nextUpTo is next with the ceiling held to at most ceiling (still
+// jittered below it).
+func (b *backoff) nextUpTo(ceiling time.Duration) time.Duration {
 	d := b.base
 	for i := 0; i < b.n && d < b.max; i++ {
 		d *= 2
 	}
-	d = min(d, b.max)
+	d = min(d, b.max, max(ceiling, time.Millisecond))
 	if b.n < 32 {
 		b.n++
 	}

@@ -117,6 +117,8 @@ type fakeCP struct {
 	activePolls  int         // poll handlers running now
 	pollTimes    []time.Time // fake-clock time of each poll
 	pollTokens   []string
+	pollResumes  []bool        // each poll's resume=true
+	onResume     []api.Command // a resuming poll's answer: what the server holds delivered and unsettled
 	results      []api.Result
 	events       []api.Event
 	eventIDs     map[string]bool
@@ -157,6 +159,20 @@ func newFakeCP(t *testing.T, clk *fakeClock) *fakeCP {
 	cp.srv = httptest.NewServer(mux)
 	t.Cleanup(cp.srv.Close)
 	return cp
+}
+
+// cutAnswer cuts the poll's connection partway through its answer, as a
+// control plane killed while answering does. (A connection closed before
+// any answer may be retried by the HTTP transport itself, unseen by the
+// agent, so the tests cut one that has begun.)
+func cutAnswer(w http.ResponseWriter) {
+	conn, buf, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		panic(err)
+	}
+	buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"commands\":[")
+	buf.Flush()
+	conn.Close()
 }
 
 func problem(w http.ResponseWriter, status int, code string) {
@@ -244,6 +260,11 @@ func (cp *fakeCP) commands(w http.ResponseWriter, r *http.Request) {
 	defer cp.with(func() { cp.activePolls-- })
 	cp.pollTimes = append(cp.pollTimes, cp.clk.Now())
 	cp.pollTokens = append(cp.pollTokens, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+	resume := r.URL.Query().Get("resume") == "true"
+	cp.pollResumes = append(cp.pollResumes, resume)
+	if resume && len(cp.onResume) > 0 {
+		cp.queue = append(append([]api.Command(nil), cp.onResume...), cp.queue...)
+	}
 	if len(cp.pollScript) > 0 {
 		f := cp.pollScript[0]
 		cp.pollScript = cp.pollScript[1:]

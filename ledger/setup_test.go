@@ -112,15 +112,20 @@ func (k *testKinds) kinds() []*ledger.Kind {
 		{Name: "test.fan", Family: "test", Prepare: prepareAny,
 			FanOut: func(ctx context.Context, tx ledger.Tx, op ledger.Operation) (ledger.Plan, error) {
 				var body struct {
-					Children       int `json:"children"`
-					MaxConcurrency int `json:"max_concurrency"`
+					Children       int    `json:"children"`
+					MaxConcurrency int    `json:"max_concurrency"`
+					Child          string `json:"child"`
 				}
 				if err := json.Unmarshal(op.Operation, &body); err != nil {
 					return ledger.Plan{}, err
 				}
 				plan := ledger.Plan{MaxConcurrency: body.MaxConcurrency}
+				childKind := "test.noop"
+				if body.Child != "" {
+					childKind = body.Child
+				}
 				for range body.Children {
-					plan.Children = append(plan.Children, ledger.Child{Kind: "test.noop", Targets: []ledger.Target{}, Operation: json.RawMessage(`{}`)})
+					plan.Children = append(plan.Children, ledger.Child{Kind: childKind, Targets: []ledger.Target{}, Operation: json.RawMessage(`{}`)})
 				}
 				return plan, nil
 			}},

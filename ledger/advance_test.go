@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/models"
 )
 
 // advances answers the coalesced advances of fan-out parents so far: at
@@ -51,4 +52,31 @@ func TestFanOutMaxConcurrencyOneNeverWaits(t *testing.T) {
 		require.Zero(t, waited, "no release waited for the interval")
 		require.GreaterOrEqual(t, prompt, float64(20), "one advance per release")
 	}, func(s *ledger.Settings) { s.AdvanceInterval = time.Hour })
+}
+
+// Two replicas share a fan-out's children: each coalesces the ends it
+// hears, and the parent ends once with every child counted.
+func TestFanOutAdvancesAcrossReplicas(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		if b.db.Dialect != models.Postgres {
+			t.Skip("several replicas need Postgres (DECISIONS.md §23)")
+		}
+		other := newLedger(t, b.db, b.tk, b.clock, func(s *ledger.Settings) { s.AdvanceInterval = 500 * time.Millisecond })
+		b.start(t)
+		other.start(t)
+		const n = 200
+		parent := b.submit(t, admin, "test.fan", `{"children":200}`)
+		done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+		require.Equal(t, &ledger.Counts{Total: n, Succeeded: n}, done.Counts)
+		var ends, advances float64
+		for _, r := range []*bundle{b, other} {
+			heard := testutil.ToFloat64(r.metrics.FanOutChildEnds)
+			prompt, waited := r.advances()
+			t.Logf("%s: %v child-end notices, %v advances", r.replica, heard, prompt+waited)
+			ends += heard
+			advances += prompt + waited
+		}
+		require.GreaterOrEqual(t, ends, float64(n))
+		require.Less(t, advances, float64(n/4))
+	}, func(s *ledger.Settings) { s.AdvanceInterval = 500 * time.Millisecond })
 }

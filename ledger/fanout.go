@@ -127,14 +127,24 @@ func maxConcurrencyOf(parent Operation) int {
 
 // advance moves a fan-out parent on: it releases held children into free
 // slots, refreshes the counts, and ends the parent once every child has.
-// Safe to run any number of times, on any replica.
-func (s *Service) advance(ctx context.Context, parentID string) error {
-	return s.store.Tx(ctx, func(tx Tx) error {
+// Safe to run any number of times, on any replica. It answers what it
+// found, for the coalescer to judge how soon the next one is worth it.
+//
+// The children are counted once (one GROUP BY over the parent's children):
+// what releasing changes — a held child leaves the held ones, or ends
+// failed at once — is known here and folded into those counts rather than
+// counted again. A child that ended meanwhile elsewhere asked for another
+// advance, which counts it.
+func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, error) {
+	var hint advanceHint
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		hint = advanceHint{}
 		parent, err := tx.LockOperation(ctx, parentID)
 		if err != nil {
 			return err
 		}
 		if parent.Terminal() || parent.Counts == nil {
+			hint.ended = parent.Terminal()
 			return nil
 		}
 		now := s.clock()
@@ -142,24 +152,32 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 		if err != nil {
 			return err
 		}
+		maxConcurrency := maxConcurrencyOf(parent)
 		inFlight := byState[StatePending] + byState[StateRunning] - held
-		if free := maxConcurrencyOf(parent) - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil {
+		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil {
 			waiting, err := tx.HeldChildren(ctx, parentID, free)
 			if err != nil {
 				return err
 			}
 			for _, ch := range waiting {
-				if err := s.release(ctx, tx, ch, now); err != nil {
+				ended, err := s.release(ctx, tx, ch, now)
+				if err != nil {
 					return err
 				}
-			}
-			if byState, _, err = tx.ChildCounts(ctx, parentID); err != nil {
-				return err
+				held--
+				if ended.Terminal() {
+					byState[StatePending]--
+					byState[ended.State]++
+					if ended.Error != nil && ended.Error.Code == string(errcode.CapabilityMissing) {
+						byState[CountCapabilityMissing]++
+					}
+				}
 			}
 		}
 		counts := Counts{Succeeded: byState[StateSucceeded], Failed: byState[StateFailed], Cancelled: byState[StateCancelled],
 			Pending: byState[StatePending] + byState[StateRunning], CapabilityMissing: byState[CountCapabilityMissing]}
 		counts.Total = counts.Succeeded + counts.Failed + counts.Cancelled + counts.Pending
+		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency}
 		changed := *parent.Counts != counts
 		parent.Counts = &counts
 		if counts.Pending > 0 {
@@ -172,7 +190,8 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 			}
 			return tx.Notify(ctx, parent.ID)
 		}
-		final := map[string]any{"max_concurrency": maxConcurrencyOf(parent), "counts": counts}
+		hint.ended = true
+		final := map[string]any{"max_concurrency": maxConcurrency, "counts": counts}
 		if k, ok := s.kinds.Kind(parent.Kind); ok && k.Summarize != nil {
 			sum := k.Summarize()
 			if err := eachChild(ctx, tx, parent.ID, sum.Add); err != nil {
@@ -192,6 +211,7 @@ func (s *Service) advance(ctx context.Context, parentID string) error {
 		}
 		return err
 	})
+	return hint, err
 }
 
 // eachChild hands every child of a parent to fn, newest first, a page at
@@ -216,37 +236,42 @@ func eachChild(ctx context.Context, tx Tx, parentID string, fn func(Operation)) 
 // release hands a held child to its channel: a node kind records its
 // command now (a refusal — the node retired, not ready, over its quota —
 // ends the child failed with that code), a local kind becomes claimable.
-func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Time) error {
+// It answers the child as it stands after.
+func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Time) (Operation, error) {
 	ch.Held, ch.UpdatedAt = false, now
 	if err := tx.UpdateOperation(ctx, ch); err != nil {
-		return err
+		return ch, err
 	}
 	if err := tx.AppendEvents(ctx, Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}); err != nil {
-		return err
+		return ch, err
 	}
 	kind, ok := s.kinds.Kind(ch.Kind)
 	if ok {
 		if err := s.checkCapability(ctx, kind, ch.Targets); errcode.Of(err) == errcode.CapabilityMissing {
-			_, err = s.endTx(ctx, tx, ch, StateFailed, nil, operationError(err), now)
-			return err
+			return s.endTx(ctx, tx, ch, StateFailed, nil, operationError(err), now)
 		} else if err != nil {
-			return err
+			return ch, err
 		}
 	}
 	if !ok || kind.Record == nil {
-		return tx.NotifyDispatch(ctx, ch.ID)
+		return ch, tx.NotifyDispatch(ctx, ch.ID)
 	}
+	after := ch
 	err := tx.Savepoint(ctx, func() error {
-		if _, err := kind.Record(ctx, tx, ch); err != nil {
+		recorded, err := kind.Record(ctx, tx, ch)
+		if err != nil {
 			return err
+		}
+		if e, ok := recorded.(changedAtRecord); ok {
+			after = e.op // ended or running at once
 		}
 		return s.checkNodeQuota(ctx, tx, kind, ch, true)
 	})
 	var coded *errcode.Error
 	if errors.As(err, &coded) {
-		_, err = s.endTx(ctx, tx, ch, StateFailed, nil, operationError(err), now)
+		return s.endTx(ctx, tx, ch, StateFailed, nil, operationError(err), now)
 	}
-	return err
+	return after, err
 }
 
 // cancelChildren cancels a parent's open children: held and undelivered
@@ -264,37 +289,6 @@ func (s *Service) cancelChildren(ctx context.Context, tx Tx, parent Operation, r
 	return tx.NotifyParent(ctx, parent.ID)
 }
 
-// ChildEnded tells this replica that a child of parentID ended here: the
-// parent is advanced soon, off the committing caller's path.
-func (s *Service) ChildEnded(parentID string) {
-	select {
-	case s.parents <- parentID:
-	default:
-		// Full: the periodic sweep advances it.
-	}
-}
-
-// advanceLoop advances parents whose children ended here, and every
-// running parent on each owner-lease tick (so a parent whose replica died
-// before advancing it still ends). It first advances every running parent
-// once: a process killed between a fan-out's commit and its advance left
-// the children held, their revisions and commands unwritten, and waiting
-// for the first tick (a third of the owner lease) delayed them for no
-// reason.
-func (s *Service) advanceLoop(ctx context.Context) {
-	s.sweepParents(ctx)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case id := <-s.parents:
-			if err := s.advance(ctx, id); err != nil && ctx.Err() == nil {
-				s.log.Error("ledger: advance fan-out", "operation_id", id, "err", err)
-			}
-		}
-	}
-}
-
 // sweepParents advances every running fan-out parent.
 func (s *Service) sweepParents(ctx context.Context) {
 	ids, err := s.store.FanningOut(ctx, 1000)
@@ -305,7 +299,8 @@ func (s *Service) sweepParents(ctx context.Context) {
 		return
 	}
 	for _, id := range ids {
-		if err := s.advance(ctx, id); err != nil && ctx.Err() == nil {
+		s.metrics.FanOutAdvances.WithLabelValues("sweep").Inc()
+		if _, err := s.advance(ctx, id); err != nil && ctx.Err() == nil {
 			s.log.Error("ledger: advance fan-out", "operation_id", id, "err", err)
 		}
 	}

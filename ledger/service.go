@@ -43,6 +43,10 @@ type Settings struct {
 	EventsKeptFor     time.Duration // default 7 days
 	PruneInterval     time.Duration // default 1 h
 	PruneBatch        int           // rows per prune statement; default 1000
+	// AdvanceInterval is the shortest time between two advances of one
+	// fan-out parent on a replica, unless its ends make one urgent
+	// (advance.go); default DefaultAdvanceInterval.
+	AdvanceInterval time.Duration
 	// SingleProcess is true when no other replica can share the store
 	// (SQLite): everything left running at start is a dead process's.
 	SingleProcess bool
@@ -70,6 +74,7 @@ func (s *Settings) defaults() {
 	def(&s.OperationsKeptFor, 90*24*time.Hour)
 	def(&s.EventsKeptFor, 7*24*time.Hour)
 	def(&s.PruneInterval, time.Hour)
+	def(&s.AdvanceInterval, DefaultAdvanceInterval)
 	if s.PruneBatch <= 0 {
 		s.PruneBatch = 1000
 	}
@@ -115,9 +120,9 @@ type Service struct {
 	log      *slog.Logger
 	metrics  *metrics.Metrics
 
-	wake    chan struct{} // the dispatcher's: something may be claimable
-	parents chan string   // fan-out parents whose children ended here
-	ends    chan End      // runs that ended, for the finisher to record
+	wake chan struct{} // the dispatcher's: something may be claimable
+	adv  *advancer     // fan-out parents whose children ended
+	ends chan End      // runs that ended, for the finisher to record
 
 	mu           sync.Mutex // guards the following
 	waiters      map[string]map[chan struct{}]struct{}
@@ -151,7 +156,7 @@ func New(o Options) *Service {
 		store: o.Store, kinds: o.Kinds, settings: o.Settings, replica: o.Replica,
 		now: o.Now, log: o.Logger, metrics: o.Metrics,
 		wake:         make(chan struct{}, 1),
-		parents:      make(chan string, 1024),
+		adv:          newAdvancer(),
 		ends:         make(chan End, 1024),
 		waiters:      map[string]map[chan struct{}]struct{}{},
 		running:      map[string]context.CancelFunc{},

@@ -44,7 +44,7 @@ func (c *clock) Advance(d time.Duration) {
 }
 
 // testKinds are kinds only tests serve: a no-op, one that blocks until
-// released or cancelled, and one that fails.
+// released or cancelled, one that fails, and a fan-out of no-ops.
 type testKinds struct {
 	runs    sync.Map // operation id → *atomic.Int64 (executions)
 	release chan struct{}
@@ -108,6 +108,26 @@ func (k *testKinds) kinds() []*ledger.Kind {
 			Run: func(ctx context.Context, op ledger.Operation) (json.RawMessage, error) {
 				k.ran(op.ID)
 				return nil, errcode.New(errcode.NodeNotReady, "not today")
+			}},
+		{Name: "test.fan", Family: "test", Prepare: prepareAny,
+			FanOut: func(ctx context.Context, tx ledger.Tx, op ledger.Operation) (ledger.Plan, error) {
+				var body struct {
+					Children       int    `json:"children"`
+					MaxConcurrency int    `json:"max_concurrency"`
+					Child          string `json:"child"`
+				}
+				if err := json.Unmarshal(op.Operation, &body); err != nil {
+					return ledger.Plan{}, err
+				}
+				plan := ledger.Plan{MaxConcurrency: body.MaxConcurrency}
+				childKind := "test.noop"
+				if body.Child != "" {
+					childKind = body.Child
+				}
+				for range body.Children {
+					plan.Children = append(plan.Children, ledger.Child{Kind: childKind, Targets: []ledger.Target{}, Operation: json.RawMessage(`{}`)})
+				}
+				return plan, nil
 			}},
 		{Name: "test.level", Family: "test", LevelTriggered: true, Prepare: prepareAny,
 			Run: func(ctx context.Context, op ledger.Operation) (json.RawMessage, error) {

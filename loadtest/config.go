@@ -67,6 +67,12 @@ type ConfigReport struct {
 	// the submit, every agent holding its poll (the baseline: the counter
 	// counts every transaction of the database, read-only ones included).
 	PGIdleCommitsPS float64 `json:"pg_idle_commits_per_s,omitempty"`
+	// The server's fan-out counters at the parent's end: child-end
+	// notices, and the parent advances they caused (coalesced; the
+	// periodic sweep's counted apart).
+	ChildEndNotices float64 `json:"child_end_notices"`
+	Advances        float64 `json:"advances"`
+	SweepAdvances   float64 `json:"sweep_advances"`
 	// The lagging count's cost over LaggingNodes seeded nodes.
 	LaggingNodes  int     `json:"lagging_nodes"`
 	SeedSeconds   float64 `json:"seed_seconds,omitempty"`
@@ -191,6 +197,11 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 			rep.PGCommits = c - commits0
 			rep.CommitsPerNode = float64(rep.PGCommits) / float64(max(1, up.enrolled))
 		}
+	}
+	if m, err := admin.metricsAll(ctx); err == nil {
+		rep.ChildEndNotices = m["nodeward_fanout_child_end_notices_total"]
+		rep.Advances = m[`nodeward_fanout_advances_total{source="prompt"}`] + m[`nodeward_fanout_advances_total{source="interval"}`]
+		rep.SweepAdvances = m[`nodeward_fanout_advances_total{source="sweep"}`]
 	}
 	rep.ParentState = op.State
 	if op.Counts != nil {
@@ -340,6 +351,9 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 	if r.PGCommits > 0 {
 		fmt.Fprintf(w, "postgres commits         %d = %.2f per node (whole database, submit → parent ended; %.0f/s idle before the submit)\n",
 			r.PGCommits, r.CommitsPerNode, r.PGIdleCommitsPS)
+	}
+	if r.ChildEndNotices > 0 {
+		fmt.Fprintf(w, "parent advances          %.0f for %.0f child-end notices (+%.0f by the periodic sweep)\n", r.Advances, r.ChildEndNotices, r.SweepAdvances)
 	}
 	if r.LaggingNodes > 0 {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)

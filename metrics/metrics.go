@@ -38,6 +38,11 @@ type Metrics struct {
 	LedgerClaims        prometheus.Counter
 	LedgerWakeups       *prometheus.CounterVec
 	OperationsRecovered *prometheus.CounterVec
+	// FanOutChildEnds counts the notices that a fan-out's child ended (or
+	// that its parent otherwise needs moving on); FanOutAdvances the
+	// advances they and the sweep caused, coalesced (ledger/advance.go).
+	FanOutChildEnds prometheus.Counter
+	FanOutAdvances  *prometheus.CounterVec
 	// OperationStates is read at scrape time: operations by state across
 	// replicas (pending is the queue depth). Wiring sets it.
 	OperationStates func() map[string]float64
@@ -131,6 +136,12 @@ func New(pending func() float64) *Metrics {
 	m.OperationsRecovered = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeward_operations_recovered_total", Help: "Operations left running by a gone replica, by what recovery did: rerun, interrupted.",
 	}, []string{"action"})
+	m.FanOutChildEnds = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeward_fanout_child_end_notices_total", Help: "Notices that a fan-out parent's child ended, before coalescing.",
+	})
+	m.FanOutAdvances = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeward_fanout_advances_total", Help: "Fan-out parent advances by source: prompt (at once), interval (put off to coalesce ends), sweep (periodic).",
+	}, []string{"source"})
 	m.ConfigRevisions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "nodeward_config_revisions_total", Help: "Desired configuration revisions written (a changed document).",
 	})
@@ -143,6 +154,9 @@ func New(pending func() float64) *Metrics {
 	m.Wakeups.WithLabelValues("local")
 	m.Wakeups.WithLabelValues("notify")
 	m.Wakeups.WithLabelValues("poll")
+	for _, source := range []string{"prompt", "interval", "sweep"} {
+		m.FanOutAdvances.WithLabelValues(source)
+	}
 	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -151,6 +165,7 @@ func New(pending func() float64) *Metrics {
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},
+		m.FanOutChildEnds, m.FanOutAdvances,
 		m.ConfigRevisions, m.ConfigDeliveries, m.ConfigReports, configLagging{m},
 	)
 	return m

@@ -259,7 +259,8 @@ type Tx interface {
 	// announcement, and answers how many it ended.
 	EndConfigureOperations(ctx context.Context, nodeID, except string, end ConfigEnd) (int, error)
 
-	// AppendAudit adds an audit entry (the store numbers it).
+	// AppendAudit adds an audit entry (the store numbers it). It is written
+	// with the commit: reads inside the transaction do not see it.
 	AppendAudit(ctx context.Context, e AuditEntry) error
 	// Notify tells every replica, once this transaction commits, that
 	// something about the node changed (see Notifier).

@@ -80,6 +80,9 @@ type fleetTx struct {
 	// pg collects the payloads to announce to the other replicas
 	// (Postgres); the group commit sends them with the commit.
 	pg *[]string
+	// audit collects the node audit rows; the group commit writes them
+	// with the batch (group.go flushAudit).
+	audit *[]NodeAudit
 }
 
 func notFound(err error) error {
@@ -629,7 +632,8 @@ func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
 		}
 		detail = string(b)
 	}
-	return t.db(ctx).Create(&NodeAudit{At: dbtime.Norm(e.At), Actor: e.Actor, Action: e.Action, NodeID: e.NodeID, Detail: detail}).Error
+	*t.audit = append(*t.audit, NodeAudit{At: dbtime.Norm(e.At), Actor: e.Actor, Action: e.Action, NodeID: e.NodeID, Detail: detail})
+	return nil
 }
 
 func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {

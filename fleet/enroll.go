@@ -112,12 +112,19 @@ func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c 
 	if err != nil {
 		return Node{}, nil, err
 	}
+	first := n.FencingToken == 0
 	if n, err = s.refence(ctx, tx, n, req, facts, disk, now); err != nil {
 		return Node{}, nil, err
 	}
-	fate, err := settlePendingUnderNewFence(ctx, tx, n, now)
-	if err != nil {
-		return Node{}, nil, err
+	var fate pendingFate
+	// A node's first enrollment has no commands to decide: commands are
+	// recorded only for a ready node, and only an enrollment makes a node
+	// ready (the first one bumps fencing from 0). Nor could one have been
+	// delivered: no session exists at fencing 0. The read is skipped.
+	if !first {
+		if fate, err = settlePendingUnderNewFence(ctx, tx, n, now); err != nil {
+			return Node{}, nil, err
+		}
 	}
 	settled = append(settled, fate.unknown...)
 	if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + n.ID, Action: "node.enroll", NodeID: n.ID,

@@ -240,6 +240,16 @@ func TestPostgresEnrollCounters(t *testing.T) {
 		enrolls = append(enrolls, counter.Snapshot().Sub(before))
 	}
 	enrollTexts := counter.Texts()
+	// Re-enrollment (a fresh token after the first was redeemed): the one
+	// kind that must also decide the node's unsettled commands.
+	var reenrolls []sqlcount.Counts
+	for _, b := range boots[:5] {
+		var again api.Bootstrap
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+b.NodeID+"/reinvite", map[string]any{}, http.StatusOK, &again)
+		before := counter.Snapshot()
+		enroll(again)
+		reenrolls = append(reenrolls, counter.Snapshot().Sub(before))
+	}
 
 	// Concurrent: k enrollments at once, as the load tool sends them.
 	const k = 48
@@ -259,20 +269,25 @@ func TestPostgresEnrollCounters(t *testing.T) {
 	wg.Wait()
 	load := counter.Snapshot().Sub(before)
 
-	mi, me := median(invites), median(enrolls)
-	t.Logf("\n%-44s %8s %8s %8s\n%-44s %8d %8d %8d\n%-44s %8d %8d %8d",
+	mi, me, mr := median(invites), median(enrolls), median(reenrolls)
+	t.Logf("\n%-44s %8s %8s %8s\n%-44s %8d %8d %8d\n%-44s %8d %8d %8d\n%-44s %8d %8d %8d",
 		"step (median per request)", "commits", "rtrips", "stmts",
 		"invite POST /api/v1/nodes/invitations", mi.Transactions(), mi.RoundTrips(), mi.Statements,
-		"enroll POST /agent/v1/enroll", me.Transactions(), me.RoundTrips(), me.Statements)
+		"enroll POST /agent/v1/enroll", me.Transactions(), me.RoundTrips(), me.Statements,
+		"re-enroll POST /agent/v1/enroll", mr.Transactions(), mr.RoundTrips(), mr.Statements)
 	t.Logf("concurrent, %d enrollments at once: per enrollment %.2f COMMITs, %.2f transactions, %.2f round trips",
 		k, float64(load.Commits)/k, float64(load.Transactions())/k, float64(load.RoundTrips())/k)
 	// Ceilings: an enrollment is one transaction (the store door locks the
 	// node and redeems the invitation in one statement; no read ahead of
-	// it), BEGIN + 5 statements + COMMIT. Invitations are logged only:
+	// it; a first enrollment reads no commands), BEGIN + 4 statements +
+	// COMMIT; a re-enrollment reads the node's unsettled commands too.
+	// Invitations are logged only:
 	// they go through the ledger, whose waiting submit re-reads the
 	// operation on each of its events, as they happen to arrive.
 	require.LessOrEqual(t, me.Transactions(), int64(1), "enroll: commits")
-	require.LessOrEqual(t, me.RoundTrips(), int64(7), "enroll: round trips")
+	require.LessOrEqual(t, me.RoundTrips(), int64(6), "enroll: round trips")
+	require.LessOrEqual(t, mr.Transactions(), int64(1), "re-enroll: commits")
+	require.LessOrEqual(t, mr.RoundTrips(), int64(7), "re-enroll: round trips")
 	if testing.Verbose() {
 		for _, set := range []struct {
 			name  string

@@ -31,23 +31,28 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	if err := validateEnroll(req); err != nil {
 		return api.EnrollResponse{}, err
 	}
-	if err := s.refuseRetired(ctx, req.NodeID); err != nil {
-		return api.EnrollResponse{}, err
-	}
+	var facts json.RawMessage
+	var disk Disk
+	var values []string
 	claims, err := s.signerDoor(req)
-	if err != nil {
-		return api.EnrollResponse{}, err
+	if err == nil {
+		facts, disk, err = encodeFacts(req.Facts, now)
 	}
-	facts, disk, err := encodeFacts(req.Facts, now)
+	if err == nil {
+		values, err = s.failureValues(ctx, req.UnacknowledgedResults)
+	}
 	if err != nil {
+		// node_retired outranks every other refusal. It is asked only
+		// when there is a refusal to rank: on the way in, the store door
+		// checks the node it locks, so an enrollment costs no read ahead
+		// of its transaction.
+		if rerr := s.refuseRetired(ctx, req.NodeID); rerr != nil {
+			return api.EnrollResponse{}, rerr
+		}
 		return api.EnrollResponse{}, err
 	}
 	var n Node
 	var settled []Command
-	values, err := s.failureValues(ctx, req.UnacknowledgedResults)
-	if err != nil {
-		return api.EnrollResponse{}, err
-	}
 	err = s.store.Tx(ctx, func(tx Tx) error {
 		var err error
 		n, settled, err = s.enrollTx(ctx, tx, req, claims, facts, disk, values, now)
@@ -63,9 +68,9 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	return s.enrollResponse(n)
 }
 
-// refuseRetired answers ErrNodeRetired for a retired node: node_retired
-// outranks every other refusal, so it is asked before either door. An
-// unknown node passes here; the store door refuses it.
+// refuseRetired answers ErrNodeRetired for a retired node, the refusal
+// that outranks every other. An unknown node passes here; the store door
+// refuses it.
 func (s *Service) refuseRetired(ctx context.Context, nodeID string) error {
 	n, err := s.store.Node(ctx, nodeID)
 	switch {
@@ -99,7 +104,7 @@ func (s *Service) signerDoor(req api.EnrollRequest) (enrollClaims, error) {
 // command it settled.
 func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims,
 	facts json.RawMessage, disk Disk, values []string, now time.Time) (Node, []Command, error) {
-	n, inv, err := storeDoor(ctx, tx, req, c, now)
+	n, err := storeDoor(ctx, tx, req, c, now)
 	if err != nil {
 		return Node{}, nil, err
 	}
@@ -107,16 +112,23 @@ func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c 
 	if err != nil {
 		return Node{}, nil, err
 	}
+	first := n.FencingToken == 0
 	if n, err = s.refence(ctx, tx, n, req, facts, disk, now); err != nil {
 		return Node{}, nil, err
 	}
-	fate, err := settlePendingUnderNewFence(ctx, tx, n, now)
-	if err != nil {
-		return Node{}, nil, err
+	var fate pendingFate
+	// A node's first enrollment has no commands to decide: commands are
+	// recorded only for a ready node, and only an enrollment makes a node
+	// ready (the first one bumps fencing from 0). Nor could one have been
+	// delivered: no session exists at fencing 0. The read is skipped.
+	if !first {
+		if fate, err = settlePendingUnderNewFence(ctx, tx, n, now); err != nil {
+			return Node{}, nil, err
+		}
 	}
 	settled = append(settled, fate.unknown...)
 	if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + n.ID, Action: "node.enroll", NodeID: n.ID,
-		Detail: map[string]any{"fencing_token": n.FencingToken, "agent_version": req.AgentVersion, "invitation_id": inv.ID,
+		Detail: map[string]any{"fencing_token": n.FencingToken, "agent_version": req.AgentVersion, "invitation_id": c.ID,
 			"results_settled": len(req.UnacknowledgedResults), "redelivered": fate.redelivered, "outcome_unknown": len(fate.unknown)}}); err != nil {
 		return Node{}, nil, err
 	}
@@ -134,40 +146,39 @@ func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c 
 // storeDoor is the second door: the node, locked, must not be retired, and
 // the token must be this node's stored invitation, still outstanding. It
 // redeems the invitation: of two concurrent redemptions only one passes.
-func storeDoor(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims, now time.Time) (Node, Invitation, error) {
-	n, err := tx.LockNode(ctx, req.NodeID)
+// The redemption is tried first, in the statement that locks the node; the
+// invitation is read only to name a refusal, and a refusal undoes the
+// transaction (the redemption with it).
+func storeDoor(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims, now time.Time) (Node, error) {
+	d := digest(req.EnrollmentToken)
+	n, redeemed, err := tx.RedeemInvitation(ctx, req.NodeID, c.ID, d, now)
 	if isNoRows(err) {
-		return Node{}, Invitation{}, ErrEnrollmentInvalid
+		return Node{}, ErrEnrollmentInvalid
 	}
 	if err != nil {
-		return Node{}, Invitation{}, err
+		return Node{}, err
 	}
 	if n.State == StateRetired {
-		return Node{}, Invitation{}, ErrNodeRetired
+		return Node{}, ErrNodeRetired
+	}
+	if redeemed {
+		return n, nil
 	}
 	inv, err := tx.Invitation(ctx, c.ID)
-	if isNoRows(err) || (err == nil && (inv.NodeID != n.ID || inv.TokenDigest != digest(req.EnrollmentToken))) {
-		return Node{}, Invitation{}, ErrEnrollmentInvalid
+	if isNoRows(err) || (err == nil && (inv.NodeID != n.ID || inv.TokenDigest != d)) {
+		return Node{}, ErrEnrollmentInvalid
 	}
 	if err != nil {
-		return Node{}, Invitation{}, err
+		return Node{}, err
 	}
 	switch inv.State {
-	case InvitationRedeemed:
-		return Node{}, Invitation{}, ErrEnrollmentSpent
 	case InvitationSuperseded:
-		return Node{}, Invitation{}, ErrEnrollmentSuperseded
+		return Node{}, ErrEnrollmentSuperseded
 	case InvitationRevoked:
-		return Node{}, Invitation{}, ErrNodeRetired
+		return Node{}, ErrNodeRetired
 	}
-	ok, err := tx.SetInvitationState(ctx, inv.ID, InvitationOutstanding, InvitationRedeemed, now)
-	if err != nil {
-		return Node{}, Invitation{}, err
-	}
-	if !ok {
-		return Node{}, Invitation{}, ErrEnrollmentSpent
-	}
-	return n, inv, nil
+	// Redeemed, by an earlier enrollment or a concurrent one that won.
+	return Node{}, ErrEnrollmentSpent
 }
 
 // settleUnacknowledged takes the agent's own account of results it never

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +190,40 @@ func TestEnroll(t *testing.T) {
 			_, err = b.svc.Enroll(ctx, req)
 			requireCode(t, err, fleet.ErrNodeRetired)
 		})
+		t.Run("RetiredOutranksOversizedFacts", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			_, err := b.svc.Retire(ctx, "a", boot.NodeID, "")
+			require.NoError(t, err)
+			req := enrollReq(boot, b.clock.Now())
+			req.Facts.Labels = map[string]string{"big": strings.Repeat("x", fleet.MaxFactsBytes)}
+			_, err = b.svc.Enroll(ctx, req)
+			requireCode(t, err, fleet.ErrNodeRetired)
+		})
+		t.Run("RetiredWithItsOwnToken", func(t *testing.T) {
+			// The signer door passes: the store door's locked node refuses.
+			boot := b.invite(t, fleet.Invite{})
+			_, err := b.svc.Retire(ctx, "a", boot.NodeID, "")
+			require.NoError(t, err)
+			_, err = b.svc.Enroll(ctx, enrollReq(boot, b.clock.Now()))
+			requireCode(t, err, fleet.ErrNodeRetired)
+		})
+		t.Run("OversizedFactsOfALiveNodeAreValidationFailed", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			req := enrollReq(boot, b.clock.Now())
+			req.Facts.Labels = map[string]string{"big": strings.Repeat("x", fleet.MaxFactsBytes)}
+			_, err := b.svc.Enroll(ctx, req)
+			var e *errcode.Error
+			require.ErrorAs(t, err, &e)
+			require.Equal(t, errcode.ValidationFailed, e.Code)
+			b.enroll(t, boot) // nothing was redeemed
+		})
+		t.Run("UnknownNodeIsInvalid", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			req := enrollReq(boot, b.clock.Now())
+			req.NodeID = "no-such-node"
+			_, err := b.svc.Enroll(ctx, req)
+			requireCode(t, err, fleet.ErrEnrollmentInvalid)
+		})
 		t.Run("SupersededByReinvite", func(t *testing.T) {
 			boot := b.invite(t, fleet.Invite{})
 			through := b.clock.Now().Add(2 * time.Hour)
@@ -229,6 +264,43 @@ func TestEnrollConcurrent(t *testing.T) {
 				defer wg.Done()
 				<-start
 				_, errs[i] = b.svc.Enroll(ctx, enrollReq(boot, b.clock.Now()))
+			}()
+		}
+		close(start)
+		wg.Wait()
+		wins := 0
+		for _, err := range errs {
+			if err == nil {
+				wins++
+				continue
+			}
+			require.ErrorIs(t, err, fleet.ErrEnrollmentSpent)
+		}
+		require.Equal(t, 1, wins)
+		node, err := b.svc.Node(ctx, boot.NodeID)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), node.FencingToken, "exactly one fencing bump")
+	})
+}
+
+// TestEnrollConcurrentAcrossReplicas: redemptions of one token through
+// several replicas at once (separate stores, so separate transactions
+// rather than one group commit's batch), exactly one wins.
+func TestEnrollConcurrentAcrossReplicas(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		replicas := []*bundle{b, setup(t, b.db), setup(t, b.db)}
+		boot := b.invite(t, fleet.Invite{})
+		const per = 6
+		var wg sync.WaitGroup
+		errs := make([]error, len(replicas)*per)
+		start := make(chan struct{})
+		for i := range errs {
+			r := replicas[i%len(replicas)]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_, errs[i] = r.svc.Enroll(ctx, enrollReq(boot, r.clock.Now()))
 			}()
 		}
 		close(start)

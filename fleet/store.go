@@ -197,6 +197,13 @@ type Tx interface {
 	// answers false when the invitation was not in state from (a concurrent
 	// redemption won) or does not exist. Moving to redeemed stamps at.
 	SetInvitationState(ctx context.Context, id string, from, to InvitationState, at time.Time) (bool, error)
+	// RedeemInvitation locks the node and, in the same step, redeems the
+	// invitation id if it is this node's, carries this token digest and is
+	// still outstanding (stamping at). It answers the node (ErrNoRows when
+	// there is none) and whether it redeemed: of two concurrent redemptions
+	// only one answers true. The node is locked before the invitation, as
+	// everywhere else.
+	RedeemInvitation(ctx context.Context, nodeID, invitationID, tokenDigest string, at time.Time) (Node, bool, error)
 
 	// RecordEventIDs stores event ids for a node and answers which of them
 	// were new: an id recorded before is no conflict, only absent from the
@@ -252,7 +259,8 @@ type Tx interface {
 	// announcement, and answers how many it ended.
 	EndConfigureOperations(ctx context.Context, nodeID, except string, end ConfigEnd) (int, error)
 
-	// AppendAudit adds an audit entry (the store numbers it).
+	// AppendAudit adds an audit entry (the store numbers it). It is written
+	// with the commit: reads inside the transaction do not see it.
 	AppendAudit(ctx context.Context, e AuditEntry) error
 	// Notify tells every replica, once this transaction commits, that
 	// something about the node changed (see Notifier).

@@ -201,3 +201,101 @@ func median(runs []sqlcount.Counts) sqlcount.Counts {
 	}
 	return rs[len(rs)/2]
 }
+
+// TestPostgresEnrollCounters counts, on Postgres, what inviting a node
+// and enrolling it cost the database, per request of the real HTTP path
+// (the enroll scenario of the load tool: invitations first, then
+// enrollments): commits and round trips, sequential (medians) and
+// concurrent (per enrollment, logged: batch sizes depend on scheduling).
+// The sequential figures are ceilings, like TestPostgresWriteCounters.
+func TestPostgresEnrollCounters(t *testing.T) {
+	t.Parallel()
+	counter := &sqlcount.Counter{}
+	s := apitest.Start(t, apitest.WithDialect(models.Postgres), apitest.WithConfig(func(c *controlplane.Config) {
+		c.WrapDBConnector = func(k driver.Connector) driver.Connector { return counter.Wrap(k) }
+	}))
+	const n = 15
+	invite := func() api.Bootstrap {
+		var boot api.Bootstrap
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/invitations", map[string]any{"rental_id": apitest.RandomID("r"), "generation": 1},
+			http.StatusCreated, &boot)
+		return boot
+	}
+	enroll := func(b api.Bootstrap) {
+		s.JSON(t, http.MethodPost, "/agent/v1/enroll", api.EnrollRequest{NodeID: b.NodeID, Generation: 1,
+			EnrollmentToken: b.EnrollmentToken, AgentVersion: "0.0.0-test", Facts: agentFacts()}, "", http.StatusOK, nil)
+	}
+	_ = counter.Texts()
+	var invites, enrolls []sqlcount.Counts
+	boots := make([]api.Bootstrap, n)
+	for i := range boots {
+		before := counter.Snapshot()
+		boots[i] = invite()
+		invites = append(invites, counter.Snapshot().Sub(before))
+	}
+	inviteTexts := counter.Texts()
+	for _, b := range boots {
+		before := counter.Snapshot()
+		enroll(b)
+		enrolls = append(enrolls, counter.Snapshot().Sub(before))
+	}
+	enrollTexts := counter.Texts()
+	// Re-enrollment (a fresh token after the first was redeemed): the one
+	// kind that must also decide the node's unsettled commands.
+	var reenrolls []sqlcount.Counts
+	for _, b := range boots[:5] {
+		var again api.Bootstrap
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+b.NodeID+"/reinvite", map[string]any{}, http.StatusOK, &again)
+		before := counter.Snapshot()
+		enroll(again)
+		reenrolls = append(reenrolls, counter.Snapshot().Sub(before))
+	}
+
+	// Concurrent: k enrollments at once, as the load tool sends them.
+	const k = 48
+	more := make([]api.Bootstrap, k)
+	for i := range more {
+		more[i] = invite()
+	}
+	before := counter.Snapshot()
+	var wg sync.WaitGroup
+	for _, b := range more {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			enroll(b)
+		}()
+	}
+	wg.Wait()
+	load := counter.Snapshot().Sub(before)
+
+	mi, me, mr := median(invites), median(enrolls), median(reenrolls)
+	t.Logf("\n%-44s %8s %8s %8s\n%-44s %8d %8d %8d\n%-44s %8d %8d %8d\n%-44s %8d %8d %8d",
+		"step (median per request)", "commits", "rtrips", "stmts",
+		"invite POST /api/v1/nodes/invitations", mi.Transactions(), mi.RoundTrips(), mi.Statements,
+		"enroll POST /agent/v1/enroll", me.Transactions(), me.RoundTrips(), me.Statements,
+		"re-enroll POST /agent/v1/enroll", mr.Transactions(), mr.RoundTrips(), mr.Statements)
+	t.Logf("concurrent, %d enrollments at once: per enrollment %.2f COMMITs, %.2f transactions, %.2f round trips",
+		k, float64(load.Commits)/k, float64(load.Transactions())/k, float64(load.RoundTrips())/k)
+	// Ceilings: an enrollment is one transaction (the store door locks the
+	// node and redeems the invitation in one statement; no read ahead of
+	// it; a first enrollment reads no commands), BEGIN + 4 statements +
+	// COMMIT; a re-enrollment reads the node's unsettled commands too.
+	// Invitations are logged only:
+	// they go through the ledger, whose waiting submit re-reads the
+	// operation on each of its events, as they happen to arrive.
+	require.LessOrEqual(t, me.Transactions(), int64(1), "enroll: commits")
+	require.LessOrEqual(t, me.RoundTrips(), int64(6), "enroll: round trips")
+	require.LessOrEqual(t, mr.Transactions(), int64(1), "re-enroll: commits")
+	require.LessOrEqual(t, mr.RoundTrips(), int64(7), "re-enroll: round trips")
+	if testing.Verbose() {
+		for _, set := range []struct {
+			name  string
+			texts []sqlcount.TextCount
+		}{{"invite", inviteTexts}, {"enroll", enrollTexts}} {
+			for _, tc := range set.texts {
+				t.Logf("%s ×%d: %6.2f  %s", set.name, n, float64(tc.N)/n, tc.SQL)
+			}
+		}
+	}
+}

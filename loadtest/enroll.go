@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"time"
 )
 
@@ -27,6 +28,9 @@ type EnrollConfig struct {
 	DatabaseURL     string
 	Log             io.Writer
 	WorkerCommand   []string
+	// CPUProfile profiles this process (the in-process server) over the
+	// enrollment phase.
+	CPUProfile string
 }
 
 // EnrollReport is what an enroll run measured.
@@ -115,6 +119,21 @@ func RunEnroll(ctx context.Context, cfg EnrollConfig) (rep EnrollReport, err err
 	var cl0 *replicaWindow
 	if cl != nil {
 		cl0 = cl.begin()
+	}
+	if cfg.CPUProfile != "" {
+		if cfg.Binary || cfg.Replicas > 1 {
+			return rep, errors.New("-cpuprofile profiles this process: not with -binary or -replicas")
+		}
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return rep, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return rep, err
+		}
+		// Stopped once every worker has answered, or on the way out.
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
 	start = time.Now()
 	ws, err := startWorkers(Config{WorkerCommand: cfg.WorkerCommand, Log: cfg.Log, Replicas: urls[1:]},

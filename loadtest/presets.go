@@ -52,7 +52,8 @@ func cliPresets(ctx context.Context, scenario string, f presetFlags, stdout, std
 		return report(stdout, stderr, rep, err, f.asJSON, printStormReport)
 	default:
 		ec := EnrollConfig{Agents: f.cfg.Agents, AgentsPerWorker: f.cfg.AgentsPerWorker, Concurrency: f.concurrency,
-			Binary: f.binary, Replicas: f.replicas, DatabaseURL: pgURL, Log: f.cfg.Log}
+			Binary: f.binary, Replicas: f.replicas, DatabaseURL: pgURL, Log: f.cfg.Log,
+			CPUProfile: f.cfg.CPUProfile}
 		rep, err := RunEnroll(ctx, ec)
 		return report(stdout, stderr, rep, err, f.asJSON, printEnrollReport)
 	}

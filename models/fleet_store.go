@@ -80,6 +80,9 @@ type fleetTx struct {
 	// pg collects the payloads to announce to the other replicas
 	// (Postgres); the group commit sends them with the commit.
 	pg *[]string
+	// audit collects the node audit rows; the group commit writes them
+	// with the batch (group.go flushAudit).
+	audit *[]NodeAudit
 }
 
 func notFound(err error) error {
@@ -445,6 +448,49 @@ func (t *fleetTx) SetInvitationState(ctx context.Context, id string, from, to fl
 	return res.RowsAffected == 1, res.Error
 }
 
+// RedeemInvitation implements fleet.Tx. On Postgres it is one statement
+// (an enrollment's lock, lookup and redemption were three round trips, run
+// one after another inside a group commit): the node is locked in the first
+// CTE, and the invitation's UPDATE joins on it, so its row lock comes
+// second. The UPDATE's WHERE re-checks the invitation's newest version
+// (READ COMMITTED) once a concurrent redemption has committed, so exactly
+// one redemption changes the row.
+func (t *fleetTx) RedeemInvitation(ctx context.Context, nodeID, invitationID, tokenDigest string, at time.Time) (fleet.Node, bool, error) {
+	if t.dialect == Postgres {
+		var rows []redeemedRow
+		err := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
+			inv AS (
+				UPDATE invitations SET state = ?, redeemed_at = ?
+				WHERE id = ? AND node_id IN (SELECT id FROM n) AND token_digest = ? AND state = ?
+				RETURNING id)
+			SELECT n.*, EXISTS (SELECT 1 FROM inv) AS redeemed FROM n`,
+			nodeID, string(fleet.InvitationRedeemed), dbtime.Norm(at), invitationID, tokenDigest,
+			string(fleet.InvitationOutstanding)).Scan(&rows).Error
+		if err != nil {
+			return fleet.Node{}, false, err
+		}
+		if len(rows) == 0 {
+			return fleet.Node{}, false, fleet.ErrNoRows
+		}
+		return nodeFromRow(rows[0].Node), rows[0].Redeemed, nil
+	}
+	// SQLite: the transaction holds the database's write lock already.
+	n, err := t.LockNode(ctx, nodeID)
+	if err != nil {
+		return fleet.Node{}, false, err
+	}
+	res := t.db(ctx).Model(&Invitation{}).
+		Where("id = ? AND node_id = ? AND token_digest = ? AND state = ?", invitationID, nodeID, tokenDigest, string(fleet.InvitationOutstanding)).
+		Updates(map[string]any{"state": string(fleet.InvitationRedeemed), "redeemed_at": dbtime.Norm(at)})
+	return n, res.RowsAffected == 1, res.Error
+}
+
+// redeemedRow is a locked node and whether its invitation was redeemed.
+type redeemedRow struct {
+	Node     `gorm:"embedded"`
+	Redeemed bool
+}
+
 func (t *fleetTx) RecordEventIDs(ctx context.Context, nodeID string, ids []string, at time.Time) (map[string]bool, error) {
 	fresh := make(map[string]bool, len(ids))
 	for _, id := range ids {
@@ -586,7 +632,8 @@ func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
 		}
 		detail = string(b)
 	}
-	return t.db(ctx).Create(&NodeAudit{At: dbtime.Norm(e.At), Actor: e.Actor, Action: e.Action, NodeID: e.NodeID, Detail: detail}).Error
+	*t.audit = append(*t.audit, NodeAudit{At: dbtime.Norm(e.At), Actor: e.Actor, Action: e.Action, NodeID: e.NodeID, Detail: detail})
+	return nil
 }
 
 func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {

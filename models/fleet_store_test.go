@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/fleet"
@@ -134,6 +136,91 @@ func TestFleetStoreInvitations(t *testing.T) {
 			require.Empty(t, out)
 			return nil
 		}))
+	})
+}
+
+// TestFleetStoreRedeemInvitation: the enrollment's store door in one
+// step. Only this node's outstanding invitation with this digest is
+// redeemed, exactly once however many transactions race for it (several
+// stores: separate transactions, as several replicas run them), and a
+// transaction that fails after redeeming leaves it outstanding.
+func TestFleetStoreRedeemInvitation(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		insert(t, s, sampleNode("n1", "rent", 1), sampleNode("n2", "rent2", 1))
+		inv := fleet.Invitation{ID: "i1", NodeID: "n1", Generation: 1, TokenDigest: "d1", IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), State: fleet.InvitationOutstanding}
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertInvitation(ctx, inv) }))
+		redeem := func(s *models.FleetStore, node, id, digest string) (fleet.Node, bool, error) {
+			var n fleet.Node
+			var ok bool
+			err := s.Tx(ctx, func(tx fleet.Tx) error {
+				var err error
+				n, ok, err = tx.RedeemInvitation(ctx, node, id, digest, t0)
+				return err
+			})
+			return n, ok, err
+		}
+		state := func() fleet.Invitation {
+			var got fleet.Invitation
+			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+				var err error
+				got, err = tx.Invitation(ctx, "i1")
+				return err
+			}))
+			return got
+		}
+
+		n, ok, err := redeem(s, "n1", "i1", "other digest")
+		require.NoError(t, err)
+		require.False(t, ok, "another token's digest")
+		require.Equal(t, "n1", n.ID, "the node is answered all the same")
+		_, ok, err = redeem(s, "n2", "i1", "d1")
+		require.NoError(t, err)
+		require.False(t, ok, "another node's invitation")
+		_, ok, err = redeem(s, "n1", "missing", "d1")
+		require.NoError(t, err)
+		require.False(t, ok, "no such invitation")
+		_, _, err = redeem(s, "missing", "i1", "d1")
+		require.ErrorIs(t, err, fleet.ErrNoRows, "no such node")
+
+		refused := errors.New("refused after redeeming")
+		err = s.Tx(ctx, func(tx fleet.Tx) error {
+			_, ok, err := tx.RedeemInvitation(ctx, "n1", "i1", "d1", t0)
+			require.NoError(t, err)
+			require.True(t, ok)
+			return refused
+		})
+		require.ErrorIs(t, err, refused)
+		require.Equal(t, fleet.InvitationOutstanding, state().State, "undone with its transaction")
+
+		stores := []*models.FleetStore{s, models.NewFleetStore(db, "r2", nil), models.NewFleetStore(db, "r3", nil)}
+		const each = 4
+		var wins atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, st := range stores {
+			for range each {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					n, ok, err := redeem(st, "n1", "i1", "d1")
+					if !assert.NoError(t, err) {
+						return
+					}
+					assert.Equal(t, "n1", n.ID)
+					if ok {
+						wins.Add(1)
+					}
+				}()
+			}
+		}
+		close(start)
+		wg.Wait()
+		require.Equal(t, int64(1), wins.Load(), "exactly one redemption")
+		got := state()
+		require.Equal(t, fleet.InvitationRedeemed, got.State)
+		require.Equal(t, t0, *got.RedeemedAt)
 	})
 }
 

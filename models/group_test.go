@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/fleet"
@@ -88,5 +89,68 @@ func TestGroupCommitOverlappingBatchesNeverFailOrRepeat(t *testing.T) {
 		for k, n := range seen {
 			require.Equal(t, 1, n, "%s committed once", k)
 		}
+	})
+}
+
+// Audit rows are written with the batch: a request that fails leaves none,
+// each that commits leaves its own, once and in its order, and a request
+// with more rows than one statement takes still writes them all.
+func TestGroupCommitAuditRowsFollowTheirRequest(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		const reqs = 48
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		refused := fmt.Errorf("refused")
+		for i := range reqs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				err := s.Tx(ctx, func(tx fleet.Tx) error {
+					for step := range 2 {
+						if err := tx.AppendAudit(ctx, fleet.AuditEntry{At: t0, Actor: "test", Action: "audit.step",
+							NodeID: "aud", Detail: map[string]any{"i": i, "step": step}}); err != nil {
+							return err
+						}
+					}
+					if i%3 == 0 {
+						return refused
+					}
+					return nil
+				})
+				if i%3 == 0 {
+					assert.ErrorIs(t, err, refused)
+				} else {
+					assert.NoError(t, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		entries, err := s.Audit(ctx, "aud", 0)
+		require.NoError(t, err)
+		next := map[float64]float64{} // request → its next step, oldest entry first
+		for k := len(entries) - 1; k >= 0; k-- {
+			i, step := entries[k].Detail["i"].(float64), entries[k].Detail["step"].(float64)
+			require.NotZero(t, int(i)%3, "request %v failed: none of its rows", i)
+			require.Equal(t, next[i], step, "request %v: its rows once, in order", i)
+			next[i]++
+		}
+		require.Len(t, next, reqs-reqs/3)
+
+		const many = 2500
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			for i := range many {
+				if err := tx.AppendAudit(ctx, fleet.AuditEntry{At: t0, Actor: "test", Action: "audit.many", NodeID: "many",
+					Detail: map[string]any{"i": i}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		entries, err = s.Audit(ctx, "many", 0)
+		require.NoError(t, err)
+		require.Len(t, entries, many)
 	})
 }

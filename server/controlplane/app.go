@@ -72,7 +72,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		log.Warn("generated a new master key; back it up with the database: losing it invalidates every credential",
 			"path", generated)
 	}
-	db, err := models.Open(ctx, models.Options{URL: cfg.DatabaseURL, DataDir: cfg.DataDir, WrapConnector: cfg.WrapDBConnector})
+	db, err := models.Open(ctx, models.Options{URL: cfg.DatabaseURL, DataDir: cfg.DataDir, WrapConnector: cfg.WrapDBConnector,
+		MaxOpenConns: cfg.DBMaxConns})
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,15 @@ type Config struct {
 	// LedgerWorkers bounds the local operations this replica runs at once
 	// (NODEWARD_LEDGER_WORKERS; default 16). Node commands hold no slot.
 	LedgerWorkers int
+	// DBMaxConns bounds this replica's database connections
+	// (NODEWARD_DB_MAX_CONNS); 0 is the dialect's default, 32 on Postgres
+	// and 8 on SQLite. Every replica holds up to this many, so replicas ×
+	// DBMaxConns must stay under the server's max_connections.
+	DBMaxConns int
+	// dbMaxConns is the setting as given, checked by Validate (so a bad
+	// value from the environment or a flag stops the server with one line
+	// naming it).
+	dbMaxConns poolSize
 	// DiagnoseAllow is where diagnose.endpoint may probe: CIDRs and host
 	// names, comma-separated (NODEWARD_DIAGNOSE_ALLOW); empty refuses
 	// every destination.
@@ -61,6 +70,26 @@ type Config struct {
 	// WrapDBConnector wraps the Postgres driver's connector (the write-path
 	// counters of handlers' tests count through it); nil in production.
 	WrapDBConnector func(driver.Connector) driver.Connector
+}
+
+// maxDBConns bounds DBMaxConns: far above any Postgres max_connections
+// in use, low enough that a typo (an extra digit or three) is refused.
+const maxDBConns = 10000
+
+// poolSize is the text of the database pool size setting, from the
+// environment or the flag; Validate parses it.
+type poolSize struct{ raw string }
+
+func (p *poolSize) String() string {
+	if p == nil {
+		return ""
+	}
+	return p.raw
+}
+
+func (p *poolSize) Set(v string) error {
+	p.raw = v
+	return nil
 }
 
 // DefaultReadTimeout is the default of Config.ReadTimeout.
@@ -101,6 +130,8 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 		workers = -1 // refused by Validate, naming the setting
 	}
 	fs.IntVar(&c.LedgerWorkers, "ledger-workers", workers, "local operations run at once by this replica (NODEWARD_LEDGER_WORKERS)")
+	c.dbMaxConns = poolSize{raw: getenv("NODEWARD_DB_MAX_CONNS")}
+	fs.Var(&c.dbMaxConns, "db-max-conns", "database connections this replica holds at most; replicas × this must stay under Postgres max_connections (NODEWARD_DB_MAX_CONNS; default 32 on PostgreSQL, 8 on SQLite)")
 	fs.StringVar(&c.DiagnoseAllow, "diagnose-allow", envOr(getenv, "NODEWARD_DIAGNOSE_ALLOW", ""), "CIDRs and host names diagnose.endpoint may probe, comma-separated; empty refuses all (NODEWARD_DIAGNOSE_ALLOW)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
 }
@@ -116,6 +147,16 @@ func (c *Config) Validate() error {
 	}
 	if c.LedgerWorkers < 0 || c.LedgerWorkers > 1024 {
 		return errors.New("ledger workers must be a whole number from 1 to 1024 (0 is the default, 16)")
+	}
+	if c.dbMaxConns.raw != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(c.dbMaxConns.raw))
+		if err != nil || n < 1 || n > maxDBConns {
+			return fmt.Errorf("database pool size (NODEWARD_DB_MAX_CONNS, --db-max-conns) %q: want a whole number from 1 to %d", c.dbMaxConns.raw, maxDBConns)
+		}
+		c.DBMaxConns = n
+	}
+	if c.DBMaxConns < 0 || c.DBMaxConns > maxDBConns {
+		return fmt.Errorf("database pool size %d: want a whole number from 1 to %d", c.DBMaxConns, maxDBConns)
 	}
 	if c.SessionTTL != 0 && c.SessionTTL < time.Minute {
 		return errors.New("session TTL must be at least 1m")

@@ -1,0 +1,75 @@
+package controlplane
+
+import (
+	"context"
+	"flag"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDBMaxConns: the pool size comes from NODEWARD_DB_MAX_CONNS or
+// --db-max-conns (the flag wins), reaches the pool, and anything but a
+// whole number from 1 up is refused at start with a line naming it.
+func TestDBMaxConns(t *testing.T) {
+	parse := func(env string, args ...string) (Config, error) {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var c Config
+		bindFlags(fs, &c, func(k string) string {
+			if k == "NODEWARD_DB_MAX_CONNS" {
+				return env
+			}
+			return ""
+		})
+		c.DataDir = t.TempDir()
+		require.NoError(t, fs.Parse(args))
+		return c, c.Validate()
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want int
+	}{
+		{"", nil, 0}, // the dialect's default
+		{"5", nil, 5},
+		{" 12 ", nil, 12},
+		{"5", []string{"--db-max-conns", "7"}, 7},
+		{"", []string{"--db-max-conns", "100"}, 100},
+	} {
+		c, err := parse(tc.env, tc.args...)
+		require.NoError(t, err, "%q %v", tc.env, tc.args)
+		require.Equal(t, tc.want, c.DBMaxConns, "%q %v", tc.env, tc.args)
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+	}{
+		{"0", nil}, {"-3", nil}, {"ten", nil}, {"1.5", nil}, {"32k", nil}, {"100000", nil},
+		{"", []string{"--db-max-conns", "0"}},
+		{"", []string{"--db-max-conns", "many"}},
+		{"8", []string{"--db-max-conns", "-1"}},
+	} {
+		_, err := parse(tc.env, tc.args...)
+		require.Error(t, err, "%q %v", tc.env, tc.args)
+		require.Contains(t, err.Error(), "NODEWARD_DB_MAX_CONNS")
+		require.Contains(t, err.Error(), "whole number from 1")
+	}
+
+	pool := func(c Config) int {
+		app, err := Open(context.Background(), c, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		defer app.Close()
+		sqlDB, err := app.DB.DB.DB()
+		require.NoError(t, err)
+		return sqlDB.Stats().MaxOpenConnections
+	}
+	c, err := parse("3")
+	require.NoError(t, err)
+	require.Equal(t, 3, pool(c))
+	c, err = parse("")
+	require.NoError(t, err)
+	require.Equal(t, 8, pool(c), "SQLite's default")
+}

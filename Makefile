@@ -2,6 +2,7 @@
 .PHONY: help run test test-pg lint generate bench bench-ledger load build plans torture screenshots console-bench
 
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+LOAD_OUT ?= /tmp/nodeward-load
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -33,8 +34,8 @@ bench: ## Go benchmarks on both databases (see BENCHMARKS.md)
 bench-ledger: ## the ledger benchmark with River and pgbench beside it (see BENCHMARKS.md)
 	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/ledger-matrix.sh
 
-load: ## the delivery load matrix (see BENCHMARKS.md)
-	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/matrix.sh
+load: ## every scale figure (issue 13) in one sitting, about 90 min on a quiet machine, into $(LOAD_OUT) (see BENCHMARKS.md)
+	NODEWARD_TEST_DATABASE_URL='$(PG_URL)' loadtest/scale-matrix.sh $(LOAD_OUT) 3
 
 plans: ## the ledger's query plans at a million operations, into docs/ledger-plans.md
 	go run ./cmd/ledgerplans -database-url '$(PG_URL)' -out docs/ledger-plans.md

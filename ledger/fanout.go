@@ -59,6 +59,7 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		}
 		now := s.clock()
 		children := make([]Operation, len(plan.Children))
+		submitted := make([]Event, len(plan.Children))
 		for i, c := range plan.Children {
 			ck, ok := s.kinds.Kind(c.Kind)
 			if !ok {
@@ -84,11 +85,13 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 				ch.Channel = ChannelLongPoll
 			}
 			ch.TargetKind, ch.TargetID = indexTarget(ch.Targets)
-			if err := tx.InsertOperation(ctx, &ch, Event{OperationID: ch.ID, Type: EventSubmitted, At: now,
-				Data: mustJSON(map[string]any{"parent_id": cur.ID})}); err != nil {
-				return err
-			}
 			children[i] = ch
+			submitted[i] = Event{OperationID: ch.ID, Type: EventSubmitted, At: now, Data: mustJSON(map[string]any{"parent_id": cur.ID})}
+		}
+		// One multi-row insert for the children and one for their events,
+		// not a statement per child.
+		if err := tx.InsertOperations(ctx, children, submitted); err != nil {
+			return err
 		}
 		max := plan.MaxConcurrency
 		if max <= 0 || max > len(children) {
@@ -155,8 +158,18 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 		maxConcurrency := maxConcurrencyOf(parent)
 		inFlight := byState[StatePending] + byState[StateRunning] - held
 		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil {
-			waiting, err := tx.HeldChildren(ctx, parentID, free)
+			// The held children leave the held ones in one statement and
+			// their released events in one more; then each goes to its
+			// channel.
+			waiting, err := tx.ReleaseHeld(ctx, parentID, free, now)
 			if err != nil {
+				return err
+			}
+			events := make([]Event, len(waiting))
+			for i, ch := range waiting {
+				events[i] = Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}
+			}
+			if err := tx.AppendEvents(ctx, events...); err != nil {
 				return err
 			}
 			for _, ch := range waiting {
@@ -233,18 +246,12 @@ func eachChild(ctx context.Context, tx Tx, parentID string, fn func(Operation)) 
 	}
 }
 
-// release hands a held child to its channel: a node kind records its
-// command now (a refusal — the node retired, not ready, over its quota —
-// ends the child failed with that code), a local kind becomes claimable.
-// It answers the child as it stands after.
+// release hands a child just released (Tx.ReleaseHeld, its released
+// event appended) to its channel: a node kind records its command now (a
+// refusal — the node retired, not ready, over its quota — ends the child
+// failed with that code), a local kind becomes claimable. It answers the
+// child as it stands after.
 func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Time) (Operation, error) {
-	ch.Held, ch.UpdatedAt = false, now
-	if err := tx.UpdateOperation(ctx, ch); err != nil {
-		return ch, err
-	}
-	if err := tx.AppendEvents(ctx, Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}); err != nil {
-		return ch, err
-	}
 	kind, ok := s.kinds.Kind(ch.Kind)
 	if ok {
 		if err := s.checkCapability(ctx, kind, ch.Targets); errcode.Of(err) == errcode.CapabilityMissing {

@@ -510,12 +510,51 @@ func (t *ledgerTx) OpenNodeOperations(ctx context.Context, nodeID string) ([]led
 const childCountsSQL = `SELECT state, held, COALESCE(error_code, '') = 'capability_missing' AS missing, COUNT(*) AS n
 	FROM operations WHERE parent_id = ? GROUP BY state, held, missing`
 
-// HeldChildren answers a parent's held children, oldest first, locked.
-func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {
+// insertBatch bounds the rows of one multi-row insert: an operation binds
+// about 30 parameters and Postgres takes at most 65,535 per statement.
+const insertBatch = 500
+
+// InsertOperations records a fan-out's children with one multi-row insert
+// per insertBatch operations and as many for their events, not a statement
+// each.
+func (t *ledgerTx) InsertOperations(ctx context.Context, ops []ledger.Operation, events []ledger.Event) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	rows := make([]Operation, len(ops))
+	for i, op := range ops {
+		rows[i] = rowFromOperation(op)
+		rows[i].Seq = 0
+	}
+	if err := t.r.db(ctx).CreateInBatches(&rows, insertBatch).Error; err != nil {
+		if isDuplicate(err) {
+			return ledger.ErrDuplicate
+		}
+		return err
+	}
+	for i := 0; i < len(events); i += insertBatch {
+		if err := appendEvents(t.r.db(ctx), events[i:min(i+insertBatch, len(events))]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReleaseHeld releases a parent's oldest held children in one UPDATE …
+// RETURNING. The parent's row, locked by the caller, serialises every
+// advance of its children, so the rows need no locking order of their
+// own.
+func (t *ledgerTx) ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]ledger.Operation, error) {
 	var rows []Operation
-	q := t.r.db(ctx).Where("parent_id = ? AND held = ? AND state = 'pending'", parentID, true).Order("seq").Limit(limit)
-	err := t.r.forUpdate(q).Find(&rows).Error
-	return operationsFromRows(rows), err
+	err := t.r.db(ctx).Raw(`UPDATE operations SET held = FALSE, updated_at = ?
+		WHERE seq IN (SELECT seq FROM operations WHERE parent_id = ? AND held = TRUE AND state = 'pending' ORDER BY seq LIMIT ?)
+		RETURNING *`, dbtime.Norm(now), parentID, limit).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	// RETURNING answers in no promised order: oldest first, as released.
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
+	return operationsFromRows(rows), nil
 }
 
 // OpenChildren answers a parent's children not yet ended, oldest first.

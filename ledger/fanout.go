@@ -172,11 +172,11 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 			if err := tx.AppendEvents(ctx, events...); err != nil {
 				return err
 			}
-			for _, ch := range waiting {
-				ended, err := s.release(ctx, tx, ch, now)
-				if err != nil {
-					return err
-				}
+			after, err := s.releaseAll(ctx, tx, waiting, now)
+			if err != nil {
+				return err
+			}
+			for _, ended := range after {
 				held--
 				if ended.Terminal() {
 					byState[StatePending]--
@@ -244,6 +244,88 @@ func eachChild(ctx context.Context, tx Tx, parentID string, fn func(Operation)) 
 		}
 		f.Before = page[len(page)-1].Cursor
 	}
+}
+
+// releaseAll hands children just released to their channels, answering
+// each as it stands after, in order. Children of a kind with RecordMany
+// (the node commands) are recorded together: one statement locking their
+// nodes in id order (as the lease batch does, models/group.go) — the
+// capability is checked on those locked rows, not from the node cache
+// (a read per node on a miss) as release does — one counting the nodes'
+// open operations for the quota, one inserting the commands. A
+// refused child — node absent, retired, not ready, lacking the
+// capability, over its quota — has nothing written and ends failed with
+// its code, as release would end it. Other kinds go one by one.
+func (s *Service) releaseAll(ctx context.Context, tx Tx, chs []Operation, now time.Time) ([]Operation, error) {
+	out := make([]Operation, len(chs))
+	byKind := map[*Kind][]int{}
+	var kinds []*Kind
+	for i, ch := range chs {
+		out[i] = ch
+		kind, ok := s.kinds.Kind(ch.Kind)
+		if !ok || kind.RecordMany == nil {
+			ended, err := s.release(ctx, tx, ch, now)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = ended
+			continue
+		}
+		if byKind[kind] == nil {
+			kinds = append(kinds, kind)
+		}
+		byKind[kind] = append(byKind[kind], i)
+	}
+	for _, kind := range kinds {
+		idx := byKind[kind]
+		ops := make([]Operation, len(idx))
+		for j, i := range idx {
+			ops[j] = chs[i]
+		}
+		admit := func(ok []int) (map[int]error, error) {
+			var nodes []string
+			for _, j := range ok {
+				if nodeQuotaApplies(kind, ops[j]) {
+					nodes = append(nodes, ops[j].TargetID)
+				}
+			}
+			if len(nodes) == 0 {
+				return nil, nil
+			}
+			open, err := tx.CountOpenForNodes(ctx, nodes, s.kinds.QuotaExempt())
+			if err != nil {
+				return nil, err
+			}
+			refused := map[int]error{}
+			for _, j := range ok {
+				// The child is open, so counted already: the others are
+				// one fewer.
+				if nodeQuotaApplies(kind, ops[j]) {
+					if err := s.overNodeQuota(ops[j].TargetID, open[ops[j].TargetID]-1); err != nil {
+						refused[j] = err
+					}
+				}
+			}
+			return refused, nil
+		}
+		refusals, err := kind.RecordMany(ctx, tx, ops, admit)
+		if err != nil {
+			return nil, err
+		}
+		for j, refusal := range refusals {
+			if refusal == nil {
+				continue
+			}
+			var coded *errcode.Error
+			if !errors.As(refusal, &coded) {
+				return nil, refusal
+			}
+			if out[idx[j]], err = s.endTx(ctx, tx, ops[j], StateFailed, nil, operationError(refusal), now); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
 }
 
 // release hands a child just released (Tx.ReleaseHeld, its released

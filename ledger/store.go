@@ -157,6 +157,9 @@ type Tx interface {
 	// CountOpenForNode counts operations not yet ended that target the
 	// node, other than kinds in except.
 	CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error)
+	// CountOpenForNodes is CountOpenForNode for many nodes in one
+	// statement: node id → count (absent: 0).
+	CountOpenForNodes(ctx context.Context, nodeIDs []string, except []string) (map[string]int, error)
 	// CountOpenForPrincipal counts the principal's top-level operations
 	// not yet ended (a fan-out counts once).
 	CountOpenForPrincipal(ctx context.Context, p Principal) (int, error)

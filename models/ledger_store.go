@@ -326,6 +326,26 @@ func (t *ledgerTx) CountOpenForNode(ctx context.Context, nodeID string, except [
 	return int(n), err
 }
 
+func (t *ledgerTx) CountOpenForNodes(ctx context.Context, nodeIDs []string, except []string) (map[string]int, error) {
+	var rows []struct {
+		TargetID string
+		N        int
+	}
+	q := t.r.db(ctx).Model(&Operation{}).Select("target_id, COUNT(*) AS n").
+		Where("target_id IN ? AND terminal = FALSE AND target_kind = ?", nodeIDs, ledger.TargetNode)
+	if len(except) > 0 {
+		q = q.Where("kind NOT IN ?", except)
+	}
+	if err := q.Group("target_id").Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(rows))
+	for _, r := range rows {
+		out[r.TargetID] = r.N
+	}
+	return out, nil
+}
+
 func openForNodeQuery(g *gorm.DB, nodeID string, except []string) *gorm.DB {
 	q := g.Model(&Operation{}).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode)
 	if len(except) > 0 {

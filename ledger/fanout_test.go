@@ -205,6 +205,31 @@ func TestFleetCommand(t *testing.T) {
 			}
 			require.Equal(t, int64(2), b.handedOut(t, parent.ID), "a command for each accepted child, once")
 		})
+		t.Run("WideReleaseInOneAdvance", func(t *testing.T) {
+			// More children than one multi-row statement takes (500),
+			// released at once: the 600 for absent nodes end not_found,
+			// the two real ones are handed out.
+			ok1, s1 := b.readyNode(t)
+			ok2, s2 := b.readyNode(t)
+			ids := []string{ok1, ok2}
+			for i := range 600 {
+				ids = append(ids, "ghost-"+strconv.Itoa(i))
+			}
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+				Targets:   nodeTargets(ids...),
+				Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"wide:1"},"max_concurrency":2000}`)})
+			require.NoError(t, err)
+			// 600 refusals end one by one: seconds on SQLite under -race.
+			require.Eventually(t, func() bool {
+				return dbtest.Count(t, b.db.DB, &models.Operation{}, "parent_id = ? AND state = ?", parent.ID, ledger.StateFailed) == 600
+			}, 10*waitLong, 100*time.Millisecond)
+			b.settleAll(t, parent.ID, map[string]fleet.Session{ok1: s1, ok2: s2})
+			done := b.waitState(t, parent.ID, ledger.StateFailed)
+			require.Equal(t, &ledger.Counts{Total: 602, Succeeded: 2, Failed: 600}, done.Counts)
+			require.Equal(t, int64(2), b.handedOut(t, parent.ID))
+			require.Equal(t, int64(602), dbtest.Count(t, b.db.DB, &models.OperationEvent{},
+				"type = ? AND operation_id IN (SELECT id FROM operations WHERE parent_id = ?)", ledger.EventReleased, parent.ID))
+		})
 		t.Run("BadOperationsRecordNothing", func(t *testing.T) {
 			before := countOps(t, b)
 			for _, c := range []struct {

@@ -381,7 +381,9 @@ func appendEvents(g *gorm.DB, events []ledger.Event) error {
 		}
 		rows[i] = OperationEvent{OperationID: e.OperationID, Type: e.Type, At: dbtime.Norm(e.At), Data: data}
 	}
-	return g.Create(&rows).Error
+	// A fan-out's release may carry thousands: SQLite binds at most
+	// 32,766 parameters per statement.
+	return g.CreateInBatches(&rows, insertBatch).Error
 }
 
 func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
@@ -531,7 +533,8 @@ const childCountsSQL = `SELECT state, held, COALESCE(error_code, '') = 'capabili
 	FROM operations WHERE parent_id = ? GROUP BY state, held, missing`
 
 // insertBatch bounds the rows of one multi-row insert: an operation binds
-// about 30 parameters and Postgres takes at most 65,535 per statement.
+// about 30 parameters; Postgres takes at most 65,535 per statement, SQLite
+// 32,766.
 const insertBatch = 500
 
 // InsertOperations records a fan-out's children with one multi-row insert
@@ -552,12 +555,7 @@ func (t *ledgerTx) InsertOperations(ctx context.Context, ops []ledger.Operation,
 		}
 		return err
 	}
-	for i := 0; i < len(events); i += insertBatch {
-		if err := appendEvents(t.r.db(ctx), events[i:min(i+insertBatch, len(events))]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return appendEvents(t.r.db(ctx), events)
 }
 
 // ReleaseHeld releases a parent's oldest held children in one UPDATE …

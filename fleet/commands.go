@@ -285,6 +285,78 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	return c, tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
 }
 
+// IssueManyTx records many commands (a fan-out's release) inside the
+// caller's transaction in a few statements whatever their number: the
+// nodes locked in id order in one, the commands inserted in one. admit
+// runs under the nodes' locks with the indexes that passed the node's own
+// checks and may refuse more (the ledger's node quota, counted in one
+// statement). It answers, per input, the refusal that left it unrecorded
+// (nil: recorded) — the errors IssueTx would answer for it alone.
+func (s *Service) IssueManyTx(ctx context.Context, tx Tx, ins []IssueCommand, admit func(ok []int) (map[int]error, error)) ([]error, error) {
+	refused := make([]error, len(ins))
+	payloads := make([]json.RawMessage, len(ins))
+	digests := make([]string, len(ins))
+	ids := make([]string, 0, len(ins))
+	for i, in := range ins {
+		if payloads[i], digests[i], refused[i] = validateIssue(in); refused[i] == nil {
+			ids = append(ids, in.NodeID)
+		}
+	}
+	if len(ids) == 0 {
+		return refused, nil
+	}
+	nodes, err := tx.LockNodes(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	var ok []int
+	for i, in := range ins {
+		if refused[i] != nil {
+			continue
+		}
+		n, found := nodes[in.NodeID]
+		switch {
+		case !found:
+			refused[i] = ErrNotFound
+		default:
+			if refused[i] = readyForWork(n); refused[i] == nil {
+				refused[i] = nodeCapable(n, in.Kind)
+			}
+		}
+		if refused[i] == nil {
+			ok = append(ok, i)
+		}
+	}
+	more, err := admit(ok)
+	if err != nil {
+		return nil, err
+	}
+	now := s.clock()
+	var cs []Command
+	for _, i := range ok {
+		if e := more[i]; e != nil {
+			refused[i] = e
+			continue
+		}
+		n := nodes[ins[i].NodeID]
+		cs = append(cs, Command{OperationID: ins[i].OperationID, NodeID: n.ID, Kind: ins[i].Kind, Payload: payloads[i],
+			PayloadDigest: digests[i], FencingToken: n.FencingToken, IssuedAt: now, State: CommandPending})
+	}
+	if err := tx.InsertCommands(ctx, cs); err != nil {
+		if errors.Is(err, ErrDuplicate) {
+			return nil, ErrOperationConflict
+		}
+		return nil, err
+	}
+	s.metrics.CommandsIssued.Add(float64(len(cs)))
+	for _, c := range cs {
+		if err := tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: c.NodeID}); err != nil {
+			return nil, err
+		}
+	}
+	return refused, nil
+}
+
 // Command answers one command. Errors: ErrCommandNotFound.
 func (s *Service) Command(ctx context.Context, operationID string) (Command, error) {
 	c, err := s.store.Command(ctx, operationID)

@@ -174,6 +174,9 @@ type Tx interface {
 	// LockNode answers the node, locked against concurrent change until
 	// the transaction ends, or ErrNoRows.
 	LockNode(ctx context.Context, id string) (Node, error)
+	// LockNodes answers the nodes of ids that exist, by id, locked in id
+	// order in one statement (the order every multi-node lock takes).
+	LockNodes(ctx context.Context, ids []string) (map[string]Node, error)
 	// NodesOfRental answers every generation of a rental, locked, lowest
 	// generation first; an unknown rental answers an empty list.
 	NodesOfRental(ctx context.Context, rentalID string) ([]Node, error)
@@ -221,6 +224,9 @@ type Tx interface {
 	// InsertCommand adds a command; ErrDuplicate when its operation id
 	// exists.
 	InsertCommand(ctx context.Context, c Command) error
+	// InsertCommands adds many commands in multi-row statements;
+	// ErrDuplicate when an operation id is taken.
+	InsertCommands(ctx context.Context, cs []Command) error
 	// LockCommand answers the command locked, or ErrNoRows.
 	LockCommand(ctx context.Context, operationID string) (Command, error)
 	// UpdateCommand writes every mutable field of c. A command that does

@@ -59,6 +59,7 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		}
 		now := s.clock()
 		children := make([]Operation, len(plan.Children))
+		submitted := make([]Event, len(plan.Children))
 		for i, c := range plan.Children {
 			ck, ok := s.kinds.Kind(c.Kind)
 			if !ok {
@@ -84,11 +85,13 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 				ch.Channel = ChannelLongPoll
 			}
 			ch.TargetKind, ch.TargetID = indexTarget(ch.Targets)
-			if err := tx.InsertOperation(ctx, &ch, Event{OperationID: ch.ID, Type: EventSubmitted, At: now,
-				Data: mustJSON(map[string]any{"parent_id": cur.ID})}); err != nil {
-				return err
-			}
 			children[i] = ch
+			submitted[i] = Event{OperationID: ch.ID, Type: EventSubmitted, At: now, Data: mustJSON(map[string]any{"parent_id": cur.ID})}
+		}
+		// One multi-row insert for the children and one for their events,
+		// not a statement per child.
+		if err := tx.InsertOperations(ctx, children, submitted); err != nil {
+			return err
 		}
 		max := plan.MaxConcurrency
 		if max <= 0 || max > len(children) {
@@ -155,15 +158,25 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 		maxConcurrency := maxConcurrencyOf(parent)
 		inFlight := byState[StatePending] + byState[StateRunning] - held
 		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil {
-			waiting, err := tx.HeldChildren(ctx, parentID, free)
+			// The held children leave the held ones in one statement and
+			// their released events in one more; then each goes to its
+			// channel.
+			waiting, err := tx.ReleaseHeld(ctx, parentID, free, now)
 			if err != nil {
 				return err
 			}
-			for _, ch := range waiting {
-				ended, err := s.release(ctx, tx, ch, now)
-				if err != nil {
-					return err
-				}
+			events := make([]Event, len(waiting))
+			for i, ch := range waiting {
+				events[i] = Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}
+			}
+			if err := tx.AppendEvents(ctx, events...); err != nil {
+				return err
+			}
+			after, err := s.releaseAll(ctx, tx, waiting, now)
+			if err != nil {
+				return err
+			}
+			for _, ended := range after {
 				held--
 				if ended.Terminal() {
 					byState[StatePending]--
@@ -233,18 +246,94 @@ func eachChild(ctx context.Context, tx Tx, parentID string, fn func(Operation)) 
 	}
 }
 
-// release hands a held child to its channel: a node kind records its
-// command now (a refusal — the node retired, not ready, over its quota —
-// ends the child failed with that code), a local kind becomes claimable.
-// It answers the child as it stands after.
+// releaseAll hands children just released to their channels, answering
+// each as it stands after, in order. Children of a kind with RecordMany
+// (the node commands) are recorded together: one statement locking their
+// nodes in id order (as the lease batch does, models/group.go) — the
+// capability is checked on those locked rows, not from the node cache
+// (a read per node on a miss) as release does — one counting the nodes'
+// open operations for the quota, one inserting the commands. A
+// refused child — node absent, retired, not ready, lacking the
+// capability, over its quota — has nothing written and ends failed with
+// its code, as release would end it. Other kinds go one by one.
+func (s *Service) releaseAll(ctx context.Context, tx Tx, chs []Operation, now time.Time) ([]Operation, error) {
+	out := make([]Operation, len(chs))
+	byKind := map[*Kind][]int{}
+	var kinds []*Kind
+	for i, ch := range chs {
+		out[i] = ch
+		kind, ok := s.kinds.Kind(ch.Kind)
+		if !ok || kind.RecordMany == nil {
+			ended, err := s.release(ctx, tx, ch, now)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = ended
+			continue
+		}
+		if byKind[kind] == nil {
+			kinds = append(kinds, kind)
+		}
+		byKind[kind] = append(byKind[kind], i)
+	}
+	for _, kind := range kinds {
+		idx := byKind[kind]
+		ops := make([]Operation, len(idx))
+		for j, i := range idx {
+			ops[j] = chs[i]
+		}
+		admit := func(ok []int) (map[int]error, error) {
+			var nodes []string
+			for _, j := range ok {
+				if nodeQuotaApplies(kind, ops[j]) {
+					nodes = append(nodes, ops[j].TargetID)
+				}
+			}
+			if len(nodes) == 0 {
+				return nil, nil
+			}
+			open, err := tx.CountOpenForNodes(ctx, nodes, s.kinds.QuotaExempt())
+			if err != nil {
+				return nil, err
+			}
+			refused := map[int]error{}
+			for _, j := range ok {
+				// The child is open, so counted already: the others are
+				// one fewer.
+				if nodeQuotaApplies(kind, ops[j]) {
+					if err := s.overNodeQuota(ops[j].TargetID, open[ops[j].TargetID]-1); err != nil {
+						refused[j] = err
+					}
+				}
+			}
+			return refused, nil
+		}
+		refusals, err := kind.RecordMany(ctx, tx, ops, admit)
+		if err != nil {
+			return nil, err
+		}
+		for j, refusal := range refusals {
+			if refusal == nil {
+				continue
+			}
+			var coded *errcode.Error
+			if !errors.As(refusal, &coded) {
+				return nil, refusal
+			}
+			if out[idx[j]], err = s.endTx(ctx, tx, ops[j], StateFailed, nil, operationError(refusal), now); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
+
+// release hands a child just released (Tx.ReleaseHeld, its released
+// event appended) to its channel: a node kind records its command now (a
+// refusal — the node retired, not ready, over its quota — ends the child
+// failed with that code), a local kind becomes claimable. It answers the
+// child as it stands after.
 func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Time) (Operation, error) {
-	ch.Held, ch.UpdatedAt = false, now
-	if err := tx.UpdateOperation(ctx, ch); err != nil {
-		return ch, err
-	}
-	if err := tx.AppendEvents(ctx, Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}); err != nil {
-		return ch, err
-	}
 	kind, ok := s.kinds.Kind(ch.Kind)
 	if ok {
 		if err := s.checkCapability(ctx, kind, ch.Targets); errcode.Of(err) == errcode.CapabilityMissing {

@@ -149,6 +149,87 @@ func TestFleetCommand(t *testing.T) {
 			require.Equal(t, &ledger.Counts{Total: 3, Succeeded: 1, Cancelled: 2}, done.Counts)
 			require.Equal(t, int64(2), b.handedOut(t, parent.ID), "the held child was never handed out")
 		})
+		t.Run("RefusedChildrenFailAloneInOneRelease", func(t *testing.T) {
+			// All five are released by one advance (the batch); exactly
+			// the three refused children end failed with their codes,
+			// nothing of theirs written, and the others are handed out
+			// once each.
+			ok1, s1 := b.readyNode(t)
+			ok2, s2 := b.readyNode(t)
+			retired, _ := b.readyNode(t)
+			_, err := b.fleet.Retire(ctx, "admin:test", retired, "")
+			require.NoError(t, err)
+			_, lacking := b.nodeWith(t, []string{api.CapConfig})
+			full, sFull := b.readyNode(t)
+			for i := range 32 {
+				b.command(t, full, ledger.KindNodePrepareImage, `{"image":"fill-`+strconv.Itoa(i)+`"}`)
+			}
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+				Targets:   nodeTargets(ok1, retired, lacking.NodeID, full, ok2),
+				Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"batch:1"}}`)})
+			require.NoError(t, err)
+			// Released before any agent settles (which would free the full
+			// node's quota).
+			require.Eventually(t, func() bool {
+				failed := 0
+				for _, ch := range b.children(t, parent.ID) {
+					if ch.State == ledger.StateFailed {
+						failed++
+					}
+				}
+				return failed == 3 && b.handedOut(t, parent.ID) == 2
+			}, waitLong, tick)
+			b.settleAll(t, parent.ID, map[string]fleet.Session{ok1: s1, ok2: s2, lacking.NodeID: lacking, full: sFull})
+			done := b.waitState(t, parent.ID, ledger.StateFailed)
+			require.Equal(t, &ledger.Counts{Total: 5, Succeeded: 2, Failed: 3, CapabilityMissing: 1}, done.Counts)
+			want := map[string]string{retired: string(errcode.NodeRetired), lacking.NodeID: string(errcode.CapabilityMissing),
+				full: string(errcode.QuotaExceeded)}
+			for _, ch := range b.children(t, parent.ID) {
+				if code, refused := want[ch.TargetID]; refused {
+					require.Equal(t, ledger.StateFailed, ch.State, ch.TargetID)
+					require.Equal(t, code, ch.Error.Code, ch.TargetID)
+					_, err := b.fleet.Command(ctx, ch.ID)
+					require.ErrorIs(t, err, fleet.ErrCommandNotFound, "no command was recorded for %s", code)
+				} else {
+					require.Equal(t, ledger.StateSucceeded, ch.State)
+				}
+				released := 0
+				events, err := b.store.Events(ctx, ch.ID, 0, 100)
+				require.NoError(t, err)
+				for _, e := range events {
+					if e.Type == ledger.EventReleased {
+						released++
+					}
+				}
+				require.Equal(t, 1, released, "one released event for %s", ch.TargetID)
+			}
+			require.Equal(t, int64(2), b.handedOut(t, parent.ID), "a command for each accepted child, once")
+		})
+		t.Run("WideReleaseInOneAdvance", func(t *testing.T) {
+			// More children than one multi-row statement takes (500),
+			// released at once: the 600 for absent nodes end not_found,
+			// the two real ones are handed out.
+			ok1, s1 := b.readyNode(t)
+			ok2, s2 := b.readyNode(t)
+			ids := []string{ok1, ok2}
+			for i := range 600 {
+				ids = append(ids, "ghost-"+strconv.Itoa(i))
+			}
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+				Targets:   nodeTargets(ids...),
+				Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"wide:1"},"max_concurrency":2000}`)})
+			require.NoError(t, err)
+			// 600 refusals end one by one: seconds on SQLite under -race.
+			require.Eventually(t, func() bool {
+				return dbtest.Count(t, b.db.DB, &models.Operation{}, "parent_id = ? AND state = ?", parent.ID, ledger.StateFailed) == 600
+			}, 10*waitLong, 100*time.Millisecond)
+			b.settleAll(t, parent.ID, map[string]fleet.Session{ok1: s1, ok2: s2})
+			done := b.waitState(t, parent.ID, ledger.StateFailed)
+			require.Equal(t, &ledger.Counts{Total: 602, Succeeded: 2, Failed: 600}, done.Counts)
+			require.Equal(t, int64(2), b.handedOut(t, parent.ID))
+			require.Equal(t, int64(602), dbtest.Count(t, b.db.DB, &models.OperationEvent{},
+				"type = ? AND operation_id IN (SELECT id FROM operations WHERE parent_id = ?)", ledger.EventReleased, parent.ID))
+		})
 		t.Run("BadOperationsRecordNothing", func(t *testing.T) {
 			before := countOps(t, b)
 			for _, c := range []struct {

@@ -62,6 +62,13 @@ type Kind struct {
 	// It answers what it recorded, handed back to the submitter as
 	// Operation.Recorded.
 	Record func(ctx context.Context, tx Tx, op Operation) (any, error)
+	// RecordMany, when set, does Record for many released operations of
+	// the kind at once (a fan-out's release) in a few statements. admit
+	// runs under the locks that serialise the targets, with the indexes
+	// that passed the kind's own checks, and may refuse more. It answers,
+	// per operation, the refusal that left it unrecorded (nil: recorded);
+	// nothing is written for a refused one.
+	RecordMany func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error)
 	// FanOut ends the operation's own work by recording one child per
 	// target (see fanout.go); it runs in the claiming transaction, so a
 	// crash before it committed leaves nothing recorded.

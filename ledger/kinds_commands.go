@@ -92,6 +92,13 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 				return f.IssueTx(ctx, tx.Fleet(), fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
 					Kind: agentKind, Payload: op.Operation})
 			},
+			RecordMany: func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error) {
+				ins := make([]fleet.IssueCommand, len(ops))
+				for i, op := range ops {
+					ins[i] = fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID, Kind: agentKind, Payload: op.Operation}
+				}
+				return f.IssueManyTx(ctx, tx.Fleet(), ins, admit)
+			},
 		})
 	}
 	return out

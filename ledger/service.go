@@ -423,6 +423,11 @@ func (s *Service) checkNodeQuota(ctx context.Context, tx Tx, k *Kind, op Operati
 	if recorded {
 		n-- // this operation is counted already
 	}
+	return s.overNodeQuota(nodeID, n)
+}
+
+// overNodeQuota refuses an operation whose node has n others open.
+func (s *Service) overNodeQuota(nodeID string, n int) error {
 	if n >= s.settings.NodeQuota {
 		return errcode.Errorf(errcode.QuotaExceeded, "node %s has %d operations not yet ended (at most %d)", nodeID, n, s.settings.NodeQuota)
 	}

@@ -157,6 +157,9 @@ type Tx interface {
 	// CountOpenForNode counts operations not yet ended that target the
 	// node, other than kinds in except.
 	CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error)
+	// CountOpenForNodes is CountOpenForNode for many nodes in one
+	// statement: node id → count (absent: 0).
+	CountOpenForNodes(ctx context.Context, nodeIDs []string, except []string) (map[string]int, error)
 	// CountOpenForPrincipal counts the principal's top-level operations
 	// not yet ended (a fan-out counts once).
 	CountOpenForPrincipal(ctx context.Context, p Principal) (int, error)
@@ -169,9 +172,14 @@ type Tx interface {
 	// children failed capability_missing (they count under their state
 	// too).
 	ChildCounts(ctx context.Context, parentID string) (byState map[State]int, held int, err error)
-	// HeldChildren answers up to limit of a parent's held pending
-	// children, oldest first, locked.
-	HeldChildren(ctx context.Context, parentID string, limit int) ([]Operation, error)
+	// InsertOperations records many operations and their events (a
+	// fan-out's children) in a few multi-row statements, however many
+	// there are; ErrDuplicate on a taken id or request.
+	InsertOperations(ctx context.Context, ops []Operation, events []Event) error
+	// ReleaseHeld releases (held → not held, updated_at now) up to limit
+	// of a parent's held children, oldest first, in one statement, and
+	// answers them as they stand after.
+	ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]Operation, error)
 	// OpenChildren answers a parent's children not yet ended, oldest
 	// first.
 	OpenChildren(ctx context.Context, parentID string) ([]Operation, error)

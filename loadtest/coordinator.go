@@ -127,8 +127,11 @@ type Report struct {
 	TargetRate float64 `json:"target_rate"`
 	// FanOut is the nodes per fleet.command operation (0: single node
 	// commands); IssuedOps counts those operations, Issued their commands.
-	FanOut    int     `json:"fan_out,omitempty"`
-	IssuedOps int64   `json:"issued_operations,omitempty"`
+	FanOut    int   `json:"fan_out,omitempty"`
+	IssuedOps int64 `json:"issued_operations,omitempty"`
+	// EndedOps counts the fan-outs seen ended within the window when
+	// saturation fan-out runs closed-loop (-fanout N -rate 0).
+	EndedOps  int64   `json:"ended_operations,omitempty"`
 	Seconds   float64 `json:"seconds"`
 	Issued    int64   `json:"issued"`
 	IssueErrs int64   `json:"issue_errors"`
@@ -292,7 +295,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	var missed atomic.Int64
 	admin.fanOut = cfg.FanOut
 	issued, issueErrs := admin.issue(ctx, run, nodes, cfg.Rate, cfg.Duration, &missed, logf)
-	rep.Missed = missed.Load()
+	rep.Missed, rep.EndedOps = missed.Load(), admin.ended.Load()
 	window := time.Since(start).Seconds()
 	if cfg.OnWindow != nil {
 		cfg.OnWindow(ctx, false)
@@ -547,12 +550,15 @@ type adminClient struct {
 	peers []*adminClient
 	// fanOut > 0 issues fleet.command operations over that many nodes.
 	fanOut int
+	// ended counts the fan-outs an issuer saw end (closed-loop only).
+	ended *atomic.Int64
 }
 
 func newAdmin(url, token string, issuers int, caPEM string) *adminClient {
 	tr := transportFor(caPEM)
 	tr.MaxIdleConnsPerHost = issuers + 8
-	return &adminClient{url: url, token: token, tr: tr, hc: &http.Client{Transport: tr, Timeout: time.Minute}, issuers: issuers}
+	return &adminClient{url: url, token: token, tr: tr, hc: &http.Client{Transport: tr, Timeout: time.Minute}, issuers: issuers,
+		ended: new(atomic.Int64)}
 }
 
 func (a *adminClient) do(ctx context.Context, method, path string, body []byte, out any) (int, error) {
@@ -618,6 +624,10 @@ func (a *adminClient) inviteAll(ctx context.Context, run string, n int) ([]api.B
 func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rate float64, d time.Duration, missed *atomic.Int64, logf func(string, ...any)) (issued, failed int64) {
 	var ok, bad atomic.Int64
 	var firstErr sync.Once
+	// Saturating fan-outs run closed-loop: issued open-loop they pile up
+	// far faster than they settle and the window measures the backlog,
+	// not the throughput.
+	closedLoop := rate == 0 && a.fanOut > 0
 	start := time.Now()
 	end := start.Add(d)
 	one := func(seq int64, at time.Time) {
@@ -643,12 +653,31 @@ func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rat
 			path = "/api/v1/nodes/" + node + "/commands"
 			body = `{"kind":"launch_workload","operation_id":"` + op + `","payload":` + payload + `}`
 		}
-		if _, err := via.do(ctx, http.MethodPost, path, []byte(body), nil); err != nil {
+		if closedLoop {
+			body = fleetCommandWaitBody(body, time.Until(end))
+		}
+		var answer struct {
+			State string `json:"state"`
+		}
+		if _, err := via.do(ctx, http.MethodPost, path, []byte(body), &answer); err != nil {
 			bad.Add(1)
 			firstErr.Do(func() { logf("issue: %v", err) })
 			return
 		}
 		ok.Add(1)
+		// Closed-loop: wait for the fan-out to end, resubmitting the same
+		// request (a replay waits as a submit does), so the issuer's next
+		// fan-out starts only once this one has settled.
+		for closedLoop && !operationEnded(answer.State) && ctx.Err() == nil && time.Until(end) > time.Millisecond {
+			body = fleetCommandWaitBody(body, time.Until(end))
+			if _, err := via.do(ctx, http.MethodPost, path, []byte(body), &answer); err != nil {
+				firstErr.Do(func() { logf("wait: %v", err) })
+				return
+			}
+		}
+		if closedLoop && operationEnded(answer.State) {
+			a.ended.Add(1)
+		}
 	}
 	var wg sync.WaitGroup
 	var seq atomic.Int64
@@ -709,6 +738,22 @@ func fleetCommandBody(op, payload string, nodes []string, seq int64, n int) stri
 	}
 	b.WriteString(`],"operation":{"kind":"node.launch_workload","payload":` + payload + `,"max_concurrency":` + strconv.Itoa(n) + `}}`)
 	return b.String()
+}
+
+// fleetCommandWaitBody sets a fleet.command body's wait_timeout_ms to
+// left, capped at the server's 60 s maximum (a body built by
+// fleetCommandBody, with or without a wait already).
+func fleetCommandWaitBody(body string, left time.Duration) string {
+	if i := strings.Index(body, `,"wait_timeout_ms":`); i >= 0 {
+		body = body[:i] + "}"
+	}
+	ms := min(max(left.Milliseconds(), 1), 60000)
+	return strings.TrimSuffix(body, "}") + `,"wait_timeout_ms":` + strconv.FormatInt(ms, 10) + "}"
+}
+
+// operationEnded reports whether an operation state is terminal.
+func operationEnded(state string) bool {
+	return state == "succeeded" || state == "failed" || state == "cancelled"
 }
 
 // metricsAll scrapes a and its peers and sums every series.

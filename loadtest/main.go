@@ -35,7 +35,13 @@
 // saturation, as fast as -issuers go), issue→receipt latency. -fanout N
 // issues fleet.command operations over N nodes each (POST
 // /api/v1/operations, all N handed out at once) instead of single
-// commands, -rate then counting operations. -binary runs the real server
+// commands, -rate then counting operations. With -rate 0 the fan-outs run
+// closed-loop: each of -issuers keeps one fan-out in flight, submitting
+// with wait_timeout_ms (and replaying the same request to wait on) until
+// it ended, then the next; settled commands/s is then the steady-state
+// fan-out throughput, not a backlog still settling after the window
+// (-issuers is then the fan-outs in flight: 64 × -fanout 100 is 6,400
+// commands outstanding). -binary runs the real server
 // binary as a process; -replicas N runs N of them on one Postgres (same
 // master key, replica ids loadtest-1…N), the workers spread evenly over
 // them, commands issued round robin through them, each process's cores,
@@ -338,6 +344,9 @@ func printReport(w io.Writer, r Report) {
 	}
 	if r.FanOut > 0 {
 		fmt.Fprintf(w, "fan-out                  %d fleet.command operations over %d nodes each\n", r.IssuedOps, r.FanOut)
+		if r.TargetRate == 0 {
+			fmt.Fprintf(w, "fan-outs ended           %d in the window (closed-loop, one in flight per issuer)\n", r.EndedOps)
+		}
 	}
 	printReplicaStats(w, r.Replicas)
 	printTail(w, r.Tail)

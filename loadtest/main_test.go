@@ -175,6 +175,33 @@ func TestFanOutSmoke(t *testing.T) {
 	}
 }
 
+// TestFanOutClosedLoopSmoke runs saturation fan-out (-rate 0): closed-loop,
+// each issuer's fan-out ended before its next, so nearly every fan-out
+// issued ended inside the window (at most one per issuer still open when
+// it closed) and every command settles once. Counts only.
+func TestFanOutClosedLoopSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server and two worker processes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Config{Agents: 20, AgentsPerWorker: 10, Rate: 0, FanOut: 5, Issuers: 2, Duration: 2 * time.Second,
+		Wait: 5 * time.Second, Drain: time.Minute, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", rep)
+	if rep.IssuedOps == 0 || rep.IssueErrs != 0 || rep.Issued != 5*rep.IssuedOps {
+		t.Fatalf("%d operations (%d commands), %d errors: want operations of 5 commands each", rep.IssuedOps, rep.Issued, rep.IssueErrs)
+	}
+	if rep.EndedOps == 0 || rep.IssuedOps-rep.EndedOps > 2 {
+		t.Fatalf("%d fan-outs issued, %d ended in the window: want all but at most one per issuer", rep.IssuedOps, rep.EndedOps)
+	}
+	if rep.Received != rep.Issued || rep.Settled != rep.Issued || rep.AgentErrs != 0 {
+		t.Fatalf("issued %d, received %d, settled %d, agent errors %d (%s)", rep.Issued, rep.Received, rep.Settled, rep.AgentErrs, rep.FirstErr)
+	}
+}
+
 // TestEnrollSmoke runs the enroll scenario in-process and against the real
 // binary, on SQLite (and the binary on Postgres when configured). Counts
 // only.

@@ -381,6 +381,18 @@ func (t *fleetTx) LockNode(ctx context.Context, id string) (fleet.Node, error) {
 	return nodeFromRow(row), nil
 }
 
+func (t *fleetTx) LockNodes(ctx context.Context, ids []string) (map[string]fleet.Node, error) {
+	var rows []Node
+	if err := t.forUpdate(t.db(ctx)).Where("id IN ?", ids).Order("id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make(map[string]fleet.Node, len(rows))
+	for _, row := range rows {
+		out[row.ID] = nodeFromRow(row)
+	}
+	return out, nil
+}
+
 func (t *fleetTx) NodesOfRental(ctx context.Context, rentalID string) ([]fleet.Node, error) {
 	var rows []Node
 	if err := t.forUpdate(t.db(ctx)).Where("rental_id = ?", rentalID).Order("generation").Find(&rows).Error; err != nil {
@@ -542,6 +554,17 @@ func (t *fleetTx) InsertWorkloadOutput(ctx context.Context, o fleet.WorkloadOutp
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
 	row := rowFromCommand(c)
 	return dup(t.db(ctx).Create(&row).Error)
+}
+
+func (t *fleetTx) InsertCommands(ctx context.Context, cs []fleet.Command) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	rows := make([]Command, len(cs))
+	for i, c := range cs {
+		rows[i] = rowFromCommand(c)
+	}
+	return dup(t.db(ctx).CreateInBatches(&rows, 500).Error)
 }
 
 func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Command, error) {

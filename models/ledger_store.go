@@ -326,6 +326,26 @@ func (t *ledgerTx) CountOpenForNode(ctx context.Context, nodeID string, except [
 	return int(n), err
 }
 
+func (t *ledgerTx) CountOpenForNodes(ctx context.Context, nodeIDs []string, except []string) (map[string]int, error) {
+	var rows []struct {
+		TargetID string
+		N        int
+	}
+	q := t.r.db(ctx).Model(&Operation{}).Select("target_id, COUNT(*) AS n").
+		Where("target_id IN ? AND terminal = FALSE AND target_kind = ?", nodeIDs, ledger.TargetNode)
+	if len(except) > 0 {
+		q = q.Where("kind NOT IN ?", except)
+	}
+	if err := q.Group("target_id").Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(rows))
+	for _, r := range rows {
+		out[r.TargetID] = r.N
+	}
+	return out, nil
+}
+
 func openForNodeQuery(g *gorm.DB, nodeID string, except []string) *gorm.DB {
 	q := g.Model(&Operation{}).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode)
 	if len(except) > 0 {
@@ -361,7 +381,9 @@ func appendEvents(g *gorm.DB, events []ledger.Event) error {
 		}
 		rows[i] = OperationEvent{OperationID: e.OperationID, Type: e.Type, At: dbtime.Norm(e.At), Data: data}
 	}
-	return g.Create(&rows).Error
+	// A fan-out's release may carry thousands: SQLite binds at most
+	// 32,766 parameters per statement.
+	return g.CreateInBatches(&rows, insertBatch).Error
 }
 
 func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
@@ -510,12 +532,47 @@ func (t *ledgerTx) OpenNodeOperations(ctx context.Context, nodeID string) ([]led
 const childCountsSQL = `SELECT state, held, COALESCE(error_code, '') = 'capability_missing' AS missing, COUNT(*) AS n
 	FROM operations WHERE parent_id = ? GROUP BY state, held, missing`
 
-// HeldChildren answers a parent's held children, oldest first, locked.
-func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {
+// insertBatch bounds the rows of one multi-row insert: an operation binds
+// about 30 parameters; Postgres takes at most 65,535 per statement, SQLite
+// 32,766.
+const insertBatch = 500
+
+// InsertOperations records a fan-out's children with one multi-row insert
+// per insertBatch operations and as many for their events, not a statement
+// each.
+func (t *ledgerTx) InsertOperations(ctx context.Context, ops []ledger.Operation, events []ledger.Event) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	rows := make([]Operation, len(ops))
+	for i, op := range ops {
+		rows[i] = rowFromOperation(op)
+		rows[i].Seq = 0
+	}
+	if err := t.r.db(ctx).CreateInBatches(&rows, insertBatch).Error; err != nil {
+		if isDuplicate(err) {
+			return ledger.ErrDuplicate
+		}
+		return err
+	}
+	return appendEvents(t.r.db(ctx), events)
+}
+
+// ReleaseHeld releases a parent's oldest held children in one UPDATE …
+// RETURNING. The parent's row, locked by the caller, serialises every
+// advance of its children, so the rows need no locking order of their
+// own.
+func (t *ledgerTx) ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]ledger.Operation, error) {
 	var rows []Operation
-	q := t.r.db(ctx).Where("parent_id = ? AND held = ? AND state = 'pending'", parentID, true).Order("seq").Limit(limit)
-	err := t.r.forUpdate(q).Find(&rows).Error
-	return operationsFromRows(rows), err
+	err := t.r.db(ctx).Raw(`UPDATE operations SET held = FALSE, updated_at = ?
+		WHERE seq IN (SELECT seq FROM operations WHERE parent_id = ? AND held = TRUE AND state = 'pending' ORDER BY seq LIMIT ?)
+		RETURNING *`, dbtime.Norm(now), parentID, limit).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	// RETURNING answers in no promised order: oldest first, as released.
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
+	return operationsFromRows(rows), nil
 }
 
 // OpenChildren answers a parent's children not yet ended, oldest first.

@@ -43,6 +43,12 @@ func (c Counts) Sub(o Counts) Counts {
 		Rollbacks: c.Rollbacks - o.Rollbacks, AutoCommits: c.AutoCommits - o.AutoCommits}
 }
 
+// Add answers c + o.
+func (c Counts) Add(o Counts) Counts {
+	return Counts{Statements: c.Statements + o.Statements, Begins: c.Begins + o.Begins, Commits: c.Commits + o.Commits,
+		Rollbacks: c.Rollbacks + o.Rollbacks, AutoCommits: c.AutoCommits + o.AutoCommits}
+}
+
 // Counter counts the exchanges of every connection it wraps.
 type Counter struct {
 	statements, begins, commits, rollbacks, auto atomic.Int64

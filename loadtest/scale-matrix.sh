@@ -7,7 +7,8 @@
 # Prints one summary line per run and the medians at the end; JSON reports
 # go to OUT. Needs NODEWARD_TEST_DATABASE_URL.
 #
-# Usage: loadtest/scale-matrix.sh OUT [RUNS] [SECTION ...]
+# Usage: [DBS="sqlite postgres"] loadtest/scale-matrix.sh OUT [RUNS] [SECTION ...]
+# (DBS: the databases of the deliver and fanout sections.)
 # Sections (default: all, in this order): refs deliver fanout hold enroll
 # storm replicas config profiles. `profiles` writes pprof's top tables of
 # the in-process server: CPU at 1,000 commands/s on Postgres, the heap with
@@ -105,7 +106,7 @@ for s in "${sections[@]}"; do
 		river_ref
 		;;
 	deliver) # single commands, 10,000 agents: the 1,000/s target and saturation
-		for db in sqlite postgres; do
+		for db in ${DBS:-sqlite postgres}; do
 			args=(-db sqlite)
 			[[ $db == postgres ]] && args=("${PG[@]}")
 			for i in $(seq "$runs"); do
@@ -115,7 +116,7 @@ for s in "${sections[@]}"; do
 		done
 		;;
 	fanout) # fleet.command over 100 nodes each, at saturation
-		for db in postgres sqlite; do
+		for db in ${DBS:-postgres sqlite}; do
 			args=(-db sqlite)
 			[[ $db == postgres ]] && args=("${PG[@]}")
 			for i in $(seq "$runs"); do

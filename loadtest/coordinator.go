@@ -262,16 +262,13 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
 		commits0, _ = pgCommits(ctx, pgdb)
 	}
+	stopProfile := func() {}
 	if cfg.CPUProfile != "" {
-		f, err := os.Create(cfg.CPUProfile)
-		if err != nil {
+		var err error
+		if stopProfile, err = startCPUProfile(cfg.CPUProfile); err != nil {
 			return rep, err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			_ = f.Close()
-			return rep, err
-		}
-		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+		defer stopProfile()
 	}
 	busy0, total0 := machineCPU()
 	self0, workers0 := processCPU(os.Getpid()), 0.0
@@ -307,9 +304,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		issued *= int64(min(cfg.FanOut, len(nodes)))
 		issueErrs *= int64(min(cfg.FanOut, len(nodes)))
 	}
-	if cfg.CPUProfile != "" {
-		pprof.StopCPUProfile()
-	}
+	stopProfile()
 	busy1, total1 := machineCPU()
 	rep.CPU.Cores = float64(runtime.NumCPU())
 	if total1 > total0 {

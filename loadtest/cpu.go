@@ -2,8 +2,10 @@ package main
 
 import (
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // clockTicks is USER_HZ, 100 on every Linux we run on.
@@ -54,4 +56,20 @@ func processCPU(pid int) float64 {
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / clockTicks
+}
+
+// startCPUProfile profiles this process into path until the returned stop
+// is called (any number of times: a run stops it at its window's end and
+// again on the way out).
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { pprof.StopCPUProfile(); _ = f.Close() }) }, nil
 }

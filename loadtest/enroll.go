@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/pprof"
 	"time"
 )
 
@@ -124,16 +123,11 @@ func RunEnroll(ctx context.Context, cfg EnrollConfig) (rep EnrollReport, err err
 		if cfg.Binary || cfg.Replicas > 1 {
 			return rep, errors.New("-cpuprofile profiles this process: not with -binary or -replicas")
 		}
-		f, err := os.Create(cfg.CPUProfile)
+		stop, err := startCPUProfile(cfg.CPUProfile)
 		if err != nil {
 			return rep, err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			_ = f.Close()
-			return rep, err
-		}
-		// Stopped once every worker has answered, or on the way out.
-		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+		defer stop()
 	}
 	start = time.Now()
 	ws, err := startWorkers(Config{WorkerCommand: cfg.WorkerCommand, Log: cfg.Log, Replicas: urls[1:]},

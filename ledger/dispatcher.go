@@ -116,13 +116,15 @@ func (s *Service) execute(ctx context.Context, op Operation) {
 	defer cancel()
 	s.mu.Lock()
 	s.running[op.ID] = cancel
+	_, early := s.cancelEarly[op.ID]
+	delete(s.cancelEarly, op.ID)
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		delete(s.running, op.ID)
 		s.mu.Unlock()
 	}()
-	if op.CancelRequestedAt != nil {
+	if op.CancelRequestedAt != nil || early {
 		cancel()
 	}
 
@@ -293,6 +295,18 @@ func (s *Service) checkCancel(ctx context.Context, id string) {
 	}
 	s.mu.Lock()
 	cancel := s.running[id]
+	if cancel == nil {
+		// Maybe claimed here and not started yet: its run will see this.
+		now := time.Now()
+		if len(s.cancelEarly) >= 256 {
+			for k, at := range s.cancelEarly {
+				if now.Sub(at) > time.Minute {
+					delete(s.cancelEarly, k)
+				}
+			}
+		}
+		s.cancelEarly[id] = now
+	}
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel()

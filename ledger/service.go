@@ -124,9 +124,14 @@ type Service struct {
 	adv  *advancer     // fan-out parents whose children ended
 	ends chan End      // runs that ended, for the finisher to record
 
-	mu           sync.Mutex // guards the following
-	waiters      map[string]map[chan struct{}]struct{}
-	running      map[string]context.CancelFunc
+	mu      sync.Mutex // guards the following
+	waiters map[string]map[chan struct{}]struct{}
+	running map[string]context.CancelFunc
+	// cancelEarly: operations whose cancel was heard before their claimed
+	// run registered here (the claim had committed, the run not started);
+	// the run cancels itself when it starts. Others' runs leave entries
+	// behind, pruned after a minute.
+	cancelEarly  map[string]time.Time
 	draining     bool
 	drained      chan struct{} // closed on Drain
 	notifyHealth bool
@@ -160,6 +165,7 @@ func New(o Options) *Service {
 		ends:         make(chan End, 1024),
 		waiters:      map[string]map[chan struct{}]struct{}{},
 		running:      map[string]context.CancelFunc{},
+		cancelEarly:  map[string]time.Time{},
 		drained:      make(chan struct{}),
 		notifyHealth: !o.CrossReplica,
 

@@ -100,7 +100,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -210,18 +209,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			hc.DatabaseURL = *dbURL
 		}
 		hrep, err := RunHold(ctx, hc)
-		if err != nil {
-			fmt.Fprintln(stderr, "loadtest:", err)
-			return 1
-		}
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(hrep)
-			return 0
-		}
-		printHoldReport(stdout, hrep)
-		return 0
+		return report(stdout, stderr, hrep, err, *asJSON, printHoldReport)
 	case "config":
 		if *laggingNodes < 0 {
 			fmt.Fprintln(stderr, "loadtest: -lagging-nodes must not be negative")
@@ -235,18 +223,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			cc.Duration = 0
 		}
 		crep, err := RunConfig(ctx, cc)
-		if err != nil {
-			fmt.Fprintln(stderr, "loadtest:", err)
-			return 1
-		}
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(crep)
-			return 0
-		}
-		printConfigReport(stdout, crep)
-		return 0
+		return report(stdout, stderr, crep, err, *asJSON, printConfigReport)
 	case "ledger":
 		lc := LedgerConfig{Ops: *ops, Submitters: *submitters, Replicas: *replicas, LedgerWorkers: *ledgerWorkers,
 			PGBench: cfg.PGBench, Log: cfg.Log}
@@ -258,35 +235,13 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		lrep, err := RunLedger(ctx, lc)
-		if err != nil {
-			fmt.Fprintln(stderr, "loadtest:", err)
-			return 1
-		}
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(lrep)
-			return 0
-		}
-		printLedgerReport(stdout, lrep)
-		return 0
+		return report(stdout, stderr, lrep, err, *asJSON, printLedgerReport)
 	default:
 		fmt.Fprintln(stderr, "loadtest: -scenario is deliver, ledger, hold, config, storm or enroll")
 		return 2
 	}
 	rep, err := runCLI(ctx, cfg, *db)
-	if err != nil {
-		fmt.Fprintln(stderr, "loadtest:", err)
-		return 1
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
-		return 0
-	}
-	printReport(stdout, rep)
-	return 0
+	return report(stdout, stderr, rep, err, *asJSON, printReport)
 }
 
 // visited reports whether the flag was set on the command line.

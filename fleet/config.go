@@ -63,6 +63,9 @@ type NodeConfig struct {
 	SizeBytes      int64
 	UpdatedAt      time.Time
 	OperationID    string
+	// SubmittedCursor orders the configure that set Revision among all
+	// submitted requests (Configure.SubmittedCursor).
+	SubmittedCursor int64
 	// Settled: the last report names Revision and Hash and is applied, or
 	// failed and not forced since. Delivery stops while settled for the
 	// fencing token that reported.
@@ -186,6 +189,11 @@ type Configure struct {
 	// SealedPointers name the document's values that were sealed.
 	SealedPointers []string
 	Force          bool
+	// SubmittedCursor is the ledger cursor of the request that asked for
+	// this configuration (a fan-out child's is its parent's): a configure
+	// recorded after one submitted later (a held fleet.configure child,
+	// one re-run after a restart) does not replace it. 0 orders nothing.
+	SubmittedCursor int64
 }
 
 // ConfigureOutcome is what ConfigureTx did.
@@ -202,6 +210,10 @@ type ConfigureOutcome struct {
 	// with Message).
 	Failed  bool   `json:"failed,omitempty"`
 	Message string `json:"-"`
+	// Superseded: a configure submitted after this one set the current
+	// revision already; nothing was written (the operation ends at once,
+	// failed superseded, with Message).
+	Superseded bool `json:"superseded,omitempty"`
 	// Delivered: the unchanged revision was already delivered to the
 	// node's current enrollment and awaits its report (the operation is
 	// running at once: its channel has it).
@@ -279,8 +291,17 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 		}
 		return out, nil
 	}
+	if in.SubmittedCursor > 0 && in.SubmittedCursor < cur.SubmittedCursor {
+		// Last submitted wins, not last recorded: a fleet.configure child
+		// released late must not undo a node.configure the operator
+		// submitted after the fan-out.
+		return ConfigureOutcome{Revision: cur.Revision, Hash: cur.Hash, Superseded: true,
+			Message: "a configuration submitted after this one (operation " + cur.OperationID + ") set revision " +
+				strconv.FormatInt(cur.Revision, 10) + " first"}, nil
+	}
 	next := cur
 	next.Revision, next.Hash, next.Format = cur.Revision+1, hash, in.Format
+	next.SubmittedCursor = max(in.SubmittedCursor, cur.SubmittedCursor)
 	next.SizeBytes, next.UpdatedAt, next.OperationID = int64(len(doc)), now, in.OperationID
 	next.SealedPointers, next.Settled = in.SealedPointers, false
 	next.KeyID, next.Box = "", nil

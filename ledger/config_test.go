@@ -291,3 +291,69 @@ func TestFleetConfigure(t *testing.T) {
 		}
 	})
 }
+
+// A fleet.configure child held for a slot is recorded after the operator's
+// later node.configure of its node: the later submission stays desired and
+// the child ends superseded, as if it had been recorded in submit order.
+func TestFleetConfigureHeldChildDoesNotUndoALaterNodeConfigure(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		first, firstSess := b.readyNode(t)
+		second, _ := b.readyNode(t)
+		parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetConfigure,
+			Targets: nodeTargets(first, second), Operation: json.RawMessage(`{"format":"f/v1","document":{"fleet":true},"max_concurrency":1}`)})
+		require.NoError(t, err)
+		var held, running ledger.Operation
+		require.Eventually(t, func() bool {
+			held, running = ledger.Operation{}, ledger.Operation{}
+			for _, ch := range b.children(t, parent.ID) {
+				if ch.Held {
+					held = ch
+				} else {
+					running = ch
+				}
+			}
+			return held.ID != "" && running.ID != ""
+		}, waitLong, tick)
+		require.Equal(t, first, running.TargetID, "children are released in target order")
+		require.Equal(t, second, held.TargetID)
+
+		mine := b.configureOp(t, second, `{"format":"f/v1","document":{"mine":true}}`)
+		before, err := b.fleet.NodeConfig(ctx, second)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), before.Desired.Revision)
+
+		// The first node applies: the slot frees and the held child is
+		// released, after the node.configure submitted later than it.
+		a, err := b.fleet.PollWork(ctx, firstSess, 0, "")
+		require.NoError(t, err)
+		require.NotNil(t, a.Config)
+		b.reportConfig(t, firstSess, a.Config.Revision, api.ConfigApplied, "")
+
+		got := b.waitState(t, held.ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeSuperseded, got.Error.Code)
+		require.False(t, got.Error.Retryable)
+		require.Contains(t, got.Error.Message, mine.ID)
+		after, err := b.fleet.NodeConfig(ctx, second)
+		require.NoError(t, err)
+		require.Equal(t, before.Desired.Revision, after.Desired.Revision, "the held child wrote no revision")
+		require.Equal(t, before.Desired.Hash, after.Desired.Hash)
+		require.Equal(t, mine.ID, after.Desired.OperationID)
+		require.Equal(t, ledger.StatePending, b.op(t, mine.ID).State, "the later configure still waits for its node")
+
+		done := b.waitState(t, parent.ID, ledger.StateFailed)
+		require.Equal(t, &ledger.Counts{Total: 2, Succeeded: 1, Failed: 1}, done.Counts)
+
+		// Submit order, not kind, decides: a fleet.configure submitted
+		// later still replaces the node's revision.
+		_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetConfigure,
+			Targets: nodeTargets(second), Operation: json.RawMessage(`{"format":"f/v1","document":{"fleet":2}}`)})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			c, err := b.fleet.NodeConfig(ctx, second)
+			require.NoError(t, err)
+			return c.Desired.Revision == 2
+		}, waitLong, tick)
+		require.Equal(t, ledger.CodeSuperseded, b.waitState(t, mine.ID, ledger.StateFailed).Error.Code)
+	})
+}

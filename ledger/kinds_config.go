@@ -203,7 +203,9 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 // sealed handles replaced by the values the submission (or its fan-out
 // parent) resolved, which never reach the ledger. An unchanged document
 // already applied ends op succeeded at once; one the node reported failed
-// (and not forced again) ends it failed at once with the node's message.
+// (and not forced again) ends it failed at once with the node's message;
+// one submitted before the configure that set the node's current revision
+// (a fan-out child released late) ends failed superseded at once.
 func recordConfigure(ctx context.Context, f *fleet.Service, sec *secrets.Service, tx Tx, op Operation) (any, error) {
 	var o ConfigureOperation
 	if err := DecodeOperation(op.Operation, &o); err != nil {
@@ -229,13 +231,27 @@ func recordConfigure(ctx context.Context, f *fleet.Service, sec *secrets.Service
 			return nil, err
 		}
 	}
+	// Configures of a node take effect in the order they were submitted: a
+	// fan-out child stands where its parent was submitted.
+	submitted := op.Cursor
+	if op.ParentID != "" {
+		parent, err := tx.Operation(ctx, op.ParentID)
+		if err != nil {
+			return nil, err
+		}
+		submitted = parent.Cursor
+	}
 	out, err := f.ConfigureTx(ctx, tx.Fleet(), fleet.Configure{NodeID: op.TargetID, OperationID: op.ID,
-		Format: o.Format, Document: o.Document, SealedPointers: ptrs, Force: o.Force != nil && *o.Force})
+		Format: o.Format, Document: o.Document, SealedPointers: ptrs, Force: o.Force != nil && *o.Force,
+		SubmittedCursor: submitted})
 	if err != nil {
 		return nil, err
 	}
 	now := f.Now()
 	switch {
+	case out.Superseded:
+		ended, err := endOperationTx(ctx, tx, op, StateFailed, nil, &Error{Code: CodeSuperseded, Message: out.Message}, now)
+		return changedAtRecord{op: ended, recorded: out}, err
 	case out.Applied:
 		ended, err := endOperationTx(ctx, tx, op, StateSucceeded,
 			mustJSON(ConfigureResult{Revision: out.Revision, Hash: out.Hash, State: api.ConfigApplied}), nil, now)

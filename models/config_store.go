@@ -27,6 +27,7 @@ type NodeConfigRow struct {
 	SizeBytes         int64
 	UpdatedAt         time.Time `gorm:"autoUpdateTime:false"`
 	OperationID       string
+	SubmittedCursor   int64
 	Settled           bool
 	ReportedRevision  *int64
 	ReportedHash      *string
@@ -52,7 +53,7 @@ func rowFromConfig(c fleet.NodeConfig) NodeConfigRow {
 	pj, _ := json.Marshal(ptrs)
 	r := NodeConfigRow{NodeID: c.NodeID, Revision: c.Revision, Hash: c.Hash, Format: c.Format, KeyID: c.KeyID,
 		SealedPointers: string(pj), SizeBytes: c.SizeBytes, UpdatedAt: dbtime.Norm(c.UpdatedAt), OperationID: c.OperationID,
-		Settled: c.Settled, AppliedRevision: c.AppliedRevision, Lagging: c.Lagging,
+		SubmittedCursor: c.SubmittedCursor, Settled: c.Settled, AppliedRevision: c.AppliedRevision, Lagging: c.Lagging,
 		DeliveredFencing: c.DeliveredFencing, DeliveredRevision: c.DeliveredRevision, DeliveredAt: dbtime.NormPtr(c.DeliveredAt)}
 	if c.Box != nil {
 		b := base64.StdEncoding.EncodeToString(c.Box)
@@ -68,7 +69,8 @@ func rowFromConfig(c fleet.NodeConfig) NodeConfigRow {
 
 func configFromRow(r NodeConfigRow) (fleet.NodeConfig, error) {
 	c := fleet.NodeConfig{NodeID: r.NodeID, Revision: r.Revision, Hash: r.Hash, Format: r.Format, KeyID: r.KeyID,
-		SizeBytes: r.SizeBytes, UpdatedAt: dbtime.Norm(r.UpdatedAt), OperationID: r.OperationID, Settled: r.Settled,
+		SizeBytes: r.SizeBytes, UpdatedAt: dbtime.Norm(r.UpdatedAt), OperationID: r.OperationID,
+		SubmittedCursor: r.SubmittedCursor, Settled: r.Settled,
 		AppliedRevision: r.AppliedRevision, Lagging: r.Lagging, DeliveredFencing: r.DeliveredFencing,
 		DeliveredRevision: r.DeliveredRevision, DeliveredAt: dbtime.NormPtr(r.DeliveredAt)}
 	_ = json.Unmarshal([]byte(r.SealedPointers), &c.SealedPointers)

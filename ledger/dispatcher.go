@@ -58,7 +58,7 @@ func (s *Service) dispatch(ctx context.Context) {
 			}
 		}
 		if n := s.settings.Workers - inFlight; n > 0 {
-			ops, err := s.store.Claim(ctx, s.replica, s.clock(), n)
+			ops, err := s.claim(ctx, n)
 			if err != nil && ctx.Err() == nil {
 				// Nothing was claimed; look again soon rather than wait for
 				// a wake-up that may never come.
@@ -97,6 +97,33 @@ func (s *Service) dispatch(ctx context.Context) {
 	}
 }
 
+// claim claims up to n pending local operations for this replica. Each
+// claimed operation counts as unstarted until execute registers its run,
+// so a cancel heard meanwhile is kept for it (Changed).
+func (s *Service) claim(ctx context.Context, n int) ([]Operation, error) {
+	s.mu.Lock()
+	s.unstarted++
+	s.mu.Unlock()
+	ops, err := s.store.Claim(ctx, s.replica, s.clock(), n)
+	s.mu.Lock()
+	s.unstarted += len(ops) - 1
+	s.forgetHeardLocked()
+	s.mu.Unlock()
+	return ops, err
+}
+
+// forgetHeardLocked empties heard once no claim or unstarted run could
+// need it.
+func (s *Service) forgetHeardLocked() {
+	if s.unstarted == 0 {
+		clear(s.heard)
+		s.heardAll = false
+	}
+}
+
+// maxHeard bounds the changes kept for unstarted runs.
+const maxHeard = 4096
+
 // kickAfter wakes the dispatcher once d has passed.
 func (s *Service) kickAfter(d time.Duration) {
 	time.AfterFunc(d, s.kick)
@@ -106,6 +133,10 @@ func (s *Service) kickAfter(d time.Duration) {
 func (s *Service) execute(ctx context.Context, op Operation) {
 	kind, ok := s.kinds.Kind(op.Kind)
 	if !ok {
+		s.mu.Lock()
+		s.unstarted--
+		s.forgetHeardLocked()
+		s.mu.Unlock()
 		// Recorded by a build that served it; this one cannot run it.
 		s.finish(ctx, op, StateFailed, nil, &Error{Code: "kind_not_served", Message: "this control plane does not serve kind " + op.Kind})
 		return
@@ -116,16 +147,22 @@ func (s *Service) execute(ctx context.Context, op Operation) {
 	defer cancel()
 	s.mu.Lock()
 	s.running[op.ID] = cancel
-	_, early := s.cancelEarly[op.ID]
-	delete(s.cancelEarly, op.ID)
+	_, heard := s.heard[op.ID]
+	heard = heard || s.heardAll
+	delete(s.heard, op.ID)
+	s.unstarted--
+	s.forgetHeardLocked()
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		delete(s.running, op.ID)
 		s.mu.Unlock()
 	}()
-	if op.CancelRequestedAt != nil || early {
+	if op.CancelRequestedAt != nil {
 		cancel()
+	} else if heard {
+		// It changed between the claim and now: maybe a cancel.
+		s.checkCancel(ctx, op.ID)
 	}
 
 	started := time.Now()
@@ -295,18 +332,6 @@ func (s *Service) checkCancel(ctx context.Context, id string) {
 	}
 	s.mu.Lock()
 	cancel := s.running[id]
-	if cancel == nil {
-		// Maybe claimed here and not started yet: its run will see this.
-		now := time.Now()
-		if len(s.cancelEarly) >= 256 {
-			for k, at := range s.cancelEarly {
-				if now.Sub(at) > time.Minute {
-					delete(s.cancelEarly, k)
-				}
-			}
-		}
-		s.cancelEarly[id] = now
-	}
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel()

@@ -507,3 +507,36 @@ func TestDrainAnswersWaitingSubmits(t *testing.T) {
 		}
 	})
 }
+
+// A cancel heard after a claim committed but before its run started (the
+// window between the claim's statement and the run registering here) is
+// not lost: the run starts cancelled instead of running to its deadline.
+func TestCancelHeardBetweenClaimAndRun(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		op := b.submit(t, admin, "test.block", `{}`)
+		claimed, err := b.svc.ClaimForTest(ctx, 1)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		require.Equal(t, op.ID, claimed[0].ID)
+		require.Nil(t, claimed[0].CancelRequestedAt, "claimed before the cancel")
+
+		_, err = b.svc.Cancel(ctx, admin, op.ID, "before it started")
+		require.NoError(t, err)
+		b.svc.Changed(ctx, op.ID) // as another replica's notification would
+		require.Equal(t, 1, b.svc.HeardForTest())
+
+		returned := make(chan struct{})
+		go func() { defer close(returned); b.svc.ExecuteForTest(ctx, claimed[0]) }()
+		select {
+		case <-returned:
+		case <-time.After(waitLong):
+			close(b.tk.release)
+			<-returned
+			t.Fatal("the run did not see the cancel heard before it started")
+		}
+		done := b.op(t, op.ID)
+		require.Equal(t, ledger.StateCancelled, done.State)
+		require.Equal(t, "before it started", done.CancelReason)
+		require.Equal(t, 0, b.svc.HeardForTest(), "nothing kept once no claim is unstarted")
+	})
+}

@@ -127,11 +127,16 @@ type Service struct {
 	mu      sync.Mutex // guards the following
 	waiters map[string]map[chan struct{}]struct{}
 	running map[string]context.CancelFunc
-	// cancelEarly: operations whose cancel was heard before their claimed
-	// run registered here (the claim had committed, the run not started);
-	// the run cancels itself when it starts. Others' runs leave entries
-	// behind, pruned after a minute.
-	cancelEarly  map[string]time.Time
+	// unstarted counts claims in flight and claimed runs not yet in
+	// running; while it is not zero, changes heard for operations not
+	// running here are kept in heard, so a run that registers after its
+	// cancel was heard (the claim had committed, the run not started)
+	// re-reads its operation and cancels itself. heard is emptied when
+	// unstarted returns to zero; past maxHeard ids it keeps none and
+	// heardAll makes every run starting meanwhile re-read its operation.
+	unstarted    int
+	heard        map[string]struct{}
+	heardAll     bool
 	draining     bool
 	drained      chan struct{} // closed on Drain
 	notifyHealth bool
@@ -165,7 +170,7 @@ func New(o Options) *Service {
 		ends:         make(chan End, 1024),
 		waiters:      map[string]map[chan struct{}]struct{}{},
 		running:      map[string]context.CancelFunc{},
-		cancelEarly:  map[string]time.Time{},
+		heard:        map[string]struct{}{},
 		drained:      make(chan struct{}),
 		notifyHealth: !o.CrossReplica,
 
@@ -732,6 +737,14 @@ func (s *Service) Changed(ctx context.Context, id string) {
 	s.mu.Lock()
 	s.wakeWaitersLocked(id)
 	_, runsHere := s.running[id]
+	if !runsHere && s.unstarted > 0 && !s.heardAll {
+		if len(s.heard) < maxHeard {
+			s.heard[id] = struct{}{}
+		} else {
+			s.heardAll = true
+			clear(s.heard)
+		}
+	}
 	s.mu.Unlock()
 	if runsHere {
 		s.checkCancel(ctx, id)

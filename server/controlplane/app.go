@@ -43,6 +43,7 @@ type App struct {
 	Handler http.Handler
 
 	fleetStore *models.FleetStore
+	debugLn    net.Listener // ListenDebug; served by Serve
 	draining   atomic.Bool
 	bg         sync.WaitGroup
 }
@@ -232,6 +233,9 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	if a.Config.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(a.Config.TLSCertFile, a.Config.TLSKeyFile)
 		if err != nil {
+			if a.debugLn != nil {
+				_ = a.debugLn.Close()
+			}
 			return fmt.Errorf("load TLS certificate: %w", err)
 		}
 		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
@@ -241,6 +245,8 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	a.startBackground(bgCtx)
 	stopSocket := a.serveSocket()
 	defer stopSocket()
+	stopDebug := a.serveDebug()
+	defer stopDebug()
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

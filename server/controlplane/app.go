@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/nodeward/nodeward"
 	"github.com/nodeward/nodeward/auth"
@@ -94,6 +95,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.fleetStore = models.NewFleetStore(db, cfg.ReplicaID, nil)
 	a.Metrics = metrics.New(a.pendingCommands)
+	// The database pools' use and waits (go_sql_*): db_name "pool" is the
+	// shared pool, "writer" SQLite's write connection.
+	a.Metrics.Registry.MustRegister(collectors.NewDBStatsCollector(db.SQL(), "pool"))
+	if w := db.WriterSQL(); w != nil {
+		a.Metrics.Registry.MustRegister(collectors.NewDBStatsCollector(w, "writer"))
+	}
 	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring, Now: cfg.Now})
 	a.Fleet = fleet.New(fleet.Options{
 		Store: a.fleetStore,

@@ -53,7 +53,8 @@ type Config struct {
 	LedgerWorkers int
 	// DBMaxConns bounds this replica's database connections
 	// (NODEWARD_DB_MAX_CONNS); 0 is the dialect's default, 32 on Postgres
-	// and 8 on SQLite. Every replica holds up to this many, so replicas ×
+	// and 8 on SQLite (whose write transactions have one more of their
+	// own, models.DB). Every replica holds up to this many, so replicas ×
 	// DBMaxConns must stay under the server's max_connections.
 	DBMaxConns int
 	// dbMaxConns is the setting as given, checked by Validate (so a bad

@@ -133,6 +133,14 @@ func TestDebugListenerServesProfilesPublicDoesNot(t *testing.T) {
 	}
 	code, _ = get(publicURL + "/healthz")
 	require.Equal(t, http.StatusOK, code, "the public listener serves")
+
+	// The database pools' waits are exported (SQLite: the shared pool and
+	// the writer's own connection).
+	code, body = get(publicURL + "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `go_sql_wait_count_total{db_name="pool"}`)
+	require.Contains(t, body, `go_sql_wait_count_total{db_name="writer"} 0`)
+	require.Contains(t, body, `go_sql_max_open_connections{db_name="writer"} 1`)
 }
 
 // TestDebugListenerOffByDefault: no setting, no listener.

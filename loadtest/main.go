@@ -20,7 +20,11 @@
 // 20,000 open files (DECISIONS.md §31). Each agent is a goroutine on its
 // worker's shared transport; it enrolls through /agent/v1/enroll with an
 // invitation the tool made through the admin API, long-polls, and settles
-// each command it receives as applied.
+// each command it receives as applied. Each agent's first poll asks for a
+// wait drawn from 1 s to -wait, so the fleet re-polls at a steady
+// agents/wait a second, as a running fleet does, wherever the issue
+// window falls (-polls-together: every first poll lasts -wait, and the
+// fleet re-polls in one wave -wait after its bring-up).
 //
 // Every phase is bounded: the issue phase by -duration, the drain by
 // -drain, the workers by a hard deadline; nothing runs on after the tool.

@@ -35,6 +35,10 @@ type Config struct {
 	Wait            time.Duration // long-poll wait the agents ask for
 	Heartbeat       time.Duration // per-agent heartbeat interval; 0 = none
 	Drain           time.Duration // how long to wait for the last commands to settle
+	// PollsTogether gives every agent's first poll the full Wait, so the
+	// fleet re-polls in one wave (workerJob.SpreadPolls); by default the
+	// first waits are spread and the fleet re-polls at a steady rate.
+	PollsTogether bool
 
 	// DatabaseURL selects Postgres for the server the tool starts (a
 	// private schema in that database); empty is SQLite.
@@ -153,6 +157,13 @@ type Report struct {
 	Heartbeats                         int64   `json:"heartbeats"`
 	HeartbeatsPS                       float64 `json:"heartbeats_per_s"`
 	RenewalsFlushed                    float64 `json:"renewals_flushed"`
+	// PollsAnswered counts the long-polls the server answered over the
+	// issue window; PollsEmpty those of them not carrying a first delivery
+	// (answered at their deadline: the fleet re-polling). PollsTogether
+	// says whether the fleet's first polls were spread (Config).
+	PollsAnswered float64 `json:"polls_answered"`
+	PollsEmpty    float64 `json:"polls_answered_empty"`
+	PollsTogether bool    `json:"polls_together"`
 	// PGCommitsPS is the Postgres database's commits/s during the window.
 	PGCommitsPS float64 `json:"pg_commits_per_s,omitempty"`
 	PGBenchTPS  float64 `json:"pgbench_tps,omitempty"`
@@ -331,6 +342,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	const settledApplied = `nodeward_commands_settled_total{state="applied"}`
 	rep.SettledPS = (after[settledApplied] - before[settledApplied]) / window
 	rep.RenewalsFlushed = after["nodeward_lease_renewals_flushed_total"] - before["nodeward_lease_renewals_flushed_total"]
+	rep.PollsAnswered, rep.PollsEmpty = pollsAnswered(before, after)
+	rep.PollsTogether = cfg.PollsTogether
 	logf("issued %d (%.0f/s, %d errors); settled %.0f/s during the window; draining", issued, rep.IssuedPS, issueErrs, rep.SettledPS)
 
 	// Drain: let the last commands settle.
@@ -404,7 +417,7 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 
 	// Workers, each enrolling and then holding its share of the agents.
 	start = time.Now()
-	up.workers, err = startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait,
+	up.workers, err = startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait, SpreadPolls: !cfg.PollsTogether,
 		Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()}, up.boots, cfg.AgentsPerWorker)
 	if err != nil {
 		return up, err
@@ -424,13 +437,14 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 
 	// Wait until every agent holds its long-poll.
 	deadline := time.Now().Add(2 * time.Minute)
+	need := heldNeeded(up.enrolled, cfg.PollsTogether)
 	for {
 		m, err := admin.metricsAll(ctx)
 		if err != nil {
 			return up, err
 		}
 		up.held = int(m["nodeward_open_long_polls"])
-		if up.held >= up.enrolled {
+		if up.held >= need {
 			return up, nil
 		}
 		if time.Now().After(deadline) {
@@ -440,6 +454,26 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 			return up, ctx.Err()
 		}
 	}
+}
+
+// heldNeeded is how many held polls count as the whole fleet holding: all
+// of them when the fleet's first polls last the full wait; with spread
+// polls the fleet re-polls all the time, and at any instant a few agents
+// are between one poll's answer and the next (1 % is allowed).
+func heldNeeded(agents int, together bool) int {
+	if together {
+		return agents
+	}
+	return agents - agents/100
+}
+
+// pollsAnswered answers the long-polls the server answered between two
+// scrapes (status 200), and how many of them carried no first delivery.
+func pollsAnswered(before, after map[string]float64) (answered, empty float64) {
+	const polls = `nodeward_http_requests_total{method="GET",route="/agent/v1/commands",status="200"}`
+	const delivered = "nodeward_command_delivery_latency_seconds_count"
+	answered = after[polls] - before[polls]
+	return answered, max(0, answered-(after[delivered]-before[delivered]))
 }
 
 func rateName(r float64) string {

@@ -45,7 +45,9 @@ type HoldConfig struct {
 	// the Postgres (the workers spread over them); each is measured.
 	Replicas int
 	// P99Target: see Config.
-	P99Target     float64
+	P99Target float64
+	// PollsTogether: see Config (both servers' agents).
+	PollsTogether bool
 	Log           io.Writer
 	WorkerCommand []string
 }
@@ -195,14 +197,14 @@ func holdBare(ctx context.Context, cfg HoldConfig, bin, certFile, keyFile, caPEM
 	for i := range agents {
 		agents[i].NodeID = "bare-" + strconv.Itoa(i)
 	}
-	workers, err := startWorkers(Config{WorkerCommand: cfg.WorkerCommand, Log: cfg.Log}, workerJob{URL: url, Bare: true,
+	workers, err := startWorkers(Config{WorkerCommand: cfg.WorkerCommand, Log: cfg.Log}, workerJob{URL: url, Bare: true, SpreadPolls: !cfg.PollsTogether,
 		CACertificatePEM: caPEM, Wait: cfg.Wait, StopBy: time.Now().Add(10 * time.Minute).UnixNano()}, agents, cfg.AgentsPerWorker)
 	defer stopWorkers(workers)
 	if err != nil {
 		return side, err
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	for side.Held < cfg.Agents {
+	for side.Held < heldNeeded(cfg.Agents, cfg.PollsTogether) {
 		if time.Now().After(deadline) {
 			return side, fmt.Errorf("only %d of %d polls held after 2m", side.Held, cfg.Agents)
 		}
@@ -302,7 +304,7 @@ func holdServer(ctx context.Context, cfg HoldConfig, dir, bin, certFile, keyFile
 
 	dcfg := Config{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Rate: cfg.Rate, Duration: cfg.Duration,
 		Wait: cfg.Wait, URL: url, Token: token, CACertificatePEM: caPEM, WorkerCommand: cfg.WorkerCommand, Log: cfg.Log,
-		P99Target: cfg.P99Target, PGStatURL: statURL,
+		P99Target: cfg.P99Target, PGStatURL: statURL, PollsTogether: cfg.PollsTogether,
 		OnHeld: func(ctx context.Context, held int) {
 			side.Held = held
 			sampleHold(ctx, cmd.Process.Pid, cfg, &side)

@@ -20,7 +20,11 @@
 // 20,000 open files (DECISIONS.md §31). Each agent is a goroutine on its
 // worker's shared transport; it enrolls through /agent/v1/enroll with an
 // invitation the tool made through the admin API, long-polls, and settles
-// each command it receives as applied.
+// each command it receives as applied. Each agent's first poll asks for a
+// wait drawn from 1 s to -wait, so the fleet re-polls at a steady
+// agents/wait a second, as a running fleet does, wherever the issue
+// window falls (-polls-together: every first poll lasts -wait, and the
+// fleet re-polls in one wave -wait after its bring-up).
 //
 // Every phase is bounded: the issue phase by -duration, the drain by
 // -drain, the workers by a hard deadline; nothing runs on after the tool.
@@ -132,6 +136,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.Duration, "duration", 30*time.Second, "how long commands are issued")
 	fs.DurationVar(&cfg.Wait, "wait", 25*time.Second, "long-poll wait the agents ask for (the agent's default is 25s)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 0, "per-agent heartbeat interval (0: none)")
+	fs.BoolVar(&cfg.PollsTogether, "polls-together", false, "every agent's first poll lasts the full -wait, so the fleet re-polls in one wave -wait after its bring-up (by default first waits are spread from 1 s to -wait and the fleet re-polls at a steady agents/wait a second)")
 	fs.DurationVar(&cfg.Drain, "drain", 20*time.Second, "how long to wait for the last commands to settle")
 	fs.StringVar(&cfg.URL, "url", "", "target a running server (loopback only) instead of starting one")
 	fs.StringVar(&cfg.Token, "token", "", "administrator API token for -url")
@@ -199,7 +204,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			commands: *commands, signal: *sig, backoffBase: *backoffBase, backoffMax: *backoffMax, recover: *recoverIn, concurrency: *concurrency, asJSON: *asJSON}, stdout, stderr)
 	case "hold":
 		hc := HoldConfig{Agents: cfg.Agents, AgentsPerWorker: cfg.AgentsPerWorker, Wait: cfg.Wait, Settle: *settle,
-			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log, Replicas: *replicas, P99Target: cfg.P99Target}
+			Sample: *sample, Rate: 100, Duration: cfg.Duration, TLS: *useTLS, Log: cfg.Log, Replicas: *replicas, P99Target: cfg.P99Target,
+			PollsTogether: cfg.PollsTogether}
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "rate" {
 				hc.Rate = cfg.Rate
@@ -282,6 +288,7 @@ func printReport(w io.Writer, r Report) {
 		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)
 	}
 	fmt.Fprintf(w, "settled commands/s       %.0f (during the issue window)\n", r.SettledPS)
+	printPolls(w, r)
 	fmt.Fprintf(w, "issue→receipt ms         p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", r.SentP50, r.SentP90, r.SentP99, r.SentMax)
 	fmt.Fprintf(w, "issued_at→receipt ms     p50 %.1f  p99 %.1f\n", r.IssuedP50, r.IssuedP99)
 	fmt.Fprintf(w, "issue→settled ms         p50 %.1f  p99 %.1f\n", r.SettleP50, r.SettleP99)
@@ -307,6 +314,17 @@ func printReport(w io.Writer, r Report) {
 	printTail(w, r.Tail)
 }
 
+// printPolls prints the fleet's polls answered over the issue window: the
+// re-polls the window carried beside the commands.
+func printPolls(w io.Writer, r Report) {
+	spread := "spread"
+	if r.PollsTogether {
+		spread = "together (one wave)"
+	}
+	fmt.Fprintf(w, "polls answered           %.0f in the window (%.0f/s), %.0f of them empty; first polls %s\n",
+		r.PollsAnswered, r.PollsAnswered/max(r.Seconds, 1e-9), r.PollsEmpty, spread)
+}
+
 func printHoldReport(w io.Writer, r HoldReport) {
 	fmt.Fprintf(w, "date                     %s\n", r.Date)
 	fmt.Fprintf(w, "agents                   %d (tls %v, server on %s)\n", r.Agents, r.TLS, r.Database)
@@ -320,6 +338,7 @@ func printHoldReport(w io.Writer, r HoldReport) {
 	fmt.Fprintf(w, "memory ratio             %.2f× the bare waiter\n", r.Ratio)
 	fmt.Fprintf(w, "commands                 %d issued at %s, %d received, %d settled\n", r.Deliver.Issued, rateName(r.Deliver.TargetRate), r.Deliver.Received, r.Deliver.Settled)
 	fmt.Fprintf(w, "issue→receipt ms         p50 %.1f  p90 %.1f  p99 %.1f  max %.1f\n", r.Deliver.SentP50, r.Deliver.SentP90, r.Deliver.SentP99, r.Deliver.SentMax)
+	printPolls(w, r.Deliver)
 	fmt.Fprintf(w, "cpu while issuing        machine %.0f%% busy; workers %.2f cores; rest (server, database, other) %.2f\n",
 		100*r.Deliver.CPU.MachineBusy, r.Deliver.CPU.Workers, r.Deliver.CPU.Rest)
 	for i, s := range r.PerReplica {

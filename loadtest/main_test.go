@@ -45,6 +45,10 @@ func TestSmoke(t *testing.T) {
 	if rep.Heartbeats == 0 {
 		t.Fatal("no heartbeat was acknowledged")
 	}
+	if rep.PollsAnswered < 1 || rep.PollsEmpty > rep.PollsAnswered || rep.PollsTogether {
+		t.Fatalf("polls answered %v, empty %v, together %v: the commands came in answered polls, first polls spread by default",
+			rep.PollsAnswered, rep.PollsEmpty, rep.PollsTogether)
+	}
 }
 
 type testLog struct{ t *testing.T }

@@ -39,10 +39,14 @@ type TailCause struct {
 	MachineBus float64 `json:"machine_busy"`
 	// Batches during the window: lease renewal flushes and lease sweeps,
 	// long-poll store queries (a wake-up's read).
-	RenewalFlushes  float64  `json:"lease_renewals_flushed"`
-	LeaseSweeps     float64  `json:"lease_sweeps"`
-	PollStoreReads  float64  `json:"long_poll_store_queries"`
-	Redeliveries    float64  `json:"redeliveries"`
+	RenewalFlushes float64 `json:"lease_renewals_flushed"`
+	LeaseSweeps    float64 `json:"lease_sweeps"`
+	PollStoreReads float64 `json:"long_poll_store_queries"`
+	Redeliveries   float64 `json:"redeliveries"`
+	// The server's database pool (go_sql_*, db_name "pool"): waits for a
+	// connection over the window and their total time.
+	PoolWaits       float64  `json:"db_pool_waits"`
+	PoolWaitMS      float64  `json:"db_pool_wait_ms"`
 	PGSamples       int      `json:"pg_samples,omitempty"`
 	PGLockWaits     float64  `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
 	PGLWLockWaits   float64  `json:"pg_lwlock_waiting_backends_avg,omitempty"`
@@ -142,7 +146,8 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 		GCMaxMS: 1000 * after[`go_gc_duration_seconds{quantile="1"}`], HeapMB: after["go_memstats_heap_alloc_bytes"] / (1 << 20),
 		MachineBus: rep.CPU.MachineBusy, RenewalFlushes: d("nodeward_lease_renewals_flushed_total"),
 		LeaseSweeps: d("nodeward_lease_sweeps_total"), PollStoreReads: d("nodeward_long_poll_store_queries_total"),
-		Redeliveries: d("nodeward_command_redeliveries_total")}
+		Redeliveries: d("nodeward_command_redeliveries_total"),
+		PoolWaits:    d(`go_sql_wait_count_total{db_name="pool"}`), PoolWaitMS: 1000 * d(`go_sql_wait_duration_seconds_total{db_name="pool"}`)}
 	// The Go collector's quantile 1 is the longest of the recent pauses,
 	// which may predate the window: no pause in it is longer than their sum.
 	tc.GCMaxMS = min(tc.GCMaxMS, tc.GCPauseMS)
@@ -183,6 +188,9 @@ func tailCauses(tc TailCause, rep *Report) []string {
 	}
 	if tc.GCMaxMS >= max(1, excess/4) {
 		out = append(out, fmt.Sprintf("GC: %.0f collections, the longest recent pause %.1f ms (total %.1f ms)", tc.GCs, tc.GCMaxMS, tc.GCPauseMS))
+	}
+	if tc.PoolWaits > 0 {
+		out = append(out, fmt.Sprintf("database pool: %.0f waits for a connection, %.0f ms in all (%.1f ms each)", tc.PoolWaits, tc.PoolWaitMS, tc.PoolWaitMS/tc.PoolWaits))
 	}
 	if tc.Redeliveries > 0 {
 		out = append(out, fmt.Sprintf("redeliveries: %.0f commands handed out again (their lease ran out, or a resuming poll asked)", tc.Redeliveries))

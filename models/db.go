@@ -55,6 +55,17 @@ type DB struct {
 	// has one writer at a time anyway; queueing here is fair and cheap,
 	// where waiting in SQLite's busy handler is neither. Nil for Postgres.
 	writers *sync.Mutex
+	// writer is the SQLite connection write transactions (Tx) run on, a
+	// pool of its own holding one connection, kept apart from the readers'
+	// pool. In one shared pool the one writer (the fleet's group commit,
+	// which every submit, claim and settlement waits on) queued for a
+	// connection behind every read, and database/sql hands a freed
+	// connection to a random waiter: under a fleet's re-poll wave (two
+	// reads a poll, hundreds waiting) a batch could wait there for
+	// hundreds of milliseconds with its commit's whole queue behind it
+	// (issue 13, the hold run's tail). Nil for Postgres.
+	writer    *gorm.DB
+	writerSQL *sql.DB
 }
 
 // Options says which database to open.
@@ -183,7 +194,30 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 		_ = lock.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
-	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock, writers: &sync.Mutex{}}, nil
+	// The writer's own connection (DB.writer), opened like the others.
+	wdb, err := gorm.Open(sqlite.Open(dsn), gormConfig())
+	if err != nil {
+		_ = sqlDB.Close()
+		_ = lock.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	wSQL, err := wdb.DB()
+	if err != nil {
+		_ = sqlDB.Close()
+		_ = lock.Close()
+		return nil, err
+	}
+	wSQL.SetMaxOpenConns(1)
+	wSQL.SetMaxIdleConns(1)
+	wSQL.SetConnMaxLifetime(0)
+	wSQL.SetConnMaxIdleTime(0)
+	if err := wSQL.PingContext(ctx); err != nil {
+		_ = wSQL.Close()
+		_ = sqlDB.Close()
+		_ = lock.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock, writers: &sync.Mutex{}, writer: wdb, writerSQL: wSQL}, nil
 }
 
 // lockDataDir takes an exclusive advisory lock on the data folder for the
@@ -221,6 +255,9 @@ func (db *DB) Ping(ctx context.Context) error { return db.sqlDB.PingContext(ctx)
 
 // Close closes the pool and releases the data folder.
 func (db *DB) Close() error {
+	if db.writerSQL != nil {
+		_ = db.writerSQL.Close()
+	}
 	err := db.sqlDB.Close()
 	if db.lock != nil {
 		_ = db.lock.Close()
@@ -235,5 +272,13 @@ func (db *DB) Tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
 		db.writers.Lock()
 		defer db.writers.Unlock()
 	}
+	if db.writer != nil {
+		return db.writer.WithContext(ctx).Transaction(fn)
+	}
 	return db.WithContext(ctx).Transaction(fn)
 }
+
+// WriterSQL answers the SQLite writer's own pool (one connection; its
+// WaitCount stays 0, as writers queue on the writers lock), or nil on
+// Postgres, which has no separate writer.
+func (db *DB) WriterSQL() *sql.DB { return db.writerSQL }

@@ -137,7 +137,9 @@ func (s *FleetStore) FoldNodeCounts(ctx context.Context) error {
 				DELETE FROM node_state_counts WHERE (SELECT COUNT(*) FROM node_state_counts) > ? RETURNING state, n)
 			INSERT INTO node_state_counts(state, n) SELECT state, SUM(n) FROM gone GROUP BY state`, foldAbove).Error
 	}
-	return s.db.WithContext(ctx).Transaction(func(g *gorm.DB) error {
+	// Through the one writer (DB.Tx): a transaction of its own on the
+	// readers' pool would meet the group commit's in SQLite's busy handler.
+	return s.db.Tx(ctx, func(g *gorm.DB) error {
 		var n int64
 		if err := g.Raw(`SELECT COUNT(*) FROM node_state_counts`).Scan(&n).Error; err != nil || n <= foldAbove {
 			return err

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/nodeward/nodeward"
 	"github.com/nodeward/nodeward/auth"
@@ -43,6 +44,7 @@ type App struct {
 	Handler http.Handler
 
 	fleetStore *models.FleetStore
+	debugLn    net.Listener // ListenDebug; served by Serve
 	draining   atomic.Bool
 	bg         sync.WaitGroup
 }
@@ -93,6 +95,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.fleetStore = models.NewFleetStore(db, cfg.ReplicaID, nil)
 	a.Metrics = metrics.New(a.pendingCommands)
+	// The database pools' use and waits (go_sql_*): db_name "pool" is the
+	// shared pool, "writer" SQLite's write connection.
+	a.Metrics.Registry.MustRegister(collectors.NewDBStatsCollector(db.SQL(), "pool"))
+	if w := db.WriterSQL(); w != nil {
+		a.Metrics.Registry.MustRegister(collectors.NewDBStatsCollector(w, "writer"))
+	}
 	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring, Now: cfg.Now})
 	a.Fleet = fleet.New(fleet.Options{
 		Store: a.fleetStore,
@@ -232,6 +240,9 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	if a.Config.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(a.Config.TLSCertFile, a.Config.TLSKeyFile)
 		if err != nil {
+			if a.debugLn != nil {
+				_ = a.debugLn.Close()
+			}
 			return fmt.Errorf("load TLS certificate: %w", err)
 		}
 		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
@@ -241,6 +252,8 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	a.startBackground(bgCtx)
 	stopSocket := a.serveSocket()
 	defer stopSocket()
+	stopDebug := a.serveDebug()
+	defer stopDebug()
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

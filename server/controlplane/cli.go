@@ -195,6 +195,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
+	if _, err := app.ListenDebug(); err != nil {
+		_ = ln.Close()
+		return err
+	}
 	app.announce(ctx, ln.Addr().String())
 	return app.Serve(ctx, ln)
 }

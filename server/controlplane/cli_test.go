@@ -46,7 +46,7 @@ func cleanEnv(t *testing.T) {
 		"NODEWARD_LISTEN", "NODEWARD_DATA_DIR", "NODEWARD_DATABASE_URL", "NODEWARD_PUBLIC_URL",
 		"NODEWARD_MASTER_KEY", "NODEWARD_MASTER_KEY_FILE", "NODEWARD_LOG_LEVEL", "NODEWARD_LOG_FORMAT",
 		"NODEWARD_TLS_CERT_FILE", "NODEWARD_TLS_KEY_FILE", "NODEWARD_TLS_CA_FILE", "NODEWARD_SHUTDOWN_GRACE",
-		"NODEWARD_READ_TIMEOUT", "NODEWARD_DIAGNOSE_ALLOW", "NODEWARD_DB_MAX_CONNS",
+		"NODEWARD_READ_TIMEOUT", "NODEWARD_DIAGNOSE_ALLOW", "NODEWARD_DB_MAX_CONNS", "NODEWARD_DEBUG_ADDR",
 	} {
 		t.Setenv(k, "")
 	}
@@ -230,6 +230,9 @@ func TestCLIBadConfigurationFailsFast(t *testing.T) {
 		{"PublicURL", nil, []string{"serve", "--public-url", "ftp://x", "--data-dir", dir}, "public URL"},
 		{"DiagnoseAllow", nil, []string{"serve", "--diagnose-allow", "10.0.0.0/8, not a host!", "--data-dir", dir}, "diagnose allowlist"},
 		{"DiagnoseAllowEnv", map[string]string{"NODEWARD_DIAGNOSE_ALLOW": "300.1.1.1/8"}, []string{"serve", "--data-dir", dir}, "diagnose allowlist"},
+		{"DebugAddrEveryInterface", nil, []string{"serve", "--debug-addr", ":6060", "--data-dir", dir}, "NODEWARD_DEBUG_ADDR"},
+		{"DebugAddrNotHostPort", map[string]string{"NODEWARD_DEBUG_ADDR": "6060"}, []string{"serve", "--data-dir", dir}, "NODEWARD_DEBUG_ADDR"},
+		{"DebugAddrBusy", nil, []string{"serve", "--listen", "127.0.0.1:0", "--debug-addr", busy.Addr().String(), "--data-dir", dir}, "debug listener (NODEWARD_DEBUG_ADDR, --debug-addr) on"},
 		{"MigrateLogLevel", nil, []string{"migrate", "--log-level", "nope", "--data-dir", dir}, "log level"},
 		{"TokenWithoutName", nil, []string{"token", "create", "--data-dir", dir}, "--name"},
 		{"AdminWithoutStdin", nil, []string{"admin", "create", "--username", "x", "--data-dir", dir}, "--password-stdin"},

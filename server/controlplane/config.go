@@ -53,7 +53,8 @@ type Config struct {
 	LedgerWorkers int
 	// DBMaxConns bounds this replica's database connections
 	// (NODEWARD_DB_MAX_CONNS); 0 is the dialect's default, 32 on Postgres
-	// and 8 on SQLite. Every replica holds up to this many, so replicas ×
+	// and 8 on SQLite (whose write transactions have one more of their
+	// own, models.DB). Every replica holds up to this many, so replicas ×
 	// DBMaxConns must stay under the server's max_connections.
 	DBMaxConns int
 	// dbMaxConns is the setting as given, checked by Validate (so a bad
@@ -64,6 +65,10 @@ type Config struct {
 	// names, comma-separated (NODEWARD_DIAGNOSE_ALLOW); empty refuses
 	// every destination.
 	DiagnoseAllow string
+	// DebugAddr is where the debug listener serves the runtime's profiles
+	// (net/http/pprof), on its own loopback address, never the public one
+	// (NODEWARD_DEBUG_ADDR; empty, the default: off).
+	DebugAddr string
 
 	// Now is the clock (tests inject one); nil is time.Now.
 	Now func() time.Time
@@ -133,6 +138,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 	c.dbMaxConns = poolSize{raw: getenv("NODEWARD_DB_MAX_CONNS")}
 	fs.Var(&c.dbMaxConns, "db-max-conns", "database connections this replica holds at most; replicas × this must stay under Postgres max_connections (NODEWARD_DB_MAX_CONNS; default 32 on PostgreSQL, 8 on SQLite)")
 	fs.StringVar(&c.DiagnoseAllow, "diagnose-allow", envOr(getenv, "NODEWARD_DIAGNOSE_ALLOW", ""), "CIDRs and host names diagnose.endpoint may probe, comma-separated; empty refuses all (NODEWARD_DIAGNOSE_ALLOW)")
+	fs.StringVar(&c.DebugAddr, "debug-addr", envOr(getenv, "NODEWARD_DEBUG_ADDR", ""), "loopback host:port serving Go profiles under /debug/pprof/; empty is off (NODEWARD_DEBUG_ADDR)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
 }
 
@@ -172,6 +178,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("listen address %q is not host:port", c.Listen)
+	}
+	if err := checkDebugAddr(c.DebugAddr); err != nil {
+		return err
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("TLS needs both a certificate file and a key file")

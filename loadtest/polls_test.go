@@ -1,0 +1,62 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+// TestFirstPollWaitSpread: a spread fleet's first poll waits cover every
+// whole second from 1 s to the wait, and nothing else, so the fleet's
+// re-polls are spread over the whole cycle rather than one wave.
+func TestFirstPollWaitSpread(t *testing.T) {
+	const wait = 25 * time.Second
+	seen := map[time.Duration]int{}
+	for range 5000 {
+		d := firstPollWait(wait)
+		if d < time.Second || d > wait || d%time.Second != 0 {
+			t.Fatalf("first wait %v: want whole seconds from 1s to %v", d, wait)
+		}
+		seen[d]++
+	}
+	// 5,000 draws over 25 values: each is drawn about 200 times, and one
+	// never drawn has a chance of 25 × (24/25)^5000, about 1e-87.
+	if len(seen) != 25 {
+		t.Fatalf("drew %d distinct waits, want all 25: %v", len(seen), seen)
+	}
+	for _, w := range []time.Duration{0, 500 * time.Millisecond, time.Second, 1900 * time.Millisecond} {
+		if got := firstPollWait(w); got != w {
+			t.Fatalf("firstPollWait(%v) = %v; under 2 s the wait is kept", w, got)
+		}
+	}
+}
+
+func TestHeldNeeded(t *testing.T) {
+	for _, tc := range []struct {
+		agents   int
+		together bool
+		want     int
+	}{
+		{20, false, 20}, {20, true, 20}, {2000, true, 2000}, {2000, false, 1980}, {15000, false, 14850},
+	} {
+		if got := heldNeeded(tc.agents, tc.together); got != tc.want {
+			t.Fatalf("heldNeeded(%d, %v) = %d, want %d", tc.agents, tc.together, got, tc.want)
+		}
+	}
+}
+
+// TestPollsAnswered: the window's answered polls come from the poll
+// route's 200s, the empty ones are those less the first deliveries.
+func TestPollsAnswered(t *testing.T) {
+	const polls = `nodeward_http_requests_total{method="GET",route="/agent/v1/commands",status="200"}`
+	const delivered = "nodeward_command_delivery_latency_seconds_count"
+	before := map[string]float64{polls: 100, delivered: 10}
+	after := map[string]float64{polls: 1600, delivered: 510}
+	if a, e := pollsAnswered(before, after); a != 1500 || e != 1000 {
+		t.Fatalf("answered %v, empty %v; want 1500, 1000", a, e)
+	}
+	// Several commands in one answer: never fewer than no empty poll.
+	after[delivered] = 2000
+	if _, e := pollsAnswered(before, after); e != 0 {
+		t.Fatalf("empty %v, want 0", e)
+	}
+}

@@ -64,7 +64,7 @@ func run(args []string) int {
 	rtName := fs.String("runtime", "process", "workload runtime: process or simulated")
 	labels := labelsFlag{}
 	fs.Var(labels, "label", "node label key=value (repeatable, or comma separated; env NODEWARD_AGENT_LABELS)")
-	pollWait := fs.Duration("poll-wait", 25*time.Second, "long-poll wait asked of the control plane (0-60s)")
+	pollWait := fs.Duration("poll-wait", 25*time.Second, "long-poll wait asked of the control plane (0-60s; from 5s up, each poll asks up to a fifth less, at random, so a fleet's polls spread)")
 	retireGrace := fs.Duration("retire-grace", 10*time.Second, "SIGTERM grace for workloads when the node is retired")
 	configHook := fs.String("config-hook", os.Getenv("NODEWARD_AGENT_CONFIG_HOOK"), "program run after the desired configuration is written: split on white space (no shell), the document's path appended (\"\" when cleared) (env NODEWARD_AGENT_CONFIG_HOOK)")
 	hookTimeout := 60 * time.Second

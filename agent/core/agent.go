@@ -586,7 +586,7 @@ func (a *Agent) pollLoop(ctx, applyCtx context.Context) error {
 	resume := true
 	for {
 		seq := a.nextPollSeq()
-		resp, err := a.client().Poll(ctx, a.cfg.PollWait, client.PollOptions{Resume: resume})
+		resp, err := a.client().Poll(ctx, pollWait(a.cfg.PollWait, a.cfg.Rand), client.PollOptions{Resume: resume})
 		if ctx.Err() != nil {
 			return nil
 		}

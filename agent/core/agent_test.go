@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,12 +37,17 @@ type bundle struct {
 	hook        []string
 	hookTimeout time.Duration
 	maxEvents   int
+	// The long-poll wait asked and the jitter source (setup: 1 s, and 0
+	// for every draw).
+	pollWait time.Duration
+	rand     func() float64
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	clk := newFakeClock()
-	b := &bundle{t: t, clk: clk, cp: newFakeCP(t, clk), sim: runtime.NewSimulated(), dir: t.TempDir()}
+	b := &bundle{t: t, clk: clk, cp: newFakeCP(t, clk), sim: runtime.NewSimulated(), dir: t.TempDir(),
+		pollWait: time.Second, rand: func() float64 { return 0 }}
 	b.sim.Now = clk.Now
 	t.Cleanup(func() {
 		if b.cancel != nil {
@@ -62,7 +70,7 @@ func (b *bundle) start(bs *api.Bootstrap) {
 		Store: st, Runtime: b.sim, Bootstrap: bs, AllowInsecureHTTP: true,
 		Labels: map[string]string{"zone": "test"}, Version: "test", Clock: b.clk,
 		Logger:   slog.New(slog.NewTextHandler(testWriter{b.t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		PollWait: time.Second, Rand: func() float64 { return 0 },
+		PollWait: b.pollWait, Rand: b.rand,
 		ConfigHook: b.hook, ConfigHookTimeout: b.hookTimeout,
 	})
 	if err != nil {
@@ -533,6 +541,42 @@ func TestAgent(t *testing.T) {
 			t.Fatalf("renewed session not stored: %v", err)
 		}
 	})
+}
+
+// Agents brought up together must not re-poll together forever: each poll
+// asks a wait drawn from the last fifth below the configured one.
+func TestPollWaitsSpread(t *testing.T) {
+	b := setup(t)
+	b.pollWait = 25 * time.Second
+	var mu sync.Mutex
+	draw := 0.0
+	b.rand = func() float64 { // every draw another value in [0, 1)
+		mu.Lock()
+		defer mu.Unlock()
+		draw = math.Mod(draw+0.37, 1)
+		return draw
+	}
+	b.start(b.cp.bootstrap())
+	b.eventually("six polls", 0, func() bool {
+		var n int
+		b.cp.with(func() { n = len(b.cp.pollWaits) })
+		return n >= 6
+	})
+	seen := map[string]bool{}
+	b.cp.with(func() {
+		for _, w := range b.cp.pollWaits {
+			if n, err := strconv.Atoi(w); err != nil || n < 20 || n > 25 {
+				t.Fatalf("asked wait=%q, want 20–25", w)
+			}
+			seen[w] = true
+		}
+	})
+	if len(seen) < 2 {
+		t.Fatalf("every poll asked the same wait %v", seen)
+	}
+	if got := pollWait(3*time.Second, func() float64 { return 0 }); got != 3*time.Second {
+		t.Fatalf("a short wait is asked as it is, got %s", got)
+	}
 }
 
 func TestBackoff(t *testing.T) {

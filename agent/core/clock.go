@@ -94,3 +94,17 @@ func jitter(d time.Duration, lo, hi float64, rnd func() float64) time.Duration {
 	}
 	return time.Duration(float64(d) * (lo + (hi-lo)*rnd()))
 }
+
+// pollWait is the wait to ask of one long-poll: base, less up to a fifth
+// of it at random, in whole seconds (the server counts seconds). Agents
+// that enrolled or reconnected together — a fleet brought up at once, or
+// back after a control-plane restart — would otherwise re-poll together
+// every base forever, a wave the server meets all at once; the jitter
+// spreads them over a fifth of the wait within a few polls. Waits under
+// 5 s are asked as they are.
+func pollWait(base time.Duration, rnd func() float64) time.Duration {
+	if base < 5*time.Second {
+		return base
+	}
+	return jitter(base, 0.8, 1, rnd).Truncate(time.Second)
+}

@@ -118,6 +118,7 @@ type fakeCP struct {
 	pollTimes    []time.Time // fake-clock time of each poll
 	pollTokens   []string
 	pollResumes  []bool        // each poll's resume=true
+	pollWaits    []string      // each poll's wait=
 	onResume     []api.Command // a resuming poll's answer: what the server holds delivered and unsettled
 	results      []api.Result
 	events       []api.Event
@@ -262,6 +263,7 @@ func (cp *fakeCP) commands(w http.ResponseWriter, r *http.Request) {
 	cp.pollTokens = append(cp.pollTokens, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
 	resume := r.URL.Query().Get("resume") == "true"
 	cp.pollResumes = append(cp.pollResumes, resume)
+	cp.pollWaits = append(cp.pollWaits, r.URL.Query().Get("wait"))
 	if resume && len(cp.onResume) > 0 {
 		cp.queue = append(append([]api.Command(nil), cp.onResume...), cp.queue...)
 	}

@@ -238,15 +238,16 @@ func (g *groupCommit) runBatch(ctx context.Context, l *lane, batch []*groupReq) 
 	}
 }
 
-// runGated runs one batch under the gate: a lane's beside the other
-// lanes', the exclusive lane's alone.
+// runGated runs one batch under the gate — a lane's beside the other
+// lanes', the exclusive lane's alone — and, once the gate is let go,
+// hands out its notifications and outcomes.
 func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) []*groupReq {
+	unlock := g.gate.RUnlock
 	if l.index >= 0 {
 		g.gate.RLock()
-		defer g.gate.RUnlock()
 	} else {
 		g.gate.Lock()
-		defer g.gate.Unlock()
+		unlock = g.gate.Unlock
 	}
 	n := g.running.Add(1)
 	for {
@@ -256,13 +257,17 @@ func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) 
 		}
 	}
 	g.stats.batches.Add(1)
-	defer g.running.Add(-1)
-	return g.run(ctx, l, batch)
+	again, finish := g.run(ctx, l, batch)
+	g.running.Add(-1)
+	unlock()
+	finish()
+	return again
 }
 
 // run runs one batch in one transaction and answers the requests that
-// must run again; every other request's outcome is final (done closed).
-func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) []*groupReq {
+// must run again, and what finishes the others: their notifications
+// handed to the local hook, their outcomes made final (done closed).
+func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) ([]*groupReq, func()) {
 	s := g.store
 	single := len(batch) == 1
 	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
@@ -314,15 +319,16 @@ func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) []*gr
 			again = append(again, r)
 		}
 	}
-	if len(notes) > 0 && s.onCommit != nil {
-		s.onCommit(notes)
-	}
-	for _, r := range batch {
-		if !contains(again, r) {
-			close(r.done)
+	return again, func() {
+		if len(notes) > 0 && s.onCommit != nil {
+			s.onCommit(notes)
+		}
+		for _, r := range batch {
+			if !contains(again, r) {
+				close(r.done)
+			}
 		}
 	}
-	return again
 }
 
 // errStrayed refuses a lock outside a request's route: the request runs

@@ -108,7 +108,8 @@ func (s *Service) Issue(ctx context.Context, actor string, in IssueCommand) (Com
 	}
 	var out Command
 	created := false
-	err = s.store.Tx(ctx, func(tx Tx) error {
+	// Routed to the node's write lane (TxRoute): it locks that node's rows.
+	err = s.store.Tx(OnNode(ctx, in.NodeID), func(tx Tx) error {
 		var err error
 		out, created, err = issueTx(ctx, tx, actor, in, payload, dg, now)
 		return err
@@ -607,7 +608,7 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time) (
 		return work, nil, err
 	}
 	var cmds []Command
-	err = s.store.Tx(ctx, func(tx Tx) error {
+	err = s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		if err := refuseUncapable(ctx, tx, sess.NodeID, cur, now); err != nil {
 			return err
 		}
@@ -634,7 +635,7 @@ func (s *Service) Release(ctx context.Context, sess Session, cmds []Command) err
 	if len(cmds) == 0 {
 		return nil
 	}
-	return s.store.Tx(ctx, func(tx Tx) error {
+	return s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		for _, c := range cmds {
 			cur, err := tx.LockCommand(ctx, c.OperationID)
 			if err != nil {
@@ -678,7 +679,7 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 	for i, r := range results {
 		ids[i] = r.OperationID
 	}
-	err = s.store.Tx(ctx, func(tx Tx) error {
+	err = s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		out, newly = out[:0], newly[:0]
 		// Every command of the request is locked in one statement and
 		// every settlement written in one: round trips per request, not

@@ -589,7 +589,7 @@ func (s *Service) deliverConfig(ctx context.Context, sess Session) (*api.ConfigD
 	var c NodeConfig
 	due := false
 	now := s.clock()
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	err := s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		var err error
 		c, err = tx.LockNodeConfig(ctx, sess.NodeID)
 		if isNoRows(err) {
@@ -617,7 +617,7 @@ func (s *Service) deliverConfig(ctx context.Context, sess Session) (*api.ConfigD
 // ReleaseConfig makes a configuration a poll carried due again at once for
 // the session: the answer that carried it could not be written.
 func (s *Service) ReleaseConfig(ctx context.Context, sess Session) error {
-	return s.store.Tx(ctx, func(tx Tx) error {
+	return s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		c, err := tx.LockNodeConfig(ctx, sess.NodeID)
 		if isNoRows(err) {
 			return nil

@@ -53,7 +53,7 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	}
 	var n Node
 	var settled []Command
-	err = s.store.Tx(ctx, func(tx Tx) error {
+	err = s.store.Tx(OnNode(ctx, req.NodeID), func(tx Tx) error {
 		var err error
 		n, settled, err = s.enrollTx(ctx, tx, req, claims, facts, disk, values, now)
 		return err

@@ -90,7 +90,7 @@ func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.E
 		for i, e := range workloads {
 			ids[i] = e.ID
 		}
-		err := s.store.Tx(ctx, func(tx Tx) error {
+		err := s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 			fresh, err := tx.RecordEventIDs(ctx, sess.NodeID, ids, now)
 			if err != nil {
 				return err

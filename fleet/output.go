@@ -83,7 +83,7 @@ func (s *Service) RecordOutput(ctx context.Context, sess Session, o api.OutputRe
 	if err != nil {
 		return false, err
 	}
-	err = s.store.Tx(ctx, func(tx Tx) error {
+	err = s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		recorded, err = tx.InsertWorkloadOutput(ctx, out)
 		return err
 	})

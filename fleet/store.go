@@ -280,3 +280,37 @@ type LiveSession struct {
 	Since      time.Time `json:"since"`
 	RemoteAddr string    `json:"remote_addr"`
 }
+
+// TxRoute says, before a transaction runs, which rows it will lock, so a
+// store that runs several transactions at once can keep them from waiting
+// on each other (models/group.go runs one lane per share of the nodes).
+// A transaction routed to a node locks rows of that node only (the node,
+// its commands, operations, configuration, invitations) and, besides,
+// at most the one lock Shared names; a store may run it again, alone, if
+// it strays (the run it strayed in is rolled back first). A transaction
+// with no route may lock anything.
+type TxRoute struct {
+	// Node is the one node whose rows the transaction locks.
+	Node string
+	// Shared is the key of a lock that transactions of other nodes take
+	// too (a package host's quota: "principal:…"), or "".
+	Shared string
+}
+
+type txRouteKey struct{}
+
+// WithTxRoute answers ctx carrying r for the Store.Tx it is passed to.
+func WithTxRoute(ctx context.Context, r TxRoute) context.Context {
+	return context.WithValue(ctx, txRouteKey{}, r)
+}
+
+// OnNode is WithTxRoute for a transaction that locks one node's rows.
+func OnNode(ctx context.Context, nodeID string) context.Context {
+	return WithTxRoute(ctx, TxRoute{Node: nodeID})
+}
+
+// TxRouteOf answers the route ctx carries, if any.
+func TxRouteOf(ctx context.Context) (TxRoute, bool) {
+	r, ok := ctx.Value(txRouteKey{}).(TxRoute)
+	return r, ok && r.Node != ""
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/secrets"
@@ -285,7 +286,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 		// and announces it (the common case costs one statement).
 		err = s.store.Insert(ctx, &op, submitted)
 	} else {
-		err = s.store.Tx(ctx, func(tx Tx) error {
+		err = s.store.Tx(submitRoute(ctx, p, kind, op), func(tx Tx) error {
 			if s.checkPrincipal != nil {
 				if err := s.checkPrincipal(ctx, tx, p); err != nil {
 					return err
@@ -338,6 +339,21 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	}
 	s.metrics.OperationsSubmitted.WithLabelValues(op.Kind).Inc()
 	return s.waitAnswer(ctx, p, op, true, sub, nil)
+}
+
+// submitRoute routes a submission that records a command (or a
+// configuration) for one node to that node's write lane (fleet.TxRoute):
+// it locks that node's rows and, for a package host, its own row and quota
+// key (Shared), which lanes take in one order. Anything else runs unrouted.
+func submitRoute(ctx context.Context, p Principal, kind *Kind, op Operation) context.Context {
+	if kind.Record == nil || op.TargetKind != TargetNode || op.TargetID == "" {
+		return ctx
+	}
+	r := fleet.TxRoute{Node: op.TargetID}
+	if p.Kind == PrincipalPackageHost {
+		r.Shared = "principal:" + p.Key()
+	}
+	return fleet.WithTxRoute(ctx, r)
 }
 
 // checkCapability refuses a kind that needs an agent capability for node

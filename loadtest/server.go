@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/nodeward/nodeward/models"
@@ -82,6 +83,11 @@ func startLocalWith(ctx context.Context, o localOptions) (*localServer, error) {
 	}
 	cfg := controlplane.Config{Listen: addr, PublicURL: "http://" + addr, AgentVersion: "loadtest",
 		ShutdownGrace: 10 * time.Second, LogLevel: "warn", LogFormat: "text", ReplicaID: replica, LedgerWorkers: o.LedgerWorkers}
+	// The in-process server takes the write lanes from the environment, as
+	// the binary does (to compare one lane with several in one sitting).
+	if n, err := strconv.Atoi(os.Getenv("NODEWARD_DB_WRITE_LANES")); err == nil {
+		cfg.DBWriteLanes = n
+	}
 	switch {
 	case o.Join != nil:
 		if o.Join.Dialect != models.Postgres {

@@ -149,6 +149,9 @@ func (t *fleetTx) LockCommands(ctx context.Context, ids []string) (map[string]fl
 		return nil, err
 	}
 	for _, r := range rows {
+		if err := t.stray(r.NodeID); err != nil {
+			return nil, err
+		}
 		out[r.OperationID] = commandFromRow(r)
 	}
 	return out, nil

@@ -183,6 +183,9 @@ const countConfigsSQL = `SELECT
 			WHERE c.revision > 0 AND c.reported_at IS NULL AND n.state <> ?) AS never`
 
 func (t *fleetTx) LockNodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {
+	if err := t.stray(nodeID); err != nil {
+		return fleet.NodeConfig{}, err
+	}
 	var row NodeConfigRow
 	if err := t.forUpdate(t.db(ctx)).Where("node_id = ?", nodeID).Take(&row).Error; err != nil {
 		return fleet.NodeConfig{}, notFound(err)

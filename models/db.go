@@ -66,6 +66,9 @@ type DB struct {
 	// (issue 13, the hold run's tail). Nil for Postgres.
 	writer    *gorm.DB
 	writerSQL *sql.DB
+	// writeLanes is the fleet store's number of per-node write lanes
+	// (Options.WriteLanes resolved).
+	writeLanes int
 }
 
 // Options says which database to open.
@@ -77,6 +80,11 @@ type Options struct {
 	DataDir string
 	// MaxOpenConns bounds the pool; zero picks a default per dialect.
 	MaxOpenConns int
+	// WriteLanes is how many write batches the fleet store's group commit
+	// runs at once on Postgres, each on its own connection (models/group.go);
+	// zero picks DefaultWriteLanes of the pool, 1 runs one batch at a time.
+	// SQLite always runs one.
+	WriteLanes int
 	// WrapConnector, when set, wraps the Postgres driver's connector: the
 	// write-path counters (internal/sqlcount) count through it. Nil in
 	// production.
@@ -133,7 +141,11 @@ func openPostgres(ctx context.Context, opts Options) (*DB, error) {
 		_ = sqlDB.Close()
 		return nil, fmt.Errorf("connect to postgres: %w", redactURLError(err, opts.URL))
 	}
-	return &DB{DB: gdb, Dialect: Postgres, URL: opts.URL, sqlDB: sqlDB}, nil
+	lanes := opts.WriteLanes
+	if lanes <= 0 {
+		lanes = DefaultWriteLanes(maxOpen)
+	}
+	return &DB{DB: gdb, Dialect: Postgres, URL: opts.URL, sqlDB: sqlDB, writeLanes: lanes}, nil
 }
 
 // redactURLError keeps a driver error from echoing a URL with its password.

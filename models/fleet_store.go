@@ -35,9 +35,13 @@ var _ fleet.Store = (*FleetStore)(nil)
 func NewFleetStore(db *DB, replica string, onCommit func([]fleet.Notification)) *FleetStore {
 	s := &FleetStore{fleetReader: fleetReader{g: db.DB, dialect: db.Dialect}, db: db, replica: replica,
 		channel: NotifyChannel(db), onCommit: onCommit}
-	s.group = &groupCommit{store: s}
+	s.group = newGroupCommit(s, db.writeLanes)
 	return s
 }
+
+// SetWriteLanes replaces the number of per-node write lanes (Postgres;
+// see group.go). Call it before the store's first transaction.
+func (s *FleetStore) SetWriteLanes(n int) { s.group = newGroupCommit(s, n) }
 
 // NotifyChannel is the LISTEN/NOTIFY channel of this database: one per
 // schema, so test schemas sharing a server never hear each other.
@@ -83,6 +87,9 @@ type fleetTx struct {
 	// audit collects the node audit rows; the group commit writes them
 	// with the batch (group.go flushAudit).
 	audit *[]NodeAudit
+	// route is the request's route in a per-node lane (nil in the
+	// exclusive lane): locks outside it stray (group.go).
+	route *txRoute
 }
 
 func notFound(err error) error {
@@ -374,6 +381,9 @@ func (r fleetReader) audit(ctx context.Context, q *gorm.DB, limit int) ([]fleet.
 // Writes.
 
 func (t *fleetTx) LockNode(ctx context.Context, id string) (fleet.Node, error) {
+	if err := t.stray(id); err != nil {
+		return fleet.Node{}, err
+	}
 	var row Node
 	if err := t.forUpdate(t.db(ctx)).Where("id = ?", id).Take(&row).Error; err != nil {
 		return fleet.Node{}, notFound(err)
@@ -382,6 +392,11 @@ func (t *fleetTx) LockNode(ctx context.Context, id string) (fleet.Node, error) {
 }
 
 func (t *fleetTx) LockNodes(ctx context.Context, ids []string) (map[string]fleet.Node, error) {
+	for _, id := range ids {
+		if err := t.stray(id); err != nil {
+			return nil, err
+		}
+	}
 	var rows []Node
 	if err := t.forUpdate(t.db(ctx)).Where("id IN ?", ids).Order("id").Find(&rows).Error; err != nil {
 		return nil, err
@@ -400,17 +415,26 @@ func (t *fleetTx) NodesOfRental(ctx context.Context, rentalID string) ([]fleet.N
 	}
 	out := make([]fleet.Node, len(rows))
 	for i, row := range rows {
+		if err := t.stray(row.ID); err != nil {
+			return nil, err
+		}
 		out[i] = nodeFromRow(row)
 	}
 	return out, nil
 }
 
 func (t *fleetTx) InsertNode(ctx context.Context, n fleet.Node) error {
+	if err := t.stray(n.ID); err != nil {
+		return err
+	}
 	row := rowFromNode(n)
 	return dup(t.db(ctx).Create(&row).Error)
 }
 
 func (t *fleetTx) UpdateNode(ctx context.Context, n fleet.Node) error {
+	if err := t.stray(n.ID); err != nil {
+		return err
+	}
 	row := rowFromNode(n)
 	// Select("*") writes zero values too (a cleared field stays cleared).
 	return t.db(ctx).Model(&Node{ID: n.ID}).Select("*").Omit("id", "created_at").Updates(&row).Error
@@ -468,6 +492,9 @@ func (t *fleetTx) SetInvitationState(ctx context.Context, id string, from, to fl
 // (READ COMMITTED) once a concurrent redemption has committed, so exactly
 // one redemption changes the row.
 func (t *fleetTx) RedeemInvitation(ctx context.Context, nodeID, invitationID, tokenDigest string, at time.Time) (fleet.Node, bool, error) {
+	if err := t.stray(nodeID); err != nil {
+		return fleet.Node{}, false, err
+	}
 	if t.dialect == Postgres {
 		var rows []redeemedRow
 		err := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
@@ -572,6 +599,9 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 	if err := t.forUpdate(t.db(ctx)).Where("operation_id = ?", operationID).Take(&row).Error; err != nil {
 		return fleet.Command{}, notFound(err)
 	}
+	if err := t.stray(row.NodeID); err != nil {
+		return fleet.Command{}, err
+	}
 	return commandFromRow(row), nil
 }
 
@@ -584,6 +614,9 @@ func (t *fleetTx) UpdateCommand(ctx context.Context, c fleet.Command) error {
 }
 
 func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, error) {
+	if err := t.stray(d.NodeID); err != nil {
+		return nil, err
+	}
 	now := dbtime.Norm(d.Now)
 	const claim = `UPDATE commands SET
 			delivered_fencing = ?, fencing_token = ?, last_delivered_at = ?,

@@ -3,7 +3,9 @@ package models
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sort"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -31,16 +33,57 @@ func (s *FleetStore) RenewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 	// cannot deadlock on each other's row locks.
 	batch = append([]fleet.LeaseRenewal(nil), batch...)
 	sort.Slice(batch, func(i, j int) bool { return batch[i].NodeID < batch[j].NodeID })
+	if n := len(s.group.lanes); n > 0 {
+		// One part per lane, each in its lane's batch (routed by its first
+		// node: every node of the part is of that lane), all at once: a
+		// renewal batch never holds one lane's nodes while it waits for
+		// another's. Renewals are independent of each other, so the parts
+		// need not commit together.
+		parts := make([][]fleet.LeaseRenewal, n)
+		for _, r := range batch {
+			i := laneOf(r.NodeID, n)
+			parts[i] = append(parts[i], r)
+		}
+		var wg sync.WaitGroup
+		changed := make([]int, n)
+		errs := make([]error, n)
+		for i, part := range parts {
+			if len(part) == 0 {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				changed[i], errs[i] = s.renewLeases(fleet.OnNode(ctx, part[0].NodeID), part)
+			}()
+		}
+		wg.Wait()
+		total := 0
+		for _, c := range changed {
+			total += c
+		}
+		return total, errors.Join(errs...)
+	}
+	return s.renewLeases(ctx, batch)
+}
+
+// renewLeases writes renewals sorted by node id in one (group-committed)
+// transaction.
+func (s *FleetStore) renewLeases(ctx context.Context, batch []fleet.LeaseRenewal) (int, error) {
 	changed := 0
 	// The renewals ride the fleet's group commit: they share its commit,
-	// and the fleet transactions of this replica, which lock nodes in no
-	// particular order, never wait on them (nor they on those) in a
-	// deadlock. A renewal refused by a deadlock with another replica runs
-	// again (group.go).
+	// and the fleet transactions of this replica never wait on them (nor
+	// they on those) in a deadlock: in a lane, every request locks nodes
+	// of that lane only, in node id order (group.go). A renewal refused by
+	// a deadlock with another replica runs again (group.go).
 	err := s.Tx(ctx, func(tx fleet.Tx) error {
-		g := tx.(*fleetTx).db(ctx)
+		t := tx.(*fleetTx)
+		g := t.db(ctx)
 		changed = 0
 		for _, r := range batch {
+			if err := t.stray(r.NodeID); err != nil {
+				return err
+			}
 			until := dbtime.Norm(r.Until)
 			// A lease only grows, and only for a live node: a retired node
 			// still reports facts but is never given a lease again.

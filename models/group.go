@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"gorm.io/gorm"
 
@@ -20,17 +23,84 @@ import (
 // delay (a lone request is its own batch, with no savepoint); a busy one
 // pays one commit (one fsync) per batch instead of one per request.
 //
+// Lanes (Postgres). One batch at a time makes the stream's round trips
+// the bound, so a Postgres store runs several batches at once, one per
+// lane, each on its own connection. A request whose context names its
+// node (fleet.TxRoute) goes to the lane of that node (a hash of its id);
+// every other request — many nodes (a fan-out's release), no node (the
+// dispatcher, the sweep) — goes to the exclusive lane, whose batches run
+// while no other lane's does (gate). Within a replica two lanes then never
+// wait on each other's rows:
+//
+//   - a node's rows (the node, its commands and their operations, its
+//     configuration, invitations and advisory key) are locked only by the
+//     lane of that node or by the exclusive lane, which runs alone;
+//   - the one lock a routed request may take besides, a package host's
+//     quota key (TxRoute.Shared), is taken by every lane in one order: a
+//     lane runs its batch sorted by (shared key, node id), so such keys
+//     are taken in ascending order and waits between lanes form no cycle;
+//   - a request that strays from its route (locks another lane's node or
+//     an unnamed shared key; fleetTx.stray) is rolled back to its
+//     savepoint at once — having waited on nothing it had not been routed
+//     to, or having let go of what it took — and runs again in the
+//     exclusive lane.
+//
+// Sorting by node id also has every lane's batch lock its nodes in id
+// order, as the lease renewals do, so batches of two replicas rarely meet
+// in the opposite order. When they still do (two replicas' exclusive
+// batches, a unique key two lanes insert, a stray caught after its lock),
+// Postgres refuses one statement of one side with a deadlock: that
+// statement's request alone is rolled back (to its savepoint), and once
+// the batch has committed it runs again alone in the exclusive lane, so a
+// deadlock costs a retry, never an error to the caller. A request runs
+// again only when its own statement was refused: it changed nothing.
+//
+// SQLite has one writer: one lane, the exclusive one, takes everything.
+//
 // Postgres: the batch's cross-replica notifications go out in one
-// statement just before its commit (see flushNotes). A batch holds the row
-// locks of all its requests until it commits, so it may meet another
-// writer (the lease renewals, another replica's batch) in the opposite
-// order; Postgres then refuses one statement of one side with a deadlock.
-// That statement's request alone is rolled back (to its savepoint), and
-// once the batch has committed it runs again in a transaction of its own,
-// so a deadlock costs a retry, never an error to the caller. A request
-// runs again only when its own statement was refused: it changed nothing.
+// statement just before its commit (see flushNotes).
 type groupCommit struct {
 	store *FleetStore
+	// lanes are the per-node lanes (none on SQLite or with one lane);
+	// excl takes every request with no route, and the retries.
+	lanes []*lane
+	excl  *lane
+	// gate: a lane's batch runs under its read lock, the exclusive lane's
+	// under its write lock (which also holds new lane batches back while
+	// it waits: sync.RWMutex prefers the writer).
+	gate sync.RWMutex
+
+	running atomic.Int64 // batches running now
+	stats   groupCounters
+}
+
+// groupCounters count what the lanes did, for tests and the load tool.
+type groupCounters struct {
+	batches, maxRunning, strays, retries atomic.Int64
+}
+
+// GroupStats are the group commit's counters since the store was made.
+type GroupStats struct {
+	Lanes int // per-node lanes (0: one exclusive lane takes everything)
+	// Batches is how many batches (transactions) ran; MaxRunning the most
+	// that ran at once.
+	Batches, MaxRunning int64
+	// Strays is how many requests left their route and ran again in the
+	// exclusive lane; Retries how many ran again after a deadlock.
+	Strays, Retries int64
+}
+
+// GroupStats answers the group commit's counters.
+func (s *FleetStore) GroupStats() GroupStats {
+	g := s.group
+	return GroupStats{Lanes: len(g.lanes), Batches: g.stats.batches.Load(), MaxRunning: g.stats.maxRunning.Load(),
+		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load()}
+}
+
+// lane is one queue of batches, run one at a time.
+type lane struct {
+	g     *groupCommit
+	index int // -1: the exclusive lane
 
 	mu       sync.Mutex // guards the following
 	pending  []*groupReq
@@ -39,6 +109,7 @@ type groupCommit struct {
 
 type groupReq struct {
 	fn    func(fleet.Tx) error
+	route fleet.TxRoute // zero in the exclusive lane
 	notes []fleet.Notification
 	// pg are the payloads of this request's notifications to announce to
 	// the other replicas (Postgres), sent with the batch's commit.
@@ -47,9 +118,11 @@ type groupReq struct {
 	// (flushAudit).
 	audit []NodeAudit
 	err   error
-	tries int           // runs again after a deadlock
-	done  chan struct{} // closed when err is final
-	lead  chan struct{} // signalled when this request must lead the next batch
+	// strayed: the request locked outside its route (fleetTx.stray).
+	strayed bool
+	tries   int           // runs again after a deadlock
+	done    chan struct{} // closed when err is final
+	lead    chan struct{} // signalled when this request must lead the next batch
 }
 
 // maxBatch bounds one batch, so a commit never waits on an unbounded list.
@@ -58,56 +131,158 @@ const maxBatch = 128
 // maxTries bounds the runs again of a request refused by deadlocks.
 const maxTries = 5
 
+// DefaultWriteLanes is the number of per-node lanes for a Postgres pool
+// of size pool: one per four connections, at most four, so the lanes
+// leave most of the pool to reads (each lane holds one connection while
+// its batch runs). Below two lanes, one exclusive lane takes everything.
+func DefaultWriteLanes(pool int) int {
+	return min(4, pool/4)
+}
+
+func newGroupCommit(s *FleetStore, lanes int) *groupCommit {
+	g := &groupCommit{store: s}
+	g.excl = &lane{g: g, index: -1}
+	if s.dialect == Postgres && lanes > 1 {
+		g.lanes = make([]*lane, lanes)
+		for i := range g.lanes {
+			g.lanes[i] = &lane{g: g, index: i}
+		}
+	}
+	return g
+}
+
+// laneOf answers the lane of a node among n lanes.
+func laneOf(nodeID string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(nodeID))
+	return int(h.Sum32() % uint32(n))
+}
+
 func (g *groupCommit) do(ctx context.Context, fn func(fleet.Tx) error) error {
 	r := &groupReq{fn: fn, done: make(chan struct{}), lead: make(chan struct{}, 1)}
-	g.mu.Lock()
-	g.pending = append(g.pending, r)
-	leader := !g.flushing
-	g.flushing = true
-	g.mu.Unlock()
+	l := g.excl
+	if route, ok := fleet.TxRouteOf(ctx); ok && len(g.lanes) > 0 {
+		r.route = route
+		l = g.lanes[laneOf(route.Node, len(g.lanes))]
+	}
+	l.enqueue(ctx, r)
+	return r.err
+}
+
+// enqueue adds r to the lane and returns once r's outcome is final,
+// leading batches meanwhile when it is r's turn.
+func (l *lane) enqueue(ctx context.Context, r *groupReq) {
+	l.mu.Lock()
+	l.pending = append(l.pending, r)
+	leader := !l.flushing
+	l.flushing = true
+	l.mu.Unlock()
 	if leader {
-		g.runNext(ctx)
+		l.runNext(ctx)
 	}
 	for {
 		select {
 		case <-r.done:
-			return r.err
+			return
 		case <-r.lead:
-			g.runNext(ctx)
+			l.runNext(ctx)
 		}
 	}
 }
 
 // runNext runs one batch, then hands the lead to the first request still
 // waiting (or stands down).
-func (g *groupCommit) runNext(ctx context.Context) {
-	g.mu.Lock()
-	n := min(len(g.pending), maxBatch)
-	batch := append([]*groupReq(nil), g.pending[:n]...)
-	g.pending = g.pending[n:]
-	g.mu.Unlock()
+func (l *lane) runNext(ctx context.Context) {
+	l.mu.Lock()
+	n := min(len(l.pending), maxBatch)
+	batch := append([]*groupReq(nil), l.pending[:n]...)
+	l.pending = l.pending[n:]
+	l.mu.Unlock()
 
-	g.run(context.WithoutCancel(ctx), batch)
+	l.g.runBatch(context.WithoutCancel(ctx), l, batch)
 
-	g.mu.Lock()
-	if len(g.pending) > 0 {
-		g.pending[0].lead <- struct{}{}
+	l.mu.Lock()
+	if len(l.pending) > 0 {
+		l.pending[0].lead <- struct{}{}
 	} else {
-		g.flushing = false
+		l.flushing = false
 	}
-	g.mu.Unlock()
+	l.mu.Unlock()
 }
 
-func (g *groupCommit) run(ctx context.Context, batch []*groupReq) {
+// runBatch runs a lane's batch, then the requests of it that must run
+// again (a deadlock, a stray), each alone in the exclusive lane.
+func (g *groupCommit) runBatch(ctx context.Context, l *lane, batch []*groupReq) {
+	if l.index >= 0 {
+		// (shared key, node id): see groupCommit. Stable, so requests of
+		// one node keep their order of arrival.
+		slices.SortStableFunc(batch, func(a, b *groupReq) int {
+			if c := strings.Compare(a.route.Shared, b.route.Shared); c != 0 {
+				return c
+			}
+			return strings.Compare(a.route.Node, b.route.Node)
+		})
+	}
+	again := g.runGated(ctx, l, batch)
+	for len(again) > 0 {
+		r := again[0]
+		again = again[1:]
+		if r.strayed {
+			g.stats.strays.Add(1)
+		} else {
+			r.tries++
+			g.stats.retries.Add(1)
+		}
+		r.strayed, r.route = false, fleet.TxRoute{}
+		again = append(again, g.runGated(ctx, g.excl, []*groupReq{r})...)
+	}
+}
+
+// runGated runs one batch under the gate — a lane's beside the other
+// lanes', the exclusive lane's alone — and, once the gate is let go,
+// hands out its notifications and outcomes.
+func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) []*groupReq {
+	unlock := g.gate.RUnlock
+	if l.index >= 0 {
+		g.gate.RLock()
+	} else {
+		g.gate.Lock()
+		unlock = g.gate.Unlock
+	}
+	n := g.running.Add(1)
+	for {
+		m := g.stats.maxRunning.Load()
+		if n <= m || g.stats.maxRunning.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	g.stats.batches.Add(1)
+	again, finish := g.run(ctx, l, batch)
+	g.running.Add(-1)
+	unlock()
+	finish()
+	return again
+}
+
+// run runs one batch in one transaction and answers the requests that
+// must run again, and what finishes the others: their notifications
+// handed to the local hook, their outcomes made final (done closed).
+func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) ([]*groupReq, func()) {
 	s := g.store
 	single := len(batch) == 1
 	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
 		for i, r := range batch {
-			r.notes, r.pg, r.audit, r.err = nil, nil, nil, nil
+			r.notes, r.pg, r.audit, r.err, r.strayed = nil, nil, nil, nil, false
 			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single}, store: s, notes: &r.notes, pg: &r.pg,
 				audit: &r.audit}
+			if l.index >= 0 {
+				t.route = &txRoute{TxRoute: r.route, lane: l.index, lanes: len(g.lanes), strayed: &r.strayed}
+			}
 			if single {
-				if err := r.fn(t); err != nil {
+				if err := r.fn(t); err != nil || r.strayed {
+					if err == nil {
+						err = errStrayed
+					}
 					r.err = err
 					return err
 				}
@@ -117,7 +292,10 @@ func (g *groupCommit) run(ctx context.Context, batch []*groupReq) {
 			if err := tx.SavePoint(sp).Error; err != nil {
 				return err
 			}
-			if err := r.fn(t); err != nil {
+			if err := r.fn(t); err != nil || r.strayed {
+				if err == nil {
+					err = errStrayed
+				}
 				r.err, r.notes, r.pg, r.audit = err, nil, nil, nil
 				if rerr := tx.RollbackTo(sp).Error; rerr != nil {
 					return rerr
@@ -137,24 +315,57 @@ func (g *groupCommit) run(ctx context.Context, batch []*groupReq) {
 		}
 		if r.err == nil {
 			notes = append(notes, r.notes...)
-		} else if (single || err == nil) && lockConflict(r.err) && r.tries < maxTries {
+		} else if (single || err == nil) && (r.strayed || lockConflict(r.err) && r.tries < maxTries) {
 			again = append(again, r)
 		}
 	}
-	if len(notes) > 0 && s.onCommit != nil {
-		s.onCommit(notes)
-	}
-	for _, r := range batch {
-		if !contains(again, r) {
-			close(r.done)
+	return again, func() {
+		if len(notes) > 0 && s.onCommit != nil {
+			s.onCommit(notes)
+		}
+		for _, r := range batch {
+			if !contains(again, r) {
+				close(r.done)
+			}
 		}
 	}
-	// Requests refused by a deadlock with another writer run again, each
-	// alone: a batch of one takes its locks in its own order and waits.
-	for _, r := range again {
-		r.tries++
-		g.run(ctx, []*groupReq{r})
+}
+
+// errStrayed refuses a lock outside a request's route: the request runs
+// again in the exclusive lane (it never reaches its caller).
+var errStrayed = errors.New("group commit: transaction locked outside its route")
+
+// txRoute is a routed request's route inside its lane's batch.
+type txRoute struct {
+	fleet.TxRoute
+	lane, lanes int
+	strayed     *bool
+}
+
+// stray reports (and records) a lock of node's rows outside the route; a
+// nil route (exclusive lane) never strays.
+func (t *fleetTx) stray(nodeID string) error {
+	if t.route == nil || laneOf(nodeID, t.route.lanes) == t.route.lane {
+		return nil
 	}
+	*t.route.strayed = true
+	return errStrayed
+}
+
+// strayKey is stray for an advisory key: "node:<id>" is that node's, the
+// route's shared key is its own, any other strays.
+func (t *fleetTx) strayKey(key string) error {
+	if t.route == nil {
+		return nil
+	}
+	if id, ok := strings.CutPrefix(key, "node:"); ok {
+		return t.stray(id)
+	}
+	if key == t.route.Shared {
+		return nil
+	}
+	*t.route.strayed = true
+	return errStrayed
 }
 
 func contains(rs []*groupReq, r *groupReq) bool {

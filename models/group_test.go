@@ -1,7 +1,10 @@
 package models_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -152,5 +155,281 @@ func TestGroupCommitAuditRowsFollowTheirRequest(t *testing.T) {
 		entries, err = s.Audit(ctx, "many", 0)
 		require.NoError(t, err)
 		require.Len(t, entries, many)
+	})
+}
+
+// nodesInLanes answers, for n lanes, one node id of each lane (the first
+// of "<prefix>0", "<prefix>1", … that falls in it).
+func nodesInLanes(prefix string, n int) []string {
+	out := make([]string, n)
+	found := 0
+	for i := 0; found < n; i++ {
+		id := fmt.Sprintf("%s%d", prefix, i)
+		if l := models.LaneOf(id, n); out[l] == "" {
+			out[l] = id
+			found++
+		}
+	}
+	return out
+}
+
+// Two transactions routed to nodes of different lanes run at once: each
+// waits, inside its transaction, for the other to have started, which
+// only happens if their batches run side by side (one batch at a time
+// would stop at the first, which gives up and fails after a generous
+// bound). SQLite keeps its one writer: no lanes.
+func TestGroupCommitLanesRunBatchesAtOnce(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		if db.Dialect != models.Postgres {
+			require.Zero(t, s.GroupStats().Lanes, "SQLite: one writer")
+			return
+		}
+		require.Equal(t, 4, s.GroupStats().Lanes, "default for a pool of 32")
+		ids := nodesInLanes("at", 4)
+		for _, id := range ids {
+			insert(t, s, sampleNode(id, "rent-"+id, 1))
+		}
+		started := make([]chan struct{}, 2)
+		for i := range started {
+			started[i] = make(chan struct{})
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = s.Tx(fleet.OnNode(ctx, ids[i]), func(tx fleet.Tx) error {
+					if _, err := tx.LockNode(ctx, ids[i]); err != nil {
+						return err
+					}
+					close(started[i])
+					select {
+					case <-started[1-i]:
+						return nil
+					case <-time.After(20 * time.Second):
+						return fmt.Errorf("lane of %s never saw the other lane's batch start", ids[i])
+					}
+				})
+			}()
+		}
+		wg.Wait()
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+		st := s.GroupStats()
+		require.GreaterOrEqual(t, st.MaxRunning, int64(2), "two batches at once")
+		require.Zero(t, st.Strays)
+
+		// A transaction with no route runs alone: the exclusive lane.
+		before := s.GroupStats().Batches
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			_, err := tx.LockNodes(ctx, ids)
+			return err
+		}))
+		require.Equal(t, before+1, s.GroupStats().Batches)
+	})
+}
+
+// Many goroutines on two replicas issue, claim and settle commands of
+// overlapping nodes through every lane, while lease batches, fan-out-like
+// releases (one transaction locking every node, in reverse order) and
+// transactions that stray from their route (routed to one node, locking
+// one of another lane) write the same nodes: no request fails, every
+// command is issued once, settled once and ends applied.
+func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		a := models.NewFleetStore(db, "ra", nil)
+		b := models.NewFleetStore(db, "rb", nil)
+		stores := []*models.FleetStore{a, b}
+		const nodes = 12
+		ids := make([]string, nodes)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("ln%02d", i)
+			n := sampleNode(ids[i], "rent-"+ids[i], 1)
+			n.State = fleet.StateReady
+			insert(t, a, n)
+		}
+		reversed := slices.Clone(ids)
+		slices.Reverse(reversed)
+		const perNode = 4 // commands each replica issues to each node
+		const releases = 3
+		var mu sync.Mutex
+		var failures []error
+		fail := func(err error) {
+			if err != nil {
+				mu.Lock()
+				failures = append(failures, err)
+				mu.Unlock()
+			}
+		}
+		command := func(op, node string) fleet.Command {
+			return fleet.Command{OperationID: op, NodeID: node, Kind: "stop_workload", Payload: json.RawMessage(`{}`),
+				PayloadDigest: "d", FencingToken: 1, IssuedAt: t0, State: fleet.CommandPending}
+		}
+		settle := func(s *models.FleetStore, node string, cs []fleet.Command) error {
+			ops := make([]string, len(cs))
+			for i, c := range cs {
+				ops[i] = c.OperationID
+			}
+			return s.Tx(fleet.OnNode(ctx, node), func(tx fleet.Tx) error {
+				locked, err := tx.LockCommands(ctx, ops)
+				if err != nil {
+					return err
+				}
+				var newly []fleet.Command
+				for _, op := range ops {
+					c := locked[op]
+					if c.State != fleet.CommandPending {
+						continue // settled already: answered, not applied again
+					}
+					c.State, c.SettledAt = fleet.CommandApplied, tp(time.Now())
+					newly = append(newly, c)
+				}
+				if err := tx.SettleCommands(ctx, newly); err != nil {
+					return err
+				}
+				for _, c := range newly {
+					if err := tx.AppendAudit(ctx, fleet.AuditEntry{At: t0, Actor: "test", Action: "settle", NodeID: node,
+						Detail: map[string]any{"op": c.OperationID}}); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+
+		var issuing, wg sync.WaitGroup
+		start := make(chan struct{})
+		for si, s := range stores {
+			for _, node := range ids {
+				issuing.Add(1)
+				go func() { // issue, routed to the node
+					defer issuing.Done()
+					<-start
+					for k := range perNode {
+						op := fmt.Sprintf("%s-%d-%d", node, si, k)
+						fail(s.Tx(fleet.OnNode(ctx, node), func(tx fleet.Tx) error {
+							if _, err := tx.LockNode(ctx, node); err != nil {
+								return err
+							}
+							return tx.InsertCommand(ctx, command(op, node))
+						}))
+					}
+				}()
+			}
+			issuing.Add(1)
+			go func() { // fan-out-like releases: every node, no route
+				defer issuing.Done()
+				<-start
+				for k := range releases {
+					fail(s.Tx(ctx, func(tx fleet.Tx) error {
+						if _, err := tx.LockNodes(ctx, reversed); err != nil {
+							return err
+						}
+						cs := make([]fleet.Command, len(reversed))
+						for i, node := range reversed {
+							cs[i] = command(fmt.Sprintf("%s-r%d-%d", node, si, k), node)
+						}
+						return tx.InsertCommands(ctx, cs)
+					}))
+				}
+			}()
+			wg.Add(1)
+			go func() { // lease batches over every node, split per lane
+				defer wg.Done()
+				<-start
+				for range 6 {
+					batch := make([]fleet.LeaseRenewal, nodes)
+					for i, id := range reversed {
+						batch[i] = fleet.LeaseRenewal{NodeID: id, Until: time.Now().Add(time.Minute)}
+					}
+					_, err := s.RenewLeases(ctx, batch)
+					fail(err)
+				}
+			}()
+			wg.Add(1)
+			go func() { // strays: routed to one node, locking a node of another lane too
+				defer wg.Done()
+				<-start
+				for k := range 8 {
+					from, to := ids[k%nodes], ids[(k+5)%nodes]
+					fail(s.Tx(fleet.OnNode(ctx, from), func(tx fleet.Tx) error {
+						if _, err := tx.LockNode(ctx, from); err != nil {
+							return err
+						}
+						_, err := tx.LockNode(ctx, to)
+						return err
+					}))
+				}
+			}()
+		}
+		issued := make(chan struct{})
+		go func() { issuing.Wait(); close(issued) }()
+		for _, node := range ids {
+			for si, s := range stores {
+				wg.Add(1)
+				go func() { // claim and settle, routed to the node, until nothing is left
+					defer wg.Done()
+					<-start
+					for round := 0; round < 10000; round++ {
+						done := false
+						select {
+						case <-issued:
+							done = true
+						default:
+						}
+						now := time.Now()
+						var cs []fleet.Command
+						err := s.Tx(fleet.OnNode(ctx, node), func(tx fleet.Tx) error {
+							var err error
+							cs, err = tx.ClaimDue(ctx, fleet.Due{NodeID: node, Fencing: int64(si + 1), Now: now,
+								RedeliverBefore: now, Limit: 3})
+							return err
+						})
+						fail(err)
+						if len(cs) > 0 {
+							fail(settle(s, node, cs))
+							continue
+						}
+						if done {
+							return
+						}
+						runtime.Gosched()
+					}
+					fail(fmt.Errorf("claimer of %s never finished", node))
+				}()
+			}
+		}
+		close(start)
+		issuing.Wait()
+		wg.Wait()
+		require.Empty(t, failures)
+
+		want := nodes * len(stores) * (perNode + releases)
+		settled := map[string]int{}
+		for _, node := range ids {
+			entries, err := a.Audit(ctx, node, 0)
+			require.NoError(t, err)
+			for _, e := range entries {
+				if e.Action == "settle" {
+					settled[e.Detail["op"].(string)]++
+				}
+			}
+			cs, err := a.Commands(ctx, node, "", 0)
+			require.NoError(t, err)
+			require.Len(t, cs, len(stores)*(perNode+releases), "%s: every command issued once", node)
+			for _, c := range cs {
+				require.Equal(t, fleet.CommandApplied, c.State, c.OperationID)
+			}
+		}
+		require.Len(t, settled, want, "every command settled")
+		for op, n := range settled {
+			require.Equal(t, 1, n, "%s applied once", op)
+		}
+		t.Logf("replica a: %+v; replica b: %+v", a.GroupStats(), b.GroupStats())
+		if db.Dialect == models.Postgres {
+			require.Positive(t, a.GroupStats().Strays+b.GroupStats().Strays, "the strays ran again, alone")
+		}
 	})
 }

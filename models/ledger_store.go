@@ -279,6 +279,9 @@ func (t *ledgerTx) LockKey(ctx context.Context, key string) error {
 	if t.r.dialect != Postgres {
 		return nil // SQLite transactions already hold the one write lock
 	}
+	if err := t.ftx.strayKey(key); err != nil {
+		return err
+	}
 	return t.r.db(ctx).Exec("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", key).Error
 }
 
@@ -286,6 +289,15 @@ func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operati
 	var row Operation
 	if err := t.r.forUpdate(t.r.db(ctx).Where("id = ?", id)).Take(&row).Error; err != nil {
 		return ledger.Operation{}, ledgerNotFound(err)
+	}
+	if t.ftx.route != nil && row.TargetKind != ledger.TargetNode {
+		// Not one node's operation (a fan-out's parent): another lane's
+		// rows as far as the lanes know.
+		*t.ftx.route.strayed = true
+		return ledger.Operation{}, errStrayed
+	}
+	if err := t.ftx.stray(row.TargetID); err != nil {
+		return ledger.Operation{}, err
 	}
 	return operationFromRow(row), nil
 }

@@ -75,7 +75,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 			"path", generated)
 	}
 	db, err := models.Open(ctx, models.Options{URL: cfg.DatabaseURL, DataDir: cfg.DataDir, WrapConnector: cfg.WrapDBConnector,
-		MaxOpenConns: cfg.DBMaxConns})
+		MaxOpenConns: cfg.DBMaxConns, WriteLanes: cfg.DBWriteLanes})
 	if err != nil {
 		return nil, err
 	}

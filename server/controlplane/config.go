@@ -61,6 +61,12 @@ type Config struct {
 	// value from the environment or a flag stops the server with one line
 	// naming it).
 	dbMaxConns poolSize
+	// DBWriteLanes is how many write batches a Postgres replica commits
+	// at once (NODEWARD_DB_WRITE_LANES; models/group.go); 0 is the
+	// default, a quarter of the pool and at most 4; 1 commits one batch at
+	// a time. SQLite commits one.
+	DBWriteLanes int
+	dbWriteLanes poolSize
 	// DiagnoseAllow is where diagnose.endpoint may probe: CIDRs and host
 	// names, comma-separated (NODEWARD_DIAGNOSE_ALLOW); empty refuses
 	// every destination.
@@ -83,6 +89,10 @@ const maxDBConns = 10000
 
 // poolSize is the text of the database pool size setting, from the
 // environment or the flag; Validate parses it.
+// maxWriteLanes bounds DBWriteLanes: each lane holds a connection while
+// its batch commits.
+const maxWriteLanes = 64
+
 type poolSize struct{ raw string }
 
 func (p *poolSize) String() string {
@@ -137,6 +147,8 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 	fs.IntVar(&c.LedgerWorkers, "ledger-workers", workers, "local operations run at once by this replica (NODEWARD_LEDGER_WORKERS)")
 	c.dbMaxConns = poolSize{raw: getenv("NODEWARD_DB_MAX_CONNS")}
 	fs.Var(&c.dbMaxConns, "db-max-conns", "database connections this replica holds at most; replicas × this must stay under Postgres max_connections (NODEWARD_DB_MAX_CONNS; default 32 on PostgreSQL, 8 on SQLite)")
+	c.dbWriteLanes = poolSize{raw: getenv("NODEWARD_DB_WRITE_LANES")}
+	fs.Var(&c.dbWriteLanes, "db-write-lanes", "write batches a PostgreSQL replica commits at once, each on its own connection (NODEWARD_DB_WRITE_LANES; default a quarter of the pool, at most 4)")
 	fs.StringVar(&c.DiagnoseAllow, "diagnose-allow", envOr(getenv, "NODEWARD_DIAGNOSE_ALLOW", ""), "CIDRs and host names diagnose.endpoint may probe, comma-separated; empty refuses all (NODEWARD_DIAGNOSE_ALLOW)")
 	fs.StringVar(&c.DebugAddr, "debug-addr", envOr(getenv, "NODEWARD_DEBUG_ADDR", ""), "loopback host:port serving Go profiles under /debug/pprof/; empty is off (NODEWARD_DEBUG_ADDR)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
@@ -160,6 +172,16 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("database pool size (NODEWARD_DB_MAX_CONNS, --db-max-conns) %q: want a whole number from 1 to %d", c.dbMaxConns.raw, maxDBConns)
 		}
 		c.DBMaxConns = n
+	}
+	if c.dbWriteLanes.raw != "" {
+		n, err := strconv.Atoi(strings.TrimSpace(c.dbWriteLanes.raw))
+		if err != nil || n < 1 || n > maxWriteLanes {
+			return fmt.Errorf("write lanes (NODEWARD_DB_WRITE_LANES, --db-write-lanes) %q: want a whole number from 1 to %d", c.dbWriteLanes.raw, maxWriteLanes)
+		}
+		c.DBWriteLanes = n
+	}
+	if c.DBWriteLanes < 0 || c.DBWriteLanes > maxWriteLanes {
+		return fmt.Errorf("write lanes %d: want a whole number from 1 to %d", c.DBWriteLanes, maxWriteLanes)
 	}
 	if c.DBMaxConns < 0 || c.DBMaxConns > maxDBConns {
 		return fmt.Errorf("database pool size %d: want a whole number from 1 to %d", c.DBMaxConns, maxDBConns)

@@ -73,3 +73,49 @@ func TestDBMaxConns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 8, pool(c), "SQLite's default")
 }
+
+// TestDBWriteLanes: the write lanes come from NODEWARD_DB_WRITE_LANES or
+// --db-write-lanes (the flag wins); anything but a whole number from 1 to
+// 64 is refused at start with a line naming it.
+func TestDBWriteLanes(t *testing.T) {
+	parse := func(env string, args ...string) (Config, error) {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var c Config
+		bindFlags(fs, &c, func(k string) string {
+			if k == "NODEWARD_DB_WRITE_LANES" {
+				return env
+			}
+			return ""
+		})
+		c.DataDir = t.TempDir()
+		require.NoError(t, fs.Parse(args))
+		return c, c.Validate()
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+		want int
+	}{
+		{"", nil, 0}, // a quarter of the pool, at most 4
+		{"1", nil, 1},
+		{" 6 ", nil, 6},
+		{"2", []string{"--db-write-lanes", "3"}, 3},
+	} {
+		c, err := parse(tc.env, tc.args...)
+		require.NoError(t, err, "%q %v", tc.env, tc.args)
+		require.Equal(t, tc.want, c.DBWriteLanes, "%q %v", tc.env, tc.args)
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+	}{
+		{"0", nil}, {"-1", nil}, {"four", nil}, {"65", nil},
+		{"", []string{"--db-write-lanes", "0"}},
+	} {
+		_, err := parse(tc.env, tc.args...)
+		require.Error(t, err, "%q %v", tc.env, tc.args)
+		require.Contains(t, err.Error(), "NODEWARD_DB_WRITE_LANES")
+		require.Contains(t, err.Error(), "whole number from 1")
+	}
+}

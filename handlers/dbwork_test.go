@@ -118,6 +118,7 @@ func TestPostgresDatabaseWorkPerCommand(t *testing.T) {
 	ops, opsBefore := after["operations"], before["operations"]
 	opsNonHOT := (ops.Upd - opsBefore.Upd) - (ops.Hot - opsBefore.Hot)
 
+	opsIndexEntries := -1.0
 	if walOK {
 		// Relations of this test's schema (tables, their indexes and TOAST)
 		// by file node; WAL records name the blocks they change by it.
@@ -145,10 +146,11 @@ func TestPostgresDatabaseWorkPerCommand(t *testing.T) {
 			ResourceManager string
 			RecordType      string
 			RecordLength    int64
+			FpiLength       int64
 			BlockRef        *string
 		}
 		var recs []record
-		require.NoError(t, db.Raw(`SELECT xid::text::bigint AS xid, resource_manager, record_type, record_length, block_ref
+		require.NoError(t, db.Raw(`SELECT xid::text::bigint AS xid, resource_manager, record_type, record_length, fpi_length, block_ref
 			FROM pg_get_wal_records_info(?::pg_lsn, ?::pg_lsn)`, startLSN, endLSN).Scan(&recs).Error)
 		blk := regexp.MustCompile(`rel \d+/(\d+)/(\d+)`)
 		type relWAL struct {
@@ -158,7 +160,9 @@ func TestPostgresDatabaseWorkPerCommand(t *testing.T) {
 		}
 		perRel := map[string]*relWAL{}
 		xids := map[int64]bool{}
-		var total, ours int64
+		// Full-page images (the first change of a page after a checkpoint)
+		// depend on when checkpoints fall: counted apart.
+		var total, ours, oursFPI int64
 		for _, r := range recs {
 			total += r.RecordLength
 			if r.BlockRef == nil {
@@ -174,7 +178,8 @@ func TestPostgresDatabaseWorkPerCommand(t *testing.T) {
 			if d != dbOID || !ok {
 				continue
 			}
-			ours += r.RecordLength
+			ours += r.RecordLength - r.FpiLength
+			oursFPI += r.FpiLength
 			if r.Xid != 0 {
 				xids[r.Xid] = true
 			}
@@ -183,7 +188,7 @@ func TestPostgresDatabaseWorkPerCommand(t *testing.T) {
 				w = &relWAL{name: rl.Relname, kind: rl.Relkind, types: map[string]int64{}}
 				perRel[rl.Relname] = w
 			}
-			w.bytes += r.RecordLength
+			w.bytes += r.RecordLength - r.FpiLength
 			w.types[r.ResourceManager+"/"+r.RecordType]++
 		}
 		var commits, commitBytes int64
@@ -194,7 +199,7 @@ func TestPostgresDatabaseWorkPerCommand(t *testing.T) {
 			}
 		}
 		fmt.Fprintf(&b, "\nper settled command, WAL (pg_walinspect, records on this schema's relations):\n%-36s %4s %9s  %s\n",
-			"relation", "kind", "bytes", "records")
+			"relation", "kind", "bytes*", "records")
 		relNames := make([]string, 0, len(perRel))
 		for name := range perRel {
 			relNames = append(relNames, name)
@@ -226,12 +231,21 @@ func TestPostgresDatabaseWorkPerCommand(t *testing.T) {
 			}
 			fmt.Fprintf(&b, "%-36s %4s %9.0f  %s\n", name, w.kind, per(w.bytes), strings.Join(parts, ", "))
 		}
-		fmt.Fprintf(&b, "index entries inserted: %.2f (operations: %.2f); WAL bytes on this schema %.0f + %.2f commits (%.0f bytes); all WAL in the window %.0f (other sessions included)\n",
-			per(btreeInserts), per(opsIndexInserts), per(ours), per(commits), per(commitBytes), per(total))
+		fmt.Fprintf(&b, "(* without full-page images)\nB-tree insert and split records (index entries inserted, splits counted apart): %.2f (operations: %.2f)\n"+
+			"WAL bytes on this schema's relations %.0f without full-page images (%.0f in them), + %.2f commit records (%.0f bytes); all WAL in the window %.0f (other sessions included)\n",
+			per(btreeInserts), per(opsIndexInserts), per(ours), per(oursFPI), per(commits), per(commitBytes), per(total))
+		opsIndexEntries = per(opsIndexInserts)
 	}
 	t.Log(b.String())
-	// Ceilings: per settled command, the operations row is written once
-	// HOT-less at most beyond its insert (the settlement), the first
-	// delivery's update being HOT.
-	require.LessOrEqual(t, per(opsNonHOT), 3.0, "operations: non-HOT updates per command")
+	// Ceilings (BENCHMARKS.md "Database work per settled command"): the
+	// operations row is updated twice, and only the settlement writes index
+	// entries — the first delivery is a HOT update (migration 00017; it was
+	// 2 non-HOT updates and 39 index entries before). Rows are inserted in
+	// order and each delivered before the next is submitted, so every
+	// first delivery finds room on its page.
+	require.Equal(t, 2.0, per(ops.Upd-opsBefore.Upd), "operations: updates per command")
+	require.LessOrEqual(t, per(opsNonHOT), 1.1, "operations: non-HOT updates per command (the first delivery is HOT)")
+	if opsIndexEntries >= 0 {
+		require.LessOrEqual(t, opsIndexEntries, 25.0, "operations: index entries per command")
+	}
 }

@@ -658,7 +658,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 			}
 			ops = int(res.RowsAffected)
 		}
-		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (`+pruneEventsSQL+`)`, dbtime.Norm(eventsBefore), batch)
+		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (`+pruneEventsSQL+`)`, batch, dbtime.Norm(eventsBefore))
 		events = int(res.RowsAffected)
 		if res.Error != nil {
 			return res.Error
@@ -678,10 +678,14 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 // Prune's selects: the ended operations it deletes, and the expired events.
 const (
 	pruneOperationsSQL = `SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`
-	// Oldest first, so the plan walks operation_events_at from its start
-	// whatever share of the table has expired (without an order, the
-	// planner reads the table whole when it expects most rows to match).
-	pruneEventsSQL = `SELECT seq FROM operation_events WHERE at < ? ORDER BY at LIMIT ?`
+	// The oldest events by seq (the primary key's start), those of them
+	// expired: events are appended as they happen, so seq order is time
+	// order (up to the clock skew between replicas) and the expired ones
+	// are the table's head. An index on at, written three times per
+	// command, served only this (migration 00018). An event behind a
+	// whole batch of newer ones waits until they expire: kept longer,
+	// never pruned early. Arguments: the batch, then the cut-off.
+	pruneEventsSQL = `SELECT seq FROM (SELECT seq, at FROM operation_events ORDER BY seq LIMIT ?) AS oldest WHERE at < ?`
 )
 
 // CountOpen answers how many operations are pending and running (the

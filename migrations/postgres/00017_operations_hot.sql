@@ -29,7 +29,11 @@ CREATE INDEX operations_open ON operations(seq) WHERE terminal = FALSE;
 DROP INDEX operations_state_created;
 CREATE INDEX operations_ended_created ON operations(end_state, created_at) WHERE end_state IS NOT NULL;
 DROP INDEX operations_failed_finished;
-CREATE INDEX operations_failed_finished ON operations(finished_at) WHERE end_state = 'failed';
+-- (finished_at IS NOT NULL in the predicate: the count of failed
+-- operations created in the last hour, which names no finished_at, cannot
+-- take this index instead of operations_ended_created — a generic plan
+-- did, and read every failed operation.)
+CREATE INDEX operations_failed_finished ON operations(finished_at) WHERE end_state = 'failed' AND finished_at IS NOT NULL;
 -- Queues and sweeps over open operations, keyed as before.
 DROP INDEX operations_fanning_out;
 CREATE INDEX operations_fanning_out ON operations(seq) WHERE terminal = FALSE AND counts IS NOT NULL;

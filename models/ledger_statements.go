@@ -92,7 +92,7 @@ func (q LedgerStatements) PruneOperations(before time.Time, batch int) Statement
 
 // PruneEvents is Prune's select of expired events to delete.
 func (q LedgerStatements) PruneEvents(before time.Time, batch int) Statement {
-	return q.raw(pruneEventsSQL, dbtime.Norm(before), batch)
+	return q.raw(pruneEventsSQL, batch, dbtime.Norm(before))
 }
 
 // ChildCounts is a fan-out parent's count of its children by state.

@@ -198,7 +198,16 @@ func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
 	eq("principal_id", f.PrincipalID)
 	eq("family", f.Family)
 	eq("kind", f.Kind)
-	eq("state", string(f.State))
+	if f.State != "" {
+		// No index reads state (migration 00017: a first delivery's update
+		// stays HOT): an ended state is end_state's, an open one is
+		// filtered among the open operations (operations_open).
+		if f.State.Terminal() {
+			q = q.Where("end_state = ?", string(f.State))
+		} else {
+			q = q.Where("terminal = FALSE AND state = ?", string(f.State))
+		}
+	}
 	eq("request_id", f.RequestID)
 	eq("id", f.OperationID)
 	eq("parent_id", f.ParentID)
@@ -477,7 +486,8 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 // claimQueueSQL selects the seqs Claim takes (one argument: the limit); on
 // Postgres the rows are locked with SKIP LOCKED.
 func claimQueueSQL(dialect string) string {
-	q := `SELECT seq FROM operations WHERE state = 'pending' AND channel = 'local' AND held = FALSE ORDER BY seq LIMIT ?`
+	q := `SELECT seq FROM operations WHERE terminal = FALSE AND channel = 'local' AND held = FALSE AND state = 'pending'
+		ORDER BY seq LIMIT ?`
 	if dialect == Postgres {
 		q += " FOR UPDATE SKIP LOCKED"
 	}
@@ -504,7 +514,7 @@ func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time,
 }
 
 const orphansSQL = `SELECT * FROM operations
-		WHERE state = 'running' AND channel = 'local' AND counts IS NULL AND owner <> ?
+		WHERE terminal = FALSE AND channel = 'local' AND state = 'running' AND counts IS NULL AND owner <> ?
 		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
 		ORDER BY seq LIMIT ?`
 
@@ -601,7 +611,7 @@ func (s *LedgerStore) FanningOut(ctx context.Context, limit int) ([]string, erro
 	return ids, err
 }
 
-const fanningOutSQL = `SELECT id FROM operations WHERE state = 'running' AND counts IS NOT NULL ORDER BY seq LIMIT ?`
+const fanningOutSQL = `SELECT id FROM operations WHERE terminal = FALSE AND counts IS NOT NULL AND state = 'running' ORDER BY seq LIMIT ?`
 
 // Overdue answers undelivered node operations past their deadline.
 func (s *LedgerStore) Overdue(ctx context.Context, now time.Time, limit int) ([]ledger.Operation, error) {
@@ -611,10 +621,13 @@ func (s *LedgerStore) Overdue(ctx context.Context, now time.Time, limit int) ([]
 }
 
 // overdueSQL: undelivered node operations, and configure operations
-// delivered (running) but not yet reported — each through its partial
-// index (operations_undelivered, operations_configure_running).
+// delivered (running) but not yet reported, through the partial index of
+// open long_poll operations by deadline (operations_waiting; configure
+// kinds are long_poll). That index also holds delivered commands, which
+// wait for their node's answer past their deadline: the state filter
+// passes over them.
 const overdueSQL = `SELECT * FROM operations
-		WHERE ((state = 'pending' AND channel = 'long_poll') OR (state = 'running' AND kind = 'node.configure'))
+		WHERE terminal = FALSE AND channel = 'long_poll' AND (state = 'pending' OR kind = 'node.configure')
 		  AND deadline < ?
 		ORDER BY deadline LIMIT ?`
 
@@ -657,7 +670,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 			}
 			ops = int(res.RowsAffected)
 		}
-		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (`+pruneEventsSQL+`)`, dbtime.Norm(eventsBefore), batch)
+		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (`+pruneEventsSQL+`)`, batch, dbtime.Norm(eventsBefore))
 		events = int(res.RowsAffected)
 		if res.Error != nil {
 			return res.Error
@@ -665,7 +678,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 		// Leases of processes gone long ago (every crash leaves one), once
 		// nothing they ran is left running.
 		return g.Exec(`DELETE FROM operation_owners WHERE expires_at < ?
-			AND replica NOT IN (SELECT owner FROM operations WHERE state = 'running' AND channel = 'local')`,
+			AND replica NOT IN (SELECT owner FROM operations WHERE terminal = FALSE AND channel = 'local' AND state = 'running')`,
 			dbtime.Norm(eventsBefore)).Error
 	})
 	if err != nil || !pruned {
@@ -677,10 +690,14 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 // Prune's selects: the ended operations it deletes, and the expired events.
 const (
 	pruneOperationsSQL = `SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`
-	// Oldest first, so the plan walks operation_events_at from its start
-	// whatever share of the table has expired (without an order, the
-	// planner reads the table whole when it expects most rows to match).
-	pruneEventsSQL = `SELECT seq FROM operation_events WHERE at < ? ORDER BY at LIMIT ?`
+	// The oldest events by seq (the primary key's start), those of them
+	// expired: events are appended as they happen, so seq order is time
+	// order (up to the clock skew between replicas) and the expired ones
+	// are the table's head. An index on at, written three times per
+	// command, served only this (migration 00018). An event behind a
+	// whole batch of newer ones waits until they expire: kept longer,
+	// never pruned early. Arguments: the batch, then the cut-off.
+	pruneEventsSQL = `SELECT seq FROM (SELECT seq, at FROM operation_events ORDER BY seq LIMIT ?) AS oldest WHERE at < ?`
 )
 
 // CountOpen answers how many operations are pending and running (the
@@ -702,9 +719,11 @@ func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, er
 const countOpenSQL = `SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`
 
 // Summarize answers the overview's counts of operations in one statement:
-// one range of operations_state_created per state (the states written as
-// literals so each subquery is its own index range), and the partial index
-// of failed operations by finish time.
+// one range of operations_ended_created per ended state (the states
+// written as literals so each subquery is its own index range), the open
+// states among the open operations (operations_open: no index tells
+// pending from running, migration 00017), and the partial index of failed
+// operations by finish time.
 func (s *LedgerStore) Summarize(ctx context.Context, createdSince, failedSince time.Time) (ledger.Summary, error) {
 	var row struct {
 		Pending, Running, Succeeded, Failed, Cancelled, FailedRecently int64
@@ -718,9 +737,9 @@ func (s *LedgerStore) Summarize(ctx context.Context, createdSince, failedSince t
 }
 
 const summarizeOpsSQL = `SELECT
- (SELECT COUNT(*) FROM operations WHERE state = 'pending' AND created_at >= ?) AS pending,
- (SELECT COUNT(*) FROM operations WHERE state = 'running' AND created_at >= ?) AS running,
- (SELECT COUNT(*) FROM operations WHERE state = 'succeeded' AND created_at >= ?) AS succeeded,
- (SELECT COUNT(*) FROM operations WHERE state = 'failed' AND created_at >= ?) AS failed,
- (SELECT COUNT(*) FROM operations WHERE state = 'cancelled' AND created_at >= ?) AS cancelled,
- (SELECT COUNT(*) FROM operations WHERE state = 'failed' AND finished_at >= ?) AS failed_recently`
+ (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND state = 'pending' AND created_at >= ?) AS pending,
+ (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND state = 'running' AND created_at >= ?) AS running,
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'succeeded' AND created_at >= ?) AS succeeded,
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'failed' AND created_at >= ?) AS failed,
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'cancelled' AND created_at >= ?) AS cancelled,
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'failed' AND finished_at >= ?) AS failed_recently`

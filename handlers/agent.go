@@ -11,6 +11,7 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/offstack"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/secrets"
 )
@@ -64,7 +65,8 @@ type agentSessionHandler struct {
 }
 
 func (a *agentSessionHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	r, ok := a.h.authAgent(w, r)
+	var ok bool
+	offstack.Run(func() { r, ok = a.h.authAgent(w, r) })
 	if !ok {
 		return
 	}
@@ -148,12 +150,17 @@ type pollHandler handler
 
 func (p *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := (*handler)(p)
-	sess, req, ok := h.pollRequest(w, r)
+	var (
+		sess fleet.Session
+		req  fleet.PollRequest
+		ok   bool
+	)
+	offstack.Run(func() { sess, req, ok = h.pollRequest(w, r) })
 	if !ok {
 		return
 	}
 	answer, err := h.Fleet.PollFor(r.Context(), sess, req)
-	h.answerPoll(w, r, sess, answer, err)
+	offstack.Run(func() { h.answerPoll(w, r, sess, answer, err) })
 }
 
 // pollRequest authenticates a poll and reads its wait and resume flag,

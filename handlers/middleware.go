@@ -99,6 +99,9 @@ type edgeHandler struct {
 	bodyTimeout time.Duration
 	limit       int64
 	cop         *http.CrossOriginProtection
+	// route, when set, is the one route next serves (the access log's and
+	// the metrics' label); otherwise chi's route context names it.
+	route string
 }
 
 func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -113,7 +116,7 @@ func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.h.admit(ww, r, e.limit, e.cop) {
 		e.next.ServeHTTP(ww, r)
 	}
-	e.h.logRequest(r, ww, start)
+	e.h.logRequest(r, ww, start, e.route)
 }
 
 // admit sets the headers every answer carries and answers the request's
@@ -191,9 +194,11 @@ func methodLabel(m string) string {
 // logRequest logs one structured line per answered request and counts it.
 // It logs the route pattern, never the query string (which could carry a
 // secret), and client-controlled text clipped.
-func (h *handler) logRequest(r *http.Request, ww middleware.WrapResponseWriter, start time.Time) {
+func (h *handler) logRequest(r *http.Request, ww middleware.WrapResponseWriter, start time.Time, route string) {
 	{
-		route := chi.RouteContext(r.Context()).RoutePattern()
+		if route == "" {
+			route = chi.RouteContext(r.Context()).RoutePattern()
+		}
 		if route == "" {
 			route = "unmatched"
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/offstack"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/secrets"
@@ -182,7 +183,11 @@ func (p *pollRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.poll.ServeHTTP(w, r)
 		return
 	}
-	p.rest.ServeHTTP(w, r)
+	// Anything else runs off the connection's goroutine too: an agent's
+	// connection carries its enrollment, results and events between polls,
+	// and the stack they grew would stay under its next held poll until
+	// collections shrank it.
+	offstack.Run(func() { p.rest.ServeHTTP(w, r) })
 }
 
 func staticHandler(fsys fs.FS) http.Handler {

@@ -421,11 +421,12 @@ type PollAnswer struct {
 // The poll spends nearly all its life parked on its waiter's channel, and
 // a parked goroutine keeps the stack it grew to until the collector finds
 // it uses less than a quarter of it (less 800 B; then halves it). So the
-// frames under the wait are kept small: one channel receive (the deadline,
+// frames under the wait are kept small — one channel receive (the deadline,
 // the fallback and the context's end are sent to it, rather than selected
-// on), and the store, the answer and the re-check each in a call that has
-// returned before the poll parks. That keeps a held poll on an 8 KB stack
-// instead of 16 KB (BENCHMARKS.md, memory per held poll).
+// on) — and everything else (the hub, the timers, the store queries, the
+// answer) runs on a helper goroutine (internal/offstack), so the caller's
+// stack never grows past its own frames. That keeps a held poll on a 4 KB
+// stack from the moment it parks (BENCHMARKS.md, memory per held poll).
 func (s *Service) PollWork(ctx context.Context, sess Session, wait time.Duration, remote string) (PollAnswer, error) {
 	return s.PollFor(ctx, sess, PollRequest{Wait: wait, Remote: remote})
 }

@@ -134,11 +134,12 @@ func (h *handler) renewSession(w http.ResponseWriter, r *http.Request) {
 const DefaultPollWait = 25 * time.Second
 
 // pollCommands holds the agent's long-poll. The request is read and
-// authenticated, and the answer written, in calls of their own that have
-// returned while the poll is parked in PollFor: a parked goroutine keeps
-// the stack its deepest frames grew until the collector finds it mostly
-// unused, so the frames under the wait are kept small (BENCHMARKS.md,
-// memory per held poll).
+// authenticated, and the answer written, on a helper goroutine
+// (internal/offstack) while the connection's goroutine parks in PollFor: a
+// parked goroutine keeps the stack its deepest frames grew until the
+// collector finds it mostly unused, so the frames under the wait are kept
+// small and nothing deep runs on them (BENCHMARKS.md, memory per held
+// poll). GET /agent/v1/commands reaches it past chi (pollRoute).
 //
 // It is routed as a pollHandler: a method value would add two frames.
 func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/offstack"
 	"github.com/nodeward/nodeward/secrets"
 )
 
@@ -421,11 +422,12 @@ type PollAnswer struct {
 // The poll spends nearly all its life parked on its waiter's channel, and
 // a parked goroutine keeps the stack it grew to until the collector finds
 // it uses less than a quarter of it (less 800 B; then halves it). So the
-// frames under the wait are kept small: one channel receive (the deadline,
+// frames under the wait are kept small — one channel receive (the deadline,
 // the fallback and the context's end are sent to it, rather than selected
-// on), and the store, the answer and the re-check each in a call that has
-// returned before the poll parks. That keeps a held poll on an 8 KB stack
-// instead of 16 KB (BENCHMARKS.md, memory per held poll).
+// on) — and everything else (the hub, the timers, the store queries, the
+// answer) runs on a helper goroutine (internal/offstack), so the caller's
+// stack never grows past its own frames. That keeps a held poll on a 4 KB
+// stack from the moment it parks (BENCHMARKS.md, memory per held poll).
 func (s *Service) PollWork(ctx context.Context, sess Session, wait time.Duration, remote string) (PollAnswer, error) {
 	return s.PollFor(ctx, sess, PollRequest{Wait: wait, Remote: remote})
 }
@@ -433,14 +435,39 @@ func (s *Service) PollWork(ctx context.Context, sess Session, wait time.Duration
 // PollFor is PollWork for a PollRequest: with Resume, work delivered to the
 // session before the poll arrived is due again at once (PollRequest).
 func (s *Service) PollFor(ctx context.Context, sess Session, req PollRequest) (PollAnswer, error) {
-	var out pollStep
-	wait := req.Wait
-	w, err := s.hub.subscribe(sess.NodeID, req.Remote)
+	var (
+		out    pollStep
+		w      *waiter
+		timers pollTimers
+		done   bool
+		err    error
+	)
+	// Everything but the wait itself — the hub, the timers, the checks (a
+	// store query each) and the answer — runs off this goroutine's stack,
+	// which the wait then keeps (offstack).
+	offstack.Run(func() {
+		if w, err = s.pollStart(ctx, sess, req, &out, &timers); err == nil {
+			done = s.pollNext(ctx, sess, req.Wait, &out, w, &timers, 0)
+		}
+	})
 	if err != nil {
 		return PollAnswer{}, err
 	}
-	var timers pollTimers
-	defer s.endPoll(w, &timers)
+	defer offstack.Run(func() { s.endPoll(w, &timers) })
+	for !done {
+		why := <-w.ch
+		offstack.Run(func() { done = s.pollNext(ctx, sess, req.Wait, &out, w, &timers, why) })
+	}
+	return out.answer, out.err
+}
+
+// pollStart registers a poll's waiter, asks for its lease's renewal and
+// arms its deadline and end.
+func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, out *pollStep, timers *pollTimers) (*waiter, error) {
+	w, err := s.hub.subscribe(sess.NodeID, req.Remote)
+	if err != nil {
+		return nil, err
+	}
 	s.leases.touch(sess.NodeID)
 	if req.Resume {
 		// Fixed at arrival: a delivery this poll's own wait overlaps (another
@@ -448,16 +475,23 @@ func (s *Service) PollFor(ctx context.Context, sess Session, req PollRequest) (P
 		out.resumeAt = s.clock()
 		s.metrics.PollResumes.Inc()
 	}
-	if wait > 0 {
-		timers.arm(ctx, w, wait)
+	if req.Wait > 0 {
+		timers.arm(ctx, w, req.Wait)
 	}
-	for !s.pollCheck(ctx, sess, wait, &out) {
-		s.armPoll(&out, w, &timers)
-		if s.pollWoken(ctx, sess, <-w.ch, &out) {
-			break
-		}
+	return w, nil
+}
+
+// pollNext handles a wake-up (none on arrival), then looks again; it
+// reports whether the poll is answered, else arms what it waits for.
+func (s *Service) pollNext(ctx context.Context, sess Session, wait time.Duration, out *pollStep, w *waiter, t *pollTimers, why wake) bool {
+	if why != 0 && s.pollWoken(ctx, sess, why, out) {
+		return true
 	}
-	return out.answer, out.err
+	if s.pollCheck(ctx, sess, wait, out) {
+		return true
+	}
+	s.armPoll(out, w, t)
+	return false
 }
 
 // pollTimers are what a waiting poll armed to be woken by.

@@ -25,8 +25,14 @@ type leaseBatcher struct {
 
 	mu      sync.Mutex // guards the following
 	pending map[string]LeaseRenewal
-	flush   *flushResult // the flush the pending renewals will ride
+	// flush is the flush the pending renewals will ride, made when a
+	// heartbeat first waits on it (a held poll's renewal waits for none).
+	flush   *flushResult
 	renewed map[string]time.Time
+
+	// batch is the run loop's own, reused by every flush so renewing the
+	// held polls allocates nothing here once its capacity is reached.
+	batch []LeaseRenewal
 }
 
 // flushResult is closed once its batch has been written.
@@ -38,8 +44,7 @@ type flushResult struct {
 func newLeaseBatcher(store Store, st Settings, now func() time.Time, m *metrics.Metrics, log *slog.Logger) *leaseBatcher {
 	return &leaseBatcher{store: store, settings: st, now: now, metrics: m, log: log,
 		kick:    make(chan struct{}, 1),
-		pending: map[string]LeaseRenewal{}, flush: &flushResult{done: make(chan struct{})},
-		renewed: map[string]time.Time{}}
+		pending: map[string]LeaseRenewal{}, renewed: map[string]time.Time{}}
 }
 
 // heartbeat queues a renewal (with facts, if any) and waits for its commit.
@@ -50,6 +55,9 @@ func (b *leaseBatcher) heartbeat(ctx context.Context, r LeaseRenewal) error {
 		r.Facts = old.Facts
 	}
 	b.pending[r.NodeID] = r
+	if b.flush == nil {
+		b.flush = &flushResult{done: make(chan struct{})}
+	}
 	f := b.flush
 	b.mu.Unlock()
 	select {
@@ -106,13 +114,14 @@ func (b *leaseBatcher) flushOnce(ctx context.Context) {
 		b.mu.Unlock()
 		return
 	}
-	batch := make([]LeaseRenewal, 0, len(b.pending))
+	batch := b.batch[:0]
 	for _, r := range b.pending {
 		batch = append(batch, r)
 	}
+	b.batch = batch
 	f := b.flush
-	b.pending = map[string]LeaseRenewal{}
-	b.flush = &flushResult{done: make(chan struct{})}
+	clear(b.pending) // keeps its buckets for the next batch
+	b.flush = nil
 	b.mu.Unlock()
 
 	_, err := b.store.RenewLeases(ctx, batch)
@@ -137,6 +146,9 @@ func (b *leaseBatcher) flushOnce(ctx context.Context) {
 		// the counter sees a consistent batcher.
 		b.metrics.HeartbeatsFlushed.Add(float64(len(batch)))
 	}
-	f.err = err
-	close(f.done)
+	clear(batch) // drop the facts' references until the next flush
+	if f != nil {
+		f.err = err
+		close(f.done)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/offstack"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/secrets"
 )
@@ -64,7 +65,8 @@ type agentSessionHandler struct {
 }
 
 func (a *agentSessionHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	r, ok := a.h.authAgent(w, r)
+	var ok bool
+	offstack.Run(func() { r, ok = a.h.authAgent(w, r) })
 	if !ok {
 		return
 	}
@@ -132,11 +134,12 @@ func (h *handler) renewSession(w http.ResponseWriter, r *http.Request) {
 const DefaultPollWait = 25 * time.Second
 
 // pollCommands holds the agent's long-poll. The request is read and
-// authenticated, and the answer written, in calls of their own that have
-// returned while the poll is parked in PollFor: a parked goroutine keeps
-// the stack its deepest frames grew until the collector finds it mostly
-// unused, so the frames under the wait are kept small (BENCHMARKS.md,
-// memory per held poll).
+// authenticated, and the answer written, on a helper goroutine
+// (internal/offstack) while the connection's goroutine parks in PollFor: a
+// parked goroutine keeps the stack its deepest frames grew until the
+// collector finds it mostly unused, so the frames under the wait are kept
+// small and nothing deep runs on them (BENCHMARKS.md, memory per held
+// poll). GET /agent/v1/commands reaches it past chi (pollRoute).
 //
 // It is routed as a pollHandler: a method value would add two frames.
 func (h *handler) pollCommands(w http.ResponseWriter, r *http.Request) {
@@ -148,12 +151,17 @@ type pollHandler handler
 
 func (p *pollHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := (*handler)(p)
-	sess, req, ok := h.pollRequest(w, r)
+	var (
+		sess fleet.Session
+		req  fleet.PollRequest
+		ok   bool
+	)
+	offstack.Run(func() { sess, req, ok = h.pollRequest(w, r) })
 	if !ok {
 		return
 	}
 	answer, err := h.Fleet.PollFor(r.Context(), sess, req)
-	h.answerPoll(w, r, sess, answer, err)
+	offstack.Run(func() { h.answerPoll(w, r, sess, answer, err) })
 }
 
 // pollRequest authenticates a poll and reads its wait and resume flag,

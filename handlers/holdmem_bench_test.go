@@ -28,7 +28,7 @@ const heldPollsMeasured = 300
 // holdRaw opens one connection per token and sends a long-poll on each
 // (raw, so the client side costs no goroutines or buffers here), reading
 // nothing back.
-func holdRaw(b *testing.B, addr string, tokens []string) []net.Conn {
+func holdRaw(b testing.TB, addr string, tokens []string) []net.Conn {
 	b.Helper()
 	conns := make([]net.Conn, len(tokens))
 	for i, tok := range tokens {
@@ -51,7 +51,7 @@ func holdRaw(b *testing.B, addr string, tokens []string) []net.Conn {
 // heldMemory holds one poll per token and answers what they cost: stack
 // and heap bytes per held poll as held, and the stacks once the collector
 // has had the chance to shrink them (each cycle halves a stack at most once).
-func heldMemory(b *testing.B, addr string, tokens []string, held func() int) (stack, stackShrunk, heap float64) {
+func heldMemory(b testing.TB, addr string, tokens []string, held func() int) (stack, stackShrunk, heap float64) {
 	b.Helper()
 	var m0, m1, m2 runtime.MemStats
 	runtime.GC()

@@ -22,26 +22,38 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/offstack"
 )
 
 type ctxKey int
 
 const (
 	requestIDKey ctxKey = iota
-	loggerKey
 	principalKey
 	bodyStateKey
 )
 
+// requestInfo is what the request's context carries for logging: its id
+// and the server's logger. The logger with the id attached is made only
+// when a line is logged (most requests log one access line, and a held
+// poll none until it is answered; slog's With copies the handler).
+type requestInfo struct {
+	id  string
+	log *slog.Logger
+}
+
 func requestIDFrom(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey).(string)
-	return id
+	ri, _ := ctx.Value(requestIDKey).(*requestInfo)
+	if ri == nil {
+		return ""
+	}
+	return ri.id
 }
 
 // logger returns the request's logger (carrying its request id).
 func logger(r *http.Request) *slog.Logger {
-	if l, ok := r.Context().Value(loggerKey).(*slog.Logger); ok {
-		return l
+	if ri, ok := r.Context().Value(requestIDKey).(*requestInfo); ok {
+		return ri.log.With("request_id", ri.id)
 	}
 	return slog.Default()
 }
@@ -58,9 +70,7 @@ func (h *handler) requestID(w http.ResponseWriter, r *http.Request) *http.Reques
 		id = hex.EncodeToString(b[:])
 	}
 	w.Header().Set("X-Request-Id", id)
-	ctx := context.WithValue(r.Context(), requestIDKey, id)
-	ctx = context.WithValue(ctx, loggerKey, h.log.With("request_id", id))
-	return r.WithContext(ctx)
+	return r.WithContext(context.WithValue(r.Context(), requestIDKey, &requestInfo{id: id, log: h.log}))
 }
 
 // recovered turns a panic into a logged 500 problem.
@@ -99,9 +109,18 @@ type edgeHandler struct {
 	bodyTimeout time.Duration
 	limit       int64
 	cop         *http.CrossOriginProtection
+	// route, when set, is the one route next serves (the access log's and
+	// the metrics' label); otherwise chi's route context names it.
+	route string
 }
 
 func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if e.route != "" {
+		// The long-poll's edge (pollRoute): its own work runs off the stack
+		// the poll parks on (offstack), as the poll's does.
+		e.serveOffStack(w, r)
+		return
+	}
 	r = e.h.requestID(w, limitBodyTime(w, r, e.bodyTimeout))
 	defer func() {
 		if v := recover(); v != nil {
@@ -113,7 +132,32 @@ func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.h.admit(ww, r, e.limit, e.cop) {
 		e.next.ServeHTTP(ww, r)
 	}
-	e.h.logRequest(r, ww, start)
+	e.h.logRequest(r, ww, start, e.route)
+}
+
+// serveOffStack is ServeHTTP with the request id, the admission checks
+// and the access log run through offstack.
+func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
+	var (
+		ww    middleware.WrapResponseWriter
+		start time.Time
+		ok    bool
+	)
+	offstack.Run(func() {
+		r = e.h.requestID(w, limitBodyTime(w, r, e.bodyTimeout))
+		start = time.Now()
+		ww = middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		ok = e.h.admit(ww, r, e.limit, e.cop)
+	})
+	defer func() {
+		if v := recover(); v != nil {
+			offstack.Run(func() { recovered(w, r, v) })
+		}
+	}()
+	if ok {
+		e.next.ServeHTTP(ww, r)
+	}
+	offstack.Run(func() { e.h.logRequest(r, ww, start, e.route) })
 }
 
 // admit sets the headers every answer carries and answers the request's
@@ -191,9 +235,11 @@ func methodLabel(m string) string {
 // logRequest logs one structured line per answered request and counts it.
 // It logs the route pattern, never the query string (which could carry a
 // secret), and client-controlled text clipped.
-func (h *handler) logRequest(r *http.Request, ww middleware.WrapResponseWriter, start time.Time) {
+func (h *handler) logRequest(r *http.Request, ww middleware.WrapResponseWriter, start time.Time, route string) {
 	{
-		route := chi.RouteContext(r.Context()).RoutePattern()
+		if route == "" {
+			route = chi.RouteContext(r.Context()).RoutePattern()
+		}
 		if route == "" {
 			route = "unmatched"
 		}
@@ -217,7 +263,12 @@ func (h *handler) logRequest(r *http.Request, ww middleware.WrapResponseWriter, 
 		case status >= 500 && status != http.StatusServiceUnavailable:
 			level = slog.LevelError
 		}
-		logger(r).Log(r.Context(), level, "http",
+		if !h.log.Enabled(r.Context(), level) {
+			return
+		}
+		// The request id first, as logger(r)'s lines carry it, without
+		// copying the handler for this one line.
+		h.log.Log(r.Context(), level, "http", "request_id", requestIDFrom(r.Context()),
 			"method", clip(r.Method, 16), "path", clip(loggedPath(r.URL.Path), maxLoggedText), "route", route, "status", status,
 			"bytes", ww.BytesWritten(), "duration_ms", elapsed.Milliseconds(), "remote", r.RemoteAddr,
 			"user_agent", clip(r.UserAgent(), maxLoggedText))

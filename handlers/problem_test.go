@@ -62,7 +62,7 @@ func TestEveryCodeHasAStatus(t *testing.T) {
 func requestWithLog(buf *bytes.Buffer) *http.Request {
 	r := httptest.NewRequest(http.MethodGet, "/api/v1/whoami", nil)
 	l := slog.New(slog.NewTextHandler(buf, nil))
-	return r.WithContext(context.WithValue(r.Context(), loggerKey, l))
+	return r.WithContext(context.WithValue(r.Context(), requestIDKey, &requestInfo{id: "test", log: l}))
 }
 
 func TestUnmappedCodeIs500AndLogged(t *testing.T) {

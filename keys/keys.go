@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 )
 
 // Domain labels for subkeys. Changing one invalidates every credential of
@@ -34,6 +35,10 @@ var ErrNoKey = errors.New("no master key configured")
 // Ring is the current master key plus previous ones kept for verification.
 type Ring struct {
 	masters [][]byte // masters[0] signs; all verify
+	// derived caches each label's subkeys, one per master in the same
+	// order: every session check verifies a token, and deriving its key
+	// (HKDF and a digest) each time cost ~1.4 KB of garbage per poll.
+	derived sync.Map // label → []Subkey
 }
 
 // MinKeyBytes is the shortest master key accepted.
@@ -80,7 +85,29 @@ func (r *Ring) Current(label string) (Subkey, error) {
 	if r.Empty() {
 		return Subkey{}, ErrNoKey
 	}
-	return derive(r.masters[0], label)
+	sks, err := r.subkeys(label)
+	if err != nil {
+		return Subkey{}, err
+	}
+	return sks[0], nil
+}
+
+// subkeys answers label's subkey under every master key, derived once.
+// The ring's keys never change, so neither do these; callers must not
+// modify a Subkey's Key.
+func (r *Ring) subkeys(label string) ([]Subkey, error) {
+	if v, ok := r.derived.Load(label); ok {
+		return v.([]Subkey), nil
+	}
+	sks := make([]Subkey, len(r.masters))
+	for i, m := range r.masters {
+		var err error
+		if sks[i], err = derive(m, label); err != nil {
+			return nil, err
+		}
+	}
+	v, _ := r.derived.LoadOrStore(label, sks)
+	return v.([]Subkey), nil
 }
 
 // Lookup returns the subkey for label whose id is kid, from any master key in
@@ -89,11 +116,11 @@ func (r *Ring) Lookup(label, kid string) (Subkey, error) {
 	if r.Empty() {
 		return Subkey{}, ErrNoKey
 	}
-	for _, m := range r.masters {
-		sk, err := derive(m, label)
-		if err != nil {
-			return Subkey{}, err
-		}
+	sks, err := r.subkeys(label)
+	if err != nil {
+		return Subkey{}, err
+	}
+	for _, sk := range sks {
 		if sk.ID == kid {
 			return sk, nil
 		}

@@ -1,0 +1,55 @@
+package fleet
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/metrics"
+)
+
+// renewCounter is a Store that only counts the renewals it is given.
+type renewCounter struct {
+	Store
+	renewals int
+}
+
+func (r *renewCounter) RenewLeases(_ context.Context, batch []LeaseRenewal) (int, error) {
+	r.renewals += len(batch)
+	return len(batch), nil
+}
+
+// TestHeldPollRenewalsAllocateNothingInTheBatcher: once warm, renewing the
+// leases of held polls — every poll asking (touch) and the batch written
+// (flushOnce) — allocates nothing in the batcher itself: the batch slice,
+// the pending map and the coalescing memory are reused, and no flush
+// result is made when no heartbeat waits. (The store's statement is
+// measured by models' BenchmarkRenewLeases.)
+func TestHeldPollRenewalsAllocateNothingInTheBatcher(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation counts")
+	}
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	store := &renewCounter{}
+	b := newLeaseBatcher(store, Settings{Lease: 90 * time.Second}, func() time.Time { return now },
+		metrics.New(nil), slog.New(slog.DiscardHandler))
+	ids := make([]string, 500)
+	for i := range ids {
+		ids[i] = "node-" + strconv.Itoa(i)
+	}
+	round := func() {
+		now = now.Add(b.settings.Lease / 3) // every poll is due a renewal again
+		for _, id := range ids {
+			b.touch(id)
+		}
+		b.flushOnce(context.Background())
+	}
+	round() // warm: the maps and the batch grow to the fleet's size
+	allocs := testing.AllocsPerRun(20, round)
+	require.Equal(t, 22*len(ids), store.renewals, "every round renews every held poll (AllocsPerRun runs one more)")
+	require.Zero(t, allocs, "allocations per round of %d renewals", len(ids))
+}

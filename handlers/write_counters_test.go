@@ -369,13 +369,14 @@ func TestPostgresWriteCountersFleet(t *testing.T) {
 	// 8.4 statements per child (14.6 from submit to settled); batched,
 	// about 1.5 (of which the one claim), 7.9 in all — what is left is the
 	// agents' claims and settlements, a statement or two each. The whole
-	// window also counts the server's background work (lease flushes,
-	// sweeps, advance ticks), which grows with the window's length on a
-	// busy machine (9.3–10.6 seen under -race beside other suites): the
-	// ceiling is set to catch a return to a release per child (14.6),
-	// not that.
+	// window also counts what depends on its length: the parent's
+	// advances (coalesced per 100 ms, so up to one per child end, four
+	// statements each, when the settlements come slowly) and held polls'
+	// lease renewals — 9.3–13.2 seen under -race on a loaded machine. The
+	// release ceiling above is what catches a release per child; this one
+	// catches the path growing past even that worst case.
 	require.LessOrEqual(t, float64(released.Statements)/n, 2.5, "statements per child to release")
-	require.LessOrEqual(t, float64(all.Statements)/n, 12.0, "statements per child to settle")
+	require.LessOrEqual(t, float64(all.Statements)/n, 14.0, "statements per child to settle")
 	if testing.Verbose() {
 		for _, tc := range counter.Texts() {
 			t.Logf("%6d  %s", tc.N, tc.SQL)

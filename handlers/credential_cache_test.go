@@ -177,6 +177,30 @@ func TestCredentialCacheAcrossReplicas(t *testing.T) {
 	heardOnB(notified)
 	requireRefusedFromStore(t, b, h.Token)
 
+	// A console session signed out on A.
+	cookie, _, err := a.App.Auth.Login(context.Background(), apitest.AdminUsername, apitest.AdminPassword, "127.0.0.1:1")
+	require.NoError(t, err)
+	withCookie := func(s *apitest.Server) (int, bool) {
+		before := cacheStats(s)
+		req := s.NewRequest(t, http.MethodGet, "/api/v1/capabilities", nil, "")
+		req.AddCookie(&http.Cookie{Name: "nodeward_session", Value: cookie})
+		status, _, _ := s.Send(t, req)
+		return status, cacheStats(s).Hits == before.Hits+1
+	}
+	status, _ := withCookie(b)
+	require.Equal(t, http.StatusOK, status)
+	status, hit := withCookie(b)
+	require.Equal(t, http.StatusOK, status)
+	require.True(t, hit, "the session was not cached on B")
+	p, err := a.App.Auth.AuthenticateSession(context.Background(), cookie)
+	require.NoError(t, err)
+	notified = cacheStats(b).Invalidations["notify"]
+	require.NoError(t, a.App.Auth.Logout(context.Background(), p, "127.0.0.1:1"))
+	heardOnB(notified)
+	status, hit = withCookie(b)
+	require.Equal(t, http.StatusUnauthorized, status)
+	require.False(t, hit)
+
 	// B's listener connection drops: B empties its cache (it may have
 	// missed a notification), and reads again once it listens again.
 	require.Equal(t, http.StatusOK, capabilitiesStatus(t, b, b.AdminToken))

@@ -75,6 +75,7 @@ type options struct {
 	dialect string
 	mutate  []func(*controlplane.Config)
 	logTo   io.Writer
+	peer    *Server
 }
 
 // Option configures Start.
@@ -88,6 +89,13 @@ func WithDialect(d string) Option { return func(o *options) { o.dialect = d } }
 // defaults, the listen address, data folder and database are set).
 func WithConfig(fn func(*controlplane.Config)) Option {
 	return func(o *options) { o.mutate = append(o.mutate, fn) }
+}
+
+// WithReplicaOf starts a second replica of peer (a Postgres server): the
+// same database and master key, its own replica id; it shares peer's
+// administrator and API token instead of creating them.
+func WithReplicaOf(peer *Server) Option {
+	return func(o *options) { o.dialect, o.peer = models.Postgres, peer }
 }
 
 // WithLog sends the server's log to w as it is written (default: kept in
@@ -131,7 +139,12 @@ func Start(t testing.TB, opts ...Option) *Server {
 	case models.SQLite:
 		cfg.DataDir = t.TempDir()
 	case models.Postgres:
-		cfg.DatabaseURL = dbtest.NewSchema(t)
+		if o.peer != nil {
+			cfg.DatabaseURL = o.peer.App.Config.DatabaseURL
+			cfg.ReplicaID = o.peer.App.Config.ReplicaID + "-b"
+		} else {
+			cfg.DatabaseURL = dbtest.NewSchema(t)
+		}
 		cfg.MasterKey = TestMasterKey
 	default:
 		_ = ln.Close()
@@ -184,6 +197,10 @@ func Start(t testing.TB, opts ...Option) *Server {
 		_ = app.Close()
 	})
 
+	if o.peer != nil {
+		s.AdminUserID, s.AdminToken = o.peer.AdminUserID, o.peer.AdminToken
+		return s
+	}
 	u, err := app.Auth.CreateAdmin(ctx, AdminUsername, AdminPassword)
 	require.NoError(t, err, "create administrator")
 	s.AdminUserID = u.ID

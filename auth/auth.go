@@ -104,6 +104,16 @@ type Options struct {
 	// HashQueueTimeout is how long a login waits for a hashing slot before
 	// ErrOverloaded; 0 is DefaultHashQueueTimeout.
 	HashQueueTimeout time.Duration
+	// CacheTTL is how long a verified credential is trusted without a
+	// store read (see cache.go); 0 is DefaultCacheTTL, negative turns the
+	// cache off.
+	CacheTTL time.Duration
+	// CacheSize bounds the cached credentials; 0 is DefaultCacheSize.
+	CacheSize int
+	// CrossReplica: other replicas share the database (Postgres), so the
+	// cache stays off until SetNotifierHealthy(true) says their
+	// revocations are heard, and off again whenever they may not be.
+	CrossReplica bool
 }
 
 // Service is the administrators' service.
@@ -115,6 +125,9 @@ type Service struct {
 	sessionTTL time.Duration
 	limiter    *loginLimiter
 	hashes     *hashGate
+	// cache keeps verified credentials (cache.go).
+	cache        *credCache
+	crossReplica bool
 
 	mu         sync.Mutex // guards the following
 	setupToken string
@@ -136,14 +149,22 @@ func New(o Options) *Service {
 	if o.HashQueueTimeout <= 0 {
 		o.HashQueueTimeout = DefaultHashQueueTimeout
 	}
+	if o.CacheTTL == 0 {
+		o.CacheTTL = DefaultCacheTTL
+	}
+	if o.CacheSize == 0 {
+		o.CacheSize = DefaultCacheSize
+	}
 	return &Service{
-		store:      o.Store,
-		sessions:   keys.NewSigner(o.Keys, keys.LabelConsoleSession, "nodeward-console", "console+jwt", now),
-		keys:       o.Keys,
-		now:        now,
-		sessionTTL: DefaultSessionTTL,
-		limiter:    newLoginLimiter(5, 15*time.Minute, defaultLimiterKeys),
-		hashes:     newHashGate(o.HashSlots, o.HashQueueTimeout),
+		store:        o.Store,
+		sessions:     keys.NewSigner(o.Keys, keys.LabelConsoleSession, "nodeward-console", "console+jwt", now),
+		keys:         o.Keys,
+		now:          now,
+		sessionTTL:   DefaultSessionTTL,
+		limiter:      newLoginLimiter(5, 15*time.Minute, defaultLimiterKeys),
+		hashes:       newHashGate(o.HashSlots, o.HashQueueTimeout),
+		cache:        newCredCache(o.CacheTTL, o.CacheSize, !o.CrossReplica),
+		crossReplica: o.CrossReplica,
 	}
 }
 
@@ -334,6 +355,11 @@ func (s *Service) AuthenticateSession(ctx context.Context, cookie string) (Princ
 	if err := s.sessions.Verify(cookie, &c); err != nil {
 		return Principal{}, ErrUnauthenticated
 	}
+	k, now := keyOf(cookie), s.now()
+	if e, ok := s.cache.get(k, now); ok && e.p.Via == "session" && e.p.SessionID == c.ID {
+		return e.p, nil
+	}
+	epoch := s.cache.begin()
 	sess, u, err := s.store.Session(ctx, c.ID, c.Subject)
 	if errors.Is(err, ErrNoRows) {
 		return Principal{}, ErrUnauthenticated
@@ -341,18 +367,27 @@ func (s *Service) AuthenticateSession(ctx context.Context, cookie string) (Princ
 	if err != nil {
 		return Principal{}, err
 	}
-	if sess.RevokedAt != nil || !s.now().Before(sess.ExpiresAt) {
+	if sess.RevokedAt != nil || !now.Before(sess.ExpiresAt) {
 		return Principal{}, ErrUnauthenticated
 	}
-	return Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "session", SessionID: sess.ID}, nil
+	p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "session", SessionID: sess.ID}
+	s.cache.put(k, cacheEntry{p: p, subject: SessionSubject(sess.ID)}, epoch, now, sess.ExpiresAt)
+	return p, nil
 }
 
-// Logout revokes a console session. Revoking twice is harmless.
+// Logout revokes a console session. Revoking twice is harmless. The
+// session stops working on this replica when Logout returns, and on the
+// others when they hear the announcement (cache.go).
 func (s *Service) Logout(ctx context.Context, p Principal, remote string) error {
 	if p.SessionID == "" {
 		return nil
 	}
 	if err := s.store.RevokeSession(ctx, p.SessionID, s.now()); err != nil {
+		return err
+	}
+	// Committed: forget it here, then tell the other replicas.
+	s.cache.forget(SessionSubject(p.SessionID), "local")
+	if err := s.store.AnnounceRevoked(ctx, SessionSubject(p.SessionID)); err != nil {
 		return err
 	}
 	return s.audit(ctx, s.store, AuditEntry{Actor: p.Username, Action: "logout", Outcome: "ok", RemoteAddr: remote})
@@ -409,8 +444,10 @@ func (s *Service) ListTokens(ctx context.Context) ([]APIToken, error) {
 	return s.store.Tokens(ctx)
 }
 
-// RevokeToken revokes a token; revoking a revoked token is harmless.
-// Errors: ErrTokenNotFound.
+// RevokeToken revokes a token; revoking a revoked token is harmless. The
+// token stops working on this replica when RevokeToken returns, and on the
+// others when they hear the announcement committed with the revocation
+// (cache.go). Errors: ErrTokenNotFound.
 func (s *Service) RevokeToken(ctx context.Context, p Principal, id, remote string) (APIToken, error) {
 	var row APIToken
 	err := s.store.Tx(ctx, func(tx Store) error {
@@ -427,21 +464,41 @@ func (s *Service) RevokeToken(ctx context.Context, p Principal, id, remote strin
 		if err := tx.RevokeToken(ctx, id, now); err != nil {
 			return err
 		}
+		if err := tx.AnnounceRevoked(ctx, TokenSubject(id)); err != nil {
+			return err
+		}
 		return s.audit(ctx, tx, AuditEntry{Actor: p.Username, Action: "token.revoke", Target: id, Outcome: "ok", RemoteAddr: remote})
 	})
+	if err == nil {
+		// Committed (or revoked before): forget it here.
+		s.cache.forget(TokenSubject(id), "local")
+	}
 	return row, err
 }
 
 // lastUsedResolution coalesces last-used writes: a busy script does not
-// cost one write per request.
+// cost one write per request (one a minute per token and replica; on a
+// cache hit the first request past the minute claims the write).
 const lastUsedResolution = time.Minute
 
-// AuthenticateToken verifies an API token. Errors: ErrUnauthenticated.
+// AuthenticateToken verifies an API token: from the cache when this
+// replica verified it lately (cache.go), else by its digest in the store.
+// Errors: ErrUnauthenticated.
 func (s *Service) AuthenticateToken(ctx context.Context, token string) (Principal, error) {
 	if !strings.HasPrefix(token, apiTokenPrefix) {
 		return Principal{}, ErrUnauthenticated
 	}
-	row, u, err := s.store.TokenByHash(ctx, digest(token))
+	k, now := keyOf(token), s.now()
+	if e, ok := s.cache.get(k, now); ok && e.p.Via == "token" {
+		if now.Sub(e.lastUsed) >= lastUsedResolution && s.cache.claimTouch(k, now, lastUsedResolution) {
+			if err := s.store.TouchToken(ctx, e.p.TokenID, now); err != nil {
+				return Principal{}, err
+			}
+		}
+		return e.p, nil
+	}
+	epoch := s.cache.begin()
+	row, u, err := s.store.TokenByHash(ctx, hex.EncodeToString(k[:]))
 	if errors.Is(err, ErrNoRows) {
 		return Principal{}, ErrUnauthenticated
 	}
@@ -451,13 +508,19 @@ func (s *Service) AuthenticateToken(ctx context.Context, token string) (Principa
 	if row.RevokedAt != nil {
 		return Principal{}, ErrUnauthenticated
 	}
-	now := s.now()
-	if row.LastUsedAt == nil || now.Sub(*row.LastUsedAt) >= lastUsedResolution {
+	var lastUsed time.Time
+	if row.LastUsedAt != nil {
+		lastUsed = *row.LastUsedAt
+	}
+	if now.Sub(lastUsed) >= lastUsedResolution {
 		if err := s.store.TouchToken(ctx, row.ID, now); err != nil {
 			return Principal{}, err
 		}
+		lastUsed = now
 	}
-	return Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "token", TokenID: row.ID}, nil
+	p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "token", TokenID: row.ID}
+	s.cache.put(k, cacheEntry{p: p, subject: TokenSubject(row.ID), lastUsed: lastUsed}, epoch, now, time.Time{})
+	return p, nil
 }
 
 // AuditPage is one page of the admin audit log, newest first: entries with

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -202,6 +203,9 @@ func (s *Service) IssuePackageHostTokenTx(ctx context.Context, tx Store, actor, 
 	if err := tx.UpdatePackageHost(ctx, h); err != nil {
 		return PackageHost{}, err
 	}
+	if err := tx.AnnounceRevoked(ctx, HostSubject(h.ID)); err != nil {
+		return PackageHost{}, err
+	}
 	if err := s.recordHostToken(ctx, tx, h, operationID); err != nil {
 		return PackageHost{}, err
 	}
@@ -210,7 +214,10 @@ func (s *Service) IssuePackageHostTokenTx(ctx context.Context, tx Store, actor, 
 }
 
 // RevokePackageHostTx revokes a host inside tx: its generation grows by
-// one, so every token it holds stops at once. Revoking a revoked host
+// one, so every token it holds stops at once. Like IssuePackageHostTokenTx
+// it announces the change in tx (Store.AnnounceRevoked): tx's commit must
+// hand it to this replica's Service.CredentialsChanged as well (the
+// ledger's transactions do, through the fleet's commit hook). Revoking a revoked host
 // changes nothing (it holds no working token). Errors:
 // ErrPackageHostNotFound.
 func (s *Service) RevokePackageHostTx(ctx context.Context, tx Store, actor, operationID, hostID string) (PackageHost, error) {
@@ -222,6 +229,9 @@ func (s *Service) RevokePackageHostTx(ctx context.Context, tx Store, actor, oper
 	h.Generation++
 	h.RevokedAt, h.UpdatedAt = &now, now
 	if err := tx.UpdatePackageHost(ctx, h); err != nil {
+		return PackageHost{}, err
+	}
+	if err := tx.AnnounceRevoked(ctx, HostSubject(h.ID)); err != nil {
 		return PackageHost{}, err
 	}
 	return h, s.audit(ctx, tx, AuditEntry{Actor: actor, Action: "package_host.revoke", Target: h.ID, Outcome: "ok",
@@ -288,7 +298,12 @@ func (s *Service) AuthenticatePackageHost(ctx context.Context, token string) (Pr
 	if !strings.HasPrefix(token, hostTokenPrefix) {
 		return Principal{}, ErrUnauthenticated
 	}
-	row, h, err := s.store.PackageHostByToken(ctx, digest(token))
+	k, now := keyOf(token), s.now()
+	if e, ok := s.cache.get(k, now); ok && e.p.Kind == KindPackageHost {
+		return e.p, nil
+	}
+	epoch := s.cache.begin()
+	row, h, err := s.store.PackageHostByToken(ctx, hex.EncodeToString(k[:]))
 	if errors.Is(err, ErrNoRows) {
 		return Principal{}, ErrUnauthenticated
 	}
@@ -298,8 +313,10 @@ func (s *Service) AuthenticatePackageHost(ctx context.Context, token string) (Pr
 	if h.RevokedAt != nil || row.Generation != h.Generation {
 		return Principal{}, ErrUnauthenticated
 	}
-	return Principal{Kind: KindPackageHost, Via: "package_host_token", PackageHostID: h.ID, PackageHostName: h.Name,
-		Generation: h.Generation, Families: h.Families}, nil
+	p := Principal{Kind: KindPackageHost, Via: "package_host_token", PackageHostID: h.ID, PackageHostName: h.Name,
+		Generation: h.Generation, Families: slices.Clip(h.Families)}
+	s.cache.put(k, cacheEntry{p: p, subject: HostSubject(h.ID)}, epoch, now, time.Time{})
+	return p, nil
 }
 
 // AuthenticateBearer verifies a Bearer credential: a package host token

@@ -142,6 +142,14 @@ type Store interface {
 	// or ErrNoRows.
 	PackageHostByToken(ctx context.Context, hash string) (PackageHostToken, PackageHost, error)
 
+	// AnnounceRevoked tells the other replicas that the credentials of
+	// subject (TokenSubject, HostSubject, SessionSubject) changed, so they
+	// drop what they cached of it. Inside a transaction it is sent when,
+	// and only if, it commits (on Postgres, a NOTIFY); a single-process
+	// database (SQLite) has nobody to tell. Inside a ledger transaction the
+	// commit also hands it to this replica (the fleet's commit hook).
+	AnnounceRevoked(ctx context.Context, subject string) error
+
 	// AppendAudit adds an audit entry (its ID is assigned; Count below 1
 	// is stored as 1).
 	AppendAudit(ctx context.Context, e AuditEntry) error

@@ -120,17 +120,22 @@ func (s *Service) CheckInvite(ctx context.Context, in Invite) error {
 	if err != nil {
 		return err
 	}
-	if n.ID != "" {
-		if _, err := s.store.Node(ctx, n.ID); err == nil {
+	// One unlocked read for both checks (InviteTx checks again, locked):
+	// the id taken first, then the rental's generations.
+	found, err := s.store.InviteConflicts(ctx, n.ID, n.RentalID)
+	if err != nil {
+		return err
+	}
+	var siblings []Node
+	for _, f := range found {
+		if n.ID != "" && f.ID == n.ID {
 			return ErrIdentityExists
-		} else if !isNoRows(err) {
-			return err
+		}
+		if f.RentalID == n.RentalID {
+			siblings = append(siblings, f)
 		}
 	}
-	return s.store.Tx(ctx, func(tx Tx) error {
-		_, err := checkSiblings(ctx, tx, n)
-		return err
-	})
+	return siblingConflict(siblings, n)
 }
 
 // checkSiblings answers the rental's other generations, refusing a
@@ -140,15 +145,24 @@ func checkSiblings(ctx context.Context, tx Tx, n Node) ([]Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := siblingConflict(siblings, n); err != nil {
+		return nil, err
+	}
+	return siblings, nil
+}
+
+// siblingConflict refuses a generation of the rental that exists or is
+// older than the newest (siblings lowest generation first).
+func siblingConflict(siblings []Node, n Node) error {
 	for _, sib := range siblings {
 		switch {
 		case sib.Generation == n.Generation:
-			return nil, ErrIdentityExists
+			return ErrIdentityExists
 		case sib.Generation > n.Generation:
-			return nil, ErrGenerationStale
+			return ErrGenerationStale
 		}
 	}
-	return siblings, nil
+	return nil
 }
 
 func (s *Service) inviteTx(ctx context.Context, tx Tx, actor string, in Invite) (api.Bootstrap, []string, error) {
@@ -199,6 +213,37 @@ func (s *Service) inviteTx(ctx context.Context, tx Tx, actor string, in Invite) 
 		Detail: map[string]any{"rental_id": n.RentalID, "generation": n.Generation, "invitation_id": inv.ID,
 			"expires_at": inv.ExpiresAt, "retired_generations": retired}})
 	return s.bootstrap(n, inv, token), retired, err
+}
+
+// RemintEnrollmentToken is RemintBootstrap's token alone: one unlocked
+// read of the invitation (its claims are immutable), no transaction and no
+// read of the node — what an invite's submit reveals inline. Errors: as
+// RemintBootstrap.
+func (s *Service) RemintEnrollmentToken(ctx context.Context, invitationID string) (string, error) {
+	inv, err := s.store.ReadInvitation(ctx, invitationID)
+	if isNoRows(err) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", err
+	}
+	tok, err := s.mintEnrollment(inv)
+	if err != nil {
+		return "", errNoKey
+	}
+	if digest(tok) != inv.TokenDigest {
+		return "", errcode.New(errcode.Unavailable, "the enrollment token can no longer be shown (the master key was rotated since); reinvite the node")
+	}
+	return tok, nil
+}
+
+// BootstrapOf is the bootstrap of an invitation already read (an invite's
+// recorded result) with its token in hand (the value its submit just
+// revealed): what RemintBootstrap would answer, without reading the
+// invitation and the node again.
+func (s *Service) BootstrapOf(nodeID, rentalID string, generation int64, invitationID string, expiresAt time.Time, token string) api.Bootstrap {
+	return s.bootstrap(Node{ID: nodeID, RentalID: rentalID, Generation: generation},
+		Invitation{ID: invitationID, ExpiresAt: expiresAt}, token)
 }
 
 func (s *Service) bootstrap(n Node, inv Invitation, token string) api.Bootstrap {

@@ -28,6 +28,10 @@ const (
 	// NotifyDispatch: operation NodeID was recorded (or handed back by
 	// recovery) and may be claimed; dispatchers look for work.
 	NotifyDispatch NotificationKind = "d"
+	// NotifyCredentials: the credentials of the subject NodeID carries
+	// (auth.TokenSubject, HostSubject, SessionSubject) were revoked; the
+	// fleet ignores it; the administrators' service drops what it cached.
+	NotifyCredentials NotificationKind = "a"
 )
 
 // Notification is one change other replicas must hear about.

@@ -112,6 +112,13 @@ type Store interface {
 type Reader interface {
 	// Node answers the node, or ErrNoRows.
 	Node(ctx context.Context, id string) (Node, error)
+	// InviteConflicts answers, unlocked and in one read, what inviting a
+	// node of that id (none when "") and rental would collide with: the
+	// node of that id, if any, and every generation of the rental, lowest
+	// generation first.
+	InviteConflicts(ctx context.Context, id, rentalID string) ([]Node, error)
+	// ReadInvitation answers the invitation, unlocked, or ErrNoRows.
+	ReadInvitation(ctx context.Context, id string) (Invitation, error)
 	// ListNodes answers the nodes f selects, newest first (by creation,
 	// then id); none answers an empty list.
 	ListNodes(ctx context.Context, f NodeFilter) ([]Node, error)

@@ -281,9 +281,12 @@ func TestPostgresEnrollCounters(t *testing.T) {
 	// node and redeems the invitation in one statement; no read ahead of
 	// it; a first enrollment reads no commands), BEGIN + 4 statements +
 	// COMMIT; a re-enrollment reads the node's unsettled commands too.
-	// Invitations are logged only:
-	// they go through the ledger, whose waiting submit re-reads the
-	// operation on each of its events, as they happen to arrive.
+	// An invitation goes through the ledger, whose waiting submit re-reads
+	// the operation on each of its events as they happen to arrive; its
+	// ceilings (12 transactions, 31 round trips measured; was 16 and 43)
+	// leave it one event's re-read of slack.
+	require.LessOrEqual(t, mi.Transactions(), int64(13), "invite: commits")
+	require.LessOrEqual(t, mi.RoundTrips(), int64(32), "invite: round trips")
 	require.LessOrEqual(t, me.Transactions(), int64(1), "enroll: commits")
 	require.LessOrEqual(t, me.RoundTrips(), int64(6), "enroll: round trips")
 	require.LessOrEqual(t, mr.Transactions(), int64(1), "re-enroll: commits")

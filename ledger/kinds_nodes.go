@@ -92,8 +92,7 @@ func revealEnrollment(f *fleet.Service) func(ctx context.Context, op Operation, 
 		if err := json.Unmarshal(op.Result, &r); err != nil {
 			return "", err
 		}
-		b, err := f.RemintBootstrap(ctx, r.InvitationID)
-		return b.EnrollmentToken, err
+		return f.RemintEnrollmentToken(ctx, r.InvitationID)
 	}
 }
 

@@ -40,8 +40,19 @@ func (s *Service) withReveals(ctx context.Context, p Principal, op Operation, in
 	if !inline || op.State != StateSucceeded {
 		return op, nil
 	}
+	// The operation in hand has succeeded (just read by the wait): its
+	// values are produced from it rather than from a read of it again.
+	produce := func(operationID, field string) (string, error) {
+		if operationID != op.ID {
+			return s.produce(ctx)(operationID, field)
+		}
+		if k.Reveal == nil {
+			return "", errcode.Errorf(errcode.Conflict, "kind %q is not served here", op.Kind)
+		}
+		return k.Reveal(ctx, op, field)
+	}
 	for field, handle := range op.Reveals {
-		_, value, err := s.secrets.Redeem(ctx, secretsPrincipal(p), handle, s.produce(ctx))
+		_, value, err := s.secrets.Redeem(ctx, secretsPrincipal(p), handle, produce)
 		var ce *errcode.Error
 		if errors.As(err, &ce) {
 			continue // spent or expired: shown once already

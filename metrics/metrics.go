@@ -46,6 +46,9 @@ type Metrics struct {
 	// OperationStates is read at scrape time: operations by state across
 	// replicas (pending is the queue depth). Wiring sets it.
 	OperationStates func() map[string]float64
+	// CredentialCache is read at scrape time: this replica's credential
+	// cache counters. Wiring sets it.
+	CredentialCache func() CredentialCacheCounts
 
 	// Desired configuration.
 	ConfigRevisions  prometheus.Counter
@@ -167,6 +170,7 @@ func New(pending func() float64) *Metrics {
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},
 		m.FanOutChildEnds, m.FanOutAdvances,
 		m.ConfigRevisions, m.ConfigDeliveries, m.ConfigReports, configLagging{m},
+		credentialCache{m},
 	)
 	return m
 }
@@ -204,5 +208,41 @@ func (c configLagging) Collect(ch chan<- prometheus.Metric) {
 	}
 	if n, ok := c.m.ConfigLagging(); ok {
 		ch <- prometheus.MustNewConstMetric(configLaggingDesc, prometheus.GaugeValue, n)
+	}
+}
+
+// CredentialCacheCounts are the administrators' credential cache counters
+// (auth.CacheStats).
+type CredentialCacheCounts struct {
+	Hits, StoreReads int64
+	// Invalidations by source: local, notify, resync.
+	Invalidations map[string]int64
+}
+
+// credentialCache exports nodeward_credential_lookups_total{result} and
+// nodeward_credential_cache_invalidations_total{source} when scraped.
+type credentialCache struct{ m *Metrics }
+
+var (
+	credentialLookupsDesc = prometheus.NewDesc("nodeward_credential_lookups_total",
+		"API authentications (API tokens, package host tokens, console sessions) answered from this replica's cache (result=hit) or by a database read (result=store).", []string{"result"}, nil)
+	credentialInvalidationsDesc = prometheus.NewDesc("nodeward_credential_cache_invalidations_total",
+		"Revocations applied to the credential cache: by this replica's commit (local), another replica's notification (notify), or the whole cache dropped because notifications may have been missed (resync).", []string{"source"}, nil)
+)
+
+func (c credentialCache) Describe(ch chan<- *prometheus.Desc) {
+	ch <- credentialLookupsDesc
+	ch <- credentialInvalidationsDesc
+}
+
+func (c credentialCache) Collect(ch chan<- prometheus.Metric) {
+	if c.m.CredentialCache == nil {
+		return
+	}
+	st := c.m.CredentialCache()
+	ch <- prometheus.MustNewConstMetric(credentialLookupsDesc, prometheus.CounterValue, float64(st.Hits), "hit")
+	ch <- prometheus.MustNewConstMetric(credentialLookupsDesc, prometheus.CounterValue, float64(st.StoreReads), "store")
+	for src, n := range st.Invalidations {
+		ch <- prometheus.MustNewConstMetric(credentialInvalidationsDesc, prometheus.CounterValue, float64(n), src)
 	}
 }

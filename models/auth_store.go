@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
 	"github.com/nodeward/nodeward/auth"
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
 )
 
@@ -23,12 +25,32 @@ type AuthStore struct {
 	// carries its own context (a caller's must not cancel a statement
 	// others depend on).
 	batched bool
+	// ftx is the ledger's transaction this store joined (authStoreIn):
+	// announcements ride on its notifications.
+	ftx *fleetTx
+	// notify names this replica and its NOTIFY channel (Postgres).
+	notify *authNotify
+}
+
+// authNotify is what AnnounceRevoked needs outside a ledger transaction.
+type authNotify struct {
+	replica string
+	once    sync.Once
+	channel string
 }
 
 var _ auth.Store = (*AuthStore)(nil)
 
 // NewAuthStore returns the administrators' store.
-func NewAuthStore(db *DB) *AuthStore { return &AuthStore{db: db, g: db.DB} }
+func NewAuthStore(db *DB) *AuthStore { return &AuthStore{db: db, g: db.DB, notify: &authNotify{}} }
+
+// WithReplica names this replica in the revocations it announces, so its
+// own listener skips them (it forgot them when they committed). It answers
+// s.
+func (s *AuthStore) WithReplica(replica string) *AuthStore {
+	s.notify = &authNotify{replica: replica}
+	return s
+}
 
 // Tx runs fn in one transaction; inside one, fn joins it.
 func (s *AuthStore) Tx(ctx context.Context, fn func(auth.Store) error) error {
@@ -36,14 +58,35 @@ func (s *AuthStore) Tx(ctx context.Context, fn func(auth.Store) error) error {
 		return fn(s)
 	}
 	return s.db.Tx(ctx, func(g *gorm.DB) error {
-		return fn(&AuthStore{db: s.db, g: g, inTx: true})
+		return fn(&AuthStore{db: s.db, g: g, inTx: true, notify: s.notify})
 	})
 }
 
 // authStoreIn is the administrators' store inside a fleet transaction (the
 // ledger's: a credential operation and its end commit together).
-func authStoreIn(db *DB, r fleetReader) *AuthStore {
-	return &AuthStore{db: db, g: r.g, inTx: true, batched: r.batched}
+func authStoreIn(db *DB, t *fleetTx) *AuthStore {
+	return &AuthStore{db: db, g: t.g, inTx: true, batched: t.batched, ftx: t}
+}
+
+// AnnounceRevoked implements auth.Store. In a ledger transaction it is one
+// more of the batch's notifications (sent with its commit, and handed to
+// this replica's hook after it); otherwise, on Postgres, one pg_notify in
+// the transaction (or on its own, after the change committed).
+func (s *AuthStore) AnnounceRevoked(ctx context.Context, subject string) error {
+	n := fleet.Notification{Kind: fleet.NotifyCredentials, NodeID: subject}
+	if s.ftx != nil {
+		return s.ftx.Notify(ctx, n)
+	}
+	if s.db.Dialect != Postgres {
+		return nil // one process (DECISIONS.md §23): nobody else to tell
+	}
+	no := s.notify
+	if no == nil {
+		no = &authNotify{}
+		s.notify = no
+	}
+	no.once.Do(func() { no.channel = NotifyChannel(s.db) })
+	return s.q(ctx).Exec("SELECT pg_notify(?, ?)", no.channel, n.Encode(no.replica)).Error
 }
 
 func (s *AuthStore) q(ctx context.Context) *gorm.DB {

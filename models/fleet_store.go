@@ -176,6 +176,25 @@ func (r fleetReader) Node(ctx context.Context, id string) (fleet.Node, error) {
 	return nodeFromRow(row), nil
 }
 
+// InviteConflicts implements fleet.Reader: one statement for the two
+// checks an invitation's preparer makes (the id taken; the rental's
+// generations), where it was a read and a transaction of its own.
+func (r fleetReader) InviteConflicts(ctx context.Context, id, rentalID string) ([]fleet.Node, error) {
+	var rows []Node
+	q := r.db(ctx).Where("rental_id = ?", rentalID)
+	if id != "" {
+		q = r.db(ctx).Where("id = ? OR rental_id = ?", id, rentalID)
+	}
+	if err := q.Order("generation, id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Node, len(rows))
+	for i, row := range rows {
+		out[i] = nodeFromRow(row)
+	}
+	return out, nil
+}
+
 func (r fleetReader) ListNodes(ctx context.Context, f fleet.NodeFilter) ([]fleet.Node, error) {
 	q := r.db(ctx).Order("created_at DESC, id DESC")
 	if f.State != "" {
@@ -449,6 +468,15 @@ func (t *fleetTx) InsertInvitation(ctx context.Context, inv fleet.Invitation) er
 	row := Invitation{ID: inv.ID, NodeID: inv.NodeID, Generation: inv.Generation, TokenDigest: inv.TokenDigest,
 		IssuedAt: dbtime.Norm(inv.IssuedAt), ExpiresAt: dbtime.Norm(inv.ExpiresAt), State: string(inv.State), RedeemedAt: dbtime.NormPtr(inv.RedeemedAt)}
 	return dup(t.db(ctx).Create(&row).Error)
+}
+
+// ReadInvitation implements fleet.Reader.
+func (r fleetReader) ReadInvitation(ctx context.Context, id string) (fleet.Invitation, error) {
+	var row Invitation
+	if err := r.db(ctx).Where("id = ?", id).Take(&row).Error; err != nil {
+		return fleet.Invitation{}, notFound(err)
+	}
+	return invitationFromRow(row), nil
 }
 
 func (t *fleetTx) Invitation(ctx context.Context, id string) (fleet.Invitation, error) {

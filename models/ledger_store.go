@@ -279,7 +279,7 @@ func eventsQuery(g *gorm.DB, operationID string, after int64, limit int) *gorm.D
 func (t *ledgerTx) Fleet() fleet.Tx { return t.ftx }
 
 // Auth is the administrators' store over this same transaction.
-func (t *ledgerTx) Auth() auth.Store { return authStoreIn(t.ftx.store.db, t.ftx.fleetReader) }
+func (t *ledgerTx) Auth() auth.Store { return authStoreIn(t.ftx.store.db, t.ftx) }
 
 // Secrets is the sealed secrets' store over this same transaction.
 func (t *ledgerTx) Secrets() secrets.Tx { return secretsTx{r: t.ftx.fleetReader} }

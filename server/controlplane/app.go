@@ -101,7 +101,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	if w := db.WriterSQL(); w != nil {
 		a.Metrics.Registry.MustRegister(collectors.NewDBStatsCollector(w, "writer"))
 	}
-	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring, Now: cfg.Now})
+	// On Postgres other replicas may revoke credentials this one cached:
+	// the cache is on only while their notifications are heard.
+	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db).WithReplica(cfg.ReplicaID), Keys: ring, Now: cfg.Now,
+		CacheTTL: cfg.CredentialCacheTTL, CrossReplica: db.Dialect == models.Postgres})
 	a.Fleet = fleet.New(fleet.Options{
 		Store: a.fleetStore,
 		Keys:  ring,
@@ -200,6 +203,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 			out[string(st)] = float64(n)
 		}
 		return out
+	}
+	a.Metrics.CredentialCache = func() metrics.CredentialCacheCounts {
+		st := a.Auth.CacheStats()
+		return metrics.CredentialCacheCounts{Hits: st.Hits, StoreReads: st.StoreReads, Invalidations: st.Invalidations}
 	}
 	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.notifications().Deliver(notes, "local") })
 	a.Handler = handlers.New(handlers.Deps{
@@ -310,15 +317,25 @@ func (a *App) drainLongPolls() {
 }
 
 // notifications hands what a commit here, or another replica, announced to
-// the fleet and the ledger.
-func (a *App) notifications() notifySink { return notifySink{fleet: a.Fleet, ledger: a.Ledger} }
+// the fleet, the ledger and the administrators' credential cache.
+func (a *App) notifications() notifySink {
+	return notifySink{fleet: a.Fleet, ledger: a.Ledger, auth: a.Auth}
+}
 
 type notifySink struct {
 	fleet  *fleet.Service
 	ledger *ledger.Service
+	auth   *auth.Service
 }
 
 func (n notifySink) Deliver(notes []fleet.Notification, source string) {
+	// Revocations first: an operation's end (which answers the request
+	// that revoked) must not be heard before the revocation it carries.
+	for _, note := range notes {
+		if note.Kind == fleet.NotifyCredentials {
+			n.auth.CredentialsChanged(note.NodeID, source)
+		}
+	}
 	n.fleet.Deliver(notes, source)
 	for _, note := range notes {
 		switch note.Kind {
@@ -330,6 +347,7 @@ func (n notifySink) Deliver(notes []fleet.Notification, source string) {
 			n.ledger.Dispatchable(note.NodeID)
 		case fleet.NotifyResync:
 			n.ledger.Resync()
+			n.auth.Resync()
 		}
 	}
 }
@@ -337,4 +355,5 @@ func (n notifySink) Deliver(notes []fleet.Notification, source string) {
 func (n notifySink) SetNotifierHealthy(ok bool) {
 	n.fleet.SetNotifierHealthy(ok)
 	n.ledger.SetNotifierHealthy(ok)
+	n.auth.SetNotifierHealthy(ok)
 }

@@ -76,6 +76,14 @@ type Config struct {
 	// (NODEWARD_DEBUG_ADDR; empty, the default: off).
 	DebugAddr string
 
+	// CredentialCacheTTL is how long a verified API token, package host
+	// token or console session is trusted without a database read (the
+	// bound on a revocation whose notification was lost); 0 is
+	// auth.DefaultCacheTTL (5 s), negative turns the cache off. Not an
+	// operator setting: tests lengthen it to prove that revocations reach
+	// the cache by notification rather than by expiry.
+	CredentialCacheTTL time.Duration
+
 	// Now is the clock (tests inject one); nil is time.Now.
 	Now func() time.Time
 	// WrapDBConnector wraps the Postgres driver's connector (the write-path

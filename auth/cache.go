@@ -1,0 +1,255 @@
+package auth
+
+import (
+	"crypto/sha256"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The credential cache keeps, per replica, the principals of Bearer tokens
+// and console cookies this replica verified against the store, so a busy
+// script or package host does not cost a database read per request.
+//
+//   - Keyed by the SHA-256 of the credential, never the credential itself.
+//   - Only verified credentials enter it: a forged, unknown or revoked one
+//     is read from the store every time and never cached, so a flood of
+//     random tokens neither grows the cache nor evicts anybody.
+//   - Bounded: at most CacheSize entries; when it is full of live entries
+//     a newly verified credential is simply not cached (it still works).
+//   - Short-lived: an entry is trusted for at most CacheTTL after the read
+//     that verified it (and never past a console session's own expiry).
+//   - Dropped at once when this replica commits a revocation (API token
+//     revoke, package host revoke or new token, console logout), and when
+//     another replica's revocation is heard (NOTIFY on Postgres,
+//     DECISIONS.md §7). While the listener is disconnected the cache is off
+//     and empty, and a reconnection empties it again (resync). A
+//     notification lost without the connection being seen to drop leaves
+//     a revoked credential working for at most CacheTTL after its
+//     revocation: the entry was verified before the revocation and lives
+//     at most CacheTTL; no read after the revocation can cache it again.
+//   - A read that started before a revocation was forgotten is never
+//     cached after it (the epoch, as in fleet's node cache).
+
+// DefaultCacheTTL is how long a verified credential is trusted without
+// asking the store again: the bound on a revoked credential's life on a
+// replica that missed the revocation's notification.
+const DefaultCacheTTL = 5 * time.Second
+
+// DefaultCacheSize bounds the cached credentials per replica.
+const DefaultCacheSize = 4096
+
+// Subjects name what a revocation invalidates: every cached credential of
+// that API token, package host (all its tokens) or console session.
+const (
+	subjectToken   = "t:"
+	subjectHost    = "h:"
+	subjectSession = "s:"
+)
+
+// TokenSubject, HostSubject and SessionSubject name the cache subject of
+// an API token, a package host and a console session (what
+// Store.AnnounceRevoked carries to the other replicas).
+func TokenSubject(id string) string   { return subjectToken + id }
+func HostSubject(id string) string    { return subjectHost + id }
+func SessionSubject(id string) string { return subjectSession + id }
+
+// CacheStats are the credential cache's counters since the start.
+type CacheStats struct {
+	// Hits are authentications answered from the cache (no store read).
+	Hits int64
+	// StoreReads are authentications that read the store (a miss, an
+	// unknown or revoked credential, or the cache off).
+	StoreReads int64
+	// Invalidations are revocations applied: by source ("local": this
+	// replica's commit; "notify": another replica's; "resync": the whole
+	// cache dropped because notifications may have been missed).
+	Invalidations map[string]int64
+	// Entries is how many credentials are cached now.
+	Entries int
+	// Enabled is false while cross-replica notifications do not flow.
+	Enabled bool
+}
+
+type cacheKey [sha256.Size]byte
+
+type cacheEntry struct {
+	p       Principal
+	subject string
+	// until is when the entry stops being trusted (verified + TTL, or the
+	// session's expiry if sooner).
+	until time.Time
+	// lastUsed is the API token's last-used stamp as last read or written,
+	// so the stamp stays coalesced (one write a minute) on cache hits.
+	lastUsed time.Time
+}
+
+type credCache struct {
+	ttl  time.Duration
+	size int
+
+	mu      sync.Mutex // guards the following
+	entries map[cacheKey]*cacheEntry
+	epoch   uint64
+	enabled bool
+
+	hits, reads                    atomic.Int64
+	invLocal, invNotify, invResync atomic.Int64
+}
+
+func newCredCache(ttl time.Duration, size int, enabled bool) *credCache {
+	return &credCache{ttl: ttl, size: size, entries: map[cacheKey]*cacheEntry{}, enabled: enabled}
+}
+
+func keyOf(credential string) cacheKey { return sha256.Sum256([]byte(credential)) }
+
+// get answers the live entry of k (a copy), counting a hit.
+func (c *credCache) get(k cacheKey, now time.Time) (cacheEntry, bool) {
+	if c.ttl <= 0 {
+		return cacheEntry{}, false
+	}
+	c.mu.Lock()
+	e, ok := c.entries[k]
+	if ok && !now.Before(e.until) {
+		delete(c.entries, k)
+		ok = false
+	}
+	var out cacheEntry
+	if ok {
+		out = *e
+	}
+	c.mu.Unlock()
+	if ok {
+		c.hits.Add(1)
+	}
+	return out, ok
+}
+
+// begin answers the epoch to pass to put for a store read starting now,
+// and counts the read.
+func (c *credCache) begin() uint64 {
+	c.reads.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
+}
+
+// put caches a verified credential read since epoch, unless something was
+// forgotten meanwhile, the cache is off, or it is full of live entries.
+// expires is the credential's own end (zero: none).
+func (c *credCache) put(k cacheKey, e cacheEntry, epoch uint64, now, expires time.Time) {
+	if c.ttl <= 0 || c.size <= 0 {
+		return
+	}
+	e.until = now.Add(c.ttl)
+	if !expires.IsZero() && expires.Before(e.until) {
+		e.until = expires
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.enabled || c.epoch != epoch {
+		return
+	}
+	if _, ok := c.entries[k]; !ok && len(c.entries) >= c.size {
+		for key, old := range c.entries {
+			if !now.Before(old.until) {
+				delete(c.entries, key)
+			}
+		}
+		if len(c.entries) >= c.size {
+			return
+		}
+	}
+	c.entries[k] = &e
+}
+
+// claimTouch answers whether this request should write the API token's
+// last-used stamp (at most once per resolution per cached entry): the first
+// caller past the resolution claims it for everyone.
+func (c *credCache) claimTouch(k cacheKey, now time.Time, resolution time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[k]
+	if !ok {
+		return true // evicted meanwhile: stamp as an uncached read would
+	}
+	if now.Sub(e.lastUsed) < resolution {
+		return false
+	}
+	e.lastUsed = now
+	return true
+}
+
+// forget drops every entry of subject.
+func (c *credCache) forget(subject, source string) {
+	c.mu.Lock()
+	for k, e := range c.entries {
+		if e.subject == subject {
+			delete(c.entries, k)
+		}
+	}
+	c.epoch++
+	c.mu.Unlock()
+	if source == "local" {
+		c.invLocal.Add(1)
+	} else {
+		c.invNotify.Add(1)
+	}
+}
+
+// forgetAll drops everything.
+func (c *credCache) forgetAll() {
+	c.mu.Lock()
+	c.entries = map[cacheKey]*cacheEntry{}
+	c.epoch++
+	c.mu.Unlock()
+	c.invResync.Add(1)
+}
+
+// setEnabled turns the cache on or off; either way it starts empty.
+func (c *credCache) setEnabled(ok bool) {
+	c.mu.Lock()
+	c.enabled = ok
+	c.entries = map[cacheKey]*cacheEntry{}
+	c.epoch++
+	c.mu.Unlock()
+	if !ok {
+		c.invResync.Add(1)
+	}
+}
+
+func (c *credCache) stats() CacheStats {
+	c.mu.Lock()
+	n, on := len(c.entries), c.enabled
+	c.mu.Unlock()
+	return CacheStats{Hits: c.hits.Load(), StoreReads: c.reads.Load(), Entries: n, Enabled: on,
+		Invalidations: map[string]int64{"local": c.invLocal.Load(), "notify": c.invNotify.Load(), "resync": c.invResync.Load()}}
+}
+
+// CacheStats answers the credential cache's counters.
+func (s *Service) CacheStats() CacheStats { return s.cache.stats() }
+
+// CredentialsChanged applies a revocation announced for subject (see
+// TokenSubject): by this replica's commit (source "local") or another
+// replica's (source "notify"). Unknown subjects are ignored.
+func (s *Service) CredentialsChanged(subject, source string) {
+	if !strings.HasPrefix(subject, subjectToken) && !strings.HasPrefix(subject, subjectHost) && !strings.HasPrefix(subject, subjectSession) {
+		return
+	}
+	s.cache.forget(subject, source)
+}
+
+// Resync drops every cached credential: notifications may have been
+// missed (the listener reconnected).
+func (s *Service) Resync() { s.cache.forgetAll() }
+
+// SetNotifierHealthy turns the cache off (and empties it) while
+// cross-replica notifications do not flow, and back on when they do again.
+// A service built without CrossReplica ignores it.
+func (s *Service) SetNotifierHealthy(ok bool) {
+	if !s.crossReplica {
+		return
+	}
+	s.cache.setEnabled(ok)
+}

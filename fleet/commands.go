@@ -594,8 +594,16 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time) (
 	}
 	due := Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
 		RedeliverBefore: before, Now: now, Limit: s.settings.MaxPollBatch}
+	// A resuming poll always reads: what it asks is due again is judged
+	// against its own arrival, which no earlier read saw.
+	if resumeAt.IsZero() && s.quiet.quiet(sess.NodeID, sess.Fencing) {
+		s.metrics.PollReadsSkipped.Inc()
+		return DueWork{}, nil, nil
+	}
+	token := s.quiet.begin(sess.NodeID)
 	work, err := s.store.DueWork(ctx, due)
 	s.metrics.PollStoreQueries.Inc() // counted once answered
+	s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet())
 	if err != nil || !work.Commands {
 		return work, nil, err
 	}

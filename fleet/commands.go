@@ -440,7 +440,9 @@ func (s *Service) PollFor(ctx context.Context, sess Session, req PollRequest) (P
 	}
 	var timers pollTimers
 	defer s.endPoll(w, &timers)
-	s.leases.touch(sess.NodeID)
+	if s.leases.touch(sess.NodeID, wait) {
+		s.metrics.PollRenewals.Inc()
+	}
 	if req.Resume {
 		// Fixed at arrival: a delivery this poll's own wait overlaps (another
 		// connection of the node's, say) was not lost, so is not resent.

@@ -82,6 +82,16 @@ func startLocalWith(ctx context.Context, o localOptions) (*localServer, error) {
 	}
 	cfg := controlplane.Config{Listen: addr, PublicURL: "http://" + addr, AgentVersion: "loadtest",
 		ShutdownGrace: 10 * time.Second, LogLevel: "warn", LogFormat: "text", ReplicaID: replica, LedgerWorkers: o.LedgerWorkers}
+	// The node lease, as the binary reads it (NODEWARD_LEASE; default 90 s):
+	// a short one fits several renewal periods into one window.
+	if v := os.Getenv("NODEWARD_LEASE"); v != "" {
+		lease, err := time.ParseDuration(v)
+		if err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("NODEWARD_LEASE: %w", err)
+		}
+		cfg.Lease = lease
+	}
 	switch {
 	case o.Join != nil:
 		if o.Join.Dialect != models.Postgres {

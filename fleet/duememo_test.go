@@ -24,17 +24,53 @@ func reads(m *metrics.Metrics) (float64, float64) {
 	return testutil.ToFloat64(m.PollStoreQueries), testutil.ToFloat64(m.PollReadsSkipped)
 }
 
-// requireReads polls once (no wait) and checks what it cost: dr reads
-// made, ds skipped.
-func requireReads(t *testing.T, svc *fleet.Service, m *metrics.Metrics, sess fleet.Session, resume bool, dr, ds float64, msg string) fleet.PollAnswer {
+// requireReads holds one poll (a minute's wait) until its arrival check is
+// done and found nothing to answer at once, ends it (the agent goes), and
+// checks what the check cost: dr reads made, ds skipped.
+func requireReads(t *testing.T, svc *fleet.Service, m *metrics.Metrics, sess fleet.Session, resume bool, dr, ds float64, msg string) {
+	t.Helper()
+	pollChecked(t, svc, m, sess, resume, false, dr, ds, msg)
+}
+
+// requireAnswer is requireReads for a poll answered at once: it answers
+// the answer.
+func requireAnswer(t *testing.T, svc *fleet.Service, m *metrics.Metrics, sess fleet.Session, resume bool, dr, ds float64, msg string) fleet.PollAnswer {
+	t.Helper()
+	return pollChecked(t, svc, m, sess, resume, true, dr, ds, msg)
+}
+
+func pollChecked(t *testing.T, svc *fleet.Service, m *metrics.Metrics, sess fleet.Session, resume, answered bool, dr, ds float64, msg string) fleet.PollAnswer {
 	t.Helper()
 	r0, s0 := reads(m)
-	a, err := svc.PollFor(ctx, sess, fleet.PollRequest{Resume: resume})
-	require.NoError(t, err, msg)
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		a   fleet.PollAnswer
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		a, err := svc.PollFor(pctx, sess, fleet.PollRequest{Wait: time.Minute, Resume: resume})
+		done <- result{a, err}
+	}()
+	var got result
+	if answered {
+		got = <-done // a minute's wait: answered at once, or the test fails on it
+		require.NoError(t, got.err, msg)
+		require.True(t, len(got.a.Commands) > 0 || got.a.Config != nil, "%s: answered with work", msg)
+	} else {
+		testwait.For(t, msg+": the arrival check", testwait.Patience, func() bool {
+			r, s := reads(m)
+			return svc.Hub().HeldFor(sess.NodeID) == 1 && r+s > r0+s0
+		})
+		cancel()
+		got = <-done
+		require.ErrorIs(t, got.err, context.Canceled, "%s: held until the agent went", msg)
+	}
 	r1, s1 := reads(m)
 	require.Equal(t, dr, r1-r0, "%s: due-work reads", msg)
 	require.Equal(t, ds, s1-s0, "%s: reads skipped", msg)
-	return a
+	return got.a
 }
 
 // TestIdleRepollSkipsRead: a node's re-poll with nothing new since the last
@@ -50,26 +86,31 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "first poll")
 			for i := range 3 {
 				b.clock.Advance(25 * time.Second)
-				a := requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "re-poll "+itoa(i))
-				require.Empty(t, a.Commands)
+				requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "re-poll "+itoa(i))
 			}
 			requireReads(t, b.svc, b.metrics, sess, true, 1, 0, "a resuming poll reads")
+			// A poll that does not wait always reads: no wake-up would answer it.
+			r0, s0 := reads(b.metrics)
+			a, err := b.svc.PollFor(ctx, sess, fleet.PollRequest{})
+			require.NoError(t, err)
+			require.Empty(t, a.Commands)
+			r1, s1 := reads(b.metrics)
+			require.Equal(t, [2]float64{r0 + 1, s0}, [2]float64{r1, s1}, "a poll without a wait reads")
 		})
 		t.Run("IssueIsHeard", func(t *testing.T) {
 			id, sess, _ := b.readyNode(t)
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "first poll")
 			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "quiet")
 			b.issue(t, id, launch("memo-issue"))
-			a := requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "after an issue")
+			a := requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "after an issue")
 			require.Equal(t, []string{"memo-issue"}, ops(a.Commands))
 			// Delivered, not settled: it falls due again by time alone, so
 			// every poll reads until it is settled.
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "unsettled 1")
 			b.clock.Advance(30 * time.Second)
-			a = requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "unsettled 2")
-			require.Empty(t, a.Commands)
+			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "unsettled 2")
 			b.clock.Advance(31 * time.Second)
-			a = requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "past the visibility timeout")
+			a = requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "past the visibility timeout")
 			require.Equal(t, []string{"memo-issue"}, ops(a.Commands), "redelivered")
 			_, err := b.svc.Settle(ctx, sess, []api.Result{{OperationID: "memo-issue", Applied: true}})
 			require.NoError(t, err)
@@ -79,9 +120,9 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 		t.Run("ReleaseIsHeard", func(t *testing.T) {
 			id, sess, _ := b.readyNode(t)
 			b.issue(t, id, launch("memo-release"))
-			a := requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "delivered")
+			a := requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "delivered")
 			require.NoError(t, b.svc.Release(ctx, sess, a.Commands))
-			a = requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "released: due at once")
+			a = requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "released: due at once")
 			require.Equal(t, []string{"memo-release"}, ops(a.Commands))
 		})
 		t.Run("ConfigurationIsHeard", func(t *testing.T) {
@@ -89,7 +130,7 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "first poll")
 			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "quiet")
 			rev := b.configure(t, id, `{"a":1}`, false)
-			a := requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "after a configuration")
+			a := requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "after a configuration")
 			require.NotNil(t, a.Config)
 			require.Equal(t, rev.Revision, a.Config.Revision)
 			// Delivered, not reported: rides along, so the poll reads.
@@ -97,16 +138,19 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 			b.reportConfig(t, sess, rev.Revision, rev.Hash, api.ConfigApplied, "")
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "reported: read once")
 			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "then quiet")
-			// A later report naming another revision unsettles it: heard.
+			// A later report naming another revision unsettles it: heard
+			// (past the visibility timeout, so it is answered at once
+			// rather than riding along).
+			b.clock.Advance(61 * time.Second)
 			b.reportConfig(t, sess, rev.Revision+7, rev.Hash, api.ConfigApplied, "")
-			a = requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "unsettled by a report")
+			a = requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "unsettled by a report")
 			require.NotNil(t, a.Config, "due again")
 			// Forced again while quiet: heard.
 			b.reportConfig(t, sess, rev.Revision, rev.Hash, api.ConfigFailed, "no")
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "failed: read once")
 			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "a failed report is quiet")
 			b.configure(t, id, `{"a":1}`, true)
-			a = requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "forced")
+			a = requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "forced")
 			require.NotNil(t, a.Config)
 		})
 		t.Run("ReenrollmentReads", func(t *testing.T) {
@@ -328,7 +372,7 @@ func TestQuietAcrossReplicas(t *testing.T) {
 		x2.NodeID = id
 		_, _, err = bb.svc.Issue(ctx, "admin:test", x2)
 		require.NoError(t, err)
-		ans := requireReads(t, a.svc, a.metrics, sess, false, 1, 0, "listener down")
+		ans := requireAnswer(t, a.svc, a.metrics, sess, false, 1, 0, "listener down")
 		require.Equal(t, []string{"memo-x2"}, ops(ans.Commands))
 		_, err = a.svc.Settle(ctx, sess, []api.Result{{OperationID: "memo-x2", Applied: true}})
 		require.NoError(t, err)

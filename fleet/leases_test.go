@@ -20,13 +20,17 @@ func (b *bundle) arrive(t *testing.T, sess fleet.Session, wait time.Duration) {
 	t.Helper()
 	renewals := testutil.ToFloat64(b.metrics.PollRenewals)
 	flushed := testutil.ToFloat64(b.metrics.HeartbeatsFlushed)
+	r0, s0 := reads(b.metrics)
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		_, err := b.svc.PollFor(pctx, sess, fleet.PollRequest{Wait: wait})
 		done <- err
 	}()
-	testwait.For(t, "poll to be held", testwait.Patience, func() bool { return b.svc.Hub().HeldFor(sess.NodeID) == 1 })
+	testwait.For(t, "poll to be held past its arrival check", testwait.Patience, func() bool {
+		r, s := reads(b.metrics)
+		return b.svc.Hub().HeldFor(sess.NodeID) == 1 && r+s > r0+s0
+	})
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 	if renewed := testutil.ToFloat64(b.metrics.PollRenewals) - renewals; renewed > 0 {

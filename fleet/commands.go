@@ -468,7 +468,9 @@ func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, 
 	if err != nil {
 		return nil, err
 	}
-	s.leases.touch(sess.NodeID)
+	if s.leases.touch(sess.NodeID, req.Wait) {
+		s.metrics.PollRenewals.Inc()
+	}
 	if req.Resume {
 		// Fixed at arrival: a delivery this poll's own wait overlaps (another
 		// connection of the node's, say) was not lost, so is not resent.
@@ -546,7 +548,7 @@ type pollStep struct {
 // pollCheck claims what is due and reports whether the poll is answered
 // (out.answer, out.err); else it says how to wait.
 func (s *Service) pollCheck(ctx context.Context, sess Session, wait time.Duration, out *pollStep) bool {
-	work, cmds, err := s.claim(ctx, sess, out.resumeAt)
+	work, cmds, err := s.claim(ctx, sess, out.resumeAt, wait > 0)
 	if err != nil {
 		out.answer, out.err = PollAnswer{}, err
 		return true
@@ -621,7 +623,13 @@ func (s *Service) answer(ctx context.Context, sess Session, cmds []Command, conf
 // (the store judges both against RedeliverBefore). Unsettled commands
 // delivered under an older fencing token are not among them: enrollment
 // made them due again or ended them (DECISIONS.md §1).
-func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time) (DueWork, []Command, error) {
+//
+// A held poll (mayWait) whose node this replica knows to be quiet skips the
+// read (dueMemo): anything written since would have been announced, and
+// the announcement wakes the poll, which then reads. A poll that does not
+// wait always reads — it has no wake-up to be answered by — and so does a
+// resuming one, which asks about its own arrival.
+func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, mayWait bool) (DueWork, []Command, error) {
 	now := s.clock()
 	before := now.Add(-s.settings.VisibilityTimeout)
 	if resumeAt.After(before) {
@@ -629,8 +637,14 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time) (
 	}
 	due := Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
 		RedeliverBefore: before, Now: now, Limit: s.settings.MaxPollBatch}
+	if mayWait && resumeAt.IsZero() && s.quiet.quiet(sess.NodeID, sess.Fencing) {
+		s.metrics.PollReadsSkipped.Inc()
+		return DueWork{}, nil, nil
+	}
+	token := s.quiet.begin(sess.NodeID)
 	work, err := s.store.DueWork(ctx, due)
 	s.metrics.PollStoreQueries.Inc() // counted once answered
+	s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet())
 	if err != nil || !work.Commands {
 		return work, nil, err
 	}

@@ -520,6 +520,7 @@ func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session,
 		return err
 	}
 	rep := e.Config
+	wasSettled := cur.Settled
 	cur.Reported = &ConfigReport{Revision: rep.Revision, Hash: rep.Hash, State: rep.State,
 		Message: truncateMessage(secrets.Scrub(rep.Message, values)), ObservedAt: observed, Fencing: sess.Fencing}
 	named := cur.Revision > 0 && rep.Revision == cur.Revision && rep.Hash == cur.Hash
@@ -533,6 +534,12 @@ func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session,
 	}
 	s.metrics.ConfigReports.WithLabelValues(cur.Verdict()).Inc()
 	if !named {
+		if wasSettled && cur.Revision > 0 {
+			// A report naming another revision unsettles the desired one:
+			// it is due again, and replicas that took the node for quiet
+			// (dueMemo) must hear so.
+			return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: sess.NodeID})
+		}
 		return nil
 	}
 	result, _ := json.Marshal(map[string]any{"revision": cur.Revision, "hash": cur.Hash, "state": rep.State})
@@ -579,8 +586,16 @@ const (
 // DueWork is what a poll's one store read finds.
 type DueWork struct {
 	Commands bool
-	Config   ConfigWake
+	// Unsettled: no command is due, but one is pending (delivered within
+	// the visibility timeout and not settled), so one falls due again by
+	// time alone.
+	Unsettled bool
+	Config    ConfigWake
 }
+
+// quiet reports that nothing is due and nothing will fall due without a
+// write: no pending command at all and no configuration due or riding.
+func (w DueWork) quiet() bool { return !w.Commands && !w.Unsettled && w.Config == ConfigNotDue }
 
 // deliverConfig answers the configuration due for the session, with its
 // real values, and marks it delivered to the session's fencing token;

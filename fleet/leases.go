@@ -27,7 +27,8 @@ type leaseBatcher struct {
 	pending map[string]LeaseRenewal
 	// flush is the flush the pending renewals will ride, made when a
 	// heartbeat first waits on it (a held poll's renewal waits for none).
-	flush   *flushResult
+	flush *flushResult
+	// renewed is, per node, the end of the lease this replica last wrote.
 	renewed map[string]time.Time
 
 	// batch is the run loop's own, reused by every flush so renewing the
@@ -68,20 +69,43 @@ func (b *leaseBatcher) heartbeat(ctx context.Context, r LeaseRenewal) error {
 	}
 }
 
-// touch renews the lease for a held long-poll unless it was renewed within
-// a third of the lease; it does not wait for the commit.
-func (b *leaseBatcher) touch(nodeID string) {
+// touch renews the lease for an arriving long-poll that will wait up to
+// wait, unless the lease last written still outlasts that wait by the
+// margin (leaseMargin) — the poll's end, when the agent polls again at
+// once and this is asked anew; it does not wait for the commit.
+//
+// The margin is what a node held poll after poll may take between one
+// poll's end and the next's arrival and still never go lost (the sweeper
+// marks a node lost only once its lease has ended). With the defaults (a
+// 90 s lease, the agent's 25 s wait) a held poll renews every third
+// arrival, ~75 s, where renewing when the last renewal was a third of the
+// lease old renewed every second, ~50 s; a 60 s wait renews on every
+// arrival, as the lease must (a third of the lease plus 60 s would leave
+// nothing). A poll that does not wait (wait 0) renews once its lease is
+// down to two thirds, as before: when its agent asks next is unknown.
+func (b *leaseBatcher) touch(nodeID string, wait time.Duration) bool {
 	now := b.now()
+	horizon := wait + leaseMargin(b.settings.Lease)
+	if wait <= 0 {
+		horizon = b.settings.Lease - b.settings.Lease/3
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if last, ok := b.renewed[nodeID]; ok && now.Sub(last) < b.settings.Lease/3 {
-		return
+	if until, ok := b.renewed[nodeID]; ok && until.Sub(now) >= horizon {
+		return false
 	}
 	if _, ok := b.pending[nodeID]; ok {
-		return
+		return false
 	}
 	b.pending[nodeID] = LeaseRenewal{NodeID: nodeID, Until: now.Add(b.settings.Lease)}
+	return true
 }
+
+// leaseMargin is how much of a lease a held poll's renewal keeps beyond
+// the poll's wait: a ninth of the lease (10 s of the default 90 s). It is
+// the server's coalesced renewal, not the agent's heartbeat, whose facts
+// come at least every third of the lease (DECISIONS.md §8).
+func leaseMargin(lease time.Duration) time.Duration { return lease / 9 }
 
 // forget drops the coalescing memory for a node (re-enrolled or retired).
 func (b *leaseBatcher) forget(nodeID string) {
@@ -131,12 +155,12 @@ func (b *leaseBatcher) flushOnce(ctx context.Context) {
 		now := b.now()
 		b.mu.Lock()
 		for _, r := range batch {
-			b.renewed[r.NodeID] = now
+			b.renewed[r.NodeID] = r.Until
 		}
-		// Bound the memory: entries older than a lease are useless.
+		// Bound the memory: leases already ended are useless.
 		if len(b.renewed) > 4*len(batch)+1024 {
-			for id, at := range b.renewed {
-				if now.Sub(at) > b.settings.Lease {
+			for id, until := range b.renewed {
+				if until.Before(now) {
 					delete(b.renewed, id)
 				}
 			}

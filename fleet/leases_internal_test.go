@@ -42,9 +42,9 @@ func TestHeldPollRenewalsAllocateNothingInTheBatcher(t *testing.T) {
 		ids[i] = "node-" + strconv.Itoa(i)
 	}
 	round := func() {
-		now = now.Add(b.settings.Lease / 3) // every poll is due a renewal again
+		now = now.Add(b.settings.Lease) // every poll is due a renewal again
 		for _, id := range ids {
-			b.touch(id)
+			b.touch(id, 25*time.Second)
 		}
 		b.flushOnce(context.Background())
 	}

@@ -42,6 +42,13 @@ type Settings struct {
 	// NodeCacheTTL bounds how stale a cached node record may be if a
 	// notification is lost. Default 10 s.
 	NodeCacheTTL time.Duration
+	// DueMemoMaxAge bounds how long a poll may rely on the last read's
+	// finding that nothing is due for its node (dueMemo) before it reads
+	// again anyway. Default 5 min; negative: every poll reads.
+	DueMemoMaxAge time.Duration
+	// DueMemoMaxNodes bounds how many nodes that finding is kept for.
+	// Default 200,000 (a few MB).
+	DueMemoMaxNodes int
 }
 
 func (s *Settings) defaults() {
@@ -63,6 +70,12 @@ func (s *Settings) defaults() {
 	if s.MaxPollBatch <= 0 {
 		s.MaxPollBatch = 100
 	}
+	if s.DueMemoMaxAge == 0 {
+		s.DueMemoMaxAge = 5 * time.Minute
+	}
+	if s.DueMemoMaxNodes <= 0 {
+		s.DueMemoMaxNodes = 200_000
+	}
 }
 
 // Service is the fleet: every rule of nodes and commands.
@@ -83,6 +96,9 @@ type Service struct {
 	cache  *nodeCache
 	hub    *Hub
 	leases *leaseBatcher
+	// quiet remembers which nodes' last due-work read found nothing due,
+	// so their polls may skip the next (dueMemo).
+	quiet *dueMemo
 
 	// notifierHealthy is false while cross-replica notifications may be
 	// missed; waiting long-polls then fall back to polling the store.
@@ -142,6 +158,7 @@ func New(o Options) *Service {
 	}
 	s.cache = newNodeCache(o.Settings.NodeCacheTTL, o.Now)
 	s.hub = newHub(o.Metrics, o.Now)
+	s.quiet = newDueMemo(o.Settings.DueMemoMaxAge, o.Settings.DueMemoMaxNodes, !o.CrossReplica, o.Now)
 	s.leases = newLeaseBatcher(o.Store, o.Settings, o.Now, o.Metrics, o.Logger)
 	return s
 }
@@ -158,11 +175,14 @@ func (s *Service) Deliver(notes []Notification, source string) {
 	for _, n := range notes {
 		switch n.Kind {
 		case NotifyCommands:
+			s.quiet.forget(n.NodeID)
 			s.hub.Wake(n.NodeID, source)
 		case NotifyNode:
+			s.quiet.forget(n.NodeID)
 			s.cache.forget(n.NodeID)
 			s.hub.Recheck(n.NodeID, source)
 		case NotifyResync:
+			s.quiet.forgetAll()
 			s.cache.forgetAll()
 			s.hub.WakeAll(source)
 		}
@@ -175,6 +195,9 @@ func (s *Service) SetNotifierHealthy(ok bool) {
 	s.notifierMu.Lock()
 	s.notifierHealthy = ok
 	s.notifierMu.Unlock()
+	// Knowledge taken while notifications flowed is void once they may
+	// not: a write announced meanwhile would not be heard.
+	s.quiet.setHealthy(ok)
 }
 
 func (s *Service) notifierOK() bool {

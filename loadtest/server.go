@@ -88,6 +88,16 @@ func startLocalWith(ctx context.Context, o localOptions) (*localServer, error) {
 	if n, err := strconv.Atoi(os.Getenv("NODEWARD_DB_WRITE_LANES")); err == nil {
 		cfg.DBWriteLanes = n
 	}
+	// The node lease, as the binary reads it (NODEWARD_LEASE; default 90 s):
+	// a short one fits several renewal periods into one window.
+	if v := os.Getenv("NODEWARD_LEASE"); v != "" {
+		lease, err := time.ParseDuration(v)
+		if err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("NODEWARD_LEASE: %w", err)
+		}
+		cfg.Lease = lease
+	}
 	switch {
 	case o.Join != nil:
 		if o.Join.Dialect != models.Postgres {

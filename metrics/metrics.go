@@ -23,6 +23,8 @@ type Metrics struct {
 	PollResumes       prometheus.Counter
 	Wakeups           *prometheus.CounterVec
 	PollStoreQueries  prometheus.Counter
+	PollReadsSkipped  prometheus.Counter
+	PollRenewals      prometheus.Counter
 	CommandsIssued    prometheus.Counter
 	CommandsSettled   *prometheus.CounterVec
 	LeaseSweeps       prometheus.Counter
@@ -97,6 +99,12 @@ func New(pending func() float64) *Metrics {
 		PollStoreQueries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_store_queries_total", Help: "Store queries made by long-polls (one per check for work).",
 		}),
+		PollReadsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_long_poll_due_reads_skipped_total", Help: "Long-poll checks for work answered without a store query: this replica's last read found nothing due for the node and nothing was announced for it since.",
+		}),
+		PollRenewals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_long_poll_lease_renewals_total", Help: "Lease renewals queued by arriving long-polls (written in coalesced batches; counted in nodeward_lease_renewals_flushed_total too).",
+		}),
 		CommandsIssued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_commands_issued_total", Help: "Commands recorded for delivery.",
 		}),
@@ -164,7 +172,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.CommandsIssued, m.CommandsSettled,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -113,12 +113,19 @@ func (r fleetReader) DueWork(ctx context.Context, d fleet.Due) (fleet.DueWork, e
 		Config   int
 	}
 	err := r.db(ctx).Raw(dueWorkSQL, dueWorkArgs(d)...).Scan(&row).Error
-	return fleet.DueWork{Commands: row.Commands == 1, Config: fleet.ConfigWake(row.Config)}, err
+	return fleet.DueWork{Commands: row.Commands == 2, Unsettled: row.Commands == 1, Config: fleet.ConfigWake(row.Config)}, err
 }
 
+// dueWorkSQL answers commands 2 when a command is due, 1 when none is but
+// one is pending (delivered within the visibility timeout, unsettled: it
+// falls due again by time alone, so a poll may not take "nothing due" as
+// lasting), 0 when the node has no pending command. The second probe runs
+// only when the first finds nothing, on the same partial index.
 const dueWorkSQL = `SELECT
 		CASE WHEN EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending'
-			AND (last_delivered_at IS NULL OR last_delivered_at <= ?)) THEN 1 ELSE 0 END AS commands,
+			AND (last_delivered_at IS NULL OR last_delivered_at <= ?)) THEN 2
+		WHEN EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending') THEN 1
+		ELSE 0 END AS commands,
 		COALESCE((SELECT CASE
 			WHEN revision = 0 THEN 0
 			WHEN settled AND reported_fencing = ? THEN 0
@@ -128,7 +135,7 @@ const dueWorkSQL = `SELECT
 
 func dueWorkArgs(d fleet.Due) []any {
 	before := dbtime.Norm(d.RedeliverBefore)
-	return []any{d.NodeID, before, d.Fencing, d.Fencing, before, d.NodeID}
+	return []any{d.NodeID, before, d.NodeID, d.Fencing, d.Fencing, before, d.NodeID}
 }
 
 func (r fleetReader) NodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {

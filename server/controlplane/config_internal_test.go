@@ -10,23 +10,30 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// parseServe parses the serve command's flags with only the environment
+// variable key set (to env), and validates the result.
+func parseServe(t *testing.T, key, env string, args ...string) (Config, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var c Config
+	bindFlags(fs, &c, func(k string) string {
+		if k == key {
+			return env
+		}
+		return ""
+	})
+	c.DataDir = t.TempDir()
+	require.NoError(t, fs.Parse(args))
+	return c, c.Validate()
+}
+
 // TestDBMaxConns: the pool size comes from NODEWARD_DB_MAX_CONNS or
 // --db-max-conns (the flag wins), reaches the pool, and anything but a
 // whole number from 1 up is refused at start with a line naming it.
 func TestDBMaxConns(t *testing.T) {
 	parse := func(env string, args ...string) (Config, error) {
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		var c Config
-		bindFlags(fs, &c, func(k string) string {
-			if k == "NODEWARD_DB_MAX_CONNS" {
-				return env
-			}
-			return ""
-		})
-		c.DataDir = t.TempDir()
-		require.NoError(t, fs.Parse(args))
-		return c, c.Validate()
+		return parseServe(t, "NODEWARD_DB_MAX_CONNS", env, args...)
 	}
 	for _, tc := range []struct {
 		env  string
@@ -79,18 +86,7 @@ func TestDBMaxConns(t *testing.T) {
 // 64 is refused at start with a line naming it.
 func TestDBWriteLanes(t *testing.T) {
 	parse := func(env string, args ...string) (Config, error) {
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		var c Config
-		bindFlags(fs, &c, func(k string) string {
-			if k == "NODEWARD_DB_WRITE_LANES" {
-				return env
-			}
-			return ""
-		})
-		c.DataDir = t.TempDir()
-		require.NoError(t, fs.Parse(args))
-		return c, c.Validate()
+		return parseServe(t, "NODEWARD_DB_WRITE_LANES", env, args...)
 	}
 	for _, tc := range []struct {
 		env  string

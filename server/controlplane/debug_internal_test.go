@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"flag"
 	"io"
 	"log/slog"
 	"net"
@@ -20,18 +19,7 @@ import (
 // naming the setting.
 func TestDebugAddrSetting(t *testing.T) {
 	parse := func(env string, args ...string) (Config, error) {
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		var c Config
-		bindFlags(fs, &c, func(k string) string {
-			if k == "NODEWARD_DEBUG_ADDR" {
-				return env
-			}
-			return ""
-		})
-		c.DataDir = t.TempDir()
-		require.NoError(t, fs.Parse(args))
-		return c, c.Validate()
+		return parseServe(t, "NODEWARD_DEBUG_ADDR", env, args...)
 	}
 	for _, tc := range []struct {
 		env  string

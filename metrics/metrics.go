@@ -56,6 +56,10 @@ type Metrics struct {
 	ConfigRevisions  prometheus.Counter
 	ConfigDeliveries prometheus.Counter
 	ConfigReports    *prometheus.CounterVec
+
+	// TablesMaintained counts VACUUMs and ANALYZEs the server ran itself
+	// (Postgres with autovacuum off), by table and action.
+	TablesMaintained *prometheus.CounterVec
 	// ConfigLagging is read at scrape time: nodes whose applied revision
 	// is behind the desired one. Wiring sets it.
 	ConfigLagging func() (float64, bool)
@@ -162,6 +166,9 @@ func New(pending func() float64) *Metrics {
 	m.ConfigReports = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodeward_config_reports_total", Help: "Configuration reports recorded, by verdict.",
 	}, []string{"verdict"})
+	m.TablesMaintained = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodeward_db_table_maintenance_total", Help: "VACUUM (ANALYZE) and ANALYZE runs this replica made on its tables because Postgres's autovacuum is off, by table and action (vacuum, analyze).",
+	}, []string{"table", "action"})
 	m.Wakeups.WithLabelValues("local")
 	m.Wakeups.WithLabelValues("notify")
 	m.Wakeups.WithLabelValues("poll")
@@ -178,7 +185,7 @@ func New(pending func() float64) *Metrics {
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},
 		m.FanOutChildEnds, m.FanOutAdvances,
 		m.ConfigRevisions, m.ConfigDeliveries, m.ConfigReports, configLagging{m},
-		credentialCache{m},
+		credentialCache{m}, m.TablesMaintained,
 	)
 	return m
 }

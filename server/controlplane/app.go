@@ -306,6 +306,15 @@ func (a *App) startBackground(ctx context.Context) {
 		l := &models.Listener{URL: a.DB.URL, Channel: models.NotifyChannel(a.DB), Replica: a.Config.ReplicaID, Sink: a.notifications(), Log: a.Log}
 		a.bg.Add(1)
 		go func() { defer a.bg.Done(); l.Run(ctx) }()
+		k := &models.TableKeeper{DB: a.DB, Log: a.Log, Maintained: func(m models.TableMaintenance) {
+			action := "analyze"
+			if m.Vacuum {
+				action = "vacuum"
+			}
+			a.Metrics.TablesMaintained.WithLabelValues(m.Table, action).Inc()
+		}}
+		a.bg.Add(1)
+		go func() { defer a.bg.Done(); k.Run(ctx) }()
 	}
 }
 

@@ -1,0 +1,177 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Table maintenance on Postgres when autovacuum is off.
+//
+// The pool's connections prepare each statement once and, after five runs,
+// Postgres may keep a generic plan for it until the table's statistics
+// change. A table that was never analyzed has no statistics, so while it is
+// small every index that matches a lookup costs the same and the generic
+// plan may keep the wrong one: measured, the submit's idempotency lookup
+// (principal, request id) kept operations_principal on some connections and
+// read every operation of the administrator — up to 15,000 buffers a call,
+// growing with the table — where operations_request reads 2. autovacuum's
+// ANALYZE fixes that within a minute; with autovacuum off (as on some
+// servers, and this project's benchmark machine) nothing ever does, and no
+// dead row is ever removed either. So when autovacuum is off, the server
+// vacuums and analyzes its own tables the way autovacuum would have; each
+// ANALYZE makes the connections plan again with real figures.
+
+// Thresholds of autovacuum's defaults (autovacuum_vacuum_threshold and
+// _scale_factor, autovacuum_analyze_threshold and _scale_factor): a table is
+// vacuumed once this many of its rows are dead, analyzed once this many
+// changed since its last ANALYZE.
+const (
+	vacuumBaseRows      = 50
+	vacuumScaleFactor   = 0.2
+	analyzeBaseRows     = 50
+	analyzeScaleFactor  = 0.1
+	maintenanceCostWait = "2ms" // autovacuum_vacuum_cost_delay's default
+)
+
+// AutovacuumOff reports whether Postgres's autovacuum is off for this
+// server (then nothing vacuums or analyzes our tables unless we do). It is
+// false on SQLite.
+func (db *DB) AutovacuumOff(ctx context.Context) (bool, error) {
+	if db.Dialect != Postgres {
+		return false, nil
+	}
+	var off bool
+	err := db.sqlDB.QueryRowContext(ctx,
+		`SELECT current_setting('autovacuum') = 'off' OR current_setting('track_counts') = 'off'`).Scan(&off)
+	return off, err
+}
+
+// TableMaintenance is what MaintainTables did to one table.
+type TableMaintenance struct {
+	Table  string
+	Vacuum bool // VACUUM (ANALYZE); otherwise ANALYZE alone
+}
+
+// MaintainTables does for the tables of the current schema what autovacuum
+// would have at its default thresholds: VACUUM (ANALYZE) where dead rows
+// passed the vacuum threshold, ANALYZE where changes since the last ANALYZE
+// passed the analyze threshold. It runs throttled the way autovacuum is
+// (vacuum_cost_delay 2 ms), on one connection. On SQLite it does nothing.
+//
+// Dead rows matter as much as statistics: a bitmap scan of an index over
+// open operations (the per-node quota count) visits every entry whose row
+// has since ended until a vacuum removes it, and never marks them dead as a
+// plain index scan does.
+func (db *DB) MaintainTables(ctx context.Context) ([]TableMaintenance, error) {
+	if db.Dialect != Postgres {
+		return nil, nil
+	}
+	conn, err := db.sqlDB.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = conn.Close() }()
+	rows, err := conn.QueryContext(ctx, `
+		SELECT relname, n_dead_tup > $1 + $2 * GREATEST(n_live_tup, 0)
+		FROM pg_stat_user_tables
+		WHERE schemaname = current_schema()
+		  AND (n_dead_tup > $1 + $2 * GREATEST(n_live_tup, 0)
+		    OR n_mod_since_analyze > $3 + $4 * GREATEST(n_live_tup, 0))
+		ORDER BY relname`, vacuumBaseRows, vacuumScaleFactor, analyzeBaseRows, analyzeScaleFactor)
+	if err != nil {
+		return nil, fmt.Errorf("find tables to maintain: %w", err)
+	}
+	var due []TableMaintenance
+	for rows.Next() {
+		var m TableMaintenance
+		if err := rows.Scan(&m.Table, &m.Vacuum); err != nil {
+			_ = rows.Close()
+			return nil, err
+		}
+		due = append(due, m)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if len(due) == 0 {
+		return nil, nil
+	}
+	// Session settings on a connection of the pool: reset before it goes back.
+	if _, err := conn.ExecContext(ctx, "SET vacuum_cost_delay = '"+maintenanceCostWait+"'"); err != nil {
+		return nil, err
+	}
+	defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), "RESET vacuum_cost_delay") }()
+	var done []TableMaintenance
+	for _, m := range due {
+		stmt := "ANALYZE "
+		if m.Vacuum {
+			stmt = "VACUUM (ANALYZE) "
+		}
+		if _, err := conn.ExecContext(ctx, stmt+pgx.Identifier{m.Table}.Sanitize()); err != nil {
+			return done, fmt.Errorf("%s%s: %w", stmt, m.Table, err)
+		}
+		done = append(done, m)
+	}
+	return done, nil
+}
+
+// TableKeeper maintains the server's tables while Postgres's autovacuum is
+// off (see MaintainTables). Every replica may run one: a VACUUM or ANALYZE
+// resets the table's counts, so the others find nothing to do.
+type TableKeeper struct {
+	DB       *DB
+	Interval time.Duration // default 15 s
+	Log      *slog.Logger
+	// Maintained, when set, is told each table vacuumed or analyzed.
+	Maintained func(TableMaintenance)
+}
+
+// Run checks every Interval until ctx ends. It does nothing on SQLite.
+func (k *TableKeeper) Run(ctx context.Context) {
+	if k.DB.Dialect != Postgres {
+		return
+	}
+	interval := k.Interval
+	if interval <= 0 {
+		interval = 15 * time.Second
+	}
+	log := k.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	warned := false
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		off, err := k.DB.AutovacuumOff(ctx)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				log.Warn("table maintenance: could not read the autovacuum setting", "err", err)
+			}
+		case off:
+			if !warned {
+				log.Warn("Postgres autovacuum is off: nodeward vacuums and analyzes its own tables at autovacuum's default thresholds while it stays off")
+				warned = true
+			}
+			done, err := k.DB.MaintainTables(ctx)
+			for _, m := range done {
+				if k.Maintained != nil {
+					k.Maintained(m)
+				}
+			}
+			if err != nil && ctx.Err() == nil {
+				log.Warn("table maintenance failed", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

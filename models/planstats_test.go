@@ -1,0 +1,71 @@
+package models_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// TestPostgresMaintainTablesActsAtAutovacuumThresholds: with autovacuum's
+// default thresholds, a table whose rows mostly changed is analyzed, one
+// with many dead rows is vacuumed (and analyzed), an untouched one is left
+// alone, and a second pass finds nothing left to do.
+func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
+	opts := dbtest.Options(t, models.Postgres)
+	// One connection: the statistics its statements leave are flushed
+	// before MaintainTables reads them.
+	opts.MaxOpenConns = 1
+	ctx := context.Background()
+	db, err := models.Open(ctx, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, db.Migrate(ctx))
+
+	for _, stmt := range []string{
+		"CREATE TABLE probe_grown (id int)",
+		"CREATE TABLE probe_churned (id int)",
+		"INSERT INTO probe_grown SELECT g FROM generate_series(1, 1000) g",
+		"INSERT INTO probe_churned SELECT g FROM generate_series(1, 1000) g",
+		"ANALYZE probe_churned",
+		"DELETE FROM probe_churned WHERE id % 2 = 0",
+		"SELECT pg_stat_force_next_flush()",
+	} {
+		require.NoError(t, db.Exec(stmt).Error, stmt)
+	}
+
+	done, err := db.MaintainTables(ctx)
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, m := range done {
+		got[m.Table] = m.Vacuum
+	}
+	require.Equal(t, map[string]bool{"probe_grown": false, "probe_churned": true}, got,
+		"the migrated tables hold a few rows (below the thresholds); the probes passed them")
+
+	var analyzed, vacuumed int
+	require.NoError(t, db.Raw(`SELECT
+			(SELECT COUNT(*) FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname LIKE 'probe_%' AND last_analyze IS NOT NULL),
+			(SELECT COUNT(*) FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname LIKE 'probe_%' AND last_vacuum IS NOT NULL)`).
+		Row().Scan(&analyzed, &vacuumed))
+	require.Equal(t, 2, analyzed)
+	require.Equal(t, 1, vacuumed)
+
+	require.NoError(t, db.Exec("SELECT pg_stat_force_next_flush()").Error)
+	again, err := db.MaintainTables(ctx)
+	require.NoError(t, err)
+	require.Empty(t, again, "nothing changed since")
+}
+
+func TestMaintainTablesDoesNothingOnSQLite(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	off, err := db.AutovacuumOff(context.Background())
+	require.NoError(t, err)
+	require.False(t, off)
+	done, err := db.MaintainTables(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, done)
+}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/agent/client"
+	"github.com/nodeward/nodeward/agent/core"
 )
 
 // workerEnv marks a process as an agent worker: the coordinator re-executes
@@ -246,7 +247,10 @@ func (w *agentPool) fail(err error) {
 func loadFacts() api.Facts {
 	free := int64(20 << 30)
 	return api.Facts{Hostname: "loadtest", OS: "linux", Arch: "amd64", CPUs: 8, MemoryBytes: 32 << 30,
-		DiskFreeBytes: &free, AgentVersion: "loadtest", Runtimes: []string{"process"}, ObservedAt: time.Now().UTC()}
+		DiskFreeBytes: &free, AgentVersion: "loadtest", Runtimes: []string{"process"}, ObservedAt: time.Now().UTC(),
+		// What the real agent reports: a node without a list is read as an
+		// older agent, whose claims cost a read for commands it cannot run.
+		Capabilities: core.Capabilities}
 }
 
 // enrollAll enrolls every agent of the job, a few at a time.

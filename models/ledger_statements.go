@@ -103,7 +103,8 @@ func (q LedgerStatements) ChildCounts(parentID string) Statement {
 // Summarize is the fleet overview's count of operations.
 func (q LedgerStatements) Summarize(createdSince, failedSince time.Time) Statement {
 	c := dbtime.Norm(createdSince)
-	return q.raw(summarizeOpsSQL, c, c, c, c, c, dbtime.Norm(failedSince))
+	never := c.AddDate(100, 0, 0) // the ended ranges' upper bound (see Summarize)
+	return q.raw(summarizeOpsSQL, c, c, c, never, c, never, c, never, dbtime.Norm(failedSince))
 }
 
 // CountOpen is the count of pending and running operations (a metric).

@@ -51,9 +51,16 @@ func newLeaseBatcher(store Store, st Settings, now func() time.Time, m *metrics.
 // heartbeat queues a renewal (with facts, if any) and waits for its commit.
 func (b *leaseBatcher) heartbeat(ctx context.Context, r LeaseRenewal) error {
 	b.mu.Lock()
-	if old, ok := b.pending[r.NodeID]; ok && r.Facts == nil {
-		// Keep facts an earlier heartbeat of this batch carried.
-		r.Facts = old.Facts
+	if old, ok := b.pending[r.NodeID]; ok && old.Facts != nil {
+		if r.Facts == nil {
+			// Keep facts an earlier heartbeat of this batch carried.
+			r.Facts = old.Facts
+		} else if old.Facts.Announce && !r.Facts.Announce {
+			// Announce what either asked to: spurious is cheap, missed is not.
+			f := *r.Facts
+			f.Announce = true
+			r.Facts = &f
+		}
 	}
 	b.pending[r.NodeID] = r
 	if b.flush == nil {

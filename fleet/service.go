@@ -110,11 +110,11 @@ type Service struct {
 	sessionSigner *keys.Signer
 
 	cache  *nodeCache
-	// nodeHits and nodeReads count the cache's answers and store reads
-	// (nodeward_node_lookups_total{result}).
-	nodeHits, nodeReads prometheus.Counter
 	hub    *Hub
 	leases *leaseBatcher
+	// nodeHits and nodeReads count the node cache's answers and store
+	// reads (nodeward_node_lookups_total{result}).
+	nodeHits, nodeReads prometheus.Counter
 	// quiet remembers which nodes' last due-work read found nothing due,
 	// so their polls may skip the next (dueMemo).
 	quiet *dueMemo

@@ -104,7 +104,7 @@ func New(pending func() float64) *Metrics {
 			Name: "nodeward_long_poll_due_reads_skipped_total", Help: "Long-poll checks for work answered without a store query: this replica's last read found nothing due for the node and nothing was announced for it since.",
 		}),
 		NodeLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeward_node_lookups_total", Help: "Node records the agent doors needed (fencing token, retired, capabilities) answered from this replica's cache (result=hit) or by a database read (result=store).",
+			Name: "nodeward_node_lookups_total", Help: "Node records (fencing token, retired, capabilities) the agent doors and capability checks needed, answered from this replica's node cache (result=hit) or by a database read (result=store).",
 		}, []string{"result"}),
 		PollRenewals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_lease_renewals_total", Help: "Lease renewals queued by arriving long-polls (written in coalesced batches; counted in nodeward_lease_renewals_flushed_total too).",

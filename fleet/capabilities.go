@@ -67,11 +67,10 @@ func hasCapability(caps []string, known bool, capability string) bool {
 // RequireCapability refuses (capability_missing) work needing capability
 // for a node whose agent does not report it. It reads the per-node cache
 // the session doors keep (a read on a miss, cached for the next). The
-// cache is dropped on re-enrollment everywhere (NOTIFY) and on a heartbeat
-// changing the list on the replica that took it; another replica sees such
-// a heartbeat within the cache's TTL. Either way the check is repeated when
-// the work is delivered (refuseUncapable), from the entry the polling
-// replica refreshed. A node that never reported
+// cache is dropped everywhere (NotifyNode) on re-enrollment and on a
+// heartbeat changing the list, on whichever replica took it (cache.go).
+// The check is repeated when the work is delivered (refuseUncapable),
+// from the same cache on the polling replica. A node that never reported
 // facts passes (it is checked at delivery); an absent node passes too, for
 // the caller's own check to refuse with its own code.
 func (s *Service) RequireCapability(ctx context.Context, nodeID, capability string) error {

@@ -587,7 +587,7 @@ func (s *Service) pollWoken(ctx context.Context, sess Session, why wake, out *po
 		if err == nil && cur.fencing != sess.Fencing {
 			err = ErrFenced
 		}
-		if err == nil && cur.state == StateRetired {
+		if err == nil && cur.retired {
 			err = ErrNodeRetired
 		}
 		if err != nil {

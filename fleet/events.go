@@ -127,16 +127,14 @@ func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.E
 			if err != nil {
 				return EventsResult{}, err
 			}
+			// A changed capability list (an agent replaced in place) is
+			// announced with the write, so every replica's node cache
+			// (the delivery check) forgets the old one (cache.go).
 			r.Facts = &FactsUpdate{JSON: b, AgentVersion: beat.Facts.AgentVersion, ObservedAt: beat.Facts.ObservedAt.UTC(),
-				ReceivedAt: now, Disk: disk}
+				ReceivedAt: now, Disk: disk, Announce: s.capabilitiesChanged(ctx, sess.NodeID, beat.Facts.Capabilities)}
 		}
 		if err := s.leases.heartbeat(ctx, r); err != nil {
 			return EventsResult{}, err
-		}
-		if beat.Facts != nil {
-			// A changed capability list (an agent replaced in place) must
-			// reach the delivery check sooner than the cache's TTL.
-			s.cache.forgetIfCapsChanged(sess.NodeID, beat.Facts.Capabilities)
 		}
 	}
 	return res, nil

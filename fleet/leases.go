@@ -51,9 +51,8 @@ func newLeaseBatcher(store Store, st Settings, now func() time.Time, m *metrics.
 // heartbeat queues a renewal (with facts, if any) and waits for its commit.
 func (b *leaseBatcher) heartbeat(ctx context.Context, r LeaseRenewal) error {
 	b.mu.Lock()
-	if old, ok := b.pending[r.NodeID]; ok && r.Facts == nil {
-		// Keep facts an earlier heartbeat of this batch carried.
-		r.Facts = old.Facts
+	if old, ok := b.pending[r.NodeID]; ok {
+		r = mergeRenewal(old, r)
 	}
 	b.pending[r.NodeID] = r
 	if b.flush == nil {
@@ -67,6 +66,23 @@ func (b *leaseBatcher) heartbeat(ctx context.Context, r LeaseRenewal) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// mergeRenewal is the renewal a batch writes for a node given old, pending,
+// and r, asked after it: r, with the facts an earlier heartbeat of the
+// batch carried if r has none, and announced if either asked to (a
+// spurious announcement is cheap, a missed one is not).
+func mergeRenewal(old, r LeaseRenewal) LeaseRenewal {
+	switch {
+	case old.Facts == nil:
+	case r.Facts == nil:
+		r.Facts = old.Facts
+	case old.Facts.Announce && !r.Facts.Announce:
+		f := *r.Facts
+		f.Announce = true
+		r.Facts = &f
+	}
+	return r
 }
 
 // touch renews the lease for an arriving long-poll that will wait up to

@@ -53,3 +53,22 @@ func TestHeldPollRenewalsAllocateNothingInTheBatcher(t *testing.T) {
 	require.Equal(t, 22*len(ids), store.renewals, "every round renews every held poll (AllocsPerRun runs one more)")
 	require.Zero(t, allocs, "allocations per round of %d renewals", len(ids))
 }
+
+// TestMergeRenewal: of two heartbeats of one node in a batch, the later is
+// written, with the earlier's facts if it carries none, and announced if
+// either asked to.
+func TestMergeRenewal(t *testing.T) {
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	facts := func(announce bool) *FactsUpdate { return &FactsUpdate{JSON: []byte(`{}`), Announce: announce} }
+	old := LeaseRenewal{NodeID: "n", Until: at, Facts: facts(true)}
+	got := mergeRenewal(old, LeaseRenewal{NodeID: "n", Until: at.Add(time.Second)})
+	require.Equal(t, at.Add(time.Second), got.Until)
+	require.Same(t, old.Facts, got.Facts, "the earlier facts kept")
+	later := facts(false)
+	got = mergeRenewal(old, LeaseRenewal{NodeID: "n", Facts: later})
+	require.True(t, got.Facts.Announce, "announced: the earlier asked to")
+	require.False(t, later.Announce, "the request's own facts untouched")
+	got = mergeRenewal(LeaseRenewal{NodeID: "n", Facts: facts(false)}, LeaseRenewal{NodeID: "n", Facts: later})
+	require.Same(t, later, got.Facts)
+	require.False(t, got.Facts.Announce)
+}

@@ -12,8 +12,9 @@ type NotificationKind string
 const (
 	// NotifyCommands: the node has new work; wake its long-poll.
 	NotifyCommands NotificationKind = "c"
-	// NotifyNode: the node's record changed (fencing token, state); drop
-	// cached copies, and end its long-polls if it was retired.
+	// NotifyNode: the node's record changed (fencing token, state,
+	// capabilities); drop cached copies (nodeCache), and end its
+	// long-polls if it was retired or fenced.
 	NotifyNode NotificationKind = "n"
 	// NotifyResync: notifications may have been missed (a listener
 	// reconnected); drop every cache and wake every long-poll to re-check.

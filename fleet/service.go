@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/metrics"
@@ -39,9 +41,17 @@ type Settings struct {
 	// FallbackPoll is how often a waiting long-poll re-checks the store
 	// while cross-replica notifications are down. Default 5 s.
 	FallbackPoll time.Duration
-	// NodeCacheTTL bounds how stale a cached node record may be if a
-	// notification is lost. Default 10 s.
+	// NodeCacheTTL bounds how long a cached node record (fencing token,
+	// retired, capabilities: nodeCache) is relied on while cross-replica
+	// notifications may be missed. Default 10 s.
 	NodeCacheTTL time.Duration
+	// NodeCacheMaxAge bounds how long it is relied on while they flow
+	// (every change to it is announced), and in a single process. Default
+	// 5 min; negative: NodeCacheTTL always.
+	NodeCacheMaxAge time.Duration
+	// NodeCacheMaxNodes bounds how many nodes are cached. Default 200,000
+	// (tens of MB at most).
+	NodeCacheMaxNodes int
 	// DueMemoMaxAge bounds how long a poll may rely on the last read's
 	// finding that nothing is due for its node (dueMemo) before it reads
 	// again anyway. Default 5 min; negative: every poll reads.
@@ -70,6 +80,12 @@ func (s *Settings) defaults() {
 	if s.MaxPollBatch <= 0 {
 		s.MaxPollBatch = 100
 	}
+	if s.NodeCacheMaxAge == 0 {
+		s.NodeCacheMaxAge = 5 * time.Minute
+	}
+	if s.NodeCacheMaxNodes <= 0 {
+		s.NodeCacheMaxNodes = 200_000
+	}
 	if s.DueMemoMaxAge == 0 {
 		s.DueMemoMaxAge = 5 * time.Minute
 	}
@@ -96,6 +112,9 @@ type Service struct {
 	cache  *nodeCache
 	hub    *Hub
 	leases *leaseBatcher
+	// nodeHits and nodeReads count the node cache's answers and store
+	// reads (nodeward_node_lookups_total{result}).
+	nodeHits, nodeReads prometheus.Counter
 	// quiet remembers which nodes' last due-work read found nothing due,
 	// so their polls may skip the next (dueMemo).
 	quiet *dueMemo
@@ -156,7 +175,9 @@ func New(o Options) *Service {
 	if s.scrub == nil {
 		s.scrub = s.scrubLaunchOutput
 	}
-	s.cache = newNodeCache(o.Settings.NodeCacheTTL, o.Now)
+	s.cache = newNodeCache(o.Settings, !o.CrossReplica, o.Now)
+	s.nodeHits = o.Metrics.NodeLookups.WithLabelValues("hit")
+	s.nodeReads = o.Metrics.NodeLookups.WithLabelValues("store")
 	s.hub = newHub(o.Metrics, o.Now)
 	s.quiet = newDueMemo(o.Settings.DueMemoMaxAge, o.Settings.DueMemoMaxNodes, !o.CrossReplica, o.Now)
 	s.leases = newLeaseBatcher(o.Store, o.Settings, o.Now, o.Metrics, o.Logger)
@@ -198,6 +219,7 @@ func (s *Service) SetNotifierHealthy(ok bool) {
 	// Knowledge taken while notifications flowed is void once they may
 	// not: a write announced meanwhile would not be heard.
 	s.quiet.setHealthy(ok)
+	s.cache.setHealthy(ok)
 }
 
 func (s *Service) notifierOK() bool {

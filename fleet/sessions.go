@@ -102,28 +102,10 @@ func (s *Service) Authenticate(ctx context.Context, token string, door Door) (Se
 	if cur.fencing != c.Fencing {
 		return Session{}, ErrFenced
 	}
-	if cur.state == StateRetired && door == DoorAsk {
+	if cur.retired && door == DoorAsk {
 		return Session{}, ErrNodeRetired
 	}
 	return Session{NodeID: c.Subject, Fencing: c.Fencing}, nil
-}
-
-// currentNode answers the node's fencing token and state, from the cache
-// when fresh.
-func (s *Service) currentNode(ctx context.Context, id string) (cachedNode, error) {
-	if e, ok := s.cache.get(id); ok {
-		return e, nil
-	}
-	epoch := s.cache.begin()
-	n, err := s.store.Node(ctx, id)
-	if isNoRows(err) {
-		return cachedNode{}, ErrNotFound
-	}
-	if err != nil {
-		return cachedNode{}, err
-	}
-	s.cache.put(n, epoch)
-	return cachedOf(n), nil
 }
 
 // Renew mints a fresh credential from a valid one. It writes nothing: the

@@ -59,6 +59,10 @@ type FactsUpdate struct {
 	ObservedAt   time.Time
 	ReceivedAt   time.Time
 	Disk         Disk
+	// Announce: the capabilities may differ from those stored; the write
+	// notifies the node (NotifyNode) in its transaction, so every
+	// replica's node cache forgets it.
+	Announce bool
 }
 
 // Store is the persistence the fleet's rules need. Every method of Tx runs

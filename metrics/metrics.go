@@ -24,6 +24,7 @@ type Metrics struct {
 	Wakeups           *prometheus.CounterVec
 	PollStoreQueries  prometheus.Counter
 	PollReadsSkipped  prometheus.Counter
+	NodeLookups       *prometheus.CounterVec
 	PollRenewals      prometheus.Counter
 	CommandsIssued    prometheus.Counter
 	CommandsSettled   *prometheus.CounterVec
@@ -106,6 +107,9 @@ func New(pending func() float64) *Metrics {
 		PollReadsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_due_reads_skipped_total", Help: "Long-poll checks for work answered without a store query: this replica's last read found nothing due for the node and nothing was announced for it since.",
 		}),
+		NodeLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeward_node_lookups_total", Help: "Node records (fencing token, retired, capabilities) the agent doors and capability checks needed, answered from this replica's node cache (result=hit) or by a database read (result=store).",
+		}, []string{"result"}),
 		PollRenewals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_lease_renewals_total", Help: "Lease renewals queued by arriving long-polls (written in coalesced batches; counted in nodeward_lease_renewals_flushed_total too).",
 		}),
@@ -179,7 +183,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.NodeLookups, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

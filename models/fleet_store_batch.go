@@ -126,6 +126,13 @@ func (s *FleetStore) renewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 				return res.Error
 			}
 			changed += int(res.RowsAffected)
+			if r.Facts != nil && r.Facts.Announce && res.RowsAffected > 0 {
+				// The capabilities may have changed: every replica's node
+				// cache forgets the node (sent with the batch's commit).
+				if err := t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyNode, NodeID: r.NodeID}); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})

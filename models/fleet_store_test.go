@@ -492,6 +492,35 @@ func TestFleetStoreLeases(t *testing.T) {
 	})
 }
 
+// TestFleetStoreFactsAnnounce: a heartbeat's facts marked Announce (its
+// capabilities may have changed) notify the node with the batch's commit,
+// for every replica's node cache; unmarked facts and a renewal that writes
+// nothing (an enrolling node) notify nothing.
+func TestFleetStoreFactsAnnounce(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		var nodes []fleet.Node
+		for _, id := range []string{"changed", "same"} {
+			n := sampleNode(id, "rental-"+id, 1)
+			n.State, n.LeaseExpiresAt = fleet.StateReady, tp(t0)
+			nodes = append(nodes, n)
+		}
+		insert(t, s, append(nodes, sampleNode("enrolling", "rental-enrolling", 1))...)
+		before := len(rec.all())
+		facts := func(announce bool) *fleet.FactsUpdate {
+			return &fleet.FactsUpdate{JSON: []byte(`{"capabilities":["commands.v1"]}`), ObservedAt: t0, ReceivedAt: t0,
+				Disk: fleet.Disk{State: fleet.DiskNeverReported}, Announce: announce}
+		}
+		until := t0.Add(time.Minute)
+		_, err := s.RenewLeases(ctx, []fleet.LeaseRenewal{
+			{NodeID: "changed", Until: until, HeartbeatAt: tp(t0), Facts: facts(true)},
+			{NodeID: "same", Until: until, HeartbeatAt: tp(t0), Facts: facts(false)},
+			{NodeID: "enrolling", Until: until, HeartbeatAt: tp(t0), Facts: facts(true)},
+		})
+		require.NoError(t, err)
+		require.Equal(t, []fleet.Notification{{Kind: fleet.NotifyNode, NodeID: "changed"}}, rec.all()[before:])
+	})
+}
+
 // TestFleetStoreStateChangesMirrorTheStateMachine: the two state changes
 // written in SQL (the lease sweep and a heartbeat's renewal) make only the
 // changes fleet.CanTransition allows, from every state.

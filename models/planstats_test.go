@@ -13,7 +13,8 @@ import (
 // TestPostgresMaintainTablesActsAtAutovacuumThresholds: with autovacuum's
 // default thresholds, a table whose rows mostly changed is analyzed, one
 // with many dead rows is vacuumed (and analyzed), an untouched one is left
-// alone, and a second pass finds nothing left to do.
+// alone, and a second pass does not analyze again what nothing changed
+// since.
 func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
 	opts := dbtest.Options(t, models.Postgres)
 	// One connection: the statistics its statements leave are flushed
@@ -57,7 +58,12 @@ func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
 	require.NoError(t, db.Exec("SELECT pg_stat_force_next_flush()").Error)
 	again, err := db.MaintainTables(ctx)
 	require.NoError(t, err)
-	require.Empty(t, again, "nothing changed since")
+	for _, m := range again {
+		// The churned table may be vacuumed again: another session's open
+		// snapshot (tests of other packages share the server) can keep its
+		// dead rows from being removed, as it would for autovacuum.
+		require.NotEqual(t, "probe_grown", m.Table, "analyzed, and nothing changed since")
+	}
 }
 
 func TestMaintainTablesDoesNothingOnSQLite(t *testing.T) {

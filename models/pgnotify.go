@@ -64,14 +64,22 @@ func orDefault(d, def time.Duration) time.Duration {
 	return def
 }
 
-// Run listens until ctx ends, reconnecting with jittered backoff.
+// Run listens until ctx ends, reconnecting with jittered backoff. The
+// backoff starts again after a connection that listened for longer than the
+// longest backoff, so a replica that lost its connection after hours
+// retries at once rather than after the longest wait its earlier failures
+// reached, while one that flaps still reconnects at most every 10 s or so.
 func (l *Listener) Run(ctx context.Context) {
-	backoff := 100 * time.Millisecond
+	const first, longest = 100 * time.Millisecond, 10 * time.Second
+	backoff := first
 	for ctx.Err() == nil {
-		err := l.listenOnce(ctx)
+		listening, err := l.listenOnce(ctx)
 		l.Sink.SetNotifierHealthy(false)
 		if ctx.Err() != nil {
 			return
+		}
+		if !listening.IsZero() && time.Since(listening) > longest {
+			backoff = first
 		}
 		// The error may come from parsing or dialing the URL: never echo its
 		// password.
@@ -81,14 +89,16 @@ func (l *Listener) Run(ctx context.Context) {
 			return
 		case <-time.After(backoff + rand.N(backoff/2+1)):
 		}
-		backoff = min(backoff*2, 10*time.Second)
+		backoff = min(backoff*2, longest)
 	}
 }
 
-func (l *Listener) listenOnce(ctx context.Context) error {
+// listenOnce connects, listens and delivers until the connection fails;
+// listening is when it started listening (zero if it never did).
+func (l *Listener) listenOnce(ctx context.Context) (listening time.Time, err error) {
 	cfg, err := pgx.ParseConfig(l.URL)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	// The bounded wait below must leave the connection usable when it times
 	// out: this handler only sets a read deadline on the socket and clears
@@ -105,7 +115,7 @@ func (l *Listener) listenOnce(ctx context.Context) error {
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	defer func() {
 		// Bounded too: Close writes a Terminate, which could block on a dead
@@ -115,16 +125,17 @@ func (l *Listener) listenOnce(ctx context.Context) error {
 		_ = conn.Close(ctx)
 	}()
 	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{l.Channel}.Sanitize()); err != nil {
-		return err
+		return time.Time{}, err
 	}
 	cancel()
+	listening = time.Now()
 	l.Sink.Deliver([]fleet.Notification{{Kind: fleet.NotifyResync}}, "notify")
 	l.Sink.SetNotifierHealthy(true)
 	every := orDefault(l.ProbeInterval, defaultProbeInterval)
 	for {
 		n, err := l.wait(ctx, conn, every)
 		if err != nil {
-			return err
+			return listening, err
 		}
 		if n == nil {
 			continue // the connection answered a probe

@@ -272,7 +272,7 @@ func TestListenerNoticesASilentlyDeadConnection(t *testing.T) {
 	logs := &syncBuffer{}
 	runListener(t, &models.Listener{URL: viaProxy, Channel: models.NotifyChannel(db), Replica: "me", Sink: sink,
 		Log: slog.New(slog.NewTextHandler(logs, nil)), ProbeInterval: 100 * time.Millisecond,
-		ProbeTimeout: 200 * time.Millisecond, ConnectTimeout: time.Second})
+		ProbeTimeout: time.Second, ConnectTimeout: 2 * time.Second})
 	testwait.For(t, "the listener to connect", testwait.Patience, func() bool { return sink.state().ok })
 
 	// Quiet: the connection is probed again and again, and kept.

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -268,21 +269,30 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	if err != nil {
 		return Command{}, err
 	}
-	n, err := lockReadyNode(ctx, tx, in.NodeID)
-	if err != nil {
+	c := Command{OperationID: in.OperationID, NodeID: in.NodeID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
+		IssuedAt: s.clock(), State: CommandPending}
+	// The node is locked and the command recorded in one statement, only
+	// if the node is ready; a refusal below (capability) is rolled back
+	// with the caller's transaction, as every refusal of IssueTx is.
+	n, inserted, err := tx.IssueToNode(ctx, c)
+	switch {
+	case isNoRows(err):
+		return Command{}, ErrNotFound
+	case errors.Is(err, ErrDuplicate):
+		return Command{}, ErrOperationConflict
+	case err != nil:
 		return Command{}, err
+	}
+	if err := readyForWork(n); err != nil {
+		return Command{}, err
+	}
+	if !inserted {
+		return Command{}, fmt.Errorf("command %s not recorded for ready node %s", c.OperationID, n.ID)
 	}
 	if err := nodeCapable(n, in.Kind); err != nil {
 		return Command{}, err
 	}
-	c := Command{OperationID: in.OperationID, NodeID: n.ID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
-		FencingToken: n.FencingToken, IssuedAt: s.clock(), State: CommandPending}
-	if err := tx.InsertCommand(ctx, c); err != nil {
-		if errors.Is(err, ErrDuplicate) {
-			return Command{}, ErrOperationConflict
-		}
-		return Command{}, err
-	}
+	c.NodeID, c.FencingToken = n.ID, n.FencingToken
 	s.metrics.CommandsIssued.Inc()
 	return c, tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
 }

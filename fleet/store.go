@@ -232,6 +232,12 @@ type Tx interface {
 	// nothing; it answers whether it stored o.
 	InsertWorkloadOutput(ctx context.Context, o WorkloadOutput) (bool, error)
 
+	// IssueToNode locks the node (as LockNode) and, only when it is
+	// ready, inserts c at the node's fencing token (c.FencingToken is
+	// ignored): one statement where the dialect allows. It answers the
+	// node as locked and whether c was inserted; ErrNoRows when the node
+	// does not exist, ErrDuplicate when c's operation id exists.
+	IssueToNode(ctx context.Context, c Command) (Node, bool, error)
 	// InsertCommand adds a command; ErrDuplicate when its operation id
 	// exists.
 	InsertCommand(ctx context.Context, c Command) error

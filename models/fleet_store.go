@@ -606,6 +606,46 @@ func (t *fleetTx) InsertWorkloadOutput(ctx context.Context, o fleet.WorkloadOutp
 	return res.RowsAffected == 1, res.Error
 }
 
+func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node, bool, error) {
+	if t.dialect != Postgres {
+		// SQLite runs statements in-process: two cost no round trip.
+		n, err := t.LockNode(ctx, c.NodeID)
+		if err != nil || n.State != fleet.StateReady {
+			return n, false, err
+		}
+		c.FencingToken = n.FencingToken
+		return n, true, t.InsertCommand(ctx, c)
+	}
+	if err := t.stray(c.NodeID); err != nil {
+		return fleet.Node{}, false, err
+	}
+	// The lock and the insert in one round trip (the submit path's hot
+	// statement): the insert reads the locked row, so it happens only for
+	// a ready node and carries the fencing token it has under the lock.
+	row := rowFromCommand(c)
+	var out struct {
+		Node     `gorm:"embedded"`
+		Inserted bool
+	}
+	res := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
+		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
+			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n WHERE n.state = ?
+			RETURNING 1)
+		SELECT n.*, EXISTS (SELECT 1 FROM ins) AS inserted FROM n`,
+		c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State, string(fleet.StateReady)).
+		Scan(&out)
+	if isDuplicate(res.Error) { // raw statements' errors are not translated
+		return fleet.Node{}, false, fleet.ErrDuplicate
+	}
+	if res.Error != nil {
+		return fleet.Node{}, false, res.Error
+	}
+	if res.RowsAffected == 0 {
+		return fleet.Node{}, false, fleet.ErrNoRows
+	}
+	return nodeFromRow(out.Node), out.Inserted, nil
+}
+
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
 	row := rowFromCommand(c)
 	return dup(t.db(ctx).Create(&row).Error)

@@ -729,3 +729,61 @@ func BenchmarkRenewLeases(b *testing.B) {
 		})
 	}
 }
+
+// TestFleetStoreIssueToNode: the node is locked and the command recorded
+// at the node's fencing token only when the node is ready; an absent node
+// is ErrNoRows and a taken operation id ErrDuplicate, both dialects.
+func TestFleetStoreIssueToNode(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		ready := sampleNode("ready", "r1", 1)
+		ready.State, ready.FencingToken = fleet.StateReady, 7
+		lost := sampleNode("lost", "r2", 1)
+		lost.State, lost.FencingToken = fleet.StateLost, 3
+		insert(t, s, ready, lost, sampleNode("enrolling", "r3", 1))
+		issue := func(op, node string) (fleet.Node, bool, error) {
+			var n fleet.Node
+			var inserted bool
+			err := s.Tx(ctx, func(tx fleet.Tx) error {
+				var err error
+				n, inserted, err = tx.IssueToNode(ctx, fleet.Command{OperationID: op, NodeID: node, Kind: "stop_workload",
+					Payload: json.RawMessage(`{"run_id":"r"}`), PayloadDigest: "d", FencingToken: 99, IssuedAt: t0, State: fleet.CommandPending})
+				return err
+			})
+			return n, inserted, err
+		}
+
+		n, inserted, err := issue("a", "ready")
+		require.NoError(t, err)
+		require.True(t, inserted)
+		require.Equal(t, "ready", n.ID)
+		require.Equal(t, int64(7), n.FencingToken)
+		require.Equal(t, fleet.StateReady, n.State)
+		c, err := s.Command(ctx, "a")
+		require.NoError(t, err)
+		require.Equal(t, int64(7), c.FencingToken, "the node's token under the lock, not the caller's")
+		require.Equal(t, fleet.CommandPending, c.State)
+		require.Equal(t, "ready", c.NodeID)
+		require.Equal(t, "d", c.PayloadDigest)
+		require.JSONEq(t, `{"run_id":"r"}`, string(c.Payload))
+		require.Equal(t, t0, c.IssuedAt)
+		require.Zero(t, c.DeliveryCount)
+		require.Nil(t, c.FirstDeliveredAt)
+
+		for _, node := range []string{"lost", "enrolling"} {
+			n, inserted, err = issue("b-"+node, node)
+			require.NoError(t, err, node)
+			require.False(t, inserted, node)
+			require.Equal(t, node, n.ID)
+			_, err = s.Command(ctx, "b-"+node)
+			require.ErrorIs(t, err, fleet.ErrNoRows, "nothing recorded for a %s node", node)
+		}
+
+		_, _, err = issue("c", "ghost")
+		require.ErrorIs(t, err, fleet.ErrNoRows)
+		_, _, err = issue("a", "ready")
+		require.ErrorIs(t, err, fleet.ErrDuplicate)
+		n2, err := s.CountPendingCommands(ctx)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), n2)
+	})
+}

@@ -127,6 +127,9 @@ func BenchmarkIdlePollCycle(b *testing.B) {
 // (2026-12-01) at ~17.7 KB on SQLite and ~20.0 KB on Postgres, from
 // ~19.3 KB on SQLite before the session check stopped deriving its key
 // per token and the access log stopped copying the logger per request.
+// Re-measured 2026-12-01 (later) at ~18.9 KB and ~22.3 KB on the same tree
+// that gave those figures (the process's background and the test's own
+// client count too), so the bounds keep about a tenth of room.
 func TestIdlePollAllocationBound(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector changes allocation counts")
@@ -146,4 +149,4 @@ func TestIdlePollAllocationBound(t *testing.T) {
 	}
 }
 
-var idlePollBytes = map[string]int{"sqlite": 19_000, "postgres": 21_500}
+var idlePollBytes = map[string]int{"sqlite": 21_000, "postgres": 24_500}

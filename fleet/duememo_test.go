@@ -275,6 +275,15 @@ func (c *countingSink) state() (int, bool) {
 	return c.up, c.ok
 }
 
+// twoReplicas starts replicas prefix-a and prefix-b on one Postgres with
+// one clock, and a bundle over B for making nodes and issuing work there.
+func twoReplicas(t *testing.T, db *models.DB, prefix string) (a, b *replica, onB *bundle) {
+	t.Helper()
+	clk := newClock()
+	a, b = newReplica(t, db, prefix+"-a", clk), newReplica(t, db, prefix+"-b", clk)
+	return a, b, &bundle{db: db, svc: b.svc, clock: clk, metrics: b.metrics}
+}
+
 func newReplica(t *testing.T, db *models.DB, name string, clk *clock) *replica {
 	t.Helper()
 	r := &replica{metrics: metrics.New(nil), db: db, name: name}
@@ -325,9 +334,7 @@ func TestQuietAcrossReplicas(t *testing.T) {
 		if db.Dialect != models.Postgres {
 			t.Skip("several replicas need Postgres (DECISIONS.md §23)")
 		}
-		clk := newClock()
-		a, bb := newReplica(t, db, "memo-a", clk), newReplica(t, db, "memo-b", clk)
-		nb := &bundle{db: db, svc: bb.svc, clock: clk, metrics: bb.metrics}
+		a, bb, nb := twoReplicas(t, db, "memo")
 		id, _, tok := nb.readyNode(t)
 		sess, err := a.svc.Authenticate(ctx, tok, fleet.DoorAsk)
 		require.NoError(t, err)

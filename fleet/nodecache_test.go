@@ -132,9 +132,8 @@ func TestNodeCacheAcrossReplicas(t *testing.T) {
 		if db.Dialect != models.Postgres {
 			t.Skip("several replicas need Postgres (DECISIONS.md §23)")
 		}
-		clk := newClock()
-		a, bb := newReplica(t, db, "cache-a", clk), newReplica(t, db, "cache-b", clk)
-		nb := &bundle{db: db, svc: bb.svc, clock: clk, metrics: bb.metrics}
+		a, bb, nb := twoReplicas(t, db, "cache")
+		clk := nb.clock
 		node, sess, tok := nb.readyNode(t)
 		a.barrier(t) // A has heard B's enrollment
 		requireNodeReads(t, a.metrics, 1, "A's first door", func() {

@@ -19,13 +19,22 @@ import (
 // pages (migration 00015), so claims are HOT updates (no index entries
 // written). Counted by the server (pg_stat_user_tables) on one connection,
 // whose statistics it flushes before reading them.
-func TestPostgresClaimsAreHOTUpdates(t *testing.T) {
+// openOneConnection opens a fresh, migrated Postgres database whose pool
+// holds one connection, so the statistics its statements leave can be
+// flushed (pg_stat_force_next_flush) before they are read.
+func openOneConnection(t *testing.T) *models.DB {
+	t.Helper()
 	opts := dbtest.Options(t, models.Postgres)
 	opts.MaxOpenConns = 1
 	db, err := models.Open(context.Background(), opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	require.NoError(t, db.Migrate(context.Background()))
+	return db
+}
+
+func TestPostgresClaimsAreHOTUpdates(t *testing.T) {
+	db := openOneConnection(t)
 	s := models.NewFleetStore(db, "r1", nil)
 	n := sampleNode("hot", "rent-hot", 1)
 	n.State = fleet.StateReady

@@ -16,15 +16,8 @@ import (
 // alone, and a second pass does not analyze again what nothing changed
 // since.
 func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
-	opts := dbtest.Options(t, models.Postgres)
-	// One connection: the statistics its statements leave are flushed
-	// before MaintainTables reads them.
-	opts.MaxOpenConns = 1
 	ctx := context.Background()
-	db, err := models.Open(ctx, opts)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	require.NoError(t, db.Migrate(ctx))
+	db := openOneConnection(t)
 
 	for _, stmt := range []string{
 		"CREATE TABLE probe_grown (id int)",

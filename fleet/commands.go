@@ -184,7 +184,7 @@ func issueTx(ctx context.Context, tx Tx, actor string, in IssueCommand, payload 
 		Detail: map[string]any{"operation_id": out.OperationID, "kind": out.Kind, "fencing_token": out.FencingToken}}); err != nil {
 		return Command{}, false, err
 	}
-	if err := tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID}); err != nil {
+	if err := tx.Notify(ctx, Notification{Kind: NotifyIssued, NodeID: n.ID}); err != nil {
 		return Command{}, false, err
 	}
 	return out, true, nil
@@ -294,7 +294,7 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	}
 	c.NodeID, c.FencingToken = n.ID, n.FencingToken
 	s.metrics.CommandsIssued.Inc()
-	return c, tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+	return c, tx.Notify(ctx, Notification{Kind: NotifyIssued, NodeID: n.ID})
 }
 
 // IssueManyTx records many commands (a fan-out's release) inside the
@@ -362,7 +362,7 @@ func (s *Service) IssueManyTx(ctx context.Context, tx Tx, ins []IssueCommand, ad
 	}
 	s.metrics.CommandsIssued.Add(float64(len(cs)))
 	for _, c := range cs {
-		if err := tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: c.NodeID}); err != nil {
+		if err := tx.Notify(ctx, Notification{Kind: NotifyIssued, NodeID: c.NodeID}); err != nil {
 			return nil, err
 		}
 	}
@@ -499,7 +499,7 @@ func (s *Service) pollNext(ctx context.Context, sess Session, wait time.Duration
 	if why != 0 && s.pollWoken(ctx, sess, why, out) {
 		return true
 	}
-	if s.pollCheck(ctx, sess, wait, out) {
+	if s.pollCheck(ctx, sess, wait, out, why == wakeIssued) {
 		return true
 	}
 	s.armPoll(out, w, t)
@@ -556,9 +556,10 @@ type pollStep struct {
 }
 
 // pollCheck claims what is due and reports whether the poll is answered
-// (out.answer, out.err); else it says how to wait.
-func (s *Service) pollCheck(ctx context.Context, sess Session, wait time.Duration, out *pollStep) bool {
-	work, cmds, err := s.claim(ctx, sess, out.resumeAt, wait > 0)
+// (out.answer, out.err); else it says how to wait. issued: the poll was
+// woken by a command this replica just recorded for the node.
+func (s *Service) pollCheck(ctx context.Context, sess Session, wait time.Duration, out *pollStep, issued bool) bool {
+	work, cmds, err := s.claim(ctx, sess, out.resumeAt, wait > 0, issued)
 	if err != nil {
 		out.answer, out.err = PollAnswer{}, err
 		return true
@@ -638,8 +639,10 @@ func (s *Service) answer(ctx context.Context, sess Session, cmds []Command, conf
 // read (dueMemo): anything written since would have been announced, and
 // the announcement wakes the poll, which then reads. A poll that does not
 // wait always reads — it has no wake-up to be answered by — and so does a
-// resuming one, which asks about its own arrival.
-func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, mayWait bool) (DueWork, []Command, error) {
+// resuming one, which asks about its own arrival. A poll woken by a
+// command this replica just recorded (issued) skips the read the other
+// way: it claims at once, and the claim answers what the read would have.
+func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, mayWait, issued bool) (DueWork, []Command, error) {
 	now := s.clock()
 	before := now.Add(-s.settings.VisibilityTimeout)
 	if resumeAt.After(before) {
@@ -647,35 +650,43 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 	}
 	due := Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
 		RedeliverBefore: before, Now: now, Limit: s.settings.MaxPollBatch}
-	if mayWait && resumeAt.IsZero() && s.quiet.quiet(sess.NodeID, sess.Fencing) {
+	issued = issued && resumeAt.IsZero()
+	if mayWait && resumeAt.IsZero() && !issued && s.quiet.quiet(sess.NodeID, sess.Fencing) {
 		s.metrics.PollReadsSkipped.Inc()
 		return DueWork{}, nil, nil
 	}
 	token := s.quiet.begin(sess.NodeID)
-	work, err := s.store.DueWork(ctx, due)
-	s.metrics.PollStoreQueries.Inc() // counted once answered
-	s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet())
-	if err != nil || !work.Commands {
-		return work, nil, err
+	if issued {
+		s.metrics.PollDirectClaims.Inc()
+	} else {
+		work, err := s.store.DueWork(ctx, due)
+		s.metrics.PollStoreQueries.Inc() // counted once answered
+		if err != nil || !work.Commands {
+			s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet())
+			return work, nil, err
+		}
 	}
 	// The node's capabilities come from the cache the session door just
 	// filled: a node that lacks one a command needs has those commands
 	// ended capability_missing instead of delivered (capabilities.go).
 	cur, err := s.currentNode(ctx, sess.NodeID)
 	if err != nil {
-		return work, nil, err
+		s.quiet.put(sess.NodeID, token, sess.Fencing, false)
+		return DueWork{}, nil, err
 	}
+	var work DueWork
 	var cmds []Command
 	err = s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		if err := refuseUncapable(ctx, tx, sess.NodeID, cur, now); err != nil {
 			return err
 		}
 		var err error
-		cmds, err = tx.ClaimDue(ctx, due)
+		work, cmds, err = tx.ClaimDue(ctx, due)
 		return err
 	})
+	s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet())
 	if err != nil {
-		return work, nil, err
+		return DueWork{}, nil, err
 	}
 	for _, c := range cmds {
 		if c.DeliveryCount == 1 {

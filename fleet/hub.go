@@ -18,6 +18,7 @@ type wake int
 const (
 	wakeFallback wake = iota + 1 // the notifier is down: look again (counted as source "poll")
 	wakeWork                     // new work may be due
+	wakeIssued                   // this replica just recorded a command for the node
 	wakeRecheck                  // the node's record changed: re-check the session
 	wakeDrain                    // the server is shutting down
 	wakeDeadline                 // the poll's wait is over
@@ -145,6 +146,10 @@ func send(w *waiter, why wake) bool {
 // Wake tells node's long-polls that work may be due. source is counted:
 // local (a commit on this replica), notify (another replica), poll.
 func (h *Hub) Wake(nodeID, source string) { h.signal(nodeID, wakeWork, source) }
+
+// WakeIssued is Wake for a command this replica's commit just recorded
+// for node (NotifyIssued): its long-polls claim without reading first.
+func (h *Hub) WakeIssued(nodeID, source string) { h.signal(nodeID, wakeIssued, source) }
 
 // Recheck tells node's long-polls its record changed (fenced, retired).
 func (h *Hub) Recheck(nodeID, source string) { h.signal(nodeID, wakeRecheck, source) }

@@ -198,6 +198,9 @@ func (s *Service) Deliver(notes []Notification, source string) {
 		case NotifyCommands:
 			s.quiet.forget(n.NodeID)
 			s.hub.Wake(n.NodeID, source)
+		case NotifyIssued:
+			s.quiet.forget(n.NodeID)
+			s.hub.WakeIssued(n.NodeID, source)
 		case NotifyNode:
 			s.quiet.forget(n.NodeID)
 			s.cache.forget(n.NodeID)

@@ -266,8 +266,10 @@ type Tx interface {
 	// ClaimDue marks the due commands delivered to d.Fencing at d.Now and
 	// answers them, oldest first, at most d.Limit; nothing due answers an
 	// empty list. On a shared database two claims never take the same
-	// command.
-	ClaimDue(ctx context.Context, d Due) ([]Command, error)
+	// command. It also answers what DueWork would have before the claim
+	// (Commands: something was claimed), so a poll that expects commands
+	// may claim without reading first.
+	ClaimDue(ctx context.Context, d Due) (DueWork, []Command, error)
 
 	// LockNodeConfig answers the node's configuration row locked, or
 	// ErrNoRows.

@@ -24,6 +24,7 @@ type Metrics struct {
 	Wakeups           *prometheus.CounterVec
 	PollStoreQueries  prometheus.Counter
 	PollReadsSkipped  prometheus.Counter
+	PollDirectClaims  prometheus.Counter
 	NodeLookups       *prometheus.CounterVec
 	PollRenewals      prometheus.Counter
 	CommandsIssued    prometheus.Counter
@@ -107,6 +108,9 @@ func New(pending func() float64) *Metrics {
 		PollReadsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_due_reads_skipped_total", Help: "Long-poll checks for work answered without a store query: this replica's last read found nothing due for the node and nothing was announced for it since.",
 		}),
+		PollDirectClaims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_long_poll_direct_claims_total", Help: "Long-poll checks for work that claimed without a read first: woken by a command this replica had just recorded for the node.",
+		}),
 		NodeLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_node_lookups_total", Help: "Node records (fencing token, retired, capabilities) the agent doors and capability checks needed, answered from this replica's node cache (result=hit) or by a database read (result=store).",
 		}, []string{"result"}),
@@ -183,7 +187,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.NodeLookups, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -126,12 +126,17 @@ const dueWorkSQL = `SELECT
 			AND (last_delivered_at IS NULL OR last_delivered_at <= ?)) THEN 2
 		WHEN EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending') THEN 1
 		ELSE 0 END AS commands,
-		COALESCE((SELECT CASE
+		` + dueConfigSQL + ` AS config`
+
+// dueConfigSQL judges the node's configuration for the session (fleet.
+// ConfigWake), by primary key; its arguments: the fencing token twice, the
+// redelivery bound, the node id.
+const dueConfigSQL = `COALESCE((SELECT CASE
 			WHEN revision = 0 THEN 0
 			WHEN settled AND reported_fencing = ? THEN 0
 			WHEN delivered_fencing = ? AND delivered_revision = revision AND delivered_at > ? THEN 1
 			ELSE 2 END
-		FROM node_configs WHERE node_id = ?), 0) AS config`
+		FROM node_configs WHERE node_id = ?), 0)`
 
 func dueWorkArgs(d fleet.Due) []any {
 	before := dbtime.Norm(d.RedeliverBefore)

@@ -681,9 +681,9 @@ func (t *fleetTx) UpdateCommand(ctx context.Context, c fleet.Command) error {
 	return t.mirrorCommandEnd(ctx, c)
 }
 
-func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, error) {
+func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []fleet.Command, error) {
 	if err := t.stray(d.NodeID); err != nil {
-		return nil, err
+		return fleet.DueWork{}, nil, err
 	}
 	now := dbtime.Norm(d.Now)
 	const claim = `UPDATE commands SET
@@ -699,8 +699,11 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, e
 	if t.dialect == Postgres {
 		// One statement claims the commands (two polls of one node, an old
 		// connection not yet gone, never claim the same command twice within
-		// the visibility timeout: SKIP LOCKED) and marks the operations of
-		// first deliveries running, with their events and notifications.
+		// the visibility timeout: SKIP LOCKED), marks the operations of
+		// first deliveries running, with their events and notifications,
+		// and answers what DueWork would have (read in the statement's
+		// snapshot, before the claim): a row per claimed command, or one
+		// with no command when nothing was due.
 		var rows []claimedRow
 		err := t.db(ctx).Raw(`WITH claimed AS (`+claim+` FOR UPDATE SKIP LOCKED) RETURNING *),
 			ops AS (
@@ -711,15 +714,24 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, e
 				INSERT INTO operation_events (operation_id, type, at, data)
 				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
 				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
-				RETURNING operation_id)
-			SELECT claimed.*, EXISTS (SELECT 1 FROM ev WHERE ev.operation_id = claimed.operation_id) AS operation_running
-			FROM claimed`,
-			append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica))...).Scan(&rows).Error
+				RETURNING operation_id),
+			due AS (SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending') AS pending,
+				`+dueConfigSQL+` AS config)
+			SELECT claimed.*, EXISTS (SELECT 1 FROM ev WHERE ev.operation_id = claimed.operation_id) AS operation_running,
+				due.pending AS due_pending, due.config AS due_config
+			FROM due LEFT JOIN claimed ON TRUE`,
+			append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica), d.NodeID,
+				d.Fencing, d.Fencing, dbtime.Norm(d.RedeliverBefore), d.NodeID)...).Scan(&rows).Error
 		if err != nil {
-			return nil, err
+			return fleet.DueWork{}, nil, err
 		}
+		var work fleet.DueWork
 		var running []string
 		for _, r := range rows {
+			work.Unsettled, work.Config = r.DuePending, fleet.ConfigWake(r.DueConfig)
+			if r.OperationID == "" {
+				continue // nothing claimed
+			}
 			out = append(out, commandFromRow(r.Command))
 			if r.OperationRunning {
 				running = append(running, r.OperationID)
@@ -727,24 +739,36 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) ([]fleet.Command, e
 		}
 		t.noteOperations(running)
 		sortCommands(out)
-		return out, nil
+		work.Commands = len(out) > 0
+		work.Unsettled = work.Unsettled && !work.Commands
+		return work, out, nil
+	}
+	// SQLite: statements are function calls, so the read comes first.
+	work, err := t.DueWork(ctx, d)
+	if err != nil || !work.Commands {
+		return work, nil, err
 	}
 	var rows []Command
 	if err := t.db(ctx).Raw(claim+`) RETURNING *`, args...).Scan(&rows).Error; err != nil {
-		return nil, err
+		return fleet.DueWork{}, nil, err
 	}
 	for _, row := range rows {
 		out = append(out, commandFromRow(row))
 	}
 	sortCommands(out)
-	return out, t.mirrorFirstDeliveries(ctx, out, d.Now)
+	work.Commands = len(out) > 0
+	return work, out, t.mirrorFirstDeliveries(ctx, out, d.Now)
 }
 
 // claimedRow is a claimed command and whether its operation just became
-// running.
+// running, beside the node's due work as the claim found it (DuePending:
+// a pending command, due or not; DueConfig: fleet.ConfigWake). With
+// nothing claimed the row's command columns are empty.
 type claimedRow struct {
 	Command          `gorm:"embedded"`
 	OperationRunning bool
+	DuePending       bool
+	DueConfig        int
 }
 
 func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {

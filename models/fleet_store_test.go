@@ -270,9 +270,10 @@ func TestFleetStoreAbsenceAndConflict(t *testing.T) {
 			require.NoError(t, tx.UpdateNode(ctx, sampleNode("ghost", "ghost", 1)))
 			require.NoError(t, tx.UpdateCommand(ctx, fleet.Command{OperationID: "ghost", NodeID: "n1", Kind: "stop_workload",
 				Payload: json.RawMessage(`{}`), IssuedAt: t0, State: fleet.CommandPending}))
-			claimed, err := tx.ClaimDue(ctx, fleet.Due{NodeID: "n1", Fencing: 1, RedeliverBefore: t0, Now: t0, Limit: 10})
+			work, claimed, err := tx.ClaimDue(ctx, fleet.Due{NodeID: "n1", Fencing: 1, RedeliverBefore: t0, Now: t0, Limit: 10})
 			require.NoError(t, err)
 			require.Empty(t, claimed, "nothing due")
+			require.False(t, work.Commands)
 			return nil
 		}))
 		_, err = s.Node(ctx, "ghost")
@@ -396,10 +397,12 @@ func TestFleetStoreCommands(t *testing.T) {
 		}))
 		require.Equal(t, []fleet.Notification{{Kind: fleet.NotifyCommands, NodeID: "n1"}}, rec.all(), "delivered after commit")
 
+		var work fleet.DueWork // what the last claim found
 		claim := func(now time.Time, limit int) []string {
 			var ids []string
 			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
-				cs, err := tx.ClaimDue(ctx, fleet.Due{NodeID: "n1", Fencing: 2, Now: now, RedeliverBefore: now.Add(-time.Minute), Limit: limit})
+				w, cs, err := tx.ClaimDue(ctx, fleet.Due{NodeID: "n1", Fencing: 2, Now: now, RedeliverBefore: now.Add(-time.Minute), Limit: limit})
+				work = w
 				for _, c := range cs {
 					ids = append(ids, c.OperationID)
 					require.Equal(t, int64(2), *c.DeliveredFencing)
@@ -417,9 +420,12 @@ func TestFleetStoreCommands(t *testing.T) {
 		}
 		require.True(t, hasDue(now))
 		require.Equal(t, []string{"c", "a"}, claim(now, 2), "oldest first, bounded")
+		require.Equal(t, fleet.DueWork{Commands: true, Config: fleet.ConfigNotDue}, work, "the claim answers the due read")
 		require.Equal(t, []string{"b"}, claim(now, 10))
 		require.False(t, hasDue(now.Add(59*time.Second)))
 		require.Empty(t, claim(now.Add(59*time.Second), 10), "inside the visibility timeout")
+		require.Equal(t, fleet.DueWork{Unsettled: true, Config: fleet.ConfigNotDue}, work,
+			"nothing claimed: pending but delivered, as the due read says")
 		require.True(t, hasDue(now.Add(time.Minute)))
 		require.Equal(t, []string{"c", "a", "b"}, claim(now.Add(time.Minute), 10))
 		c, err := s.Command(ctx, "a")

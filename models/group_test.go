@@ -383,7 +383,7 @@ func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
 						var cs []fleet.Command
 						err := s.Tx(fleet.OnNode(ctx, node), func(tx fleet.Tx) error {
 							var err error
-							cs, err = tx.ClaimDue(ctx, fleet.Due{NodeID: node, Fencing: int64(si + 1), Now: now,
+							_, cs, err = tx.ClaimDue(ctx, fleet.Due{NodeID: node, Fencing: int64(si + 1), Now: now,
 								RedeliverBefore: now, Limit: 3})
 							return err
 						})

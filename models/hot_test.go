@@ -54,7 +54,7 @@ func TestPostgresClaimsAreHOTUpdates(t *testing.T) {
 		var got []fleet.Command
 		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
 			var err error
-			got, err = tx.ClaimDue(ctx, fleet.Due{NodeID: "hot", Fencing: 1, Now: at, RedeliverBefore: at.Add(-time.Minute), Limit: 1})
+			_, got, err = tx.ClaimDue(ctx, fleet.Due{NodeID: "hot", Fencing: 1, Now: at, RedeliverBefore: at.Add(-time.Minute), Limit: 1})
 			return err
 		}))
 		require.Len(t, got, 1)

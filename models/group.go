@@ -18,7 +18,8 @@ import (
 // groupCommit runs the fleet's concurrent transactions as one, on both
 // dialects: whoever arrives while no commit is under way leads, takes every
 // waiting request and runs them back to back in one database transaction,
-// each in its own savepoint, then commits once; requests arriving meanwhile
+// each in its own savepoint (on Postgres only once one of them has failed:
+// see run), then commits once; requests arriving meanwhile
 // wait for the next batch, led by the first of them. An idle store adds no
 // delay (a lone request is its own batch, with no savepoint); a busy one
 // pays one commit (one fsync) per batch instead of one per request.
@@ -76,7 +77,7 @@ type groupCommit struct {
 
 // groupCounters count what the lanes did, for tests and the load tool.
 type groupCounters struct {
-	batches, maxRunning, strays, retries atomic.Int64
+	batches, maxRunning, strays, retries, reruns atomic.Int64
 }
 
 // GroupStats are the group commit's counters since the store was made.
@@ -88,19 +89,26 @@ type GroupStats struct {
 	// Strays is how many requests left their route and ran again in the
 	// exclusive lane; Retries how many ran again after a deadlock.
 	Strays, Retries int64
+	// Reruns is how many batches ran again with savepoints because a
+	// request failed in their run without (run).
+	Reruns int64
 }
 
 // GroupStats answers the group commit's counters.
 func (s *FleetStore) GroupStats() GroupStats {
 	g := s.group
 	return GroupStats{Lanes: len(g.lanes), Batches: g.stats.batches.Load(), MaxRunning: g.stats.maxRunning.Load(),
-		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load()}
+		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load(), Reruns: g.stats.reruns.Load()}
 }
 
 // lane is one queue of batches, run one at a time.
 type lane struct {
 	g     *groupCommit
 	index int // -1: the exclusive lane
+
+	// spoiled: the lane's last batch had a failed request, so the next
+	// one keeps savepoints from the start (run).
+	spoiled atomic.Bool
 
 	mu       sync.Mutex // guards the following
 	pending  []*groupReq
@@ -267,10 +275,61 @@ func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) 
 // run runs one batch in one transaction and answers the requests that
 // must run again, and what finishes the others: their notifications
 // handed to the local hook, their outcomes made final (done closed).
+//
+// Savepoints cost a round trip per request, and on Postgres that round
+// trip is most of what a request's turn in the batch costs beside its own
+// statement or two. So a Postgres batch first runs without them
+// (optimistic): when every request succeeds — nearly always — that is the
+// batch. When one fails, nothing of the batch has happened yet: the
+// transaction is rolled back and the batch runs again with a savepoint per
+// request, the one way failures were always kept apart; the lane then
+// keeps savepoints until a batch runs clean (spoiled), so a stream of
+// refusals is never paid twice.
 func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) ([]*groupReq, func()) {
+	single := len(batch) == 1
+	var refused *groupReq
+	if !single && g.store.dialect == Postgres && !l.spoiled.Load() {
+		err := g.runTx(ctx, l, batch, false)
+		if !errors.Is(err, errRequestFailed) {
+			return g.outcome(batch, false, err)
+		}
+		g.stats.reruns.Add(1)
+		// A request refused for a lock (a deadlock, a stray) runs again
+		// alone, as it would have from its savepoint: the others must not
+		// take the same locks again beside it.
+		for i, r := range batch {
+			if r.err != nil && (r.strayed || lockConflict(r.err) && r.tries < maxTries) {
+				refused, batch = r, slices.Delete(slices.Clone(batch), i, i+1)
+				break
+			}
+		}
+		single = len(batch) == 1
+	}
+	err := g.runTx(ctx, l, batch, !single)
+	if !single {
+		failed := false
+		for _, r := range batch {
+			failed = failed || r.err != nil
+		}
+		l.spoiled.Store(failed)
+	}
+	again, finish := g.outcome(batch, single, err)
+	if refused != nil {
+		again = append(again, refused)
+	}
+	return again, finish
+}
+
+// errRequestFailed ends an optimistic batch (run) whose request failed.
+var errRequestFailed = errors.New("group commit: a request of the batch failed")
+
+// runTx runs the batch's requests in one transaction, each in its own
+// savepoint or (savepoints false) with none: then the first that fails
+// ends the transaction, rolled back whole (errRequestFailed for a batch).
+func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, savepoints bool) error {
 	s := g.store
 	single := len(batch) == 1
-	err := s.db.Tx(ctx, func(tx *gorm.DB) error {
+	return s.db.Tx(ctx, func(tx *gorm.DB) error {
 		for i, r := range batch {
 			r.notes, r.pg, r.audit, r.err, r.strayed = nil, nil, nil, nil, false
 			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single}, store: s, notes: &r.notes, pg: &r.pg,
@@ -278,12 +337,15 @@ func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) ([]*g
 			if l.index >= 0 {
 				t.route = &txRoute{TxRoute: r.route, lane: l.index, lanes: len(g.lanes), strayed: &r.strayed}
 			}
-			if single {
+			if !savepoints {
 				if err := r.fn(t); err != nil || r.strayed {
 					if err == nil {
 						err = errStrayed
 					}
 					r.err = err
+					if !single {
+						return errRequestFailed
+					}
 					return err
 				}
 				continue
@@ -307,6 +369,13 @@ func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) ([]*g
 		}
 		return s.flushNotes(tx, batch)
 	})
+}
+
+// outcome settles each request of a batch that ran (err: the
+// transaction's) and answers those that must run again, and what finishes
+// the others.
+func (g *groupCommit) outcome(batch []*groupReq, single bool, err error) ([]*groupReq, func()) {
+	s := g.store
 	var notes []fleet.Notification
 	var again []*groupReq
 	for _, r := range batch {

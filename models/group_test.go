@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -431,5 +432,78 @@ func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
 		if db.Dialect == models.Postgres {
 			require.Positive(t, a.GroupStats().Strays+b.GroupStats().Strays, "the strays ran again, alone")
 		}
+	})
+}
+
+// A request that fails inside a batch leaves none of its writes, and
+// every other request of the batch commits its own, once: on Postgres the
+// batch ran first without savepoints, so the failure sent it round again
+// with them (Reruns), the failed request alone rolled back; the next batch
+// keeps savepoints from the start, and one that runs clean drops them.
+func TestGroupCommitFailedRequestLeavesNothing(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		n := sampleNode("gf", "rent-gf", 1)
+		n.State = fleet.StateReady
+		insert(t, s, n)
+		refused := fmt.Errorf("refused")
+		// batch runs reqs requests in one batch, those with i%4 == 0
+		// failing after their write: a first request holds the lane
+		// until the others are queued behind it.
+		batch := func(round string, reqs int, fail bool) {
+			held, release := make(chan struct{}), make(chan struct{})
+			go func() {
+				assert.NoError(t, s.Tx(ctx, func(fleet.Tx) error { close(held); <-release; return nil }))
+			}()
+			<-held
+			var wg sync.WaitGroup
+			for i := range reqs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					err := s.Tx(ctx, func(tx fleet.Tx) error {
+						if err := tx.InsertCommand(ctx, fleet.Command{OperationID: fmt.Sprintf("%s-%d", round, i), NodeID: "gf",
+							Kind: "stop_workload", Payload: json.RawMessage(`{}`), PayloadDigest: "d", FencingToken: 1,
+							IssuedAt: t0, State: fleet.CommandPending}); err != nil {
+							return err
+						}
+						if fail && i%4 == 0 {
+							return refused // after its write
+						}
+						return nil
+					})
+					if fail && i%4 == 0 {
+						assert.ErrorIs(t, err, refused)
+					} else {
+						assert.NoError(t, err)
+					}
+				}()
+			}
+			testwait.For(t, "the requests to queue", testwait.Patience, func() bool { return models.QueuedExclusive(s) == reqs })
+			close(release)
+			wg.Wait()
+			for i := range reqs {
+				_, err := s.Command(ctx, fmt.Sprintf("%s-%d", round, i))
+				if fail && i%4 == 0 {
+					require.ErrorIs(t, err, fleet.ErrNoRows, "%s: request %d failed: its write is gone", round, i)
+				} else {
+					require.NoError(t, err, "%s: request %d committed", round, i)
+				}
+			}
+		}
+		reruns := func() int64 { return s.GroupStats().Reruns }
+		batch("clean", 12, false)
+		require.Zero(t, reruns(), "a clean batch runs once")
+		batch("failing", 40, true)
+		want := int64(0)
+		if db.Dialect == models.Postgres {
+			want = 1 // SQLite keeps savepoints: they cost no round trip
+		}
+		require.Equal(t, want, reruns(), "the failed request sent its batch round again")
+		batch("after", 40, true)
+		require.Equal(t, want, reruns(), "savepoints from the start after a failure")
+		batch("clean-again", 12, false)
+		batch("failing-again", 40, true)
+		require.Equal(t, 2*want, reruns(), "a clean batch dropped the savepoints again")
 	})
 }

@@ -662,7 +662,7 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 		work, err := s.store.DueWork(ctx, due)
 		s.metrics.PollStoreQueries.Inc() // counted once answered
 		if err != nil || !work.Commands {
-			s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet())
+			s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet(), err == nil && work.awaiting())
 			return work, nil, err
 		}
 	}
@@ -671,7 +671,7 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 	// ended capability_missing instead of delivered (capabilities.go).
 	cur, err := s.currentNode(ctx, sess.NodeID)
 	if err != nil {
-		s.quiet.put(sess.NodeID, token, sess.Fencing, false)
+		s.quiet.put(sess.NodeID, token, sess.Fencing, false, false)
 		return DueWork{}, nil, err
 	}
 	var work DueWork
@@ -684,7 +684,10 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 		work, cmds, err = tx.ClaimDue(ctx, due)
 		return err
 	})
-	s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet())
+	// What the claim delivered awaits its settlement, unless it left
+	// commands due (a full answer).
+	awaiting := work.awaiting() || work.Commands && !work.Unsettled && work.Config == ConfigNotDue && len(cmds) < due.Limit
+	s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet(), err == nil && awaiting)
 	if err != nil {
 		return DueWork{}, nil, err
 	}
@@ -744,6 +747,7 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 	now := s.clock()
 	out := make([]api.Settled, 0, len(results))
 	var newly []Command
+	pendingLeft := true
 	ids := make([]string, len(results))
 	for i, r := range results {
 		ids[i] = r.OperationID
@@ -775,10 +779,19 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 				return err
 			}
 		}
-		return tx.SettleCommands(ctx, newly)
+		pendingLeft = true
+		if len(newly) > 0 {
+			pendingLeft, err = tx.SettleCommands(ctx, newly)
+		}
+		return err
 	})
 	if err != nil {
 		return nil, err
+	}
+	if !pendingLeft {
+		// The node's next poll need not read to learn it has nothing
+		// pending (dueMemo), if nothing was announced for it meanwhile.
+		s.quiet.settled(sess.NodeID, sess.Fencing)
 	}
 	for _, c := range newly {
 		s.metrics.CommandsSettled.WithLabelValues(string(c.State)).Inc()

@@ -597,6 +597,10 @@ type DueWork struct {
 // write: no pending command at all and no configuration due or riding.
 func (w DueWork) quiet() bool { return !w.Commands && !w.Unsettled && w.Config == ConfigNotDue }
 
+// awaiting reports that nothing is due and no configuration is due or
+// riding, but commands were delivered and are not settled (dueMemo).
+func (w DueWork) awaiting() bool { return !w.Commands && w.Unsettled && w.Config == ConfigNotDue }
+
 // deliverConfig answers the configuration due for the session, with its
 // real values, and marks it delivered to the session's fencing token;
 // nil when none is due (any more).

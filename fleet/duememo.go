@@ -17,24 +17,42 @@ import "time"
 // or a configuration delivered but not reported (§32), and a read that
 // finds either is not kept. Nothing is kept while the notifier is down.
 type dueMemo struct {
-	// The value is the fencing token of the read that found the node
-	// quiet; a read that did not is not kept.
-	*memo[int64]
+	*memo[dueState]
+}
+
+// dueState is what the node's last read (or claim) found, at the fencing
+// token it was made for: quiet, or awaiting — nothing due and no
+// configuration due or riding, but commands delivered and not yet settled
+// (which fall due again by time alone, so polls still read). A settlement
+// that leaves the node no pending command turns awaiting into quiet
+// (settled): no read needed to learn what the settlement just did.
+type dueState struct {
+	fencing  int64
+	awaiting bool
 }
 
 func newDueMemo(maxAge time.Duration, limit int, healthy bool, now func() time.Time) *dueMemo {
-	return &dueMemo{newMemo[int64](maxAge, 0, limit, healthy, now)}
+	return &dueMemo{newMemo[dueState](maxAge, 0, limit, healthy, now)}
 }
 
 // quiet reports whether a read of node at fencing may be skipped: the last
 // read found it quiet at that fencing token, and the memo may rely on it.
 func (m *dueMemo) quiet(nodeID string, fencing int64) bool {
-	f, ok := m.get(nodeID)
-	return ok && f == fencing
+	st, ok := m.get(nodeID)
+	return ok && st.fencing == fencing && !st.awaiting
 }
 
-// put records what the read begun with token found: kept only when quiet
-// and no forget came since begin; otherwise the node's entry goes.
-func (m *dueMemo) put(nodeID string, token uint64, fencing int64, quiet bool) {
-	m.memo.put(nodeID, token, fencing, quiet)
+// put records what the read (or claim) begun with token found, at fencing:
+// kept only when quiet or awaiting and no forget came since begin;
+// otherwise the node's entry goes.
+func (m *dueMemo) put(nodeID string, token uint64, fencing int64, quiet, awaiting bool) {
+	m.memo.put(nodeID, token, dueState{fencing: fencing, awaiting: !quiet}, quiet || awaiting)
+}
+
+// settled records that a settlement of the node's commands at fencing,
+// once committed, left it no pending command: an awaiting entry (still
+// there, so nothing was announced for the node since it was read) is
+// quiet now.
+func (m *dueMemo) settled(nodeID string, fencing int64) {
+	m.memo.replace(nodeID, func(st dueState) bool { return st.fencing == fencing && st.awaiting }, dueState{fencing: fencing})
 }

@@ -38,14 +38,33 @@ func TestDueMemo(t *testing.T) {
 	t.Run("Kept", func(t *testing.T) {
 		m := newMemo()
 		require.False(t, m.quiet("n", 1), "nothing known")
-		m.put("n", m.begin("n"), 1, true)
+		m.put("n", m.begin("n"), 1, true, false)
 		require.True(t, m.quiet("n", 1))
 		require.False(t, m.quiet("n", 2), "another fencing token")
 	})
+	t.Run("AwaitingThenSettled", func(t *testing.T) {
+		m := newMemo()
+		m.put("n", m.begin("n"), 1, false, true) // commands delivered, unsettled
+		require.False(t, m.quiet("n", 1), "awaiting is not quiet: polls still read")
+		m.settled("n", 2)
+		require.False(t, m.quiet("n", 1), "a settlement at another fencing token changes nothing")
+		m.settled("n", 1)
+		require.True(t, m.quiet("n", 1), "settled with nothing pending left")
+		m.put("n", m.begin("n"), 1, false, true)
+		m.forget("n") // a command recorded for the node since
+		m.settled("n", 1)
+		require.False(t, m.quiet("n", 1), "announced since: nothing to settle")
+		m.put("n", m.begin("n"), 1, true, false)
+		m.settled("n", 1)
+		require.True(t, m.quiet("n", 1), "quiet stays quiet")
+		clk.advance(5 * time.Minute)
+		m.settled("n", 1)
+		require.False(t, m.quiet("n", 1), "aged out")
+	})
 	t.Run("NotQuietNotKept", func(t *testing.T) {
 		m := newMemo()
-		m.put("n", m.begin("n"), 1, true)
-		m.put("n", m.begin("n"), 1, false)
+		m.put("n", m.begin("n"), 1, true, false)
+		m.put("n", m.begin("n"), 1, false, false)
 		require.False(t, m.quiet("n", 1))
 		require.Zero(t, m.size(), "a busy node takes no room")
 	})
@@ -53,43 +72,43 @@ func TestDueMemo(t *testing.T) {
 		m := newMemo()
 		tok := m.begin("n")
 		m.forget("n") // a write committed and was announced while reading
-		m.put("n", tok, 1, true)
+		m.put("n", tok, 1, true, false)
 		require.False(t, m.quiet("n", 1))
 		tok = m.begin("n")
 		m.forgetAll()
-		m.put("n", tok, 1, true)
+		m.put("n", tok, 1, true, false)
 		require.False(t, m.quiet("n", 1))
 	})
 	t.Run("BeginVoids", func(t *testing.T) {
 		m := newMemo()
-		m.put("n", m.begin("n"), 1, true)
+		m.put("n", m.begin("n"), 1, true, false)
 		first := m.begin("n")
 		require.False(t, m.quiet("n", 1), "a read in flight: not known")
 		second := m.begin("n")
-		m.put("n", first, 1, true) // overtaken by the second read
+		m.put("n", first, 1, true, false) // overtaken by the second read
 		require.False(t, m.quiet("n", 1))
-		m.put("n", second, 1, true)
+		m.put("n", second, 1, true, false)
 		require.True(t, m.quiet("n", 1))
 	})
 	t.Run("Notifier", func(t *testing.T) {
 		m := newMemo()
-		m.put("n", m.begin("n"), 1, true)
+		m.put("n", m.begin("n"), 1, true, false)
 		tok := m.begin("m")
 		m.setHealthy(false)
 		require.False(t, m.quiet("n", 1), "void once notifications may be missed")
-		m.put("m", tok, 1, true)
+		m.put("m", tok, 1, true, false)
 		require.False(t, m.quiet("m", 1), "a read begun before the drop")
 		require.Zero(t, m.begin("n"), "nothing kept while down")
 		m.setHealthy(true)
 		require.False(t, m.quiet("n", 1), "not back by itself")
-		m.put("n", m.begin("n"), 1, true)
+		m.put("n", m.begin("n"), 1, true, false)
 		require.True(t, m.quiet("n", 1))
 		cross := newDueMemo(time.Minute, 10, false, clk.now)
 		require.Zero(t, cross.begin("n"), "a replica starts unhealthy until its listener connects")
 	})
 	t.Run("AgesOut", func(t *testing.T) {
 		m := newMemo()
-		m.put("n", m.begin("n"), 1, true)
+		m.put("n", m.begin("n"), 1, true, false)
 		clk.advance(5*time.Minute - time.Nanosecond)
 		require.True(t, m.quiet("n", 1))
 		clk.advance(time.Nanosecond)
@@ -99,7 +118,7 @@ func TestDueMemo(t *testing.T) {
 		m := newMemo()
 		for i := range 3 {
 			id := strconv.Itoa(i)
-			m.put(id, m.begin(id), 1, true)
+			m.put(id, m.begin(id), 1, true, false)
 		}
 		require.Zero(t, m.begin("x"), "full of fresh entries: not kept")
 		require.Equal(t, 3, m.size())
@@ -107,13 +126,13 @@ func TestDueMemo(t *testing.T) {
 		clk.advance(5 * time.Minute)
 		tok := m.begin("x")
 		require.NotZero(t, tok, "expired entries pruned to make room")
-		m.put("x", tok, 1, true)
+		m.put("x", tok, 1, true, false)
 		require.True(t, m.quiet("x", 1))
 		require.Equal(t, 1, m.size())
 	})
 	t.Run("Disabled", func(t *testing.T) {
 		m := newDueMemo(-1, 10, true, clk.now)
-		m.put("n", m.begin("n"), 1, true)
+		m.put("n", m.begin("n"), 1, true, false)
 		require.False(t, m.quiet("n", 1))
 	})
 }
@@ -171,7 +190,7 @@ func TestDueMemoConcurrent(t *testing.T) {
 				seen[tok] = version[n]
 				mu.Unlock()
 				runtime.Gosched() // let writes and other reads overlap this one
-				m.put(id, tok, 1, true)
+				m.put(id, tok, 1, true, false)
 			}
 		}()
 	}
@@ -197,7 +216,7 @@ func TestDueMemoConcurrent(t *testing.T) {
 		if !m.quiet(id, 1) {
 			tok := m.begin(id)
 			seen[tok] = version[n]
-			m.put(id, tok, 1, true)
+			m.put(id, tok, 1, true, false)
 		}
 		require.True(t, m.quiet(id, 1))
 	}

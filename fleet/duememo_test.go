@@ -114,8 +114,26 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 			require.Equal(t, []string{"memo-issue"}, ops(a.Commands), "redelivered")
 			_, err := b.svc.Settle(ctx, sess, []api.Result{{OperationID: "memo-issue", Applied: true}})
 			require.NoError(t, err)
-			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "settled: read once")
+			// The settlement left nothing pending: quiet without a read.
+			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "settled")
 			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "then quiet")
+		})
+		t.Run("SettlementLeavingWorkReads", func(t *testing.T) {
+			id, sess, _ := b.readyNode(t)
+			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "first poll")
+			b.issue(t, id, launch("memo-s1"))
+			b.issue(t, id, launch("memo-s2"))
+			a := requireAnswer(t, b.svc, b.metrics, sess, false, 1, 0, "both delivered")
+			require.Len(t, a.Commands, 2)
+			_, err := b.svc.Settle(ctx, sess, []api.Result{{OperationID: "memo-s1", Applied: true}})
+			require.NoError(t, err)
+			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "one still unsettled: read")
+			_, err = b.svc.Settle(ctx, sess, []api.Result{{OperationID: "memo-s2", Applied: true}})
+			require.NoError(t, err)
+			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "the last settled: quiet")
+			_, err = b.svc.Settle(ctx, sess, []api.Result{{OperationID: "memo-s2", Applied: true}})
+			require.NoError(t, err)
+			requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "settling again changes nothing")
 		})
 		t.Run("ReleaseIsHeard", func(t *testing.T) {
 			id, sess, _ := b.readyNode(t)
@@ -369,8 +387,7 @@ func TestQuietAcrossReplicas(t *testing.T) {
 		require.Equal(t, fallbacks, testutil.ToFloat64(a.metrics.Wakeups.WithLabelValues("poll")), "not by a fallback look")
 		_, err = a.svc.Settle(ctx, sess, []api.Result{{OperationID: "memo-x1", Applied: true}})
 		require.NoError(t, err)
-		requireReads(t, a.svc, a.metrics, sess, false, 1, 0, "settled: read once")
-		requireReads(t, a.svc, a.metrics, sess, false, 0, 1, "quiet again")
+		requireReads(t, a.svc, a.metrics, sess, false, 0, 1, "settled here with nothing left: quiet")
 
 		// A's listener stops: A may miss B's notifications, so it reads, and
 		// finds what B issued unheard.

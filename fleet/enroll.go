@@ -209,7 +209,8 @@ func (s *Service) settleUnacknowledged(ctx context.Context, tx Tx, nodeID string
 			return nil, err
 		}
 	}
-	return settled, tx.SettleCommands(ctx, fresh)
+	_, err = tx.SettleCommands(ctx, fresh)
+	return settled, err
 }
 
 // refence gives n a new fencing token, which ends every older session, and

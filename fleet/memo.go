@@ -134,6 +134,22 @@ func (m *memo[V]) put(nodeID string, token uint64, v V, keep bool) {
 	m.entries[nodeID] = memoEntry[V]{token: token, known: true, v: v, at: e.at}
 }
 
+// replace changes what is known of the node to v, when something is known
+// that may be relied on (get) and match accepts it; it keeps the entry's
+// age, and a forget since (no entry) leaves nothing to change.
+func (m *memo[V]) replace(nodeID string, match func(V) bool, v V) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[nodeID]
+	age := m.ageLocked()
+	if !ok || !e.known || age <= 0 || now.Sub(e.at) >= age || now.Before(e.at) || !match(e.v) {
+		return
+	}
+	e.v = v
+	m.entries[nodeID] = e
+}
+
 // forget voids what is known of node (and any read of it in flight).
 func (m *memo[V]) forget(nodeID string) {
 	m.mu.Lock()

@@ -258,7 +258,9 @@ type Tx interface {
 	// of commands the transaction locked, and ends each one's operation as
 	// UpdateCommand does: one statement for all of them where the store
 	// can.
-	SettleCommands(ctx context.Context, cs []Command) error
+	// It answers whether the node of cs (one node) has a pending command
+	// besides them, as seen by the settlement (false for none given).
+	SettleCommands(ctx context.Context, cs []Command) (bool, error)
 	// WithdrawCommand cancels a pending command never delivered to any
 	// session and answers true; a command delivered at least once, settled,
 	// or absent is left as it is and answers false.

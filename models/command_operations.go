@@ -159,21 +159,32 @@ func (t *fleetTx) LockCommands(ctx context.Context, ids []string) (map[string]fl
 
 // SettleCommands implements fleet.Tx. On Postgres one statement (hand
 // written: GORM would send a statement per row) writes every settlement,
-// ends the operations, appends their events and announces them; SQLite
-// writes them one by one inside its group-committed transaction.
-func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) error {
+// ends the operations, appends their events, announces them and answers
+// whether the node has another pending command (in the statement's
+// snapshot, where the settled ones are still pending: they are left out);
+// SQLite writes them one by one inside its group-committed transaction,
+// then reads.
+func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool, error) {
 	if len(cs) == 0 {
-		return nil
+		return false, nil
 	}
 	cs = append([]fleet.Command(nil), cs...)
 	sort.Slice(cs, func(i, j int) bool { return cs[i].OperationID < cs[j].OperationID })
+	nodeID := cs[0].NodeID
+	ids := make([]string, len(cs))
+	for i, c := range cs {
+		ids[i] = c.OperationID
+	}
 	if t.dialect != Postgres {
 		for _, c := range cs {
 			if err := t.UpdateCommand(ctx, c); err != nil {
-				return err
+				return false, err
 			}
 		}
-		return nil
+		var left bool
+		err := t.db(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending' AND operation_id NOT IN ?)`,
+			nodeID, ids).Scan(&left).Error
+		return left, err
 	}
 	var cmdVals, endVals []string
 	var cmdArgs, endArgs []any
@@ -197,16 +208,24 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) error 
 		endVals = append(endVals, "(CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS boolean), CAST(? AS timestamptz), CAST(? AS text))")
 		endArgs = append(endArgs, c.OperationID, string(end.State), rawp(end.Result), code, msg, retryable, dbtime.Norm(at), string(data))
 	}
-	cmdSQL := `cmd AS (
+	cmdSQL := `v (operation_id, state, code, message, settled_at) AS (VALUES ` + strings.Join(cmdVals, ", ") + `),
+		cmd AS (
 			UPDATE commands c SET state = v.state, failure_code = v.code, failure_message = v.message, settled_at = v.settled_at
-			FROM (VALUES ` + strings.Join(cmdVals, ", ") + `) AS v (operation_id, state, code, message, settled_at)
-			WHERE c.operation_id = v.operation_id RETURNING c.operation_id)`
+			FROM v WHERE c.operation_id = v.operation_id RETURNING c.operation_id)`
+	leftSQL := `SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending'
+			AND operation_id NOT IN (SELECT operation_id FROM v)) AS pending_left`
 	if len(endVals) == 0 {
-		return t.db(ctx).Exec(`WITH `+cmdSQL+` SELECT COUNT(*) FROM cmd`, cmdArgs...).Error
+		var left []bool
+		err := t.db(ctx).Raw(`WITH `+cmdSQL+`, n AS (SELECT COUNT(*) FROM cmd) `+leftSQL+` FROM n`,
+			append(cmdArgs, nodeID)...).Scan(&left).Error
+		return len(left) == 1 && left[0], err
 	}
 	args := append(cmdArgs, endArgs...)
-	args = append(args, t.store.channel, notifyPrefix(t.store.replica))
-	var ended []endedOperation
+	args = append(args, t.store.channel, notifyPrefix(t.store.replica), nodeID)
+	var rows []struct {
+		endedOperation `gorm:"embedded"`
+		PendingLeft    bool
+	}
 	err := t.db(ctx).Raw(`WITH `+cmdSQL+`,
 		op AS (
 			UPDATE operations o SET state = e.state, terminal = TRUE, result = e.result, error_code = e.code,
@@ -217,16 +236,22 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) error 
 		ev AS (
 			INSERT INTO operation_events (operation_id, type, at, data)
 			SELECT op.id, op.state, op.at, op.data FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
-			RETURNING 1)
-		SELECT op.id, op.parent_id FROM op`, args...).Scan(&ended).Error
+			RETURNING 1),
+		l AS (`+leftSQL+`)
+		SELECT op.id, op.parent_id, l.pending_left FROM l LEFT JOIN op ON TRUE`, args...).Scan(&rows).Error
 	if err != nil {
-		return err
+		return false, err
 	}
-	for _, e := range ended {
-		t.noteOperations([]string{e.ID})
-		if e.ParentID != nil {
-			*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: *e.ParentID})
+	left := false
+	for _, r := range rows {
+		left = r.PendingLeft
+		if r.ID == "" {
+			continue // no operation ended
+		}
+		t.noteOperations([]string{r.ID})
+		if r.ParentID != nil {
+			*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: *r.ParentID})
 		}
 	}
-	return nil
+	return left, nil
 }

@@ -445,6 +445,29 @@ func TestFleetStoreCommands(t *testing.T) {
 		n, err := s.CountPendingCommands(ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(3), n)
+
+		// A settlement says whether the node has another pending command.
+		settle := func(ids ...string) bool {
+			var left bool
+			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+				locked, err := tx.LockCommands(ctx, ids)
+				require.NoError(t, err)
+				var cs []fleet.Command
+				for _, id := range ids {
+					c := locked[id]
+					c.State, c.SettledAt = fleet.CommandApplied, &now
+					cs = append(cs, c)
+				}
+				left, err = tx.SettleCommands(ctx, cs)
+				return err
+			}))
+			return left
+		}
+		require.True(t, settle("c"), "a and b still pending")
+		require.False(t, settle("a", "b"), "nothing pending left")
+		c, err = s.Command(ctx, "b")
+		require.NoError(t, err)
+		require.Equal(t, fleet.CommandApplied, c.State)
 	})
 }
 

@@ -287,7 +287,7 @@ func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
 					c.State, c.SettledAt = fleet.CommandApplied, tp(time.Now())
 					newly = append(newly, c)
 				}
-				if err := tx.SettleCommands(ctx, newly); err != nil {
+				if _, err := tx.SettleCommands(ctx, newly); err != nil {
 					return err
 				}
 				for _, c := range newly {

@@ -60,7 +60,7 @@ func TestPostgresClaimsAreHOTUpdates(t *testing.T) {
 		require.Len(t, got, 1)
 		c = got[0]
 		c.State, c.SettledAt = fleet.CommandApplied, &at
-		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.SettleCommands(ctx, []fleet.Command{c}) }))
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { _, err := tx.SettleCommands(ctx, []fleet.Command{c}); return err }))
 	}
 	require.NoError(t, db.Exec("SELECT pg_stat_force_next_flush()").Error)
 	var st struct{ Upd, Hot int64 }

@@ -614,14 +614,19 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 			return n, false, err
 		}
 		c.FencingToken = n.FencingToken
-		return n, true, t.InsertCommand(ctx, c)
+		if err := t.InsertCommand(ctx, c); err != nil {
+			return n, false, err
+		}
+		return n, true, t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: n.ID})
 	}
 	if err := t.stray(c.NodeID); err != nil {
 		return fleet.Node{}, false, err
 	}
-	// The lock and the insert in one round trip (the submit path's hot
-	// statement): the insert reads the locked row, so it happens only for
-	// a ready node and carries the fencing token it has under the lock.
+	// The lock, the insert and the other replicas' notification in one
+	// round trip (the submit path's hot statement): the insert reads the
+	// locked row, so it happens only for a ready node and carries the
+	// fencing token it has under the lock; the notification goes with the
+	// inserted row (delivered when, and only if, the transaction commits).
 	row := rowFromCommand(c)
 	var out struct {
 		Node     `gorm:"embedded"`
@@ -629,10 +634,13 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	}
 	res := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
-			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n WHERE n.state = ?
+			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n
+			CROSS JOIN LATERAL (SELECT pg_notify(?, ? || n.id)) AS note
+			WHERE n.state = ?
 			RETURNING 1)
 		SELECT n.*, EXISTS (SELECT 1 FROM ins) AS inserted FROM n`,
-		c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State, string(fleet.StateReady)).
+		c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State,
+		t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady)).
 		Scan(&out)
 	if isDuplicate(res.Error) { // raw statements' errors are not translated
 		return fleet.Node{}, false, fleet.ErrDuplicate
@@ -643,7 +651,11 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	if res.RowsAffected == 0 {
 		return fleet.Node{}, false, fleet.ErrNoRows
 	}
-	return nodeFromRow(out.Node), out.Inserted, nil
+	n := nodeFromRow(out.Node)
+	if out.Inserted {
+		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: n.ID})
+	}
+	return n, out.Inserted, nil
 }
 
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {

@@ -314,6 +314,9 @@ func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operati
 
 func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, events ...ledger.Event) error {
 	if t.r.dialect == Postgres {
+		if t.r.later.hold(op, events) {
+			return nil // its command's insert records it (later.go)
+		}
 		// The operation and its events in one statement (one round trip).
 		seq, err := insertOperationStatement(t.r.db(ctx), *op, events)
 		if err != nil {

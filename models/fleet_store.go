@@ -636,9 +636,9 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	// statement (later.go), is inserted by it too, with its events.
 	withOp, selectOp := "", ", NULL AS op_seq"
 	var args []any
-	op := t.later.take(c.OperationID)
-	if op != nil {
-		cte, opArgs := operationCTE(*op.op, op.events)
+	kept := t.later.take(c.OperationID)
+	if kept != nil {
+		cte, opArgs := operationCTE(*kept.op, kept.events)
 		withOp, selectOp, args = cte+",", ", (SELECT seq FROM op) AS op_seq", opArgs
 	}
 	row := rowFromCommand(c)
@@ -658,7 +658,7 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 			t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady))...).
 		Scan(&out)
 	switch {
-	case op != nil && isDuplicate(res.Error):
+	case kept != nil && isDuplicate(res.Error):
 		// The operation's id or request id is taken (a command's id is
 		// its operation's): the ledger's error, its replay lookup follows.
 		return fleet.Node{}, false, ledger.ErrDuplicate
@@ -669,8 +669,8 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	case res.RowsAffected == 0:
 		return fleet.Node{}, false, fleet.ErrNoRows
 	}
-	if op != nil && out.OpSeq != nil {
-		op.op.Cursor = *out.OpSeq
+	if kept != nil && out.OpSeq != nil {
+		kept.op.Cursor = *out.OpSeq
 	}
 	n := nodeFromRow(out.Node)
 	if out.Inserted {

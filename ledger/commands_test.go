@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"encoding/json"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,5 +319,44 @@ func TestCommandReplays(t *testing.T) {
 		requireCode(t, err, errcode.OperationConflict)
 		require.Equal(t, before, countOps(t, b))
 		require.Equal(t, []string{"submitted", "cancelled"}, eventTypes(t, b, first.ID))
+	})
+}
+
+// TestCommandSubmitConcurrentSameRequestIsOneOperation: submits of one
+// command request at once record one operation and one command; every
+// other answers it as a replay.
+func TestCommandSubmitConcurrentSameRequestIsOneOperation(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, _ := b.readyNode(t)
+		sub := ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodePrepareImage,
+			Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}, Operation: json.RawMessage(prepare)}
+		const n = 16
+		ids := make([]string, n)
+		created := make([]bool, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				op, c, err := b.svc.Submit(ctx, admin, sub)
+				ids[i], created[i], errs[i] = op.ID, c, err
+			}()
+		}
+		close(start)
+		wg.Wait()
+		winners := 0
+		for i := range n {
+			require.NoError(t, errs[i])
+			require.Equal(t, ids[0], ids[i])
+			if created[i] {
+				winners++
+			}
+		}
+		require.Equal(t, 1, winners)
+		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Operation{}, "request_id = ?", sub.RequestID))
+		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Command{}, "node_id = ?", node))
 	})
 }

@@ -294,7 +294,7 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	}
 	c.NodeID, c.FencingToken = n.ID, n.FencingToken
 	s.metrics.CommandsIssued.Inc()
-	return c, tx.Notify(ctx, Notification{Kind: NotifyIssued, NodeID: n.ID})
+	return c, nil // IssueToNode notified the node
 }
 
 // IssueManyTx records many commands (a fan-out's release) inside the

@@ -234,9 +234,11 @@ type Tx interface {
 
 	// IssueToNode locks the node (as LockNode) and, only when it is
 	// ready, inserts c at the node's fencing token (c.FencingToken is
-	// ignored): one statement where the dialect allows. It answers the
-	// node as locked and whether c was inserted; ErrNoRows when the node
-	// does not exist, ErrDuplicate when c's operation id exists.
+	// ignored), and then notifies the node's long-poll (NotifyCommands,
+	// on every replica once the transaction commits): one statement where
+	// the dialect allows. It answers the node as locked and whether c was
+	// inserted; ErrNoRows when the node does not exist, ErrDuplicate when
+	// c's operation id exists.
 	IssueToNode(ctx context.Context, c Command) (Node, bool, error)
 	// InsertCommand adds a command; ErrDuplicate when its operation id
 	// exists.

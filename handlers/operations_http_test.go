@@ -232,7 +232,7 @@ func TestOperationsQuotaHTTP(t *testing.T) {
 		require.NotEmpty(t, h.Get("Retry-After"))
 		require.Equal(t, before, dbtestCountOperations(t, s), "a refused submit records nothing")
 
-		// The replay is looked up before the quota: it still answers.
+		// A replay still answers while the quota is full (DECISIONS.md §13).
 		var again opJSON
 		s.Admin(t, http.MethodPost, "/api/v1/operations", invite(), http.StatusOK, &again)
 		require.Equal(t, "succeeded", again.State)

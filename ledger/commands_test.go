@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"encoding/json"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,5 +262,101 @@ func TestRetirementEndsTheNodesOperations(t *testing.T) {
 		require.Equal(t, fleet.CommandApplied, c.State)
 		d, _ = b.store.Operation(ctx, delivered.ID)
 		require.Equal(t, ledger.StateFailed, d.State)
+	})
+}
+
+// TestCommandReplays: a command's submit goes straight to recording and
+// looks its request up only once refused; a replay still answers 200 when
+// the node's quota has filled and after the node retired (DECISIONS.md
+// §13), another body under the request id is request_conflict, and the
+// operation id under another request is operation_conflict.
+func TestCommandReplays(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, _ := b.readyNode(t)
+		target := []ledger.Target{{Kind: ledger.TargetNode, ID: node}}
+		sub := ledger.Submission{OperationID: "replayed-" + b.replica, RequestID: "replayed-" + b.replica,
+			Kind: ledger.KindNodePrepareImage, Targets: target, Operation: json.RawMessage(prepare)}
+		first, created, err := b.svc.Submit(ctx, admin, sub)
+		require.NoError(t, err)
+		require.True(t, created)
+		replay := func() ledger.Operation {
+			t.Helper()
+			op, created, err := b.svc.Submit(ctx, admin, sub)
+			require.NoError(t, err)
+			require.False(t, created)
+			require.Equal(t, first.ID, op.ID)
+			return op
+		}
+		replay()
+		require.Equal(t, []string{"submitted"}, eventTypes(t, b, first.ID))
+
+		for i := range 31 {
+			b.command(t, node, ledger.KindNodePrepareImage, `{"image":"fill-`+strconv.Itoa(i)+`"}`)
+		}
+		before := countOps(t, b)
+		_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodePrepareImage,
+			Targets: target, Operation: json.RawMessage(prepare)})
+		requireCode(t, err, errcode.QuotaExceeded)
+		require.Equal(t, ledger.StatePending, replay().State, "the quota is full")
+
+		other := sub
+		other.Operation = json.RawMessage(`{"image":"other"}`)
+		_, _, err = b.svc.Submit(ctx, admin, other)
+		requireCode(t, err, errcode.RequestConflict)
+		other = sub
+		other.RequestID = "another-" + b.replica
+		_, _, err = b.svc.Submit(ctx, admin, other)
+		requireCode(t, err, errcode.OperationConflict)
+		require.Equal(t, before, countOps(t, b))
+
+		_, err = b.fleet.Retire(ctx, "admin:test", node, "")
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateCancelled, replay().State, "the node retired")
+		_, _, err = b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodePrepareImage,
+			Targets: target, Operation: json.RawMessage(prepare)})
+		requireCode(t, err, errcode.NodeRetired)
+		_, _, err = b.svc.Submit(ctx, admin, other)
+		requireCode(t, err, errcode.OperationConflict)
+		require.Equal(t, before, countOps(t, b))
+		require.Equal(t, []string{"submitted", "cancelled"}, eventTypes(t, b, first.ID))
+	})
+}
+
+// TestCommandSubmitConcurrentSameRequestIsOneOperation: submits of one
+// command request at once record one operation and one command; every
+// other answers it as a replay.
+func TestCommandSubmitConcurrentSameRequestIsOneOperation(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, _ := b.readyNode(t)
+		sub := ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodePrepareImage,
+			Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}, Operation: json.RawMessage(prepare)}
+		const n = 16
+		ids := make([]string, n)
+		created := make([]bool, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				op, c, err := b.svc.Submit(ctx, admin, sub)
+				ids[i], created[i], errs[i] = op.ID, c, err
+			}()
+		}
+		close(start)
+		wg.Wait()
+		winners := 0
+		for i := range n {
+			require.NoError(t, errs[i])
+			require.Equal(t, ids[0], ids[i])
+			if created[i] {
+				winners++
+			}
+		}
+		require.Equal(t, 1, winners)
+		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Operation{}, "request_id = ?", sub.RequestID))
+		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Command{}, "node_id = ?", node))
 	})
 }

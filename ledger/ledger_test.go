@@ -178,6 +178,14 @@ func TestQuotas(t *testing.T) {
 			}
 			_, _, err := b2.svc.Submit(ctx, h, ledger.Submission{RequestID: newRequestID(), Kind: "test.noop"})
 			requireCode(t, err, errcode.QuotaExceeded)
+			// A replay still answers while the quota is full.
+			last := ledger.Submission{RequestID: "h-quota-last", Kind: "test.noop"}
+			b3 := newLedger(t, b.db, b.tk, b.clock, func(s *ledger.Settings) { s.PackageHostQuota = 4 })
+			_, _, err = b3.svc.Submit(ctx, h, last)
+			require.NoError(t, err)
+			_, created, err := b2.svc.Submit(ctx, h, last)
+			require.NoError(t, err)
+			require.False(t, created)
 			for range 4 {
 				b2.submit(t, admin, "test.noop", `{}`)
 			}

@@ -212,8 +212,10 @@ type Submission struct {
 }
 
 // Submit records an operation, or answers the one recorded for the same
-// request (created false). The replay lookup comes first, before quotas
-// and preparers, so a replay answers even when the quota is full. Errors:
+// request (created false). A replay answers whatever quotas, preparers and
+// the target's state say now (DECISIONS.md §13): its lookup comes before
+// them for a submission with secrets, and after any refusal otherwise.
+// Errors:
 // validation_failed, ErrRequestConflict, kind_not_served,
 // permission_denied, quota_exceeded, and any preparer refusal.
 func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Operation, bool, error) {
@@ -243,23 +245,63 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	if err != nil {
 		return Operation{}, false, err
 	}
-	if op, err := s.replay(ctx, p, sub.RequestID, digest); err == nil || !errors.Is(err, ErrNoRows) {
-		return s.waitAnswer(ctx, p, op, false, sub, err)
-	}
-
 	kind, ok := s.kinds.Kind(sub.Kind)
-	if !ok {
-		return Operation{}, false, errcode.Errorf(errcode.KindNotServed, "kind %q is not served", sub.Kind)
+	// A submission that carries sealed handles or mints reveals looks its
+	// replay up first, so a replay never reaches the secrets (nor their
+	// audit). Any other goes straight to recording: a replay is refused
+	// there (its request id is taken, or a check before the insert
+	// refuses) and looked up then, which spares every first submit a
+	// round trip.
+	lookedUp := !ok || len(kind.Reveals) > 0 || (s.secrets != nil && secrets.Carries(canon))
+	if lookedUp {
+		if op, err := s.replay(ctx, p, sub.RequestID, digest); err == nil || !errors.Is(err, ErrNoRows) {
+			return s.waitAnswer(ctx, p, op, false, sub, err)
+		}
+	}
+	op, err := s.record(ctx, p, sub, kind, canon, digest)
+	if err == nil {
+		s.metrics.OperationsSubmitted.WithLabelValues(op.Kind).Inc()
+		return s.waitAnswer(ctx, p, op, true, sub, nil)
+	}
+	if errors.Is(err, ErrDuplicate) || !lookedUp {
+		// A replay, or a concurrent submit of the same request that won
+		// the insert; or the caller's operation id belongs to another
+		// request; or (not looked up yet) a refusal of a new request.
+		replayed, rerr := s.replay(ctx, p, sub.RequestID, digest)
+		switch {
+		case rerr == nil || errors.Is(rerr, ErrRequestConflict):
+			return s.waitAnswer(ctx, p, replayed, false, sub, rerr)
+		case !errors.Is(err, ErrDuplicate):
+			// No such request (or the lookup failed): the refusal stands.
+		case errors.Is(rerr, ErrNoRows):
+			return Operation{}, false, errcode.Errorf(errcode.OperationConflict, "operation id %q is taken by another request", op.ID)
+		default:
+			return Operation{}, false, rerr
+		}
+	}
+	s.refusedSecrets(ctx, err)
+	return Operation{}, false, err
+}
+
+// record records a new operation for the submission, or refuses it:
+// kind_not_served (kind nil), permission_denied, a preparer's or the
+// capability check's refusal, quota_exceeded, ErrDuplicate (a taken
+// request or operation id), or what the kind's Record refuses. A refusal
+// past the preparer still answers the operation it meant to record (for
+// its id).
+func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind *Kind, canon json.RawMessage, digest string) (Operation, error) {
+	if kind == nil {
+		return Operation{}, errcode.Errorf(errcode.KindNotServed, "kind %q is not served", sub.Kind)
 	}
 	if !p.May(kind.Family) || (kind.AdminOnly && p.Kind != PrincipalAdmin) {
-		return Operation{}, false, errcode.Errorf(errcode.PermissionDenied, "not granted family %q", kind.Family)
+		return Operation{}, errcode.Errorf(errcode.PermissionDenied, "not granted family %q", kind.Family)
 	}
 	d := &Draft{Principal: p, Kind: kind, Targets: sub.Targets, Operation: canon}
 	if err := kind.Prepare(ctx, d); err != nil {
-		return Operation{}, false, err
+		return Operation{}, err
 	}
 	if err := s.checkCapability(ctx, kind, d.Targets); err != nil {
-		return Operation{}, false, err
+		return Operation{}, err
 	}
 
 	now := s.clock()
@@ -284,61 +326,47 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) && !s.carriesSecrets(op) && len(kind.Reveals) == 0 {
 		// Nothing to check or write beside it: one atomic write records
 		// and announces it (the common case costs one statement).
-		err = s.store.Insert(ctx, &op, submitted)
-	} else {
-		err = s.store.Tx(submitRoute(ctx, p, kind, op), func(tx Tx) error {
-			if s.checkPrincipal != nil {
-				if err := s.checkPrincipal(ctx, tx, p); err != nil {
-					return err
-				}
-			}
-			if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
-				return err
-			}
-			if err := s.resolveSecrets(ctx, tx, p, kind, op); err != nil {
-				return err
-			}
-			if err := tx.InsertOperation(ctx, &op, submitted); err != nil {
-				return err
-			}
-			var err error
-			if op.Reveals, err = s.mintReveals(ctx, tx, p, kind, op); err != nil {
-				return err
-			}
-			if kind.Record != nil {
-				// The node's long-poll is woken by what Record writes;
-				// nothing here waits on the operation yet.
-				recorded, err := kind.Record(ctx, tx, op)
-				if err != nil {
-					return err
-				}
-				if e, ok := recorded.(changedAtRecord); ok {
-					// Ended at once (an unchanged configuration already
-					// applied) or running at once (already delivered):
-					// answer it as it stands.
-					op, recorded = e.op, e.recorded
-				}
-				op.Recorded = recorded
-				return s.checkNodeQuota(ctx, tx, kind, op, true)
-			}
-			return tx.NotifyDispatch(ctx, op.ID)
-		})
+		err := s.store.Insert(ctx, &op, submitted)
+		return op, err
 	}
-	if errors.Is(err, ErrDuplicate) {
-		// A concurrent submit of the same request won the insert; or the
-		// caller's operation id belongs to another request.
-		op, err := s.replay(ctx, p, sub.RequestID, digest)
-		if errors.Is(err, ErrNoRows) {
-			err = errcode.Errorf(errcode.OperationConflict, "operation id %q is taken by another request", id)
+	err := s.store.Tx(submitRoute(ctx, p, kind, op), func(tx Tx) error {
+		if s.checkPrincipal != nil {
+			if err := s.checkPrincipal(ctx, tx, p); err != nil {
+				return err
+			}
 		}
-		return s.waitAnswer(ctx, p, op, false, sub, err)
-	}
-	if err != nil {
-		s.refusedSecrets(ctx, err)
-		return Operation{}, false, err
-	}
-	s.metrics.OperationsSubmitted.WithLabelValues(op.Kind).Inc()
-	return s.waitAnswer(ctx, p, op, true, sub, nil)
+		if err := s.checkQuotas(ctx, tx, p, kind, op); err != nil {
+			return err
+		}
+		if err := s.resolveSecrets(ctx, tx, p, kind, op); err != nil {
+			return err
+		}
+		if err := tx.InsertOperation(ctx, &op, submitted); err != nil {
+			return err
+		}
+		var err error
+		if op.Reveals, err = s.mintReveals(ctx, tx, p, kind, op); err != nil {
+			return err
+		}
+		if kind.Record != nil {
+			// The node's long-poll is woken by what Record writes;
+			// nothing here waits on the operation yet.
+			recorded, err := kind.Record(ctx, tx, op)
+			if err != nil {
+				return err
+			}
+			if e, ok := recorded.(changedAtRecord); ok {
+				// Ended at once (an unchanged configuration already
+				// applied) or running at once (already delivered):
+				// answer it as it stands.
+				op, recorded = e.op, e.recorded
+			}
+			op.Recorded = recorded
+			return s.checkNodeQuota(ctx, tx, kind, op, true)
+		}
+		return tx.NotifyDispatch(ctx, op.ID)
+	})
+	return op, err
 }
 
 // submitRoute routes a submission that records a command (or a

@@ -150,7 +150,9 @@ type Tx interface {
 	LockOperation(ctx context.Context, id string) (Operation, error)
 	// InsertOperation records op with its first events and sets its
 	// Cursor; ErrDuplicate when its id, or its principal's request id,
-	// exists.
+	// exists. The store may send it with the transaction's next
+	// statement (a command kind's, with its command's insert): the
+	// Cursor is set, and ErrDuplicate answered by, that statement.
 	InsertOperation(ctx context.Context, op *Operation, events ...Event) error
 	// UpdateOperation writes every mutable field of op.
 	UpdateOperation(ctx context.Context, op Operation) error

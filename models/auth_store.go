@@ -90,6 +90,9 @@ func (s *AuthStore) AnnounceRevoked(ctx context.Context, subject string) error {
 }
 
 func (s *AuthStore) q(ctx context.Context) *gorm.DB {
+	if s.ftx != nil {
+		return s.ftx.db(ctx) // the transaction's, after what it kept back (later.go)
+	}
 	if s.batched {
 		return s.g
 	}

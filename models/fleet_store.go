@@ -14,6 +14,7 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/secrets"
 )
 
@@ -75,6 +76,9 @@ type fleetReader struct {
 	// batched: g carries the shared transaction's own context, and a
 	// caller's context must not cancel a statement others depend on.
 	batched bool
+	// later is the transaction's operation kept back for its next
+	// statement (later.go); nil outside a transaction.
+	later *later
 }
 
 type fleetTx struct {
@@ -107,10 +111,11 @@ func dup(err error) error {
 }
 
 func (r fleetReader) db(ctx context.Context) *gorm.DB {
-	if r.batched {
-		return r.g
+	g := r.g
+	if !r.batched {
+		g = g.WithContext(ctx)
 	}
-	return r.g.WithContext(ctx)
+	return r.later.sendFirst(g)
 }
 
 // forUpdate locks selected rows on Postgres; SQLite transactions are
@@ -614,36 +619,64 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 			return n, false, err
 		}
 		c.FencingToken = n.FencingToken
-		return n, true, t.InsertCommand(ctx, c)
+		if err := t.InsertCommand(ctx, c); err != nil {
+			return n, false, err
+		}
+		return n, true, t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
 	}
 	if err := t.stray(c.NodeID); err != nil {
 		return fleet.Node{}, false, err
 	}
-	// The lock and the insert in one round trip (the submit path's hot
-	// statement): the insert reads the locked row, so it happens only for
-	// a ready node and carries the fencing token it has under the lock.
+	// The lock, the insert and the other replicas' notification in one
+	// round trip (the submit path's hot statement): the insert reads the
+	// locked row, so it happens only for a ready node and carries the
+	// fencing token it has under the lock; the notification goes with the
+	// inserted row (delivered when, and only if, the transaction commits).
+	// The command's operation, when the ledger kept it back for this
+	// statement (later.go), is inserted by it too, with its events.
+	withOp, selectOp := "", ", NULL AS op_seq"
+	var args []any
+	kept := t.later.take(c.OperationID)
+	if kept != nil {
+		cte, opArgs := operationCTE(*kept.op, kept.events)
+		withOp, selectOp, args = cte+",", ", (SELECT seq FROM op) AS op_seq", opArgs
+	}
 	row := rowFromCommand(c)
 	var out struct {
 		Node     `gorm:"embedded"`
 		Inserted bool
+		OpSeq    *int64
 	}
-	res := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
+	res := t.db(ctx).Raw(`WITH `+withOp+` n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
-			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n WHERE n.state = ?
+			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n
+			CROSS JOIN LATERAL (SELECT pg_notify(?, ? || n.id)) AS note
+			WHERE n.state = ?
 			RETURNING 1)
-		SELECT n.*, EXISTS (SELECT 1 FROM ins) AS inserted FROM n`,
-		c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State, string(fleet.StateReady)).
+		SELECT n.*, EXISTS (SELECT 1 FROM ins) AS inserted`+selectOp+` FROM n`,
+		append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State,
+			t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady))...).
 		Scan(&out)
-	if isDuplicate(res.Error) { // raw statements' errors are not translated
+	switch {
+	case kept != nil && isDuplicate(res.Error):
+		// The operation's id or request id is taken (a command's id is
+		// its operation's): the ledger's error, its replay lookup follows.
+		return fleet.Node{}, false, ledger.ErrDuplicate
+	case isDuplicate(res.Error): // raw statements' errors are not translated
 		return fleet.Node{}, false, fleet.ErrDuplicate
-	}
-	if res.Error != nil {
+	case res.Error != nil:
 		return fleet.Node{}, false, res.Error
-	}
-	if res.RowsAffected == 0 {
+	case res.RowsAffected == 0:
 		return fleet.Node{}, false, fleet.ErrNoRows
 	}
-	return nodeFromRow(out.Node), out.Inserted, nil
+	if kept != nil && out.OpSeq != nil {
+		kept.op.Cursor = *out.OpSeq
+	}
+	n := nodeFromRow(out.Node)
+	if out.Inserted {
+		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
+	}
+	return n, out.Inserted, nil
 }
 
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -760,10 +762,22 @@ func BenchmarkRenewLeases(b *testing.B) {
 }
 
 // TestFleetStoreIssueToNode: the node is locked and the command recorded
-// at the node's fencing token only when the node is ready; an absent node
-// is ErrNoRows and a taken operation id ErrDuplicate, both dialects.
+// at the node's fencing token only when the node is ready, and only then
+// is the node notified, here and (Postgres) on the other replicas; an
+// absent node is ErrNoRows and a taken operation id ErrDuplicate, both
+// dialects.
 func TestFleetStoreIssueToNode(t *testing.T) {
-	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		rec := &recorder{}
+		s := models.NewFleetStore(db, "r1", rec.hook)
+		var other *listenSink
+		if db.Dialect == models.Postgres {
+			other = newListenSink()
+			runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "r2", Sink: other,
+				Log: slog.New(slog.NewTextHandler(&syncBuffer{}, nil)), ProbeInterval: time.Second,
+				ProbeTimeout: time.Second, ConnectTimeout: 2 * time.Second})
+			testwait.For(t, "the listener to connect", testwait.Patience, func() bool { return other.state().ok })
+		}
 		ready := sampleNode("ready", "r1", 1)
 		ready.State, ready.FencingToken = fleet.StateReady, 7
 		lost := sampleNode("lost", "r2", 1)
@@ -814,5 +828,17 @@ func TestFleetStoreIssueToNode(t *testing.T) {
 		n2, err := s.CountPendingCommands(ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n2)
+		require.Equal(t, []fleet.Notification{{Kind: fleet.NotifyIssued, NodeID: "ready"}}, rec.all(),
+			"the ready node's long-poll, once (this replica claims at once); nothing for a refused or failed issue")
+		if other != nil {
+			// Notifications arrive in commit order: once the last is heard,
+			// none of the refused ones were sent.
+			n, inserted, err = issue("d", "ready")
+			require.NoError(t, err)
+			require.True(t, inserted)
+			testwait.For(t, "the other replica to hear both", testwait.Patience, func() bool { return other.state().twice == 1 })
+			require.Equal(t, sinkState{ok: true, ups: 1, resyncs: 1, heard: 1, twice: 1}, other.state(), "the ready node's only")
+			require.Equal(t, 2, other.kind(fleet.NotifyCommands), "other replicas hear NotifyCommands, never the local NotifyIssued")
+		}
 	})
 }

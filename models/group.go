@@ -332,13 +332,19 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 	return s.db.Tx(ctx, func(tx *gorm.DB) error {
 		for i, r := range batch {
 			r.notes, r.pg, r.audit, r.err, r.strayed = nil, nil, nil, nil, false
-			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single}, store: s, notes: &r.notes, pg: &r.pg,
-				audit: &r.audit}
+			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single, later: &later{}}, store: s,
+				notes: &r.notes, pg: &r.pg, audit: &r.audit}
+			fn := func() error {
+				if err := r.fn(t); err != nil {
+					return err
+				}
+				return t.later.send(tx) // kept back, and no statement came after it
+			}
 			if l.index >= 0 {
 				t.route = &txRoute{TxRoute: r.route, lane: l.index, lanes: len(g.lanes), strayed: &r.strayed}
 			}
 			if !savepoints {
-				if err := r.fn(t); err != nil || r.strayed {
+				if err := fn(); err != nil || r.strayed {
 					if err == nil {
 						err = errStrayed
 					}
@@ -354,7 +360,7 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 			if err := tx.SavePoint(sp).Error; err != nil {
 				return err
 			}
-			if err := r.fn(t); err != nil || r.strayed {
+			if err := fn(); err != nil || r.strayed {
 				if err == nil {
 					err = errStrayed
 				}

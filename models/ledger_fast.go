@@ -78,26 +78,9 @@ func (s *LedgerStore) Insert(ctx context.Context, op *ledger.Operation, events .
 // insertOperationStatement records op and its events in one Postgres
 // statement and answers its cursor; ErrDuplicate on a taken id or request.
 func insertOperationStatement(g *gorm.DB, op ledger.Operation, events []ledger.Event) (int64, error) {
-	row := rowFromOperation(op)
-	args := operationValues(row)
-	var evSQL []string
-	for _, e := range events {
-		data := string(e.Data)
-		if data == "" {
-			data = "{}"
-		}
-		evSQL = append(evSQL, "SELECT op.id, ?, CAST(? AS timestamptz), ? FROM op")
-		args = append(args, e.Type, dbtime.Norm(e.At), data)
-	}
-	withEvents := ""
-	if len(evSQL) > 0 {
-		withEvents = `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(evSQL, " UNION ALL ") + ` RETURNING 1)`
-	}
+	cte, args := operationCTE(op, events)
 	var seq []int64
-	err := g.Raw(`WITH op AS (
-			INSERT INTO operations (`+operationColumns+`) VALUES (`+placeholders(len(operationValues(row)))+`)
-			RETURNING seq, id)`+withEvents+`
-		SELECT op.seq FROM op`, args...).Scan(&seq).Error
+	err := g.Raw(`WITH `+cte+` SELECT op.seq FROM op`, args...).Scan(&seq).Error
 	if err != nil {
 		if isDuplicate(err) {
 			return 0, ledger.ErrDuplicate

@@ -201,11 +201,12 @@ func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
 	if f.State != "" {
 		// No index reads state (migration 00017: a first delivery's update
 		// stays HOT): an ended state is end_state's, an open one is
-		// filtered among the open operations (operations_open).
+		// filtered among the open operations (operations_open, whose
+		// predicate end_state IS NULL names: migration 00020).
 		if f.State.Terminal() {
 			q = q.Where("end_state = ?", string(f.State))
 		} else {
-			q = q.Where("terminal = FALSE AND state = ?", string(f.State))
+			q = q.Where("terminal = FALSE AND end_state IS NULL AND state = ?", string(f.State))
 		}
 	}
 	eq("request_id", f.RequestID)
@@ -313,6 +314,9 @@ func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operati
 
 func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, events ...ledger.Event) error {
 	if t.r.dialect == Postgres {
+		if t.r.later.hold(op, events) {
+			return nil // its command's insert records it (later.go)
+		}
 		// The operation and its events in one statement (one round trip).
 		seq, err := insertOperationStatement(t.r.db(ctx), *op, events)
 		if err != nil {
@@ -701,7 +705,8 @@ const (
 )
 
 // CountOpen answers how many operations are pending and running (the
-// partial indexes answer it without reading ended rows).
+// partial indexes answer it without reading ended rows; end_state IS NULL
+// names operations_open's predicate, migration 00020).
 func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, error) {
 	type row struct {
 		State string
@@ -716,13 +721,14 @@ func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, er
 	return out, err
 }
 
-const countOpenSQL = `SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE GROUP BY state`
+const countOpenSQL = `SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE AND end_state IS NULL GROUP BY state`
 
 // Summarize answers the overview's counts of operations in one statement:
 // one range of operations_ended_created per ended state (the states
 // written as literals so each subquery is its own index range), the open
 // states among the open operations (operations_open: no index tells
-// pending from running, migration 00017), and the partial index of failed
+// pending from running, migration 00017; end_state IS NULL names its
+// predicate, migration 00020), and the partial index of failed
 // operations by finish time. The ended states' ranges carry an upper bound
 // no row reaches: a generic plan cannot see the lower bound's value and
 // guesses a third of the table for a one-sided range (a parallel sequential
@@ -741,8 +747,8 @@ func (s *LedgerStore) Summarize(ctx context.Context, createdSince, failedSince t
 }
 
 const summarizeOpsSQL = `SELECT
- (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND state = 'pending' AND created_at >= ?) AS pending,
- (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND state = 'running' AND created_at >= ?) AS running,
+ (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND end_state IS NULL AND state = 'pending' AND created_at >= ?) AS pending,
+ (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND end_state IS NULL AND state = 'running' AND created_at >= ?) AS running,
  (SELECT COUNT(*) FROM operations WHERE end_state = 'succeeded' AND created_at >= ? AND created_at < ?) AS succeeded,
  (SELECT COUNT(*) FROM operations WHERE end_state = 'failed' AND created_at >= ? AND created_at < ?) AS failed,
  (SELECT COUNT(*) FROM operations WHERE end_state = 'cancelled' AND created_at >= ? AND created_at < ?) AS cancelled,

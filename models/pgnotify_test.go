@@ -28,9 +28,12 @@ type listenSink struct {
 	downs   int
 	resyncs int
 	heard   map[string]int // node ID -> deliveries
+	kinds   map[fleet.NotificationKind]int
 }
 
-func newListenSink() *listenSink { return &listenSink{heard: map[string]int{}} }
+func newListenSink() *listenSink {
+	return &listenSink{heard: map[string]int{}, kinds: map[fleet.NotificationKind]int{}}
+}
 
 func (s *listenSink) Deliver(notes []fleet.Notification, _ string) {
 	s.mu.Lock()
@@ -41,7 +44,15 @@ func (s *listenSink) Deliver(notes []fleet.Notification, _ string) {
 			continue
 		}
 		s.heard[n.NodeID]++
+		s.kinds[n.Kind]++
 	}
+}
+
+// kind answers how many notifications of kind k were heard.
+func (s *listenSink) kind(k fleet.NotificationKind) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kinds[k]
 }
 
 func (s *listenSink) SetNotifierHealthy(ok bool) {

@@ -1,0 +1,100 @@
+package models
+
+import (
+	"strings"
+
+	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/internal/dbtime"
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// A node command's operation is recorded, on Postgres, by the statement
+// that records its command (IssueToNode): ledgerTx.InsertOperation keeps a
+// command kind's operation back (later), and the command's insert takes it
+// along, so the submit pays one statement for the two (DECISIONS.md §34).
+// Whatever statement of the transaction comes first instead sends it on
+// its own before running (fleetReader.db), as does the end of the
+// transaction's work (group.go), so the order of the writes is kept.
+
+// later is an operation whose insert waits for the transaction's next
+// statement.
+type later struct {
+	op     *ledger.Operation
+	events []ledger.Event
+}
+
+// laterKind reports the kinds whose Record issues their command first
+// (fleet.IssueTx): nothing reads the operation's cursor before.
+func laterKind(kind string) bool {
+	_, ok := ledger.CommandKinds[kind]
+	return ok || kind == ledger.KindNodeDiagnose
+}
+
+// hold keeps op back for the next statement; false when it cannot wait.
+func (l *later) hold(op *ledger.Operation, events []ledger.Event) bool {
+	if l == nil || l.op != nil || !laterKind(op.Kind) {
+		return false
+	}
+	l.op, l.events = op, events
+	return true
+}
+
+// take answers the operation kept back when it is the one with id (its
+// insert then goes with the caller's statement), else nil.
+func (l *later) take(id string) *later {
+	if l == nil || l.op == nil || l.op.ID != id {
+		return nil
+	}
+	out := *l
+	l.op, l.events = nil, nil
+	return &out
+}
+
+// send inserts the operation kept back, if any, on its own.
+func (l *later) send(g *gorm.DB) error {
+	if l == nil || l.op == nil {
+		return nil
+	}
+	op, events := l.op, l.events
+	l.op, l.events = nil, nil
+	seq, err := insertOperationStatement(g, *op, events)
+	if err != nil {
+		return err
+	}
+	op.Cursor = seq
+	return nil
+}
+
+// sendFirst sends the operation kept back before a statement built on g:
+// a failure is that statement's error.
+func (l *later) sendFirst(g *gorm.DB) *gorm.DB {
+	if err := l.send(g); err != nil {
+		g = g.Session(&gorm.Session{})
+		_ = g.AddError(err)
+	}
+	return g
+}
+
+// operationCTE is the part of a WITH that inserts op (as op, answering
+// seq and id) and its events (as ev), and its arguments.
+func operationCTE(op ledger.Operation, events []ledger.Event) (string, []any) {
+	row := rowFromOperation(op)
+	args := operationValues(row)
+	var evSQL []string
+	for _, e := range events {
+		data := string(e.Data)
+		if data == "" {
+			data = "{}"
+		}
+		evSQL = append(evSQL, "SELECT op.id, ?, CAST(? AS timestamptz), ? FROM op")
+		args = append(args, e.Type, dbtime.Norm(e.At), data)
+	}
+	sql := `op AS (
+			INSERT INTO operations (` + operationColumns + `) VALUES (` + placeholders(len(operationValues(row))) + `)
+			RETURNING seq, id)`
+	if len(evSQL) > 0 {
+		sql += `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(evSQL, " UNION ALL ") + ` RETURNING 1)`
+	}
+	return sql, args
+}

@@ -3,7 +3,6 @@ package ledger_test
 import (
 	"encoding/json"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -330,32 +329,7 @@ func TestCommandSubmitConcurrentSameRequestIsOneOperation(t *testing.T) {
 		node, _ := b.readyNode(t)
 		sub := ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodePrepareImage,
 			Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}, Operation: json.RawMessage(prepare)}
-		const n = 16
-		ids := make([]string, n)
-		created := make([]bool, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				op, c, err := b.svc.Submit(ctx, admin, sub)
-				ids[i], created[i], errs[i] = op.ID, c, err
-			}()
-		}
-		close(start)
-		wg.Wait()
-		winners := 0
-		for i := range n {
-			require.NoError(t, errs[i])
-			require.Equal(t, ids[0], ids[i])
-			if created[i] {
-				winners++
-			}
-		}
-		require.Equal(t, 1, winners)
+		submitAtOnce(t, b, sub)
 		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Operation{}, "request_id = ?", sub.RequestID))
 		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Command{}, "node_id = ?", node))
 	})

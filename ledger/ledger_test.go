@@ -118,34 +118,41 @@ func TestSubmit(t *testing.T) {
 func TestSubmitConcurrentSameRequestIsOneOperation(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
 		rid := newRequestID()
-		const n = 16
-		ids := make([]string, n)
-		created := make([]bool, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				op, c, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: rid, Kind: "test.noop", Operation: json.RawMessage(`{"a":1}`)})
-				ids[i], created[i], errs[i] = op.ID, c, err
-			}()
-		}
-		close(start)
-		wg.Wait()
-		winners := 0
-		for i := range n {
-			require.NoError(t, errs[i])
-			require.Equal(t, ids[0], ids[i])
-			if created[i] {
-				winners++
-			}
-		}
-		require.Equal(t, 1, winners)
+		submitAtOnce(t, b, ledger.Submission{RequestID: rid, Kind: "test.noop", Operation: json.RawMessage(`{"a":1}`)})
 		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Operation{}, "request_id = ?", rid))
 	})
+}
+
+// submitAtOnce submits sub 16 times at once and requires one of them to
+// have recorded it and every other to answer the same operation.
+func submitAtOnce(t *testing.T, b *bundle, sub ledger.Submission) {
+	t.Helper()
+	const n = 16
+	ids := make([]string, n)
+	created := make([]bool, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			op, c, err := b.svc.Submit(ctx, admin, sub)
+			ids[i], created[i], errs[i] = op.ID, c, err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	winners := 0
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, ids[0], ids[i])
+		if created[i] {
+			winners++
+		}
+	}
+	require.Equal(t, 1, winners)
 }
 
 func TestQuotas(t *testing.T) {

@@ -686,7 +686,7 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 	})
 	// What the claim delivered awaits its settlement, unless it left
 	// commands due (a full answer).
-	awaiting := work.awaiting() || work.Commands && !work.Unsettled && work.Config == ConfigNotDue && len(cmds) < due.Limit
+	awaiting := work.awaiting() || work.Commands && work.Config == ConfigNotDue && len(cmds) < due.Limit
 	s.quiet.put(sess.NodeID, token, sess.Fencing, err == nil && work.quiet(), err == nil && awaiting)
 	if err != nil {
 		return DueWork{}, nil, err

@@ -43,7 +43,8 @@ const CountCapabilityMissing State = "failed:capability_missing"
 const CodeChildrenFailed = "children_failed"
 
 // executeFanOut records the plan's children inside the claiming replica's
-// transaction and leaves the parent running, waiting on them.
+// transaction, hands those that fit the max_concurrency slots to their
+// channel in it, and leaves the parent running, waiting on them.
 func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Operation) {
 	err := s.store.Tx(ctx, func(tx Tx) error {
 		cur, err := tx.LockOperation(ctx, op.ID)
@@ -58,8 +59,24 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 			return err
 		}
 		now := s.clock()
+		max := plan.MaxConcurrency
+		if max <= 0 || max > len(plan.Children) {
+			max = len(plan.Children)
+		}
+		// The children that fit the slots go to their channel in this
+		// transaction, inserted not held with their released event beside
+		// their submitted one: releasing them in the parent's first
+		// advance, as those beyond the slots still are, rewrote each row
+		// (held is in the claimable index's predicate, so no HOT update:
+		// a new entry in every index of operations) a moment after
+		// inserting it. Only kinds recorded together (RecordMany: the node
+		// commands) are released here; the others keep the one path they
+		// have, held until the advance. A parent already asked to cancel
+		// releases nothing, as advance would not.
+		releaseNow := cur.CancelRequestedAt == nil
 		children := make([]Operation, len(plan.Children))
-		submitted := make([]Event, len(plan.Children))
+		events := make([]Event, len(plan.Children), len(plan.Children)+max)
+		var released []Operation
 		for i, c := range plan.Children {
 			ck, ok := s.kinds.Kind(c.Kind)
 			if !ok {
@@ -85,19 +102,34 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 				ch.Channel = ChannelLongPoll
 			}
 			ch.TargetKind, ch.TargetID = indexTarget(ch.Targets)
+			if releaseNow && ck.RecordMany != nil && len(released) < max {
+				ch.Held = false
+				released = append(released, ch)
+			}
 			children[i] = ch
-			submitted[i] = Event{OperationID: ch.ID, Type: EventSubmitted, At: now, Data: mustJSON(map[string]any{"parent_id": cur.ID})}
+			events[i] = Event{OperationID: ch.ID, Type: EventSubmitted, At: now, Data: mustJSON(map[string]any{"parent_id": cur.ID})}
+		}
+		// Each child's events in the order a later release writes them:
+		// every submitted event, then the released ones.
+		for _, ch := range released {
+			events = append(events, Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)})
 		}
 		// One multi-row insert for the children and one for their events,
 		// not a statement per child.
-		if err := tx.InsertOperations(ctx, children, submitted); err != nil {
+		if err := tx.InsertOperations(ctx, children, events); err != nil {
 			return err
 		}
-		max := plan.MaxConcurrency
-		if max <= 0 || max > len(children) {
-			max = len(children)
+		// The released children's commands: nodes locked in id order
+		// (RecordMany), as the advance that used to release them did,
+		// under the parent's lock as there.
+		after, err := s.releaseAll(ctx, tx, released, now)
+		if err != nil {
+			return err
 		}
-		cur.Counts = &Counts{Total: len(children), Pending: len(children)}
+		byState := map[State]int{StatePending: len(children)}
+		foldReleased(byState, after)
+		counts := countsOf(byState)
+		cur.Counts = &counts
 		cur.Owner, cur.UpdatedAt = "", now
 		cur.Result = mustJSON(map[string]any{"max_concurrency": max})
 		if err := tx.UpdateOperation(ctx, cur); err != nil {
@@ -110,8 +142,8 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		if err := tx.Notify(ctx, cur.ID); err != nil {
 			return err
 		}
-		// The parent's progress (releasing children, ending) runs as for
-		// any child's end.
+		// The parent's progress (releasing held children, ending — at
+		// once when every child was refused) runs as for any child's end.
 		return tx.NotifyParent(ctx, cur.ID)
 	})
 	if err != nil {
@@ -176,20 +208,9 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 			if err != nil {
 				return err
 			}
-			for _, ended := range after {
-				held--
-				if ended.Terminal() {
-					byState[StatePending]--
-					byState[ended.State]++
-					if ended.Error != nil && ended.Error.Code == string(errcode.CapabilityMissing) {
-						byState[CountCapabilityMissing]++
-					}
-				}
-			}
+			held -= foldReleased(byState, after)
 		}
-		counts := Counts{Succeeded: byState[StateSucceeded], Failed: byState[StateFailed], Cancelled: byState[StateCancelled],
-			Pending: byState[StatePending] + byState[StateRunning], CapabilityMissing: byState[CountCapabilityMissing]}
-		counts.Total = counts.Succeeded + counts.Failed + counts.Cancelled + counts.Pending
+		counts := countsOf(byState)
 		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency}
 		changed := *parent.Counts != counts
 		parent.Counts = &counts
@@ -225,6 +246,31 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 		return err
 	})
 	return hint, err
+}
+
+// foldReleased folds children just released (releaseAll's answer) into
+// a count of the parent's children by state in which they were pending:
+// those that ended at release (refused) move to their end state. It
+// answers how many were released.
+func foldReleased(byState map[State]int, after []Operation) int {
+	for _, ended := range after {
+		if ended.Terminal() {
+			byState[StatePending]--
+			byState[ended.State]++
+			if ended.Error != nil && ended.Error.Code == string(errcode.CapabilityMissing) {
+				byState[CountCapabilityMissing]++
+			}
+		}
+	}
+	return len(after)
+}
+
+// countsOf is a parent's Counts from its children by state.
+func countsOf(byState map[State]int) Counts {
+	c := Counts{Succeeded: byState[StateSucceeded], Failed: byState[StateFailed], Cancelled: byState[StateCancelled],
+		Pending: byState[StatePending] + byState[StateRunning], CapabilityMissing: byState[CountCapabilityMissing]}
+	c.Total = c.Succeeded + c.Failed + c.Cancelled + c.Pending
+	return c
 }
 
 // eachChild hands every child of a parent to fn, newest first, a page at

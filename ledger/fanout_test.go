@@ -1,8 +1,11 @@
 package ledger_test
 
 import (
+	"context"
 	"encoding/json"
+	"sort"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,7 +153,8 @@ func TestFleetCommand(t *testing.T) {
 			require.Equal(t, int64(2), b.handedOut(t, parent.ID), "the held child was never handed out")
 		})
 		t.Run("RefusedChildrenFailAloneInOneRelease", func(t *testing.T) {
-			// All five are released by one advance (the batch); exactly
+			// All five are released together (the batch, in the fan-out's
+			// own transaction); exactly
 			// the three refused children end failed with their codes,
 			// nothing of theirs written, and the others are handed out
 			// once each.
@@ -207,7 +211,8 @@ func TestFleetCommand(t *testing.T) {
 		})
 		t.Run("WideReleaseInOneAdvance", func(t *testing.T) {
 			// More children than one multi-row statement takes (500),
-			// released at once: the 600 for absent nodes end not_found,
+			// released at once (as they are created): the 600 for absent
+			// nodes end not_found,
 			// the two real ones are handed out.
 			ok1, s1 := b.readyNode(t)
 			ok2, s2 := b.readyNode(t)
@@ -314,4 +319,155 @@ func TestRestartReleasesHeldChildrenAtOnce(t *testing.T) {
 			require.Equal(t, int64(1), c.Desired.Revision)
 		}
 	}, hour)
+}
+
+// releaseCounter counts the children the advance releases (Tx.ReleaseHeld,
+// the statement that rewrites held children).
+type releaseCounter struct {
+	ledger.Store
+	released atomic.Int64
+}
+
+func (s *releaseCounter) Tx(ctx context.Context, fn func(ledger.Tx) error) error {
+	return s.Store.Tx(ctx, func(tx ledger.Tx) error { return fn(releaseCountingTx{tx, s}) })
+}
+
+type releaseCountingTx struct {
+	ledger.Tx
+	s *releaseCounter
+}
+
+func (t releaseCountingTx) ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]ledger.Operation, error) {
+	ops, err := t.Tx.ReleaseHeld(ctx, parentID, limit, now)
+	t.s.released.Add(int64(len(ops)))
+	return ops, err
+}
+
+// TestFanOutReleasesAtCreation: the children of a fleet.command that fit
+// its max_concurrency go to their nodes in the transaction that creates
+// them — inserted not held, commands recorded, their released event
+// written before the parent's fanned_out event (so in that transaction) —
+// and no release rewrites them; only those beyond the slots are held and
+// released by the advance as slots free.
+func TestFanOutReleasesAtCreation(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		counter := &releaseCounter{}
+		b := newLedgerWrapped(t, db, newTestKinds(), newClock(), func(s ledger.Store) ledger.Store {
+			counter.Store = s
+			return counter
+		})
+		b.start(t)
+		fanOut := func(t *testing.T, ids []string, op string) (ledger.Operation, []ledger.Operation) {
+			t.Helper()
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+				Targets: nodeTargets(ids...), Operation: json.RawMessage(op)})
+			require.NoError(t, err)
+			var children []ledger.Operation
+			require.Eventually(t, func() bool {
+				children = b.children(t, parent.ID)
+				return len(children) == len(ids)
+			}, waitLong, tick)
+			sort.Slice(children, func(i, j int) bool { return children[i].Cursor < children[j].Cursor })
+			return parent, children
+		}
+		// fannedOut answers the cursor of the parent's fanned_out event.
+		fannedOut := func(t *testing.T, parentID string) int64 {
+			t.Helper()
+			evs, err := b.store.Events(ctx, parentID, 0, 100)
+			require.NoError(t, err)
+			for _, e := range evs {
+				if e.Type == ledger.EventFannedOut {
+					return e.Cursor
+				}
+			}
+			t.Fatalf("parent %s has no fanned_out event", parentID)
+			return 0
+		}
+		// releasedAtCreation requires the child's first events to be
+		// submitted then released, and answers whether the release was
+		// written before the parent's fanned_out event.
+		releasedAtCreation := func(t *testing.T, ch ledger.Operation, fanned int64) bool {
+			t.Helper()
+			evs, err := b.store.Events(ctx, ch.ID, 0, 100)
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, len(evs), 2, "child %s: %v", ch.ID, eventTypes(t, b, ch.ID))
+			require.Equal(t, []string{ledger.EventSubmitted, ledger.EventReleased}, []string{evs[0].Type, evs[1].Type})
+			return evs[1].Cursor < fanned
+		}
+
+		t.Run("AllWithinSlots", func(t *testing.T) {
+			before := counter.released.Load()
+			sessions := map[string]fleet.Session{}
+			var ids []string
+			for range 3 {
+				id, sess := b.readyNode(t)
+				ids = append(ids, id)
+				sessions[id] = sess
+			}
+			parent, children := fanOut(t, ids, `{"kind":"node.prepare_image","payload":{"image":"now:1"}}`)
+			// Visible with the children: their commands, in one commit.
+			require.Equal(t, int64(3), b.handedOut(t, parent.ID))
+			fanned := fannedOut(t, parent.ID)
+			for _, ch := range children {
+				require.False(t, ch.Held)
+				require.True(t, releasedAtCreation(t, ch, fanned), "child %s released after the fan-out committed", ch.ID)
+			}
+			b.settleAll(t, parent.ID, sessions)
+			done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: 3, Succeeded: 3}, done.Counts)
+			require.Equal(t, before, counter.released.Load(), "no child released by an advance")
+			for _, ch := range children {
+				require.Equal(t, []string{ledger.EventSubmitted, ledger.EventReleased, ledger.EventRunning, ledger.EventSucceeded},
+					eventTypes(t, b, ch.ID))
+			}
+		})
+		t.Run("BeyondSlotsHeld", func(t *testing.T) {
+			before := counter.released.Load()
+			sessions := map[string]fleet.Session{}
+			var ids []string
+			for range 5 {
+				id, sess := b.readyNode(t)
+				ids = append(ids, id)
+				sessions[id] = sess
+			}
+			parent, children := fanOut(t, ids, `{"kind":"node.prepare_image","payload":{"image":"slots:1"},"max_concurrency":2}`)
+			require.Equal(t, int64(2), b.handedOut(t, parent.ID))
+			fanned := fannedOut(t, parent.ID)
+			for i, ch := range children {
+				if i < 2 {
+					require.False(t, ch.Held, "child %d", i)
+					require.True(t, releasedAtCreation(t, ch, fanned), "child %d", i)
+				} else {
+					require.True(t, ch.Held, "child %d", i)
+					require.Equal(t, []string{ledger.EventSubmitted}, eventTypes(t, b, ch.ID))
+				}
+			}
+			require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 2 }, 100*time.Millisecond, 10*time.Millisecond)
+			b.settleAll(t, parent.ID, sessions)
+			done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: 5, Succeeded: 5}, done.Counts)
+			require.Equal(t, before+3, counter.released.Load(), "the three held children released by advances")
+			for _, ch := range children[2:] {
+				require.False(t, releasedAtCreation(t, ch, fanned), "held child %s released at creation", ch.ID)
+			}
+		})
+		t.Run("AllRefusedEndsAtOnce", func(t *testing.T) {
+			before := counter.released.Load()
+			ids := []string{"ghost-a-" + b.replica, "ghost-b-" + b.replica}
+			parent, children := fanOut(t, ids, `{"kind":"node.prepare_image","payload":{"image":"none:1"}}`)
+			done := b.waitState(t, parent.ID, ledger.StateFailed)
+			require.Equal(t, ledger.CodeChildrenFailed, done.Error.Code)
+			require.Equal(t, &ledger.Counts{Total: 2, Failed: 2}, done.Counts)
+			fanned := fannedOut(t, parent.ID)
+			for _, ch := range children {
+				require.True(t, releasedAtCreation(t, ch, fanned))
+				require.Equal(t, []string{ledger.EventSubmitted, ledger.EventReleased, ledger.EventFailed}, eventTypes(t, b, ch.ID))
+				got, err := b.store.Operation(ctx, ch.ID)
+				require.NoError(t, err)
+				require.Equal(t, string(errcode.NotFound), got.Error.Code)
+			}
+			require.Equal(t, int64(0), b.handedOut(t, parent.ID))
+			require.Equal(t, before, counter.released.Load())
+		})
+	})
 }

@@ -148,6 +148,7 @@ type bundle struct {
 	tk      *testKinds
 	replica string
 	stop    func()
+	wrap    func(ledger.Store) ledger.Store
 }
 
 var replicaN atomic.Int64
@@ -155,7 +156,15 @@ var replicaN atomic.Int64
 // newLedger builds a ledger (not started) over db, as replica name.
 func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...func(*ledger.Settings)) *bundle {
 	t.Helper()
-	b := &bundle{db: db, clock: c, metrics: metrics.New(nil), tk: tk,
+	return newLedgerWrapped(t, db, tk, c, nil, mutate...)
+}
+
+// newLedgerWrapped is newLedger whose service sees its store through wrap
+// (to count what it asks of it); b.store stays the store itself.
+func newLedgerWrapped(t *testing.T, db *models.DB, tk *testKinds, c *clock, wrap func(ledger.Store) ledger.Store,
+	mutate ...func(*ledger.Settings)) *bundle {
+	t.Helper()
+	b := &bundle{db: db, clock: c, metrics: metrics.New(nil), tk: tk, wrap: wrap,
 		replica: "replica-" + strconv.FormatInt(replicaN.Add(1), 10)}
 	b.fstore = models.NewFleetStore(db, b.replica, nil)
 	b.fleet = fleet.New(fleet.Options{Store: b.fstore, Keys: keys.NewRing(bytes.Repeat([]byte{7}, 32)), Now: c.Now,
@@ -165,9 +174,13 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 	for _, m := range mutate {
 		m(&st)
 	}
+	var store ledger.Store = b.store
+	if b.wrap != nil {
+		store = b.wrap(store)
+	}
 	kinds := append(tk.kinds(), ledger.ServedKinds(b.fleet)...)
 	reg := ledger.NewRegistry(append(kinds, ledger.ConfigKinds(b.fleet, nil)...)...)
-	b.svc = ledger.New(ledger.Options{Store: b.store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
+	b.svc = ledger.New(ledger.Options{Store: store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
 		Metrics: b.metrics, Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		CrossReplica: db.Dialect == models.Postgres, RequireCapability: b.fleet.RequireCapability})
 	b.fstore.SetOnCommit(func(notes []fleet.Notification) {

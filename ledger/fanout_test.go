@@ -154,10 +154,9 @@ func TestFleetCommand(t *testing.T) {
 		})
 		t.Run("RefusedChildrenFailAloneInOneRelease", func(t *testing.T) {
 			// All five are released together (the batch, in the fan-out's
-			// own transaction); exactly
-			// the three refused children end failed with their codes,
-			// nothing of theirs written, and the others are handed out
-			// once each.
+			// own transaction); exactly the three refused children end
+			// failed with their codes, nothing of theirs written, and the
+			// others are handed out once each.
 			ok1, s1 := b.readyNode(t)
 			ok2, s2 := b.readyNode(t)
 			retired, _ := b.readyNode(t)

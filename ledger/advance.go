@@ -134,7 +134,8 @@ func (s *Service) scheduleLocked(p *advancing, now time.Time) {
 // advanceLoop advances the parents whose children ended, as their due
 // times come, up to advanceWorkers at once. It first advances every
 // running parent once: a process killed between a fan-out's commit and
-// its advance left the children held, their revisions and commands
+// its advance left children held (a fleet.configure's all of them, a
+// fleet.command's beyond max_concurrency), their revisions and commands
 // unwritten, and waiting for the first owner-lease tick delayed them for
 // no reason.
 func (s *Service) advanceLoop(ctx context.Context) {

@@ -1,0 +1,106 @@
+package models_test
+
+import (
+	"encoding/json"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// TestHandScannedRowsRoundTrip: the rows the command path scans by hand
+// (sqlpath.go) carry every field to its place: the node IssueToNode
+// answers and the commands ClaimDue answers equal what GORM reads back,
+// field by field, with every field set to a value no other field has, so
+// two columns swapped or shifted fail here. Both dialects.
+func TestHandScannedRowsRoundTrip(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		at := func(min int) *time.Time { v := t0.Add(time.Duration(min) * time.Minute); return &v }
+		n := fleet.Node{ID: "full", RentalID: "rent-full", Generation: 3, State: fleet.StateReady, FencingToken: 41,
+			CreatedAt: *at(1), UpdatedAt: *at(2), EnrolledAt: at(3), LeaseExpiresAt: at(4), LastHeartbeatAt: at(5),
+			RetiredAt: at(6), AgentVersion: "9.8.7", Facts: json.RawMessage(`{"cpus":12}`), FactsObservedAt: at(7),
+			FactsReceivedAt: at(8), Disk: fleet.Disk{State: "low", FreeBytes: ip(1 << 33), ObservedAt: at(9)},
+			PriceMicros: ip(123456), Purchase: fleet.Purchase{BillingIntervalSeconds: ip(3600), EligibleClasses: []string{"gpu", "a"},
+				AvailableUntil: at(10)}}
+		insert(t, s, n)
+
+		var issued fleet.Node
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			var err error
+			var ok bool
+			issued, ok, err = tx.IssueToNode(ctx, fleet.Command{OperationID: "cmd", NodeID: "full", Kind: "prepare_image",
+				Payload: json.RawMessage(`{"image":"i"}`), PayloadDigest: "digest", FencingToken: 99, IssuedAt: *at(11),
+				State: fleet.CommandPending})
+			require.True(t, ok)
+			return err
+		}))
+		stored, err := s.Node(ctx, "full")
+		require.NoError(t, err)
+		require.Equal(t, stored, issued, "the issue's node is the stored node")
+		require.Equal(t, n, issued, "every field as inserted")
+
+		// Two claims: the second a redelivery, so first and last delivery
+		// differ, as do the fencing tokens.
+		claim := func(fencing int64, now time.Time) []fleet.Command {
+			var got []fleet.Command
+			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+				var err error
+				_, got, err = tx.ClaimDue(ctx, fleet.Due{NodeID: "full", Fencing: fencing, Now: now,
+					RedeliverBefore: now.Add(-time.Minute), Limit: 5})
+				return err
+			}))
+			require.Len(t, got, 1)
+			return got
+		}
+		claim(41, *at(20))
+		got := claim(42, *at(30))[0]
+		want := fleet.Command{OperationID: "cmd", NodeID: "full", Kind: "prepare_image", Payload: json.RawMessage(`{"image":"i"}`),
+			PayloadDigest: "digest", FencingToken: 42, IssuedAt: *at(11), State: fleet.CommandPending, DeliveredFencing: ip(42),
+			FirstDeliveredAt: at(20), LastDeliveredAt: at(30), DeliveryCount: 2}
+		require.Equal(t, want, got, "every field of the claimed command")
+		c, err := s.Command(ctx, "cmd")
+		require.NoError(t, err)
+		require.Equal(t, c, got, "the claim's command is the stored command")
+
+		// LockCommands reads the settlement columns too.
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			got, err := tx.LockCommands(ctx, []string{"cmd", "absent"})
+			require.Equal(t, map[string]fleet.Command{"cmd": c}, got)
+			return err
+		}))
+	})
+}
+
+// TestHandScannedColumnsAreTheTables: the column lists of the statements
+// sent around GORM name every column of their table, so a column a
+// migration adds is not silently left out of what they read.
+func TestHandScannedColumnsAreTheTables(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		for table, list := range map[string]string{"commands": models.CommandColumns, "nodes": models.NodeColumns} {
+			var cols []string
+			q := `SELECT name FROM pragma_table_info(?)`
+			if db.Dialect == models.Postgres {
+				q = `SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ?`
+			}
+			require.NoError(t, db.Raw(q, table).Scan(&cols).Error)
+			var named []string
+			for _, c := range strings.Split(list, ",") {
+				named = append(named, strings.TrimSpace(c))
+			}
+			sort.Strings(cols)
+			sort.Strings(named)
+			require.Equal(t, cols, named, table)
+		}
+	})
+}
+
+func TestNumbered(t *testing.T) {
+	require.Equal(t, `SELECT $1, '?' || "a?b", $2 FROM t WHERE x = $3 AND y = 'it''s ?'`,
+		models.Numbered(`SELECT ?, '?' || "a?b", ? FROM t WHERE x = ? AND y = 'it''s ?'`))
+}

@@ -737,6 +737,25 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 	return commandFromRow(row), nil
 }
 
+// lockCommands is LockCommands on Postgres, sent around GORM (sqlpath.go):
+// the settlement's lock, one statement whatever the number of commands.
+func (t *fleetTx) lockCommands(ctx context.Context, ids []string, out map[string]fleet.Command) error {
+	var r commandScan
+	dest := r.dest()
+	return eachRow(t.db(ctx), lockCommandsSQL, []any{ids}, func(rows *sql.Rows) error {
+		if err := rows.Scan(dest...); err != nil {
+			return err
+		}
+		if err := t.stray(r.nodeID.String); err != nil {
+			return err
+		}
+		out[r.operationID.String] = commandFromRow(r.row())
+		return nil
+	})
+}
+
+const lockCommandsSQL = `SELECT ` + commandColumns + ` FROM commands WHERE operation_id = ANY($1) ORDER BY operation_id FOR UPDATE`
+
 func (t *fleetTx) UpdateCommand(ctx context.Context, c fleet.Command) error {
 	row := rowFromCommand(c)
 	if err := t.db(ctx).Model(&Command{OperationID: c.OperationID}).Select("*").Omit("operation_id").Updates(&row).Error; err != nil {

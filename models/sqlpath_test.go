@@ -2,14 +2,17 @@ package models_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -103,4 +106,43 @@ func TestHandScannedColumnsAreTheTables(t *testing.T) {
 func TestNumbered(t *testing.T) {
 	require.Equal(t, `SELECT $1, '?' || "a?b", $2 FROM t WHERE x = $3 AND y = 'it''s ?'`,
 		models.Numbered(`SELECT ?, '?' || "a?b", ? FROM t WHERE x = ? AND y = 'it''s ?'`))
+}
+
+// TestCountOpenForNodeIsGORMsStatement: the quota count sent around GORM
+// is the text GORM wrote for it, so plans and pg_stat_statements keep one
+// statement; it counts as GORM's did (exempt kinds left out).
+func TestCountOpenForNodeIsGORMsStatement(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		fs := models.NewFleetStore(db, "r1", nil)
+		ls := models.NewLedgerStore(fs)
+		for _, except := range [][]string{nil, {ledger.KindNodeRetire}, {ledger.KindNodeRetire, ledger.KindNodeDiagnose}} {
+			var n int64
+			q := db.Session(&gorm.Session{DryRun: true}).Model(&models.Operation{}).
+				Where("target_id = ? AND terminal = FALSE AND target_kind = ?", "n1", ledger.TargetNode)
+			if len(except) > 0 {
+				q = q.Where("kind NOT IN ?", except)
+			}
+			want := q.Count(&n).Statement
+			got := ls.Statements().CountOpenForNode("n1", except)
+			require.Equal(t, want.SQL.String(), got.SQL)
+			require.Equal(t, want.Vars, got.Args)
+		}
+
+		insert(t, fs, sampleNode("n1", "rent-count", 1))
+		for i, kind := range []string{ledger.KindNodePrepareImage, ledger.KindNodeRetire, ledger.KindNodeDiagnose} {
+			op := &ledger.Operation{ID: fmt.Sprintf("op%d", i), RequestID: fmt.Sprintf("req%d", i), Digest: "d",
+				PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: ledger.FamilyCommands, Kind: kind,
+				State: ledger.StatePending, Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "n1"}},
+				TargetKind: ledger.TargetNode, TargetID: "n1", Operation: json.RawMessage(`{}`), CreatedAt: t0,
+				Deadline: t0.Add(time.Hour), UpdatedAt: t0}
+			require.NoError(t, ls.Insert(ctx, op))
+		}
+		for except, want := range map[int]int{0: 3, 1: 2, 2: 1} {
+			require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+				n, err := tx.CountOpenForNode(ctx, "n1", []string{ledger.KindNodeRetire, ledger.KindNodeDiagnose}[:except])
+				require.Equal(t, want, n, except)
+				return err
+			}))
+		}
+	})
 }

@@ -637,11 +637,11 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	// The command's operation, when the ledger kept it back for this
 	// statement (later.go), is inserted by it too, with its events.
 	// Sent around GORM (sqlpath.go), scanned by hand.
-	query, args := issueSQL(nil), []any(nil)
+	query, args := issueSQL(-1), []any(nil)
 	kept := t.later.take(c.OperationID)
 	if kept != nil {
 		args = operationArgs(*kept.op, kept.events)
-		query = issueSQL(kept.events)
+		query = issueSQL(len(kept.events))
 	}
 	row := rowFromCommand(c)
 	var node nodeScan
@@ -676,24 +676,19 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 }
 
 // issueSQL is IssueToNode's statement on Postgres, with the insert of a
-// kept-back operation with these events when events is not nil (len 0 is
-// not nil: an operation with no event). Its arguments: the operation's
-// (operationArgs), then the node, the command's id, kind, payload, digest,
+// kept-back operation with that many events when events is not negative.
+// Its arguments: the operation's (operationArgs), if any, then the node, the command's id, kind, payload, digest,
 // issued_at and state, the channel, the notification's payload less the
 // node, the ready state. It answers the locked node's nodeColumns, whether
 // the command was inserted and the operation's seq (NULL with no
 // operation); no row for no node. Built once per number of events.
-func issueSQL(events []ledger.Event) string {
-	key := -1
-	if events != nil {
-		key = len(events)
-	}
-	if q, ok := issueStatements.Load(key); ok {
+func issueSQL(events int) string {
+	if q, ok := issueStatements.Load(events); ok {
 		return q.(string)
 	}
 	withOp, selectOp := "", ", NULL AS op_seq"
-	if key >= 0 {
-		withOp, selectOp = operationSQL(key)+",", ", (SELECT seq FROM op) AS op_seq"
+	if events >= 0 {
+		withOp, selectOp = operationSQL(events)+",", ", (SELECT seq FROM op) AS op_seq"
 	}
 	q := numbered(`WITH ` + withOp + ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR UPDATE),
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
@@ -702,7 +697,7 @@ func issueSQL(events []ledger.Event) string {
 			WHERE n.state = ?
 			RETURNING 1)
 		SELECT ` + nodeColumns + `, EXISTS (SELECT 1 FROM ins) AS inserted` + selectOp + ` FROM n`)
-	issueStatements.Store(key, q)
+	issueStatements.Store(events, q)
 	return q
 }
 

@@ -20,7 +20,9 @@ import (
 // kind's operation with its command (ledger InsertOperation kept back,
 // then IssueToNode: one statement on Postgres); "claim" is a poll's
 // ClaimDue of one command (a redelivery each op, so every op claims
-// exactly one row and the table does not grow). Run with -benchmem and a
+// exactly one row and the table does not grow); "count" is the submit's
+// per-node quota count and "lock" a settlement's LockCommands of one
+// command, each alone in its transaction. Run with -benchmem and a
 // fixed -benchtime (e.g. 500x). The wall time is mostly Postgres's (the
 // round trip, the commit); cpu-ns/op is this process's own CPU (user and
 // system) per op, what the server spends per command.
@@ -69,6 +71,36 @@ func BenchmarkCommandPath(b *testing.B) {
 					})
 					if err != nil {
 						b.Fatal(err)
+					}
+				}
+			})
+
+			b.Run("count", func(b *testing.B) {
+				b.ReportAllocs()
+				defer reportCPU(b)()
+				for i := 0; i < b.N; i++ {
+					err := ls.Tx(ctx, func(tx ledger.Tx) error {
+						_, err := tx.CountOpenForNode(ctx, "n2", []string{ledger.KindNodeRetire})
+						return err
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+
+			b.Run("lock", func(b *testing.B) {
+				b.ReportAllocs()
+				defer reportCPU(b)()
+				for i := 0; i < b.N; i++ {
+					var got map[string]fleet.Command
+					err := fs.Tx(ctx, func(tx fleet.Tx) error {
+						var err error
+						got, err = tx.LockCommands(ctx, []string{"claimed"})
+						return err
+					})
+					if err != nil || len(got) != 1 {
+						b.Fatalf("lock: %d commands, %v", len(got), err)
 					}
 				}
 			})

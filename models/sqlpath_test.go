@@ -146,3 +146,45 @@ func TestCountOpenForNodeIsGORMsStatement(t *testing.T) {
 		}
 	})
 }
+
+// TestIssueTakesAKeptOperationWithAnyNumberOfEvents: the issue's statement
+// inserts the kept-back operation whether it has no event, one or several
+// (each count its own statement text), with its cursor; both dialects.
+func TestIssueTakesAKeptOperationWithAnyNumberOfEvents(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		fs := models.NewFleetStore(db, "r1", nil)
+		ls := models.NewLedgerStore(fs)
+		n := sampleNode("n1", "rent-events", 1)
+		n.State = fleet.StateReady
+		insert(t, fs, n)
+		for events := range 3 {
+			id := fmt.Sprintf("op%d", events)
+			op := &ledger.Operation{ID: id, RequestID: "req-" + id, Digest: "d", PrincipalKind: ledger.PrincipalAdmin,
+				PrincipalID: "u1", Family: ledger.FamilyCommands, Kind: ledger.KindNodePrepareImage, State: ledger.StatePending,
+				Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "n1"}},
+				TargetKind: ledger.TargetNode, TargetID: "n1", Operation: json.RawMessage(`{"image":"i"}`), CreatedAt: t0,
+				Deadline: t0.Add(time.Hour), UpdatedAt: t0}
+			var evs []ledger.Event
+			for i := range events {
+				evs = append(evs, ledger.Event{OperationID: id, Type: fmt.Sprintf("e%d", i), At: t0.Add(time.Duration(i) * time.Second),
+					Data: json.RawMessage(`{}`)})
+			}
+			require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+				if err := tx.InsertOperation(ctx, op, evs...); err != nil {
+					return err
+				}
+				_, ok, err := tx.Fleet().IssueToNode(ctx, fleet.Command{OperationID: id, NodeID: "n1", Kind: "prepare_image",
+					Payload: op.Operation, PayloadDigest: "d", IssuedAt: t0, State: fleet.CommandPending})
+				require.True(t, ok)
+				return err
+			}), events)
+			require.NotZero(t, op.Cursor, events)
+			got, err := ls.Operation(ctx, id)
+			require.NoError(t, err)
+			require.Equal(t, op.Cursor, got.Cursor)
+			stored, err := ls.Events(ctx, id, 0, 10)
+			require.NoError(t, err)
+			require.Len(t, stored, events)
+		}
+	})
+}

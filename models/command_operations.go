@@ -144,6 +144,12 @@ func (t *fleetTx) LockCommands(ctx context.Context, ids []string) (map[string]fl
 	if len(ids) == 0 {
 		return out, nil
 	}
+	if t.dialect == Postgres {
+		if err := t.lockCommands(ctx, ids, out); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 	var rows []Command
 	if err := t.forUpdate(t.db(ctx)).Where("operation_id IN ?", ids).Order("operation_id").Find(&rows).Error; err != nil {
 		return nil, err

@@ -12,3 +12,13 @@ func QueuedExclusive(s *FleetStore) int {
 	defer l.mu.Unlock()
 	return len(l.pending)
 }
+
+// CommandColumns and NodeColumns are the column lists of the statements
+// sent around GORM, in the order their rows are scanned.
+const (
+	CommandColumns = commandColumns
+	NodeColumns    = nodeColumns
+)
+
+// Numbered is numbered for the external tests.
+var Numbered = numbered

@@ -3,9 +3,11 @@ package models
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -634,50 +636,74 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	// inserted row (delivered when, and only if, the transaction commits).
 	// The command's operation, when the ledger kept it back for this
 	// statement (later.go), is inserted by it too, with its events.
-	withOp, selectOp := "", ", NULL AS op_seq"
-	var args []any
+	// Sent around GORM (sqlpath.go), scanned by hand.
+	query, args := issueSQL(-1), []any(nil)
 	kept := t.later.take(c.OperationID)
 	if kept != nil {
-		cte, opArgs := operationCTE(*kept.op, kept.events)
-		withOp, selectOp, args = cte+",", ", (SELECT seq FROM op) AS op_seq", opArgs
+		args = operationArgs(*kept.op, kept.events)
+		query = issueSQL(len(kept.events))
 	}
 	row := rowFromCommand(c)
-	var out struct {
-		Node     `gorm:"embedded"`
-		Inserted bool
-		OpSeq    *int64
+	var node nodeScan
+	var inserted, found bool
+	var opSeq sql.NullInt64
+	err := eachRow(t.db(ctx), query, append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt,
+		row.State, t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady)),
+		func(rows *sql.Rows) error {
+			found = true
+			return rows.Scan(node.dest(&inserted, &opSeq)...)
+		})
+	switch {
+	case kept != nil && isDuplicate(err):
+		// The operation's id or request id is taken (a command's id is
+		// its operation's): the ledger's error, its replay lookup follows.
+		return fleet.Node{}, false, ledger.ErrDuplicate
+	case isDuplicate(err): // statements sent around GORM are not translated
+		return fleet.Node{}, false, fleet.ErrDuplicate
+	case err != nil:
+		return fleet.Node{}, false, err
+	case !found:
+		return fleet.Node{}, false, fleet.ErrNoRows
 	}
-	res := t.db(ctx).Raw(`WITH `+withOp+` n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
+	if kept != nil && opSeq.Valid {
+		kept.op.Cursor = opSeq.Int64
+	}
+	n := nodeFromRow(node.row())
+	if inserted {
+		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
+	}
+	return n, inserted, nil
+}
+
+// issueSQL is IssueToNode's statement on Postgres, with the insert of a
+// kept-back operation with that many events when events is not negative.
+// Its arguments: the operation's (operationArgs), if any, then the node, the command's id, kind, payload, digest,
+// issued_at and state, the channel, the notification's payload less the
+// node, the ready state. It answers the locked node's nodeColumns, whether
+// the command was inserted and the operation's seq (NULL with no
+// operation); no row for no node. Built once per number of events.
+func issueSQL(events int) string {
+	if q, ok := issueStatements.Load(events); ok {
+		return q.(string)
+	}
+	withOp, selectOp := "", ", NULL AS op_seq"
+	if events >= 0 {
+		withOp, selectOp = operationSQL(events)+",", ", (SELECT seq FROM op) AS op_seq"
+	}
+	q := numbered(`WITH ` + withOp + ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR UPDATE),
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
 			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n
 			CROSS JOIN LATERAL (SELECT pg_notify(?, ? || n.id)) AS note
 			WHERE n.state = ?
 			RETURNING 1)
-		SELECT n.*, EXISTS (SELECT 1 FROM ins) AS inserted`+selectOp+` FROM n`,
-		append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State,
-			t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady))...).
-		Scan(&out)
-	switch {
-	case kept != nil && isDuplicate(res.Error):
-		// The operation's id or request id is taken (a command's id is
-		// its operation's): the ledger's error, its replay lookup follows.
-		return fleet.Node{}, false, ledger.ErrDuplicate
-	case isDuplicate(res.Error): // raw statements' errors are not translated
-		return fleet.Node{}, false, fleet.ErrDuplicate
-	case res.Error != nil:
-		return fleet.Node{}, false, res.Error
-	case res.RowsAffected == 0:
-		return fleet.Node{}, false, fleet.ErrNoRows
-	}
-	if kept != nil && out.OpSeq != nil {
-		kept.op.Cursor = *out.OpSeq
-	}
-	n := nodeFromRow(out.Node)
-	if out.Inserted {
-		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
-	}
-	return n, out.Inserted, nil
+		SELECT ` + nodeColumns + `, EXISTS (SELECT 1 FROM ins) AS inserted` + selectOp + ` FROM n`)
+	issueStatements.Store(events, q)
+	return q
 }
+
+// issueStatements holds issueSQL's statements by number of events (-1:
+// no operation).
+var issueStatements sync.Map
 
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
 	row := rowFromCommand(c)
@@ -706,6 +732,25 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 	return commandFromRow(row), nil
 }
 
+// lockCommands is LockCommands on Postgres, sent around GORM (sqlpath.go):
+// the settlement's lock, one statement whatever the number of commands.
+func (t *fleetTx) lockCommands(ctx context.Context, ids []string, out map[string]fleet.Command) error {
+	var r commandScan
+	dest := r.dest()
+	return eachRow(t.db(ctx), lockCommandsSQL, []any{ids}, func(rows *sql.Rows) error {
+		if err := rows.Scan(dest...); err != nil {
+			return err
+		}
+		if err := t.stray(r.nodeID.String); err != nil {
+			return err
+		}
+		out[r.operationID.String] = commandFromRow(r.row())
+		return nil
+	})
+}
+
+const lockCommandsSQL = `SELECT ` + commandColumns + ` FROM commands WHERE operation_id = ANY($1) ORDER BY operation_id FOR UPDATE`
+
 func (t *fleetTx) UpdateCommand(ctx context.Context, c fleet.Command) error {
 	row := rowFromCommand(c)
 	if err := t.db(ctx).Model(&Command{OperationID: c.OperationID}).Select("*").Omit("operation_id").Updates(&row).Error; err != nil {
@@ -719,14 +764,6 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 		return fleet.DueWork{}, nil, err
 	}
 	now := dbtime.Norm(d.Now)
-	const claim = `UPDATE commands SET
-			delivered_fencing = ?, fencing_token = ?, last_delivered_at = ?,
-			first_delivered_at = COALESCE(first_delivered_at, ?), delivery_count = delivery_count + 1
-		WHERE operation_id IN (
-			SELECT operation_id FROM commands
-			WHERE node_id = ? AND state = 'pending'
-			  AND (last_delivered_at IS NULL OR last_delivered_at <= ?)
-			ORDER BY issued_at, operation_id LIMIT ?`
 	args := []any{d.Fencing, d.Fencing, now, now, d.NodeID, dbtime.Norm(d.RedeliverBefore), d.Limit}
 	var out []fleet.Command
 	if t.dialect == Postgres {
@@ -736,39 +773,32 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 		// first deliveries running, with their events and notifications,
 		// and answers what DueWork would have (read in the statement's
 		// snapshot, before the claim): a row per claimed command, or one
-		// with no command when nothing was due.
-		var rows []claimedRow
-		err := t.db(ctx).Raw(`WITH claimed AS (`+claim+` FOR UPDATE SKIP LOCKED) RETURNING *),
-			ops AS (
-				UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
-				WHERE id IN (SELECT operation_id FROM claimed WHERE delivery_count = 1) AND state = 'pending'
-				RETURNING id),
-			ev AS (
-				INSERT INTO operation_events (operation_id, type, at, data)
-				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
-				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
-				RETURNING operation_id),
-			due AS (SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending') AS pending,
-				`+dueConfigSQL+` AS config)
-			SELECT claimed.*, EXISTS (SELECT 1 FROM ev WHERE ev.operation_id = claimed.operation_id) AS operation_running,
-				due.pending AS due_pending, due.config AS due_config
-			FROM due LEFT JOIN claimed ON TRUE`,
-			append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica), d.NodeID,
-				d.Fencing, d.Fencing, dbtime.Norm(d.RedeliverBefore), d.NodeID)...).Scan(&rows).Error
-		if err != nil {
-			return fleet.DueWork{}, nil, err
-		}
+		// with no command when nothing was due. Sent around GORM
+		// (sqlpath.go), scanned by hand.
 		var work fleet.DueWork
 		var running []string
-		for _, r := range rows {
-			work.Unsettled, work.Config = r.DuePending, fleet.ConfigWake(r.DueConfig)
-			if r.OperationID == "" {
-				continue // nothing claimed
-			}
-			out = append(out, commandFromRow(r.Command))
-			if r.OperationRunning {
-				running = append(running, r.OperationID)
-			}
+		var r commandScan
+		var opRunning, duePending bool
+		var dueConfig int64
+		dest := r.dest(&opRunning, &duePending, &dueConfig)
+		err := eachRow(t.db(ctx), claimSQL, append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica), d.NodeID,
+			d.Fencing, d.Fencing, dbtime.Norm(d.RedeliverBefore), d.NodeID),
+			func(rows *sql.Rows) error {
+				if err := rows.Scan(dest...); err != nil {
+					return err
+				}
+				work.Unsettled, work.Config = duePending, fleet.ConfigWake(dueConfig)
+				if !r.present() {
+					return nil // nothing claimed
+				}
+				out = append(out, commandFromRow(r.row()))
+				if opRunning {
+					running = append(running, r.operationID.String)
+				}
+				return nil
+			})
+		if err != nil {
+			return fleet.DueWork{}, nil, err
 		}
 		t.noteOperations(running)
 		sortCommands(out)
@@ -793,16 +823,38 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 	return work, out, t.mirrorFirstDeliveries(ctx, out, d.Now)
 }
 
-// claimedRow is a claimed command and whether its operation just became
-// running, beside the node's due work as the claim found it (DuePending:
-// a pending command, due or not; DueConfig: fleet.ConfigWake). With
-// nothing claimed the row's command columns are empty.
-type claimedRow struct {
-	Command          `gorm:"embedded"`
-	OperationRunning bool
-	DuePending       bool
-	DueConfig        int
-}
+// claim is ClaimDue's update, less the end of its subquery (the dialects
+// lock differently); its arguments: the fencing token twice, now twice,
+// the node, the redelivery bound, the limit.
+const claim = `UPDATE commands SET
+			delivered_fencing = ?, fencing_token = ?, last_delivered_at = ?,
+			first_delivered_at = COALESCE(first_delivered_at, ?), delivery_count = delivery_count + 1
+		WHERE operation_id IN (
+			SELECT operation_id FROM commands
+			WHERE node_id = ? AND state = 'pending'
+			  AND (last_delivered_at IS NULL OR last_delivered_at <= ?)
+			ORDER BY issued_at, operation_id LIMIT ?`
+
+// claimSQL is ClaimDue's statement on Postgres. Each row answers a claimed
+// command's commandColumns (all NULL when nothing was claimed), whether its
+// operation just became running, and the node's due work as the claim
+// found it: a pending command, due or not; fleet.ConfigWake.
+var claimSQL = numbered(`WITH claimed AS (` + claim + ` FOR UPDATE SKIP LOCKED) RETURNING ` + commandColumns + `),
+			ops AS (
+				UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
+				WHERE id IN (SELECT operation_id FROM claimed WHERE delivery_count = 1) AND state = 'pending'
+				RETURNING id),
+			ev AS (
+				INSERT INTO operation_events (operation_id, type, at, data)
+				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
+				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
+				RETURNING operation_id),
+			due AS (SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending') AS pending,
+				` + dueConfigSQL + ` AS config)
+			SELECT ` + commandColumns + `,
+				EXISTS (SELECT 1 FROM ev WHERE ev.operation_id = claimed.operation_id) AS operation_running,
+				due.pending AS due_pending, due.config AS due_config
+			FROM due LEFT JOIN claimed ON TRUE`)
 
 func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
 	detail := "{}"

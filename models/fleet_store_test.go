@@ -60,7 +60,7 @@ func withStore(t *testing.T, fn func(t *testing.T, s *models.FleetStore, rec *re
 	})
 }
 
-func insert(t *testing.T, s *models.FleetStore, nodes ...fleet.Node) {
+func insert(t testing.TB, s *models.FleetStore, nodes ...fleet.Node) {
 	t.Helper()
 	require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
 		for _, n := range nodes {

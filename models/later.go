@@ -79,22 +79,36 @@ func (l *later) sendFirst(g *gorm.DB) *gorm.DB {
 // operationCTE is the part of a WITH that inserts op (as op, answering
 // seq and id) and its events (as ev), and its arguments.
 func operationCTE(op ledger.Operation, events []ledger.Event) (string, []any) {
-	row := rowFromOperation(op)
-	args := operationValues(row)
-	var evSQL []string
+	return operationSQL(len(events)), operationArgs(op, events)
+}
+
+// operationSQL is operationCTE's text for an operation with n events.
+func operationSQL(n int) string {
+	sql := `op AS (
+			INSERT INTO operations (` + operationColumns + `) VALUES (` + placeholders(operationValueCount) + `)
+			RETURNING seq, id)`
+	if n > 0 {
+		ev := make([]string, n)
+		for i := range ev {
+			ev[i] = "SELECT op.id, ?, CAST(? AS timestamptz), ? FROM op"
+		}
+		sql += `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(ev, " UNION ALL ") + ` RETURNING 1)`
+	}
+	return sql
+}
+
+// operationValueCount is how many values operationValues answers.
+var operationValueCount = len(operationValues(Operation{}))
+
+// operationArgs are operationSQL's arguments for op and its events.
+func operationArgs(op ledger.Operation, events []ledger.Event) []any {
+	args := operationValues(rowFromOperation(op))
 	for _, e := range events {
 		data := string(e.Data)
 		if data == "" {
 			data = "{}"
 		}
-		evSQL = append(evSQL, "SELECT op.id, ?, CAST(? AS timestamptz), ? FROM op")
 		args = append(args, e.Type, dbtime.Norm(e.At), data)
 	}
-	sql := `op AS (
-			INSERT INTO operations (` + operationColumns + `) VALUES (` + placeholders(len(operationValues(row))) + `)
-			RETURNING seq, id)`
-	if len(evSQL) > 0 {
-		sql += `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(evSQL, " UNION ALL ") + ` RETURNING 1)`
-	}
-	return sql, args
+	return args
 }

@@ -55,6 +55,9 @@ func (q LedgerStatements) Events(operationID string, after int64, limit int) Sta
 
 // CountOpenForNode is the per-node quota count.
 func (q LedgerStatements) CountOpenForNode(nodeID string, except []string) Statement {
+	if q.dialect == Postgres {
+		return countOpenForNodeStatement(nodeID, except)
+	}
 	var n int64
 	return q.build(func(g *gorm.DB) *gorm.DB { return openForNodeQuery(g, nodeID, except).Count(&n) })
 }

@@ -3,6 +3,9 @@ package models
 import (
 	"context"
 	"database/sql"
+	"strconv"
+	"strings"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -44,4 +47,139 @@ func statementContext(g *gorm.DB) context.Context {
 		return g.Statement.Context
 	}
 	return context.Background()
+}
+
+// eachRow runs query (queryRows) and hands each row to scan; the rows are
+// closed, and their error answered, before it returns, so the connection
+// is free for the transaction's next statement.
+func eachRow(g *gorm.DB, query string, args []any, scan func(*sql.Rows) error) error {
+	rows, err := queryRows(g, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// numbered rewrites GORM's ? placeholders as Postgres's $1, $2, … in
+// order, leaving quoted text alone. The fixed statements are rewritten
+// once, when the package loads.
+func numbered(query string) string {
+	var b strings.Builder
+	b.Grow(len(query) + 32)
+	n, quote := 0, byte(0)
+	for i := 0; i < len(query); i++ {
+		c := query[i]
+		switch {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '\'' || c == '"':
+			quote = c
+		case c == '?':
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// commandColumns are the commands table's columns in the order
+// commandScan reads them: statements name them rather than *, so a column
+// added or reordered by a migration cannot shift what lands where.
+const commandColumns = `operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state,
+	failure_code, failure_message, delivered_fencing, first_delivered_at, last_delivered_at, delivery_count, settled_at`
+
+// commandScan receives a row's commandColumns. Every column is nullable
+// here: a claim that claimed nothing answers them all NULL (an outer join).
+type commandScan struct {
+	operationID, nodeID, kind, payload, payloadDigest, state, failureCode, failureMessage sql.NullString
+	fencingToken, deliveredFencing, deliveryCount                                         sql.NullInt64
+	issuedAt, firstDeliveredAt, lastDeliveredAt, settledAt                                sql.NullTime
+}
+
+// dest answers the scan destinations of commandColumns, then extra.
+func (c *commandScan) dest(extra ...any) []any {
+	return append([]any{&c.operationID, &c.nodeID, &c.kind, &c.payload, &c.payloadDigest, &c.fencingToken, &c.issuedAt,
+		&c.state, &c.failureCode, &c.failureMessage, &c.deliveredFencing, &c.firstDeliveredAt, &c.lastDeliveredAt,
+		&c.deliveryCount, &c.settledAt}, extra...)
+}
+
+// present reports whether the row carried a command.
+func (c *commandScan) present() bool { return c.operationID.Valid }
+
+func (c *commandScan) row() Command {
+	return Command{OperationID: c.operationID.String, NodeID: c.nodeID.String, Kind: c.kind.String, Payload: c.payload.String,
+		PayloadDigest: c.payloadDigest.String, FencingToken: c.fencingToken.Int64, IssuedAt: c.issuedAt.Time,
+		State: c.state.String, FailureCode: nullString(c.failureCode), FailureMessage: nullString(c.failureMessage),
+		DeliveredFencing: nullInt64(c.deliveredFencing), FirstDeliveredAt: nullTime(c.firstDeliveredAt),
+		LastDeliveredAt: nullTime(c.lastDeliveredAt), DeliveryCount: int(c.deliveryCount.Int64), SettledAt: nullTime(c.settledAt)}
+}
+
+// nodeColumns are the nodes table's columns in the order nodeScan reads
+// them.
+const nodeColumns = `id, rental_id, generation, state, fencing_token, created_at, updated_at, enrolled_at,
+	lease_expires_at, last_heartbeat_at, retired_at, agent_version, facts, facts_observed_at, facts_received_at,
+	disk_state, disk_free_bytes, disk_observed_at, price_micros, billing_interval_seconds, eligible_classes, available_until`
+
+// nodeScan receives a row's nodeColumns.
+type nodeScan struct {
+	n                                                                Node
+	enrolledAt, leaseExpiresAt, lastHeartbeatAt, retiredAt           sql.NullTime
+	factsObservedAt, factsReceivedAt, diskObservedAt, availableUntil sql.NullTime
+	facts                                                            sql.NullString
+	diskFreeBytes, priceMicros, billingIntervalSeconds               sql.NullInt64
+}
+
+// dest answers the scan destinations of nodeColumns, then extra.
+func (s *nodeScan) dest(extra ...any) []any {
+	n := &s.n
+	return append([]any{&n.ID, &n.RentalID, &n.Generation, &n.State, &n.FencingToken, &n.CreatedAt, &n.UpdatedAt,
+		&s.enrolledAt, &s.leaseExpiresAt, &s.lastHeartbeatAt, &s.retiredAt, &n.AgentVersion, &s.facts,
+		&s.factsObservedAt, &s.factsReceivedAt, &n.DiskState, &s.diskFreeBytes, &s.diskObservedAt, &s.priceMicros,
+		&s.billingIntervalSeconds, &n.EligibleClasses, &s.availableUntil}, extra...)
+}
+
+func (s *nodeScan) row() Node {
+	n := s.n
+	n.EnrolledAt, n.LeaseExpiresAt = nullTime(s.enrolledAt), nullTime(s.leaseExpiresAt)
+	n.LastHeartbeatAt, n.RetiredAt = nullTime(s.lastHeartbeatAt), nullTime(s.retiredAt)
+	n.Facts, n.FactsObservedAt, n.FactsReceivedAt = nullString(s.facts), nullTime(s.factsObservedAt), nullTime(s.factsReceivedAt)
+	n.DiskFreeBytes, n.DiskObservedAt = nullInt64(s.diskFreeBytes), nullTime(s.diskObservedAt)
+	n.PriceMicros, n.BillingIntervalSeconds = nullInt64(s.priceMicros), nullInt64(s.billingIntervalSeconds)
+	n.AvailableUntil = nullTime(s.availableUntil)
+	return n
+}
+
+func nullString(v sql.NullString) *string {
+	if !v.Valid {
+		return nil
+	}
+	return &v.String
+}
+
+func nullInt64(v sql.NullInt64) *int64 {
+	if !v.Valid {
+		return nil
+	}
+	return &v.Int64
+}
+
+func nullTime(v sql.NullTime) *time.Time {
+	if !v.Valid {
+		return nil
+	}
+	return &v.Time
 }

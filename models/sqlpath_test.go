@@ -1,0 +1,190 @@
+package models_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// TestHandScannedRowsRoundTrip: the rows the command path scans by hand
+// (sqlpath.go) carry every field to its place: the node IssueToNode
+// answers and the commands ClaimDue answers equal what GORM reads back,
+// field by field, with every field set to a value no other field has, so
+// two columns swapped or shifted fail here. Both dialects.
+func TestHandScannedRowsRoundTrip(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		at := func(min int) *time.Time { v := t0.Add(time.Duration(min) * time.Minute); return &v }
+		n := fleet.Node{ID: "full", RentalID: "rent-full", Generation: 3, State: fleet.StateReady, FencingToken: 41,
+			CreatedAt: *at(1), UpdatedAt: *at(2), EnrolledAt: at(3), LeaseExpiresAt: at(4), LastHeartbeatAt: at(5),
+			RetiredAt: at(6), AgentVersion: "9.8.7", Facts: json.RawMessage(`{"cpus":12}`), FactsObservedAt: at(7),
+			FactsReceivedAt: at(8), Disk: fleet.Disk{State: "low", FreeBytes: ip(1 << 33), ObservedAt: at(9)},
+			PriceMicros: ip(123456), Purchase: fleet.Purchase{BillingIntervalSeconds: ip(3600), EligibleClasses: []string{"gpu", "a"},
+				AvailableUntil: at(10)}}
+		insert(t, s, n)
+
+		var issued fleet.Node
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			var err error
+			var ok bool
+			issued, ok, err = tx.IssueToNode(ctx, fleet.Command{OperationID: "cmd", NodeID: "full", Kind: "prepare_image",
+				Payload: json.RawMessage(`{"image":"i"}`), PayloadDigest: "digest", FencingToken: 99, IssuedAt: *at(11),
+				State: fleet.CommandPending})
+			require.True(t, ok)
+			return err
+		}))
+		stored, err := s.Node(ctx, "full")
+		require.NoError(t, err)
+		require.Equal(t, stored, issued, "the issue's node is the stored node")
+		require.Equal(t, n, issued, "every field as inserted")
+
+		// Two claims: the second a redelivery, so first and last delivery
+		// differ, as do the fencing tokens.
+		claim := func(fencing int64, now time.Time) []fleet.Command {
+			var got []fleet.Command
+			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+				var err error
+				_, got, err = tx.ClaimDue(ctx, fleet.Due{NodeID: "full", Fencing: fencing, Now: now,
+					RedeliverBefore: now.Add(-time.Minute), Limit: 5})
+				return err
+			}))
+			require.Len(t, got, 1)
+			return got
+		}
+		claim(41, *at(20))
+		got := claim(42, *at(30))[0]
+		want := fleet.Command{OperationID: "cmd", NodeID: "full", Kind: "prepare_image", Payload: json.RawMessage(`{"image":"i"}`),
+			PayloadDigest: "digest", FencingToken: 42, IssuedAt: *at(11), State: fleet.CommandPending, DeliveredFencing: ip(42),
+			FirstDeliveredAt: at(20), LastDeliveredAt: at(30), DeliveryCount: 2}
+		require.Equal(t, want, got, "every field of the claimed command")
+		c, err := s.Command(ctx, "cmd")
+		require.NoError(t, err)
+		require.Equal(t, c, got, "the claim's command is the stored command")
+
+		// LockCommands reads the settlement columns too.
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			got, err := tx.LockCommands(ctx, []string{"cmd", "absent"})
+			require.Equal(t, map[string]fleet.Command{"cmd": c}, got)
+			return err
+		}))
+	})
+}
+
+// TestHandScannedColumnsAreTheTables: the column lists of the statements
+// sent around GORM name every column of their table, so a column a
+// migration adds is not silently left out of what they read.
+func TestHandScannedColumnsAreTheTables(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		for table, list := range map[string]string{"commands": models.CommandColumns, "nodes": models.NodeColumns} {
+			var cols []string
+			q := `SELECT name FROM pragma_table_info(?)`
+			if db.Dialect == models.Postgres {
+				q = `SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ?`
+			}
+			require.NoError(t, db.Raw(q, table).Scan(&cols).Error)
+			var named []string
+			for _, c := range strings.Split(list, ",") {
+				named = append(named, strings.TrimSpace(c))
+			}
+			sort.Strings(cols)
+			sort.Strings(named)
+			require.Equal(t, cols, named, table)
+		}
+	})
+}
+
+func TestNumbered(t *testing.T) {
+	require.Equal(t, `SELECT $1, '?' || "a?b", $2 FROM t WHERE x = $3 AND y = 'it''s ?'`,
+		models.Numbered(`SELECT ?, '?' || "a?b", ? FROM t WHERE x = ? AND y = 'it''s ?'`))
+}
+
+// TestCountOpenForNodeIsGORMsStatement: the quota count sent around GORM
+// is the text GORM wrote for it, so plans and pg_stat_statements keep one
+// statement; it counts as GORM's did (exempt kinds left out).
+func TestCountOpenForNodeIsGORMsStatement(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		fs := models.NewFleetStore(db, "r1", nil)
+		ls := models.NewLedgerStore(fs)
+		for _, except := range [][]string{nil, {ledger.KindNodeRetire}, {ledger.KindNodeRetire, ledger.KindNodeDiagnose}} {
+			var n int64
+			q := db.Session(&gorm.Session{DryRun: true}).Model(&models.Operation{}).
+				Where("target_id = ? AND terminal = FALSE AND target_kind = ?", "n1", ledger.TargetNode)
+			if len(except) > 0 {
+				q = q.Where("kind NOT IN ?", except)
+			}
+			want := q.Count(&n).Statement
+			got := ls.Statements().CountOpenForNode("n1", except)
+			require.Equal(t, want.SQL.String(), got.SQL)
+			require.Equal(t, want.Vars, got.Args)
+		}
+
+		insert(t, fs, sampleNode("n1", "rent-count", 1))
+		for i, kind := range []string{ledger.KindNodePrepareImage, ledger.KindNodeRetire, ledger.KindNodeDiagnose} {
+			op := &ledger.Operation{ID: fmt.Sprintf("op%d", i), RequestID: fmt.Sprintf("req%d", i), Digest: "d",
+				PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: ledger.FamilyCommands, Kind: kind,
+				State: ledger.StatePending, Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "n1"}},
+				TargetKind: ledger.TargetNode, TargetID: "n1", Operation: json.RawMessage(`{}`), CreatedAt: t0,
+				Deadline: t0.Add(time.Hour), UpdatedAt: t0}
+			require.NoError(t, ls.Insert(ctx, op))
+		}
+		for except, want := range map[int]int{0: 3, 1: 2, 2: 1} {
+			require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+				n, err := tx.CountOpenForNode(ctx, "n1", []string{ledger.KindNodeRetire, ledger.KindNodeDiagnose}[:except])
+				require.Equal(t, want, n, except)
+				return err
+			}))
+		}
+	})
+}
+
+// TestIssueTakesAKeptOperationWithAnyNumberOfEvents: the issue's statement
+// inserts the kept-back operation whether it has no event, one or several
+// (each count its own statement text), with its cursor; both dialects.
+func TestIssueTakesAKeptOperationWithAnyNumberOfEvents(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		fs := models.NewFleetStore(db, "r1", nil)
+		ls := models.NewLedgerStore(fs)
+		n := sampleNode("n1", "rent-events", 1)
+		n.State = fleet.StateReady
+		insert(t, fs, n)
+		for events := range 3 {
+			id := fmt.Sprintf("op%d", events)
+			op := &ledger.Operation{ID: id, RequestID: "req-" + id, Digest: "d", PrincipalKind: ledger.PrincipalAdmin,
+				PrincipalID: "u1", Family: ledger.FamilyCommands, Kind: ledger.KindNodePrepareImage, State: ledger.StatePending,
+				Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "n1"}},
+				TargetKind: ledger.TargetNode, TargetID: "n1", Operation: json.RawMessage(`{"image":"i"}`), CreatedAt: t0,
+				Deadline: t0.Add(time.Hour), UpdatedAt: t0}
+			var evs []ledger.Event
+			for i := range events {
+				evs = append(evs, ledger.Event{OperationID: id, Type: fmt.Sprintf("e%d", i), At: t0.Add(time.Duration(i) * time.Second),
+					Data: json.RawMessage(`{}`)})
+			}
+			require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+				if err := tx.InsertOperation(ctx, op, evs...); err != nil {
+					return err
+				}
+				_, ok, err := tx.Fleet().IssueToNode(ctx, fleet.Command{OperationID: id, NodeID: "n1", Kind: "prepare_image",
+					Payload: op.Operation, PayloadDigest: "d", IssuedAt: t0, State: fleet.CommandPending})
+				require.True(t, ok)
+				return err
+			}), events)
+			require.NotZero(t, op.Cursor, events)
+			got, err := ls.Operation(ctx, id)
+			require.NoError(t, err)
+			require.Equal(t, op.Cursor, got.Cursor)
+			stored, err := ls.Events(ctx, id, 0, 10)
+			require.NoError(t, err)
+			require.Len(t, stored, events)
+		}
+	})
+}

@@ -326,13 +326,14 @@ func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time
 // with no kind and one per command kind whose ending differs from it
 // (ledger.CommandEnd depends on the kind: whether a refusal is retryable);
 // the command's kind picks its row. l locks (ordered, materialized: the
-// update joins what it locked, so it takes no lock out of order), cmd
-// updates only the node's pending commands (rechecked on the newest row
-// if another transaction changed it meanwhile), op ends the operations not
-// ended yet, ev records and announces each end, p reads — in the
-// statement's snapshot, where the settled commands are still pending —
-// whether another command of the node is pending. One row per command
-// found, with what l locked (the state before).
+// update joins what it locked, so it takes no lock out of order); cmd
+// updates the node's commands still pending, found by key (a command's
+// node never changes, so it is l's; its state is rechecked on the newest
+// row if another transaction changed it meanwhile); op ends the
+// operations not ended yet, ev records and announces each end, p reads —
+// in the statement's snapshot, where the settled commands are still
+// pending — whether another command of the node is pending. One row per
+// command found, with what l locked (the state before).
 const settlePendingSQL = `WITH v AS (
 		SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS v (operation_id, state, code, message)),
 	l AS MATERIALIZED (
@@ -341,7 +342,7 @@ const settlePendingSQL = `WITH v AS (
 	cmd AS (
 		UPDATE commands c SET state = v.state, failure_code = v.code, failure_message = v.message, settled_at = $6
 		FROM l JOIN v USING (operation_id)
-		WHERE c.operation_id = l.operation_id AND c.node_id = $1 AND c.state = 'pending'
+		WHERE c.operation_id = l.operation_id AND l.node_id = $1 AND c.state = 'pending'
 		RETURNING c.operation_id, c.kind),
 	e AS (
 		SELECT DISTINCT ON (cmd.operation_id) e.id, e.state, e.result, e.code, e.message, e.retryable, e.data

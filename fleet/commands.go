@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -57,6 +58,16 @@ var commandKinds = map[string]func(json.RawMessage, *errcode.Validation){
 			v.Check(x.GraceSeconds >= 0 && x.GraceSeconds <= 3600, "payload.grace_seconds", "0 to 3600")
 		}
 	},
+}
+
+// CommandKindNames answers the command kinds Issue accepts, sorted.
+func CommandKindNames() []string {
+	out := make([]string, 0, len(commandKinds))
+	for k := range commandKinds {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func isHex(s string) bool {
@@ -745,43 +756,25 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 		return nil, err
 	}
 	now := s.clock()
-	out := make([]api.Settled, 0, len(results))
-	var newly []Command
-	pendingLeft := true
-	ids := make([]string, len(results))
+	// What each result asks for is decided before the transaction; only
+	// a diagnose's evidence needs its command (its delivery time) to be
+	// settled, so a request without evidence — nearly every one — is
+	// locked and written by one store call.
+	decided := make([]Settlement, len(results))
+	plain := true
 	for i, r := range results {
-		ids[i] = r.OperationID
+		decided[i] = decideResult(r, values)
+		plain = plain && len(r.Evidence) == 0
 	}
+	var out []api.Settled
+	var fresh []CommandState
+	pendingLeft := true
 	err = s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
-		out, newly = out[:0], newly[:0]
-		// Every command of the request is locked in one statement and
-		// every settlement written in one: round trips per request, not
-		// per result.
-		locked, err := tx.LockCommands(ctx, ids)
-		if err != nil {
-			return err
-		}
-		for _, r := range results {
-			c, fresh, err := s.settleOne(locked, sess.NodeID, r, values, now)
-			switch {
-			case err == nil:
-				item := api.Settled{OperationID: r.OperationID, State: string(c.State)}
-				if c.State == CommandRefused {
-					item.Code = c.FailureCode
-				}
-				out = append(out, item)
-				if fresh {
-					newly = append(newly, c)
-				}
-			case errcode.Of(err) == errcode.UnknownOperation || errcode.Of(err) == errcode.NotThisNode:
-				out = append(out, api.Settled{OperationID: r.OperationID, Code: string(errcode.Of(err))})
-			default:
-				return err
-			}
-		}
-		pendingLeft = true
-		if len(newly) > 0 {
-			pendingLeft, err = tx.SettleCommands(ctx, newly)
+		var err error
+		if plain {
+			out, fresh, pendingLeft, err = settlePlain(ctx, tx, sess.NodeID, results, decided, now)
+		} else {
+			out, fresh, pendingLeft, err = s.settleLocked(ctx, tx, sess.NodeID, results, decided, values, now)
 		}
 		return err
 	})
@@ -793,10 +786,125 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 		// pending (dueMemo), if nothing was announced for it meanwhile.
 		s.quiet.settled(sess.NodeID, sess.Fencing)
 	}
-	for _, c := range newly {
-		s.metrics.CommandsSettled.WithLabelValues(string(c.State)).Inc()
+	for _, st := range fresh {
+		s.metrics.CommandsSettled.WithLabelValues(string(st)).Inc()
 	}
 	return out, nil
+}
+
+// decideResult is the settlement a result asks for, should its command
+// still be pending: applied (a duplicate too), or refused by the node with
+// its failure text scrubbed of values.
+func decideResult(r api.Result, values []string) Settlement {
+	if r.Applied || r.Duplicate {
+		return Settlement{OperationID: r.OperationID, State: CommandApplied, Duplicate: r.Duplicate}
+	}
+	return Settlement{OperationID: r.OperationID, State: CommandRefused, FailureCode: "refused_by_node",
+		FailureMessage: scrubFailure(secrets.Scrub(r.Failure, values))}
+}
+
+// settledItem is the answer for a command in state st (failure code: a
+// refusal's).
+func settledItem(operationID string, st CommandState, code string) api.Settled {
+	item := api.Settled{OperationID: operationID, State: string(st)}
+	if st == CommandRefused {
+		item.Code = code
+	}
+	return item
+}
+
+// settlePlain settles results that carry no evidence (decided: their
+// settlements, in order) in one store call (Tx.SettlePending) and builds
+// the answers settleLocked would from what it found: an id asked twice
+// is settled by its first result and answered the same both times. It
+// answers the answers, the states of the commands it settled, and whether
+// the node may have a command pending (true when none was settled).
+func settlePlain(ctx context.Context, tx Tx, nodeID string, results []api.Result, decided []Settlement, now time.Time) ([]api.Settled, []CommandState, bool, error) {
+	ss := make([]Settlement, 0, len(decided))
+	first := make(map[string]int, len(decided)) // id → its settlement in ss
+	for _, d := range decided {
+		if _, seen := first[d.OperationID]; !seen {
+			first[d.OperationID] = len(ss)
+			ss = append(ss, d)
+		}
+	}
+	found, left, err := tx.SettlePending(ctx, nodeID, now, ss)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	byID := make(map[string]SettleFound, len(found))
+	for _, f := range found {
+		byID[f.OperationID] = f
+	}
+	out := make([]api.Settled, 0, len(results))
+	answers := make(map[string]api.Settled, len(ss))
+	var fresh []CommandState
+	for _, r := range results {
+		item, done := answers[r.OperationID]
+		if !done {
+			f, ok := byID[r.OperationID]
+			d := ss[first[r.OperationID]]
+			switch {
+			case !ok:
+				item = api.Settled{OperationID: r.OperationID, Code: string(errcode.Of(errUnknownOperation))}
+			case f.NodeID != nodeID:
+				item = api.Settled{OperationID: r.OperationID, Code: string(errcode.Of(errNotThisNode))}
+			case f.Settled:
+				item = settledItem(r.OperationID, d.State, d.FailureCode)
+				fresh = append(fresh, d.State)
+			case f.State == CommandPending:
+				return nil, nil, false, fmt.Errorf("command %s of node %s found pending and left unsettled", f.OperationID, nodeID)
+			default:
+				item = settledItem(r.OperationID, f.State, f.FailureCode)
+			}
+			answers[r.OperationID] = item
+		}
+		out = append(out, item)
+	}
+	if len(fresh) == 0 {
+		left = true
+	}
+	return out, fresh, left, nil
+}
+
+// settleLocked settles results read against their commands (a diagnose's
+// evidence): every command of the request is locked in one statement and
+// every settlement written in one, round trips per request, not per
+// result. It answers as settlePlain does.
+func (s *Service) settleLocked(ctx context.Context, tx Tx, nodeID string, results []api.Result, decided []Settlement, values []string, now time.Time) ([]api.Settled, []CommandState, bool, error) {
+	ids := make([]string, len(results))
+	for i, r := range results {
+		ids[i] = r.OperationID
+	}
+	locked, err := tx.LockCommands(ctx, ids)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	out := make([]api.Settled, 0, len(results))
+	var newly []Command
+	var fresh []CommandState
+	for i, r := range results {
+		c, isNew, err := settleDecided(locked, nodeID, decided[i], r.Evidence, values, now)
+		switch {
+		case err == nil:
+			out = append(out, settledItem(r.OperationID, c.State, c.FailureCode))
+			if isNew {
+				newly = append(newly, c)
+				fresh = append(fresh, c.State)
+			}
+		case errcode.Of(err) == errcode.UnknownOperation || errcode.Of(err) == errcode.NotThisNode:
+			out = append(out, api.Settled{OperationID: r.OperationID, Code: string(errcode.Of(err))})
+		default:
+			return nil, nil, false, err
+		}
+	}
+	pendingLeft := true
+	if len(newly) > 0 {
+		if pendingLeft, err = tx.SettleCommands(ctx, newly); err != nil {
+			return nil, nil, false, err
+		}
+	}
+	return out, fresh, pendingLeft, nil
 }
 
 var (
@@ -828,7 +936,13 @@ func (s *Service) failureValues(ctx context.Context, results []api.Result) ([]st
 // which the caller writes. values are secret values to scrub from the
 // node's failure text.
 func (s *Service) settleOne(locked map[string]Command, nodeID string, r api.Result, values []string, now time.Time) (Command, bool, error) {
-	c, ok := locked[r.OperationID]
+	return settleDecided(locked, nodeID, decideResult(r, values), r.Evidence, values, now)
+}
+
+// settleDecided is settleOne for the settlement decideResult made of a
+// result, and the result's evidence (a diagnose's, scrubbed of values).
+func settleDecided(locked map[string]Command, nodeID string, d Settlement, evidence json.RawMessage, values []string, now time.Time) (Command, bool, error) {
+	c, ok := locked[d.OperationID]
 	if !ok {
 		return Command{}, false, errUnknownOperation
 	}
@@ -838,21 +952,19 @@ func (s *Service) settleOne(locked map[string]Command, nodeID string, r api.Resu
 	if c.State != CommandPending {
 		return c, false, nil
 	}
-	if r.Applied || r.Duplicate {
-		c.State = CommandApplied
+	c.State = d.State
+	if d.State == CommandApplied {
 		if c.Kind == api.KindDiagnose {
-			settleEvidence(&c, r.Evidence, values, now)
+			settleEvidence(&c, evidence, values, now)
 		}
 	} else {
-		c.State = CommandRefused
-		c.FailureCode = "refused_by_node"
-		c.FailureMessage = scrubFailure(secrets.Scrub(r.Failure, values))
+		c.FailureCode, c.FailureMessage = d.FailureCode, d.FailureMessage
 	}
 	c.SettledAt = &now
-	c.Duplicate = r.Duplicate
+	c.Duplicate = d.Duplicate
 	// The settlement is recorded as the end of the command's operation (the
 	// store keeps the two in step), not as a node audit row.
-	locked[r.OperationID] = c
+	locked[d.OperationID] = c
 	return c, true, nil
 }
 

@@ -263,6 +263,17 @@ type Tx interface {
 	// It answers whether the node of cs (one node) has a pending command
 	// besides them, as seen by the settlement (false for none given).
 	SettleCommands(ctx context.Context, cs []Command) (bool, error)
+	// SettlePending is LockCommands and SettleCommands for settlements
+	// decided without reading their commands: it locks the commands of ss
+	// that exist (in operation id order), settles at at those of them
+	// still pending on nodeID as ss says, ending each one's operation as
+	// SettleCommands does, and leaves the others as they are; one
+	// statement where the store can. ss's ids are distinct. It answers,
+	// for each of ss whose command exists, the command as found before
+	// (SettleFound, in no particular order), and whether nodeID has a
+	// pending command besides ss's, as SettleCommands does (meaningless
+	// when none was settled).
+	SettlePending(ctx context.Context, nodeID string, at time.Time, ss []Settlement) ([]SettleFound, bool, error)
 	// WithdrawCommand cancels a pending command never delivered to any
 	// session and answers true; a command delivered at least once, settled,
 	// or absent is left as it is and answers false.
@@ -294,6 +305,31 @@ type Tx interface {
 	// Notify tells every replica, once this transaction commits, that
 	// something about the node changed (see Notifier).
 	Notify(ctx context.Context, n Notification) error
+}
+
+// Settlement is a node's result for one command, decided before the
+// command is read (Tx.SettlePending): the state it settles in (applied or
+// refused) with its failure, if the command is still pending.
+type Settlement struct {
+	OperationID    string
+	State          CommandState
+	FailureCode    string
+	FailureMessage string
+	// Duplicate: the node said it had applied the command before (its
+	// operation's result records it).
+	Duplicate bool
+}
+
+// SettleFound is a command Tx.SettlePending was asked to settle, as it
+// found it: its node and kind, and its state and failure code before the
+// settlement. Settled says the settlement wrote it.
+type SettleFound struct {
+	OperationID string
+	NodeID      string
+	Kind        string
+	State       CommandState
+	FailureCode string
+	Settled     bool
 }
 
 // LiveSession is one long-poll held now.

@@ -82,3 +82,54 @@ func TestSettleBatchMixedHTTP(t *testing.T) {
 		require.Equal(t, []string{"submitted", "running", "succeeded"}, eventTypes("sb-ok"))
 	})
 }
+
+// TestSettleRetiredNodeHTTP: a retired node still reports the result of a
+// command it was delivered: the command takes it, while its operation
+// keeps the end retirement gave it (failed, outcome_unknown: DECISIONS.md
+// §3, §38) and gets no second end event; a command retirement refused
+// answers that refusal, and stays as it was.
+func TestSettleRetiredNodeHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		a, sa := inviteAndEnroll(t, s)
+		submit := func(id string) {
+			s.Admin(t, http.MethodPost, "/api/v1/nodes/"+a.NodeID+"/commands", map[string]any{"kind": "prepare_image",
+				"operation_id": id, "payload": map[string]any{"image": "busybox"}}, http.StatusCreated, nil)
+		}
+		submit("sr-delivered")
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sa.SessionToken, http.StatusOK, &polled)
+		require.Len(t, polled.Commands, 1)
+		submit("sr-undelivered")
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+a.NodeID+"/retire", nil, http.StatusOK, nil)
+
+		var out api.ResultsResponse
+		for range 2 { // the second time changes nothing and answers the same
+			s.JSON(t, http.MethodPost, "/agent/v1/results", api.ResultsRequest{Results: []api.Result{
+				{OperationID: "sr-delivered", Applied: true},
+				{OperationID: "sr-undelivered", Applied: true},
+			}}, sa.SessionToken, http.StatusOK, &out)
+			require.Equal(t, []api.Settled{
+				{OperationID: "sr-delivered", State: "applied"},
+				{OperationID: "sr-undelivered", State: "refused", Code: "node_retired"},
+			}, out.Settled)
+		}
+		var op opJSON
+		s.Admin(t, http.MethodGet, "/api/v1/operations/sr-delivered", nil, http.StatusOK, &op)
+		require.Equal(t, "failed", op.State)
+		require.Equal(t, "outcome_unknown", op.Error.Code)
+		var cmd map[string]any
+		s.Admin(t, http.MethodGet, "/api/v1/commands/sr-delivered", nil, http.StatusOK, &cmd)
+		require.Equal(t, "applied", cmd["state"])
+		s.Admin(t, http.MethodGet, "/api/v1/operations/sr-undelivered", nil, http.StatusOK, &op)
+		require.Equal(t, "cancelled", op.State)
+		require.Equal(t, "node_retired", op.Error.Code)
+		eventTypes := func(id string) []string {
+			var types []string
+			require.NoError(t, s.App.DB.Raw("SELECT type FROM operation_events WHERE operation_id = ? ORDER BY seq", id).Scan(&types).Error)
+			return types
+		}
+		require.Equal(t, []string{"submitted", "running", "failed"}, eventTypes("sr-delivered"))
+		require.Equal(t, []string{"submitted", "cancelled"}, eventTypes("sr-undelivered"))
+	})
+}

@@ -174,9 +174,9 @@ func TestPostgresWriteCounters(t *testing.T) {
 		"submit POST /api/v1/nodes/{id}/commands":                    {2, 6},
 		"submit POST /api/v1/operations (node.prepare_image)":        {2, 6},
 		"claim GET /agent/v1/commands (1 due)":                       {2, 5},
-		"settle POST /agent/v1/results (1 result)":                   {1, 4},
+		"settle POST /agent/v1/results (1 result)":                   {1, 3},
 		"poll GET /agent/v1/commands (nothing due)":                  {1, 1},
-		fmt.Sprintf("settle POST /agent/v1/results (%d results)", n): {3, 8},
+		fmt.Sprintf("settle POST /agent/v1/results (%d results)", n): {3, 7},
 	}
 	for name, c := range ceilings {
 		m, ok := medians[name]

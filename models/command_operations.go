@@ -2,9 +2,11 @@ package models
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nodeward/nodeward/fleet"
@@ -260,4 +262,218 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 		}
 	}
 	return left, nil
+}
+
+// SettlePending implements fleet.Tx. On Postgres one statement (fixed
+// text, its lists as arrays, sent by queryRows) locks the commands in
+// operation id order, settles those still pending on the node, ends their
+// operations with their events and announcements, and answers what it
+// found of each and whether the node has another pending command: the
+// lock and the settlement of Settle in one round trip. SQLite locks, then
+// settles, as LockCommands and SettleCommands do.
+func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time, ss []fleet.Settlement) ([]fleet.SettleFound, bool, error) {
+	if len(ss) == 0 {
+		return nil, false, nil
+	}
+	at = dbtime.Norm(at)
+	if t.dialect != Postgres {
+		return t.settlePendingLocked(ctx, nodeID, at, ss)
+	}
+	ids := make([]string, len(ss))
+	states := make([]string, len(ss))
+	codes := make([]*string, len(ss))
+	messages := make([]*string, len(ss))
+	var e settleEndings
+	for i, s := range ss {
+		ids[i], states[i], codes[i], messages[i] = s.OperationID, string(s.State), strp(s.FailureCode), strp(s.FailureMessage)
+		e.add(s, at)
+	}
+	rows, err := queryRows(t.db(ctx), settlePendingSQL, nodeID, ids, states, codes, messages, at,
+		e.ids, e.kinds, e.states, e.results, e.codes, e.messages, e.retryable, e.data,
+		t.store.channel, notifyPrefix(t.store.replica))
+	if err != nil {
+		return nil, false, err
+	}
+	defer rows.Close()
+	found := make([]fleet.SettleFound, 0, len(ss))
+	left := false
+	for rows.Next() {
+		var f fleet.SettleFound
+		var state string
+		var code, parent sql.NullString
+		var ended bool
+		if err := rows.Scan(&f.OperationID, &f.NodeID, &f.Kind, &state, &code, &f.Settled, &ended, &parent, &left); err != nil {
+			return nil, false, err
+		}
+		f.State, f.FailureCode = fleet.CommandState(state), code.String
+		found = append(found, f)
+		if ended {
+			t.noteOperations([]string{f.OperationID})
+			if parent.Valid {
+				*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: parent.String})
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, err
+	}
+	// As LockCommands: another lane's command was locked (the statement
+	// wrote only this node's); the request runs again in the exclusive lane.
+	for _, f := range found {
+		if err := t.stray(f.NodeID); err != nil {
+			return nil, false, err
+		}
+	}
+	return found, left, nil
+}
+
+// settlePendingSQL is SettlePending's statement. $2–$5 are the
+// settlements, $7–$14 their operations' endings: for each settlement one
+// with no kind and one per command kind whose ending differs from it
+// (ledger.CommandEnd depends on the kind: whether a refusal is retryable);
+// the command's kind picks its row. l locks (ordered, materialized: the
+// update joins what it locked, so it takes no lock out of order); cmd
+// updates the node's commands still pending, found by key (a command's
+// node never changes, so it is l's; its state is rechecked on the newest
+// row if another transaction changed it meanwhile); op ends the
+// operations not ended yet, ev records and announces each end, p reads —
+// in the statement's snapshot, where the settled commands are still
+// pending — whether another command of the node is pending. One row per
+// command found, with what l locked (the state before).
+const settlePendingSQL = `WITH v AS (
+		SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS v (operation_id, state, code, message)),
+	l AS MATERIALIZED (
+		SELECT operation_id, node_id, kind, state, failure_code FROM commands
+		WHERE operation_id = ANY($2::text[]) ORDER BY operation_id FOR UPDATE),
+	cmd AS (
+		UPDATE commands c SET state = v.state, failure_code = v.code, failure_message = v.message, settled_at = $6
+		FROM l JOIN v USING (operation_id)
+		WHERE c.operation_id = l.operation_id AND l.node_id = $1 AND c.state = 'pending'
+		RETURNING c.operation_id, c.kind),
+	e AS (
+		SELECT DISTINCT ON (cmd.operation_id) e.id, e.state, e.result, e.code, e.message, e.retryable, e.data
+		FROM cmd JOIN unnest($7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::boolean[], $14::text[])
+			AS e (id, kind, state, result, code, message, retryable, data)
+			ON e.id = cmd.operation_id AND (e.kind = cmd.kind OR e.kind IS NULL)
+		ORDER BY cmd.operation_id, e.kind IS NULL),
+	op AS (
+		UPDATE operations o SET state = e.state, terminal = TRUE, result = e.result, error_code = e.code,
+			error_message = e.message, error_retryable = e.retryable, finished_at = $6, updated_at = $6
+		FROM e WHERE o.id = e.id AND o.terminal = FALSE
+		RETURNING o.id, o.parent_id, e.state, e.data),
+	ev AS (
+		INSERT INTO operation_events (operation_id, type, at, data)
+		SELECT op.id, op.state, $6, op.data FROM op CROSS JOIN LATERAL (SELECT pg_notify($15, $16 || op.id)) AS n
+		RETURNING 1),
+	p AS (
+		SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND state = 'pending'
+			AND operation_id <> ALL($2::text[])) AS pending_left)
+	SELECT l.operation_id, l.node_id, l.kind, l.state, l.failure_code, cmd.operation_id IS NOT NULL,
+		op.id IS NOT NULL, op.parent_id, p.pending_left
+	FROM l LEFT JOIN cmd ON cmd.operation_id = l.operation_id LEFT JOIN op ON op.id = l.operation_id CROSS JOIN p`
+
+// settleEndings are the operations' endings of SettlePending's
+// settlements, as arrays of its statement.
+type settleEndings struct {
+	ids, states, data               []string
+	kinds, results, codes, messages []*string
+	retryable                       []*bool
+}
+
+// commandKinds are the kinds a command may have (fleet validates them at
+// issue), each of which may end its operation its own way.
+var commandKinds = sync.OnceValue(fleet.CommandKindNames)
+
+// add adds s's endings: the one of a command of no known kind, and the
+// one of each kind whose ending differs from it.
+func (e *settleEndings) add(s fleet.Settlement, at time.Time) {
+	c := fleet.Command{OperationID: s.OperationID, State: s.State, FailureCode: s.FailureCode,
+		FailureMessage: s.FailureMessage, SettledAt: &at, Duplicate: s.Duplicate}
+	def, ok := settleEnding(c)
+	if !ok {
+		return
+	}
+	e.append(s.OperationID, nil, def)
+	for _, k := range commandKinds() {
+		c.Kind = k
+		if end, _ := settleEnding(c); end != def {
+			e.append(s.OperationID, &k, end)
+		}
+	}
+}
+
+func (e *settleEndings) append(id string, kind *string, end commandEnding) {
+	e.ids, e.kinds, e.states, e.data = append(e.ids, id), append(e.kinds, kind), append(e.states, end.state), append(e.data, end.data)
+	e.results, e.codes = append(e.results, nullp(end.result)), append(e.codes, nullp(end.code))
+	e.messages = append(e.messages, nullp(end.message))
+	var retryable *bool
+	if end.retryable.Valid {
+		retryable = &end.retryable.Bool
+	}
+	e.retryable = append(e.retryable, retryable)
+}
+
+// commandEnding is ledger.CommandEnd's answer as the columns it writes
+// (comparable, to tell two kinds' endings apart).
+type commandEnding struct {
+	state                 string
+	result, code, message sql.NullString
+	retryable             sql.NullBool
+	data                  string
+}
+
+func settleEnding(c fleet.Command) (commandEnding, bool) {
+	end, ok := ledger.CommandEnd(c)
+	if !ok {
+		return commandEnding{}, false
+	}
+	out := commandEnding{state: string(end.State)}
+	if len(end.Result) > 0 {
+		out.result = sql.NullString{String: string(end.Result), Valid: true}
+	}
+	if end.Error != nil {
+		out.code = sql.NullString{String: end.Error.Code, Valid: true}
+		out.message = sql.NullString{String: end.Error.Message, Valid: true}
+		out.retryable = sql.NullBool{Bool: end.Error.Retryable, Valid: true}
+	}
+	data, _ := json.Marshal(map[string]any{"from": "command", "error": end.Error})
+	out.data = string(data)
+	return out, true
+}
+
+func nullp(s sql.NullString) *string {
+	if !s.Valid {
+		return nil
+	}
+	return &s.String
+}
+
+// settlePendingLocked is SettlePending on SQLite: LockCommands, then
+// SettleCommands for the node's pending ones.
+func (t *fleetTx) settlePendingLocked(ctx context.Context, nodeID string, at time.Time, ss []fleet.Settlement) ([]fleet.SettleFound, bool, error) {
+	ids := make([]string, len(ss))
+	for i, s := range ss {
+		ids[i] = s.OperationID
+	}
+	locked, err := t.LockCommands(ctx, ids)
+	if err != nil {
+		return nil, false, err
+	}
+	found := make([]fleet.SettleFound, 0, len(locked))
+	var cs []fleet.Command
+	for _, s := range ss {
+		c, ok := locked[s.OperationID]
+		if !ok {
+			continue
+		}
+		f := fleet.SettleFound{OperationID: c.OperationID, NodeID: c.NodeID, Kind: c.Kind, State: c.State, FailureCode: c.FailureCode}
+		if c.NodeID == nodeID && c.State == fleet.CommandPending {
+			c.State, c.FailureCode, c.FailureMessage, c.SettledAt, c.Duplicate = s.State, s.FailureCode, s.FailureMessage, &at, s.Duplicate
+			cs = append(cs, c)
+			f.Settled = true
+		}
+		found = append(found, f)
+	}
+	left, err := t.SettleCommands(ctx, cs)
+	return found, left, err
 }

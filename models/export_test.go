@@ -22,3 +22,7 @@ const (
 
 // Numbered is numbered for the external tests.
 var Numbered = numbered
+
+// SettlePendingSQL is the settlement statement for n settlements and m
+// endings (Postgres).
+var SettlePendingSQL = settlePendingSQL

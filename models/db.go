@@ -290,6 +290,21 @@ func (db *DB) Tx(ctx context.Context, fn func(tx *gorm.DB) error) error {
 	return db.WithContext(ctx).Transaction(fn)
 }
 
+// Write runs fn's statements, outside a transaction, where writes go: on
+// SQLite its one writer connection, under the writers lock, so a lone
+// write (a lease, a heartbeat, a purge) queues with the group commit's
+// batches instead of meeting them in SQLite's busy handler, where a
+// writer that is never idle can hold it off past busy_timeout (SQLITE_BUSY
+// under load); on Postgres the pool.
+func (db *DB) Write(ctx context.Context, fn func(g *gorm.DB) error) error {
+	if db.writer == nil {
+		return fn(db.WithContext(ctx))
+	}
+	db.writers.Lock()
+	defer db.writers.Unlock()
+	return fn(db.writer.WithContext(ctx))
+}
+
 // WriterSQL answers the SQLite writer's own pool (one connection; its
 // WaitCount stays 0, as writers queue on the writers lock), or nil on
 // Postgres, which has no separate writer.

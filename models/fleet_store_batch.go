@@ -272,13 +272,18 @@ func (s *FleetStore) PublishSessions(ctx context.Context, replica string, starte
 		return err
 	}
 	row := Replica{ID: replica, StartedAt: dbtime.Norm(started), HeartbeatAt: dbtime.Norm(now), Sessions: string(b)}
-	return s.db.WithContext(ctx).Save(&row).Error
+	return s.db.Write(ctx, func(g *gorm.DB) error { return g.Save(&row).Error })
 }
 
 // TouchReplica refreshes this replica's heartbeat only.
 func (s *FleetStore) TouchReplica(ctx context.Context, replica string, now time.Time) (bool, error) {
-	res := s.db.WithContext(ctx).Model(&Replica{}).Where("id = ?", replica).Update("heartbeat_at", dbtime.Norm(now))
-	return res.RowsAffected == 1, res.Error
+	var touched bool
+	err := s.db.Write(ctx, func(g *gorm.DB) error {
+		res := g.Model(&Replica{}).Where("id = ?", replica).Update("heartbeat_at", dbtime.Norm(now))
+		touched = res.RowsAffected == 1
+		return res.Error
+	})
+	return touched, err
 }
 
 // ListSessions merges the sessions of every replica fresh since freshAfter.

@@ -535,13 +535,17 @@ func claimQueueSQL(dialect string) string {
 
 // RenewOwner upserts the replica's lease.
 func (s *LedgerStore) RenewOwner(ctx context.Context, replica string, until time.Time) error {
-	return s.fleet.db.WithContext(ctx).Exec(`INSERT INTO operation_owners (replica, expires_at) VALUES (?, ?)
-		ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at`, replica, dbtime.Norm(until)).Error
+	return s.fleet.db.Write(ctx, func(g *gorm.DB) error {
+		return g.Exec(`INSERT INTO operation_owners (replica, expires_at) VALUES (?, ?)
+			ON CONFLICT (replica) DO UPDATE SET expires_at = excluded.expires_at`, replica, dbtime.Norm(until)).Error
+	})
 }
 
 // DropOwner deletes the replica's lease.
 func (s *LedgerStore) DropOwner(ctx context.Context, replica string) error {
-	return s.fleet.db.WithContext(ctx).Exec(`DELETE FROM operation_owners WHERE replica = ?`, replica).Error
+	return s.fleet.db.Write(ctx, func(g *gorm.DB) error {
+		return g.Exec(`DELETE FROM operation_owners WHERE replica = ?`, replica).Error
+	})
 }
 
 // Orphans answers running local operations whose owner has no current

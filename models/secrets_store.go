@@ -189,7 +189,9 @@ func (s *SecretsStore) PurgeDeliveries(ctx context.Context, keepLaunchSince time
 			AND w.run_id = ` + field("run_id") + ` AND w.attempt_id = ` + field("attempt_id") + `)`
 	owed := `ch.kind = 'node.launch_workload' AND ch.state = 'succeeded' AND ch.finished_at > ?`
 	keep := dbtime.Norm(keepLaunchSince)
-	res := s.db.WithContext(ctx).Exec(`DELETE FROM secret_deliveries WHERE operation_id IN (
+	var purged int64
+	err := s.db.Write(ctx, func(g *gorm.DB) error {
+		res := g.Exec(`DELETE FROM secret_deliveries WHERE operation_id IN (
 		SELECT d.operation_id FROM secret_deliveries d LEFT JOIN operations o ON o.id = d.operation_id
 		WHERE o.id IS NULL OR (o.terminal
 			AND NOT EXISTS (SELECT 1 FROM operations ch JOIN commands c ON c.operation_id = ch.id
@@ -197,7 +199,10 @@ func (s *SecretsStore) PurgeDeliveries(ctx context.Context, keepLaunchSince time
 			AND NOT EXISTS (SELECT 1 FROM operations ch JOIN commands c ON c.operation_id = ch.id
 				WHERE ch.parent_id = o.id AND `+owed+` AND `+noOutput+`))
 		LIMIT ?)`, keep, keep, batch)
-	return int(res.RowsAffected), res.Error
+		purged = res.RowsAffected
+		return res.Error
+	})
+	return int(purged), err
 }
 
 // Lookup implements secrets.Tx.

@@ -53,9 +53,26 @@ var ErrTokenInvalid = errors.New("token invalid")
 // and expiry (with Leeway). Any failure is ErrTokenInvalid wrapping the reason
 // (for logs, never for the caller).
 func (s *Signer) Verify(token string, claims jwt.Claims) error {
+	_, err := s.VerifyStamp(token, claims)
+	return err
+}
+
+// Stamp is what a verified token's validity still depends on afterwards:
+// the key that signed it and its times. What else Verify checked (the
+// signature, algorithm, type, audience) cannot change for the same token,
+// so a caller that remembers a verified token need only Recheck its stamp.
+type Stamp struct {
+	KeyID string
+	// Expires, NotBefore and IssuedAt are zero when the token lacks them.
+	Expires, NotBefore, IssuedAt time.Time
+}
+
+// VerifyStamp is Verify, also answering the token's stamp.
+func (s *Signer) VerifyStamp(token string, claims jwt.Claims) (Stamp, error) {
 	if s.ring.Empty() {
-		return fmt.Errorf("%w: %w", ErrTokenInvalid, ErrNoKey)
+		return Stamp{}, fmt.Errorf("%w: %w", ErrTokenInvalid, ErrNoKey)
 	}
+	var st Stamp
 	p := jwt.NewParser(
 		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
 		jwt.WithAudience(s.audience),
@@ -73,10 +90,47 @@ func (s *Signer) Verify(token string, claims jwt.Claims) error {
 		if err != nil {
 			return nil, err
 		}
+		st.KeyID = kid
 		return sk.Key, nil
 	})
 	if err != nil {
+		return Stamp{}, fmt.Errorf("%w: %w", ErrTokenInvalid, err)
+	}
+	st.Expires = numericTime(claims.GetExpirationTime())
+	st.NotBefore = numericTime(claims.GetNotBefore())
+	st.IssuedAt = numericTime(claims.GetIssuedAt())
+	return st, nil
+}
+
+func numericTime(d *jwt.NumericDate, err error) time.Time {
+	if d == nil || err != nil {
+		return time.Time{}
+	}
+	return d.Time
+}
+
+// Recheck answers what Verify would now say of a token it verified with
+// this stamp: its key must still be in the ring, and its times are judged
+// against the signer's clock with Leeway exactly as jwt's validator does
+// (expiry required, not-before and issued-at when present). Failures are
+// ErrTokenInvalid.
+func (s *Signer) Recheck(st Stamp) error {
+	if s.ring.Empty() {
+		return fmt.Errorf("%w: %w", ErrTokenInvalid, ErrNoKey)
+	}
+	if _, err := s.ring.Lookup(s.label, st.KeyID); err != nil {
 		return fmt.Errorf("%w: %w", ErrTokenInvalid, err)
+	}
+	now := s.now()
+	switch {
+	case st.Expires.IsZero():
+		return fmt.Errorf("%w: %w", ErrTokenInvalid, jwt.ErrTokenRequiredClaimMissing)
+	case !now.Before(st.Expires.Add(Leeway)):
+		return fmt.Errorf("%w: %w", ErrTokenInvalid, jwt.ErrTokenExpired)
+	case !st.NotBefore.IsZero() && now.Before(st.NotBefore.Add(-Leeway)):
+		return fmt.Errorf("%w: %w", ErrTokenInvalid, jwt.ErrTokenNotValidYet)
+	case !st.IssuedAt.IsZero() && now.Before(st.IssuedAt.Add(-Leeway)):
+		return fmt.Errorf("%w: %w", ErrTokenInvalid, jwt.ErrTokenUsedBeforeIssued)
 	}
 	return nil
 }

@@ -126,3 +126,56 @@ func TestSealingSubkeyIsSeparate(t *testing.T) {
 	}
 	require.NotEqual(t, masterA, seal.Key, "the master key itself is never used")
 }
+
+// TestRecheckAgreesWithVerify: a remembered token's stamp is judged
+// exactly as Verify judges the token, at every instant around each bound
+// (leeway included), and only while its key is in the ring.
+func TestRecheckAgreesWithVerify(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	var now time.Time
+	clock := func() time.Time { return now }
+	ring := keys.NewRing(masterA)
+	s := keys.NewSigner(ring, keys.LabelNodeSession, "nodes", "node+jwt", clock)
+	c := claims(t0, "nodes")
+	c.NotBefore = jwt.NewNumericDate(t0.Add(10 * time.Second))
+	withNbf, err := s.Sign(c)
+	require.NoError(t, err)
+	plain, err := s.Sign(claims(t0, "nodes"))
+	require.NoError(t, err)
+	for _, tok := range []string{withNbf, plain} {
+		now = t0.Add(20 * time.Second)
+		var got jwt.RegisteredClaims
+		st, err := s.VerifyStamp(tok, &got)
+		require.NoError(t, err)
+		sk, _ := ring.Current(keys.LabelNodeSession)
+		require.Equal(t, sk.ID, st.KeyID)
+		require.True(t, st.Expires.Equal(t0.Add(time.Minute)))
+		var instants []time.Time
+		for _, bound := range []time.Time{t0.Add(-keys.Leeway), t0.Add(10*time.Second - keys.Leeway), t0.Add(time.Minute + keys.Leeway)} {
+			for _, d := range []time.Duration{-time.Second, -time.Nanosecond, 0, time.Nanosecond, time.Second} {
+				instants = append(instants, bound.Add(d))
+			}
+		}
+		for _, at := range instants {
+			now = at
+			var c2 jwt.RegisteredClaims
+			want := s.Verify(tok, &c2)
+			got := s.Recheck(st)
+			require.Equal(t, want == nil, got == nil, "at %v: Verify %v, Recheck %v", at.Sub(t0), want, got)
+			if got != nil {
+				require.ErrorIs(t, got, keys.ErrTokenInvalid)
+			}
+		}
+	}
+	// After a rotation (a new ring), the stamp holds while its key is kept
+	// for verification and not once the key is gone.
+	now = t0.Add(20 * time.Second)
+	var c3 jwt.RegisteredClaims
+	st, err := s.VerifyStamp(plain, &c3)
+	require.NoError(t, err)
+	kept := keys.NewSigner(keys.NewRing(masterB, masterA), keys.LabelNodeSession, "nodes", "node+jwt", clock)
+	require.NoError(t, kept.Recheck(st))
+	gone := keys.NewSigner(keys.NewRing(masterB), keys.LabelNodeSession, "nodes", "node+jwt", clock)
+	require.ErrorIs(t, gone.Recheck(st), keys.ErrTokenInvalid)
+	require.ErrorIs(t, keys.NewSigner(keys.NewRing(), keys.LabelNodeSession, "nodes", "node+jwt", clock).Recheck(st), keys.ErrTokenInvalid)
+}

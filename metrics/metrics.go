@@ -16,22 +16,25 @@ type Metrics struct {
 	HTTPDuration *prometheus.HistogramVec
 
 	// Delivery.
-	OpenLongPolls     prometheus.Gauge
-	PendingCommands   prometheus.GaugeFunc
-	DeliveryLatency   prometheus.Histogram
-	Redeliveries      prometheus.Counter
-	PollResumes       prometheus.Counter
-	Wakeups           *prometheus.CounterVec
-	PollStoreQueries  prometheus.Counter
-	PollReadsSkipped  prometheus.Counter
-	PollDirectClaims  prometheus.Counter
-	NodeLookups       *prometheus.CounterVec
-	PollRenewals      prometheus.Counter
-	CommandsIssued    prometheus.Counter
-	CommandsSettled   *prometheus.CounterVec
-	LeaseSweeps       prometheus.Counter
-	NodesMarkedLost   prometheus.Counter
-	HeartbeatsFlushed prometheus.Counter
+	OpenLongPolls    prometheus.Gauge
+	PendingCommands  prometheus.GaugeFunc
+	DeliveryLatency  prometheus.Histogram
+	Redeliveries     prometheus.Counter
+	PollResumes      prometheus.Counter
+	Wakeups          *prometheus.CounterVec
+	PollStoreQueries prometheus.Counter
+	PollReadsSkipped prometheus.Counter
+	PollDirectClaims prometheus.Counter
+	NodeLookups      *prometheus.CounterVec
+	// SessionVerifications counts agent session tokens accepted by their
+	// signature or by the replica's memory of having verified them.
+	SessionVerifications *prometheus.CounterVec
+	PollRenewals         prometheus.Counter
+	CommandsIssued       prometheus.Counter
+	CommandsSettled      *prometheus.CounterVec
+	LeaseSweeps          prometheus.Counter
+	NodesMarkedLost      prometheus.Counter
+	HeartbeatsFlushed    prometheus.Counter
 
 	// Ledger.
 	OperationsSubmitted *prometheus.CounterVec
@@ -114,6 +117,9 @@ func New(pending func() float64) *Metrics {
 		NodeLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_node_lookups_total", Help: "Node records (fencing token, retired, capabilities) the agent doors and capability checks needed, answered from this replica's node cache (result=hit) or by a database read (result=store).",
 		}, []string{"result"}),
+		SessionVerifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeward_session_verifications_total", Help: "Agent session tokens checked by their signature (result=signature) or answered from this replica's memory of tokens it already verified (result=cached: expiry and key still checked); either way the node's record is checked after.",
+		}, []string{"result"}),
 		PollRenewals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_lease_renewals_total", Help: "Lease renewals queued by arriving long-polls (written in coalesced batches; counted in nodeward_lease_renewals_flushed_total too).",
 		}),
@@ -187,7 +193,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -62,7 +62,7 @@ type Settings struct {
 	// SessionCacheMaxTokens bounds how many verified session tokens are
 	// remembered so an agent's next request skips the signature check
 	// (sessionCache). Default 100,000 (two per agent across a renewal at
-	// 50,000 agents; about 15 MB); negative: every request verifies.
+	// 50,000 agents; about 25 MB); negative: every request verifies.
 	SessionCacheMaxTokens int
 }
 

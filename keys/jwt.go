@@ -90,7 +90,7 @@ func (s *Signer) VerifyStamp(token string, claims jwt.Claims) (Stamp, error) {
 		if err != nil {
 			return nil, err
 		}
-		st.KeyID = kid
+		st.KeyID = sk.ID // the ring's string: remembered stamps share it
 		return sk.Key, nil
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package fleet
 import (
 	"crypto/sha256"
 	"sync"
+	"time"
 
 	"github.com/nodeward/nodeward/keys"
 )
@@ -55,16 +56,26 @@ func (c *sessionCache) get(key [sha256.Size]byte) (sessionEntry, bool) {
 	return e, ok
 }
 
-func (c *sessionCache) put(key [sha256.Size]byte, e sessionEntry) {
+// put remembers e under key. A full cache first drops every token expired
+// by now (renewals leave each agent's previous token behind, which nothing
+// looks up again), and only when none has evicts an arbitrary live one.
+func (c *sessionCache) put(key [sha256.Size]byte, e sessionEntry, now time.Time) {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.entries[key]; !ok && len(c.entries) >= c.max {
-		for k := range c.entries {
-			delete(c.entries, k)
-			break
+		for k, old := range c.entries {
+			if !now.Before(old.stamp.Expires.Add(keys.Leeway)) {
+				delete(c.entries, k)
+			}
+		}
+		if len(c.entries) >= c.max {
+			for k := range c.entries {
+				delete(c.entries, k)
+				break
+			}
 		}
 	}
 	c.entries[key] = e

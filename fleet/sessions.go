@@ -132,7 +132,7 @@ func (s *Service) verifySession(token string) (string, int64, error) {
 	if err != nil || c.Subject == "" || c.Fencing <= 0 {
 		return "", 0, ErrSessionInvalid
 	}
-	s.sessions.put(key, sessionEntry{nodeID: c.Subject, fencing: c.Fencing, stamp: st})
+	s.sessions.put(key, sessionEntry{nodeID: c.Subject, fencing: c.Fencing, stamp: st}, s.clock())
 	return c.Subject, c.Fencing, nil
 }
 

@@ -99,6 +99,17 @@ func (s *AuthStore) q(ctx context.Context) *gorm.DB {
 	return s.g.WithContext(ctx)
 }
 
+// write runs a write the service makes outside its transactions (a
+// login's session, a logout, a token's last use) where writes go
+// (DB.Write: on SQLite the one writer, so it does not meet the group
+// commit in SQLite's busy handler); inside a transaction, on it.
+func (s *AuthStore) write(ctx context.Context, fn func(g *gorm.DB) error) error {
+	if s.inTx {
+		return fn(s.q(ctx))
+	}
+	return s.db.Write(ctx, fn)
+}
+
 func authErr(err error) error {
 	switch {
 	case errors.Is(err, gorm.ErrRecordNotFound):
@@ -155,8 +166,10 @@ func (s *AuthStore) FirstUser(ctx context.Context) (auth.User, error) {
 
 // InsertSession implements auth.Store.
 func (s *AuthStore) InsertSession(ctx context.Context, cs auth.ConsoleSession) error {
-	return authErr(s.q(ctx).Create(&ConsoleSession{ID: cs.ID, UserID: cs.UserID, CreatedAt: cs.CreatedAt,
-		ExpiresAt: cs.ExpiresAt, RevokedAt: cs.RevokedAt, RemoteAddr: cs.RemoteAddr}).Error)
+	return authErr(s.write(ctx, func(g *gorm.DB) error {
+		return g.Create(&ConsoleSession{ID: cs.ID, UserID: cs.UserID, CreatedAt: cs.CreatedAt,
+			ExpiresAt: cs.ExpiresAt, RevokedAt: cs.RevokedAt, RemoteAddr: cs.RemoteAddr}).Error
+	}))
 }
 
 // withUser is a row joined with its administrator, whose columns are
@@ -195,7 +208,9 @@ func (s *AuthStore) Session(ctx context.Context, id, userID string) (auth.Consol
 
 // RevokeSession implements auth.Store.
 func (s *AuthStore) RevokeSession(ctx context.Context, id string, at time.Time) error {
-	return s.q(ctx).Model(&ConsoleSession{}).Where("id = ? AND revoked_at IS NULL", id).Update("revoked_at", at).Error
+	return s.write(ctx, func(g *gorm.DB) error {
+		return g.Model(&ConsoleSession{}).Where("id = ? AND revoked_at IS NULL", id).Update("revoked_at", at).Error
+	})
 }
 
 // InsertToken implements auth.Store.
@@ -254,7 +269,9 @@ func (s *AuthStore) RevokeToken(ctx context.Context, id string, at time.Time) er
 
 // TouchToken implements auth.Store.
 func (s *AuthStore) TouchToken(ctx context.Context, id string, at time.Time) error {
-	return s.q(ctx).Model(&APIToken{}).Where("id = ?", id).Update("last_used_at", at).Error
+	return s.write(ctx, func(g *gorm.DB) error {
+		return g.Model(&APIToken{}).Where("id = ?", id).Update("last_used_at", at).Error
+	})
 }
 
 // AppendAudit implements auth.Store.

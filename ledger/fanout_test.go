@@ -61,6 +61,20 @@ func (b *bundle) settleAll(t *testing.T, parentID string, sessions map[string]fl
 	}, waitLong, tick, "the fan-out never ended")
 }
 
+// readyNodes makes n ready nodes, answering their ids in order and their
+// sessions by id.
+func (b *bundle) readyNodes(t *testing.T, n int) ([]string, map[string]fleet.Session) {
+	t.Helper()
+	ids := make([]string, 0, n)
+	sessions := map[string]fleet.Session{}
+	for range n {
+		id, sess := b.readyNode(t)
+		ids = append(ids, id)
+		sessions[id] = sess
+	}
+	return ids, sessions
+}
+
 func (b *bundle) readyNodeOfClass(t *testing.T, class string) (string, fleet.Session) {
 	t.Helper()
 	rentalN++
@@ -78,13 +92,7 @@ func TestFleetCommand(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
 		b.start(t)
 		t.Run("MixedChildrenUnderMaxConcurrency", func(t *testing.T) {
-			var ids []string
-			sessions := map[string]fleet.Session{}
-			for range 4 {
-				id, sess := b.readyNode(t)
-				ids = append(ids, id)
-				sessions[id] = sess
-			}
+			ids, sessions := b.readyNodes(t, 4)
 			enrolling, err := b.fleet.Invite(ctx, "admin:test", fleet.Invite{RentalID: "fan-enrolling-" + b.replica, Generation: 1})
 			require.NoError(t, err)
 			ids = append(ids, enrolling.NodeID)
@@ -396,13 +404,7 @@ func TestFanOutReleasesAtCreation(t *testing.T) {
 
 		t.Run("AllWithinSlots", func(t *testing.T) {
 			before := counter.released.Load()
-			sessions := map[string]fleet.Session{}
-			var ids []string
-			for range 3 {
-				id, sess := b.readyNode(t)
-				ids = append(ids, id)
-				sessions[id] = sess
-			}
+			ids, sessions := b.readyNodes(t, 3)
 			parent, children := fanOut(t, ids, `{"kind":"node.prepare_image","payload":{"image":"now:1"}}`)
 			// Visible with the children: their commands, in one commit.
 			require.Equal(t, int64(3), b.handedOut(t, parent.ID))
@@ -422,13 +424,7 @@ func TestFanOutReleasesAtCreation(t *testing.T) {
 		})
 		t.Run("BeyondSlotsHeld", func(t *testing.T) {
 			before := counter.released.Load()
-			sessions := map[string]fleet.Session{}
-			var ids []string
-			for range 5 {
-				id, sess := b.readyNode(t)
-				ids = append(ids, id)
-				sessions[id] = sess
-			}
+			ids, sessions := b.readyNodes(t, 5)
 			parent, children := fanOut(t, ids, `{"kind":"node.prepare_image","payload":{"image":"slots:1"},"max_concurrency":2}`)
 			require.Equal(t, int64(2), b.handedOut(t, parent.ID))
 			fanned := fannedOut(t, parent.ID)

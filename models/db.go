@@ -18,9 +18,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/glebarez/sqlite"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/libtnb/sqlite"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -66,6 +66,10 @@ type DB struct {
 	// (issue 13, the hold run's tail). Nil for Postgres.
 	writer    *gorm.DB
 	writerSQL *sql.DB
+	// writerConn is the writer pool's one connection, held (writerPool).
+	writerConn *sql.Conn
+	// stmts are the SQLite pools' kept statements (sqlitestmts.go).
+	stmts []*stmtPool
 	// writeLanes is the fleet store's number of per-node write lanes
 	// (Options.WriteLanes resolved).
 	writeLanes int
@@ -176,24 +180,31 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 	if f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600); err == nil {
 		_ = f.Close()
 	}
-	// IMMEDIATE transactions take the write lock up front, so two writers
-	// queue on busy_timeout instead of deadlocking on a lock upgrade.
+	// IMMEDIATE transactions (the migrations'; the writer's begin their
+	// own, writerPool) take the write lock up front, so two writers queue
+	// on busy_timeout instead of deadlocking on a lock upgrade.
 	// The path is escaped: SQLite reads a file: URI, where a '#' or '?' in a
-	// folder name would otherwise cut the path short.
-	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?_txlock=immediate" +
+	// folder name would otherwise cut the path short. Times are written as
+	// "2006-01-02 15:04:05.999999999-07:00" in UTC (_time_format,
+	// _timezone): SQL compares them as text, and the files written before
+	// keep that form. _texttotime and _inttotime off: a column is read as
+	// it always was (only DATE/DATETIME/TIMESTAMP text becomes a time).
+	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?_txlock=immediate&_time_format=sqlite&_timezone=UTC" +
+		"&_texttotime=0&_inttotime=0" +
 		"&_pragma=journal_mode(WAL)" +
 		"&_pragma=synchronous(FULL)" +
 		"&_pragma=busy_timeout(10000)" +
 		"&_pragma=foreign_keys(1)"
-	gdb, err := gorm.Open(sqlite.Open(dsn), gormConfig())
-	if err != nil {
+	fail := func(err error, closers ...func() error) (*DB, error) {
+		for _, c := range closers {
+			_ = c()
+		}
 		_ = lock.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
-	sqlDB, err := gdb.DB()
+	sqlDB, err := sql.Open("sqlite", dsn)
 	if err != nil {
-		_ = lock.Close()
-		return nil, err
+		return fail(err)
 	}
 	maxOpen := opts.MaxOpenConns
 	if maxOpen == 0 {
@@ -202,34 +213,35 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 	sqlDB.SetMaxOpenConns(maxOpen)
 	sqlDB.SetMaxIdleConns(maxOpen)
 	if err := sqlDB.PingContext(ctx); err != nil {
-		_ = sqlDB.Close()
-		_ = lock.Close()
-		return nil, fmt.Errorf("open sqlite: %w", err)
+		return fail(err, sqlDB.Close)
 	}
-	// The writer's own connection (DB.writer), opened like the others.
-	wdb, err := gorm.Open(sqlite.Open(dsn), gormConfig())
+	readers := newStmtPool(sqlDB, sqlDB)
+	gdb, err := gorm.Open(sqlite.New(sqlite.Config{Conn: readers}), gormConfig())
 	if err != nil {
-		_ = sqlDB.Close()
-		_ = lock.Close()
-		return nil, fmt.Errorf("open sqlite: %w", err)
+		return fail(err, sqlDB.Close)
 	}
-	wSQL, err := wdb.DB()
+	// The writer's own connection (DB.writer), opened like the others and
+	// held for the life of the DB: its transactions are statements on it
+	// (writerPool), so its prepared statements outlive them.
+	wSQL, err := sql.Open("sqlite", dsn)
 	if err != nil {
-		_ = sqlDB.Close()
-		_ = lock.Close()
-		return nil, err
+		return fail(err, sqlDB.Close)
 	}
 	wSQL.SetMaxOpenConns(1)
 	wSQL.SetMaxIdleConns(1)
 	wSQL.SetConnMaxLifetime(0)
 	wSQL.SetConnMaxIdleTime(0)
-	if err := wSQL.PingContext(ctx); err != nil {
-		_ = wSQL.Close()
-		_ = sqlDB.Close()
-		_ = lock.Close()
-		return nil, fmt.Errorf("open sqlite: %w", err)
+	wConn, err := wSQL.Conn(ctx)
+	if err != nil {
+		return fail(err, wSQL.Close, sqlDB.Close)
 	}
-	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock, writers: &sync.Mutex{}, writer: wdb, writerSQL: wSQL}, nil
+	writer := newStmtPool(wConn, wSQL)
+	wdb, err := gorm.Open(sqlite.New(sqlite.Config{Conn: writerPool{writer}}), gormConfig())
+	if err != nil {
+		return fail(err, wConn.Close, wSQL.Close, sqlDB.Close)
+	}
+	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock, writers: &sync.Mutex{}, writer: wdb, writerSQL: wSQL,
+		stmts: []*stmtPool{readers, writer}, writerConn: wConn}, nil
 }
 
 // lockDataDir takes an exclusive advisory lock on the data folder for the
@@ -267,6 +279,12 @@ func (db *DB) Ping(ctx context.Context) error { return db.sqlDB.PingContext(ctx)
 
 // Close closes the pool and releases the data folder.
 func (db *DB) Close() error {
+	for _, p := range db.stmts {
+		p.closeAll()
+	}
+	if db.writerConn != nil {
+		_ = db.writerConn.Close()
+	}
 	if db.writerSQL != nil {
 		_ = db.writerSQL.Close()
 	}

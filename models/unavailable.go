@@ -8,8 +8,8 @@ import (
 	"strings"
 	"syscall"
 
-	sqlite "github.com/glebarez/go-sqlite"
 	"github.com/jackc/pgx/v5/pgconn"
+	sqlite "modernc.org/sqlite"
 
 	"github.com/nodeward/nodeward/errcode"
 )

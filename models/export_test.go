@@ -26,3 +26,19 @@ var Numbered = numbered
 // SettlePendingSQL is the settlement statement for n settlements and m
 // endings (Postgres).
 var SettlePendingSQL = settlePendingSQL
+
+// StmtCacheSize bounds each SQLite pool's kept statements.
+const StmtCacheSize = stmtCacheSize
+
+// KeptStatements answers, for each SQLite pool (the readers', the
+// writer's), how many statements it keeps and how many texts it has
+// prepared to keep.
+func KeptStatements(db *DB) (kept, prepares [2]int) {
+	for i, p := range db.stmts {
+		p.mu.Lock()
+		kept[i] = p.lru.Len()
+		p.mu.Unlock()
+		prepares[i] = int(p.prepares.Load())
+	}
+	return kept, prepares
+}

@@ -323,7 +323,7 @@ func (db *DB) Write(ctx context.Context, fn func(g *gorm.DB) error) error {
 	return fn(db.writer.WithContext(ctx))
 }
 
-// WriterSQL answers the SQLite writer's own pool (one connection; its
-// WaitCount stays 0, as writers queue on the writers lock), or nil on
+// WriterSQL answers the SQLite writer's own pool (one connection, held by
+// the DB, so always in use; its WaitCount stays 0), or nil on
 // Postgres, which has no separate writer.
 func (db *DB) WriterSQL() *sql.DB { return db.writerSQL }

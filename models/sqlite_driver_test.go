@@ -239,3 +239,46 @@ func TestSQLiteWriterTransactionsEnd(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, strings.Contains(err.Error(), "no transaction is active"), err.Error())
 }
+
+// Statements evicted while other readers run them: every call answers.
+func TestSQLiteStatementsEvictedUnderUse(t *testing.T) {
+	db := openSQLite(t, 4)
+	fs := models.NewFleetStore(db, "r1", nil)
+	insert(t, fs, sampleNode("n0", "rent-0", 1))
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			// Each goroutine walks its own lengths, together well past the
+			// bound, so each evicts statements the others are using.
+			for n := 1 + g; n <= 2*models.StmtCacheSize; n += 4 {
+				ids := make([]string, n)
+				for i := range ids {
+					ids[i] = "n" + strconv.Itoa(i)
+				}
+				var c int64
+				require.NoError(t, db.Raw(`SELECT COUNT(*) FROM nodes WHERE id IN ?`, ids).Scan(&c).Error)
+				require.NoError(t, db.Raw(`SELECT COUNT(*) FROM nodes WHERE id IN ?`, ids[:1]).Scan(&c).Error)
+				require.Equal(t, int64(1), c)
+			}
+		})
+	}
+	wg.Wait()
+	kept, _ := models.KeptStatements(db)
+	require.LessOrEqual(t, kept[0], models.StmtCacheSize)
+}
+
+// A statement that does not compile fails on each pool, and the pools go on.
+func TestSQLiteStatementErrors(t *testing.T) {
+	db := openSQLite(t, 2)
+	var n int64
+	require.Error(t, db.Raw(`SELECT COUNT(*) FROM no_such_table`).Scan(&n).Error)
+	require.Error(t, db.WithContext(ctx).Statement.ConnPool.QueryRowContext(ctx, `SELECT nope FROM nodes`).Scan(&n))
+	require.NoError(t, db.Write(ctx, func(g *gorm.DB) error {
+		require.Error(t, g.Statement.ConnPool.QueryRowContext(ctx, `SELECT nope FROM nodes`).Scan(&n))
+		require.Error(t, g.Exec(`UPDATE no_such_table SET x = 1`).Error)
+		return g.Raw(`SELECT COUNT(*) FROM nodes`).Scan(&n).Error
+	}))
+	require.NoError(t, db.Raw(`SELECT COUNT(*) FROM nodes`).Scan(&n).Error)
+	kept, _ := models.KeptStatements(db)
+	require.Equal(t, [2]int{2, 2}, kept, "failed texts are not kept: each pool keeps the dialector's sqlite_version() and the COUNT")
+}

@@ -36,6 +36,7 @@ const stmtCacheSize = 256
 type preparer interface {
 	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 type stmtPool struct {
@@ -53,19 +54,28 @@ type stmtPool struct {
 type keptStmt struct {
 	query string
 	stmt  *sql.Stmt
+	// users are the calls between taking the statement and running it;
+	// an evicted statement is closed when the last of them is done (a
+	// closed *sql.Stmt fails). Rows already open hold Close off by
+	// themselves. Under stmtPool.mu.
+	users   int
+	evicted bool
 }
 
 func newStmtPool(on preparer, db *sql.DB) *stmtPool {
 	return &stmtPool{on: on, db: db, byKey: map[string]*list.Element{}}
 }
 
-// stmt answers the kept statement for query, preparing it on first use.
-func (p *stmtPool) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+// take answers the kept statement for query, preparing it on first use;
+// the caller gives it back (put) once it has run it.
+func (p *stmtPool) take(ctx context.Context, query string) (*keptStmt, error) {
 	p.mu.Lock()
 	if e, ok := p.byKey[query]; ok {
 		p.lru.MoveToFront(e)
+		k := e.Value.(*keptStmt)
+		k.users++
 		p.mu.Unlock()
-		return e.Value.(*keptStmt).stmt, nil
+		return k, nil
 	}
 	p.mu.Unlock()
 	// Prepared outside the lock: on the readers' pool it may wait for a
@@ -81,17 +91,31 @@ func (p *stmtPool) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	if e, ok := p.byKey[query]; ok {
 		p.lru.MoveToFront(e)
 		go st.Close()
-		return e.Value.(*keptStmt).stmt, nil
+		k := e.Value.(*keptStmt)
+		k.users++
+		return k, nil
 	}
-	p.byKey[query] = p.lru.PushFront(&keptStmt{query: query, stmt: st})
+	k := &keptStmt{query: query, stmt: st, users: 1}
+	p.byKey[query] = p.lru.PushFront(k)
 	if p.lru.Len() > stmtCacheSize {
 		old := p.lru.Remove(p.lru.Back()).(*keptStmt)
 		delete(p.byKey, old.query)
-		// Closed apart: a caller may still be reading its rows, and Close
-		// waits for them.
-		go old.stmt.Close()
+		old.evicted = true
+		if old.users == 0 {
+			// Closed apart: Close waits for the rows still open on it.
+			go old.stmt.Close()
+		}
 	}
-	return st, nil
+	return k, nil
+}
+
+func (p *stmtPool) put(k *keptStmt) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k.users--
+	if k.evicted && k.users == 0 {
+		go k.stmt.Close()
+	}
 }
 
 func (p *stmtPool) closeAll() {
@@ -109,29 +133,32 @@ func (p *stmtPool) PrepareContext(ctx context.Context, query string) (*sql.Stmt,
 }
 
 func (p *stmtPool) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	st, err := p.stmt(ctx, query)
+	k, err := p.take(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	return st.ExecContext(ctx, args...)
+	defer p.put(k)
+	return k.stmt.ExecContext(ctx, args...)
 }
 
 func (p *stmtPool) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := p.stmt(ctx, query)
+	k, err := p.take(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	return st.QueryContext(ctx, args...)
+	defer p.put(k)
+	return k.stmt.QueryContext(ctx, args...)
 }
 
 func (p *stmtPool) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := p.stmt(ctx, query)
+	k, err := p.take(ctx, query)
 	if err != nil {
 		// A *sql.Row carrying err cannot be made outside database/sql:
-		// the pool's own QueryRow answers the same error.
-		return p.db.QueryRowContext(ctx, query, args...)
+		// the connection's own QueryRow answers the same error.
+		return p.on.QueryRowContext(ctx, query, args...)
 	}
-	return st.QueryRowContext(ctx, args...)
+	defer p.put(k)
+	return k.stmt.QueryRowContext(ctx, args...)
 }
 
 // GetDBConn answers the *sql.DB under the pool (GORM's DB()).

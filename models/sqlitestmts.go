@@ -22,7 +22,7 @@ import (
 // in every later transaction, where the command path runs.
 //
 // The writer's transactions are BEGIN IMMEDIATE … COMMIT statements on its
-// one held connection (stmtPool.BeginTx), so its prepared statements stay
+// one held connection (writerPool.BeginTx), so its prepared statements stay
 // valid across transactions. The readers' pool prepares on the *sql.DB:
 // database/sql prepares it again on each connection it runs on, once.
 

@@ -165,6 +165,18 @@ func TestLedgerListingByFamilyAndTargetKind(t *testing.T) {
 	})
 }
 
+// TestSQLiteEndedStatementsReadTheIndex: the overview's counts and
+// retention's select read operations_ended_finished (migration 00021) on
+// SQLite too, never the whole table.
+func TestSQLiteEndedStatementsReadTheIndex(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	st := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil)).Statements()
+	for _, s := range []models.Statement{st.Summarize(t0.Add(-time.Hour), t0.Add(-24*time.Hour)), st.PruneOperations(t0, 500)} {
+		plan := requireNoTableScan(t, db, s)
+		require.Contains(t, plan, "operations_ended_finished", "%s", s.SQL)
+	}
+}
+
 func nilIfEmpty(s []string) []string {
 	if len(s) == 0 {
 		return nil
@@ -180,8 +192,8 @@ func servedRegistry() *ledger.Registry {
 }
 
 // requireNoTableScan: SQLite's plan of st reads operations through an
-// index, never the whole table.
-func requireNoTableScan(t *testing.T, db *models.DB, st models.Statement) {
+// index, never the whole table. It answers the plan.
+func requireNoTableScan(t *testing.T, db *models.DB, st models.Statement) string {
 	t.Helper()
 	rows, err := db.Raw("EXPLAIN QUERY PLAN "+st.SQL, st.Args...).Rows()
 	require.NoError(t, err)
@@ -195,4 +207,5 @@ func requireNoTableScan(t *testing.T, db *models.DB, st models.Statement) {
 	}
 	require.NoError(t, rows.Err())
 	require.False(t, slices.Contains(plan, "SCAN operations"), "a scan of the table:\n%s\n%s", st.SQL, strings.Join(plan, "\n"))
+	return strings.Join(plan, "\n")
 }

@@ -177,6 +177,28 @@ func TestSQLiteEndedStatementsReadTheIndex(t *testing.T) {
 	}
 }
 
+// TestSQLiteNodeCommandsReadTheIndexes: a node's commands of a state, or
+// of any (both partial indexes merged), are read through
+// commands_pending and commands_settled (migration 00021) on SQLite too.
+func TestSQLiteNodeCommandsReadTheIndexes(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	for _, c := range []struct {
+		state    string
+		launches bool
+		want     []string
+	}{
+		{"pending", false, []string{"commands_pending"}},
+		{"applied", false, []string{"commands_settled"}},
+		{"", false, []string{"commands_pending", "commands_settled"}},
+		{"", true, []string{"commands_pending", "commands_settled"}},
+	} {
+		plan := requireNoTableScan(t, db, models.NodeCommandsStatement(db, "node-7", c.state, 100, c.launches))
+		for _, idx := range c.want {
+			require.Contains(t, plan, idx, "state %q", c.state)
+		}
+	}
+}
+
 func nilIfEmpty(s []string) []string {
 	if len(s) == 0 {
 		return nil
@@ -191,8 +213,8 @@ func servedRegistry() *ledger.Registry {
 	return ledger.NewRegistry(append(ks, ledger.EndpointKind(nil, nil))...)
 }
 
-// requireNoTableScan: SQLite's plan of st reads operations through an
-// index, never the whole table. It answers the plan.
+// requireNoTableScan: SQLite's plan of st reads operations and commands
+// through indexes, never a whole table. It answers the plan.
 func requireNoTableScan(t *testing.T, db *models.DB, st models.Statement) string {
 	t.Helper()
 	rows, err := db.Raw("EXPLAIN QUERY PLAN "+st.SQL, st.Args...).Rows()
@@ -206,6 +228,8 @@ func requireNoTableScan(t *testing.T, db *models.DB, st models.Statement) string
 		plan = append(plan, detail)
 	}
 	require.NoError(t, rows.Err())
-	require.False(t, slices.Contains(plan, "SCAN operations"), "a scan of the table:\n%s\n%s", st.SQL, strings.Join(plan, "\n"))
+	for _, table := range []string{"operations", "commands"} {
+		require.False(t, slices.Contains(plan, "SCAN "+table), "a scan of %s:\n%s\n%s", table, st.SQL, strings.Join(plan, "\n"))
+	}
 	return strings.Join(plan, "\n")
 }

@@ -457,9 +457,12 @@ func TestConsoleNodes(t *testing.T) {
 			require.Equal(t, "/console/nodes?state=ready&lease=lapsing",
 				attr(findAll(page.one(t, "lapsing"), func(n *html.Node) bool { return n.Data == "a" })[0], "href"))
 			// The invitations, the retirement, the command and the
-			// reinvite of this test, all in the last hour.
+			// reinvite of this test, all ended in the last hour (the ended
+			// states count what ended in it, the open ones what was
+			// submitted in it, and the page says so).
 			ops := page.one(t, "ops-last-hour")
 			require.NotContains(t, text(byTestID(ops, "ops-succeeded")[0]), "0 succeeded")
+			require.Contains(t, text(page.one(t, "ops-last-hour-note")), "Succeeded, failed and cancelled: ended in the hour.")
 			require.Contains(t, text(page.one(t, "pending-commands")), "1")
 			require.Equal(t, "0 nodes lagging their desired configuration", text(page.one(t, "config-lagging")))
 		})

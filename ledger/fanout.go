@@ -102,6 +102,9 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 				ch.Channel = ChannelLongPoll
 			}
 			ch.TargetKind, ch.TargetID = indexTarget(ch.Targets)
+			if !ck.IndexedAs(ch.TargetKind) {
+				return fmt.Errorf("fan-out child kind %s: target kind %q is not among its TargetKinds", ck.Name, ch.TargetKind)
+			}
 			if releaseNow && ck.RecordMany != nil && len(released) < max {
 				ch.Held = false
 				released = append(released, ch)

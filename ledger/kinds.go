@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sort"
 
 	"github.com/nodeward/nodeward/fleet"
@@ -32,6 +33,13 @@ type Draft struct {
 type Kind struct {
 	Name   string
 	Family string
+	// TargetKinds are the target kinds its operations are indexed under
+	// (Operation.TargetKind; submit refuses another); nil: any. With the
+	// family they let a listing's family, kind and target_kind filters
+	// read exact ranges of the (kind, target kind) index
+	// (Registry.Narrow): family and target kind have no index of their
+	// own to write per operation.
+	TargetKinds []string
 	// Capability is the agent capability a node needs to run it ("" for
 	// kinds the control plane runs).
 	Capability string
@@ -84,6 +92,15 @@ type Kind struct {
 	Reveals []string
 	Reveal  func(ctx context.Context, op Operation, field string) (string, error)
 }
+
+// The target kinds of the served kinds: a fan-out over one node is
+// indexed as that node, over several or a selector as the fleet.
+var (
+	nodeTarget        = []string{TargetNode}
+	fanOutTargets     = []string{TargetNode, TargetFleet}
+	packageHostTarget = []string{TargetPackageHost}
+	endpointTarget    = []string{TargetEndpoint}
+)
 
 // Summarizer folds a fan-out's children into its summary.
 type Summarizer interface {
@@ -145,6 +162,42 @@ func (r *Registry) Kinds() []*Kind {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// Narrow answers f with Kinds set to the (kind, target kind) pairs its
+// Family, Kind and TargetKind leave possible among the served kinds, by
+// kind name (none: nothing can match, an unknown family, kind or target
+// kind among them); f unchanged when it names none of the three.
+func (r *Registry) Narrow(f Filter) Filter {
+	if f.Family == "" && f.Kind == "" && f.TargetKind == "" {
+		return f
+	}
+	pairs := []KindTarget{}
+	for _, k := range r.Kinds() {
+		if (f.Family != "" && k.Family != f.Family) || (f.Kind != "" && k.Name != f.Kind) {
+			continue
+		}
+		switch {
+		case f.TargetKind != "":
+			if k.IndexedAs(f.TargetKind) {
+				pairs = append(pairs, KindTarget{Kind: k.Name, TargetKind: f.TargetKind})
+			}
+		case k.TargetKinds == nil:
+			pairs = append(pairs, KindTarget{Kind: k.Name})
+		default:
+			for _, tk := range k.TargetKinds {
+				pairs = append(pairs, KindTarget{Kind: k.Name, TargetKind: tk})
+			}
+		}
+	}
+	f.Kinds = pairs
+	return f
+}
+
+// IndexedAs answers whether the kind's operations may be indexed under
+// target kind tk.
+func (k *Kind) IndexedAs(tk string) bool {
+	return k.TargetKinds == nil || slices.Contains(k.TargetKinds, tk)
 }
 
 // ServedKinds are the kinds this product serves, carried out through f.

@@ -78,7 +78,7 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 	var out []*Kind
 	for name, agentKind := range CommandKinds {
 		out = append(out, &Kind{
-			Name: name, Family: FamilyCommands, Capability: fleet.CommandCapability(agentKind), LevelTriggered: true,
+			Name: name, Family: FamilyCommands, TargetKinds: nodeTarget, Capability: fleet.CommandCapability(agentKind), LevelTriggered: true,
 			// The node's state (absent, retired, not ready) is checked by
 			// Record, in the submitting transaction: its refusal rolls the
 			// operation back, so nothing is recorded, at no extra read.

@@ -128,7 +128,7 @@ func sealedPointers(operation json.RawMessage) ([]string, error) {
 // sec resolves sealed values inside documents (nil: none are served).
 func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 	node := &Kind{
-		Name: KindNodeConfigure, Family: FamilyNodeConfig, Capability: api.CapConfig, LevelTriggered: true,
+		Name: KindNodeConfigure, Family: FamilyNodeConfig, TargetKinds: nodeTarget, Capability: api.CapConfig, LevelTriggered: true,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o ConfigureOperation
 			if err := decodeConfigure(d.Operation, &o); err != nil {
@@ -150,7 +150,7 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 		},
 	}
 	fleetKind := &Kind{
-		Name: KindFleetConfigure, Family: FamilyNodeConfig,
+		Name: KindFleetConfigure, Family: FamilyNodeConfig, TargetKinds: fanOutTargets,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetConfigureOperation
 			if err := decodeConfigure(d.Operation, &o); err != nil {

@@ -68,7 +68,7 @@ const FieldToken = "token"
 func CredentialKinds(a *auth.Service) []*Kind {
 	return []*Kind{
 		{
-			Name: KindCredentialIssue, Family: FamilyCredentials, AdminOnly: true,
+			Name: KindCredentialIssue, Family: FamilyCredentials, AdminOnly: true, TargetKinds: packageHostTarget,
 			Prepare: func(ctx context.Context, d *Draft) error {
 				var o IssueOperation
 				if err := DecodeOperation(d.Operation, &o); err != nil {
@@ -123,7 +123,7 @@ func CredentialKinds(a *auth.Service) []*Kind {
 			},
 		},
 		{
-			Name: KindCredentialRevoke, Family: FamilyCredentials, AdminOnly: true,
+			Name: KindCredentialRevoke, Family: FamilyCredentials, AdminOnly: true, TargetKinds: packageHostTarget,
 			Prepare: func(ctx context.Context, d *Draft) error {
 				var o RevokeOperation
 				if err := DecodeOperation(d.Operation, &o); err != nil {

@@ -42,7 +42,7 @@ type FleetDiagnoseOperation struct {
 // (diagnose.endpoint, which the control plane runs, registers apart).
 func DiagnoseKinds(f *fleet.Service) []*Kind {
 	return []*Kind{{
-		Name: KindNodeDiagnose, Family: FamilyDiagnose, Capability: api.CapDiag, LevelTriggered: true,
+		Name: KindNodeDiagnose, Family: FamilyDiagnose, TargetKinds: nodeTarget, Capability: api.CapDiag, LevelTriggered: true,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			if _, err := oneNodeTarget(d); err != nil {
 				return err
@@ -56,7 +56,7 @@ func DiagnoseKinds(f *fleet.Service) []*Kind {
 				Kind: api.KindDiagnose, Payload: op.Operation})
 		},
 	}, {
-		Name: KindFleetDiagnose, Family: FamilyDiagnose,
+		Name: KindFleetDiagnose, Family: FamilyDiagnose, TargetKinds: fanOutTargets,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetDiagnoseOperation
 			if err := DecodeOperation(d.Operation, &o); err != nil {

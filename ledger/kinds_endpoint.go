@@ -33,7 +33,7 @@ type EndpointOperation struct {
 // sealed credential's value to the probe.
 func EndpointKind(p *diagnose.Prober, sec *secrets.Service) *Kind {
 	return &Kind{
-		Name: KindDiagnoseEndpoint, Family: FamilyDiagnose, LevelTriggered: true,
+		Name: KindDiagnoseEndpoint, Family: FamilyDiagnose, TargetKinds: endpointTarget, LevelTriggered: true,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o EndpointOperation
 			if err := DecodeOperation(d.Operation, &o); err != nil {

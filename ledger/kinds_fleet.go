@@ -97,7 +97,7 @@ func fanOutNodes(ctx context.Context, tx Tx, targets []Target, sel *Selector) ([
 // FleetKinds are the kinds of family fleet.
 func FleetKinds() []*Kind {
 	return []*Kind{{
-		Name: KindFleetCommand, Family: FamilyFleet,
+		Name: KindFleetCommand, Family: FamilyFleet, TargetKinds: fanOutTargets,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetCommandOperation
 			if err := DecodeOperation(d.Operation, &o); err != nil {

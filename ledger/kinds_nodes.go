@@ -143,7 +143,7 @@ func validation(field, msg string) error {
 func NodeKinds(f *fleet.Service) []*Kind {
 	return []*Kind{
 		{
-			Name: KindNodeInvite, Family: FamilyNodes,
+			Name: KindNodeInvite, Family: FamilyNodes, TargetKinds: nodeTarget,
 			Prepare: func(ctx context.Context, d *Draft) error {
 				var o InviteOperation
 				if err := DecodeOperation(d.Operation, &o); err != nil {
@@ -184,7 +184,7 @@ func NodeKinds(f *fleet.Service) []*Kind {
 			Reveals: []string{FieldEnrollmentToken}, Reveal: revealEnrollment(f),
 		},
 		{
-			Name: KindNodeReinvite, Family: FamilyNodes,
+			Name: KindNodeReinvite, Family: FamilyNodes, TargetKinds: nodeTarget,
 			Prepare: func(ctx context.Context, d *Draft) error {
 				var o ReinviteOperation
 				if err := DecodeOperation(d.Operation, &o); err != nil {
@@ -210,7 +210,7 @@ func NodeKinds(f *fleet.Service) []*Kind {
 			Reveals: []string{FieldEnrollmentToken}, Reveal: revealEnrollment(f),
 		},
 		{
-			Name: KindNodeRetire, Family: FamilyNodes, QuotaExempt: true,
+			Name: KindNodeRetire, Family: FamilyNodes, TargetKinds: nodeTarget, QuotaExempt: true,
 			Prepare: func(ctx context.Context, d *Draft) error {
 				var o RetireOperation
 				if err := DecodeOperation(d.Operation, &o); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -321,6 +322,11 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 		CreatedAt: now, Deadline: now.Add(s.settings.Deadline), UpdatedAt: now,
 	}
 	op.TargetKind, op.TargetID = indexTarget(d.Targets)
+	if !kind.IndexedAs(op.TargetKind) {
+		// A listing by kind reads only its declared target kinds: an
+		// undeclared one would be recorded and never listed.
+		return Operation{}, fmt.Errorf("ledger: kind %s: target kind %q is not among its TargetKinds", kind.Name, op.TargetKind)
+	}
 	submitted := Event{OperationID: op.ID, Type: EventSubmitted, At: now,
 		Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}
 	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) && !s.carriesSecrets(op) && len(kind.Reveals) == 0 {
@@ -523,11 +529,12 @@ func (s *Service) List(ctx context.Context, p Principal, f Filter) ([]Operation,
 	if p.Kind != PrincipalAdmin {
 		f.PrincipalKind, f.PrincipalID = p.Kind, p.ID
 	}
-	return s.store.List(ctx, f)
+	return s.store.List(ctx, s.kinds.Narrow(f))
 }
 
-// Summarize answers the overview's counts: operations created within
-// recent by state, and operations that ended failed within failures.
+// Summarize answers the overview's counts: by state, open operations
+// created within recent and operations that ended within recent; and
+// operations that ended failed within failures.
 func (s *Service) Summarize(ctx context.Context, recent, failures time.Duration) (Summary, error) {
 	now := s.clock()
 	sum, err := s.store.Summarize(ctx, now.Add(-recent), now.Add(-failures))

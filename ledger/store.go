@@ -30,9 +30,21 @@ type Filter struct {
 	ParentID      string
 	TargetKind    string
 	TargetID      string
+	// Kinds, when not nil, are the only (kind, target kind) pairs that
+	// can match: those Family, Kind and TargetKind leave possible among
+	// the served kinds (Registry.Narrow; Service.List sets it): the store
+	// reads the listing from the (kind, target kind) index through them
+	// unless another filter's index leads. Empty: nothing matches.
+	Kinds []KindTarget
 	// Before is the keyset cursor: only operations with a smaller cursor.
 	Before int64
 	Limit  int
+}
+
+// KindTarget is a kind and a target kind its operations are indexed
+// under ("": any).
+type KindTarget struct {
+	Kind, TargetKind string
 }
 
 // End is how a running operation ends.
@@ -95,17 +107,20 @@ type Store interface {
 	Prune(ctx context.Context, opsBefore, eventsBefore time.Time, batch int) (ops, events int, pruned bool, err error)
 	// CountOpen answers how many operations are pending and running.
 	CountOpen(ctx context.Context) (map[State]int64, error)
-	// Summarize answers the fleet overview's counts of operations: those
-	// created since createdSince by their state now (every state present),
-	// and those that ended failed since failedSince. Each count is an
-	// index range, never a scan of the ledger.
-	Summarize(ctx context.Context, createdSince, failedSince time.Time) (Summary, error)
+	// Summarize answers the fleet overview's counts of operations: by
+	// state (every state present), those open now that were created since
+	// recentSince and those that ended since recentSince; and those that
+	// ended failed since failedSince. Each count is an index range, never
+	// a scan of the ledger.
+	Summarize(ctx context.Context, recentSince, failedSince time.Time) (Summary, error)
 }
 
 // Summary is the fleet overview's count of the ledger.
 type Summary struct {
-	// RecentByState counts operations created since RecentSince by their
-	// state now; every state has an entry.
+	// RecentByState counts, by state, the operations open now that were
+	// created since RecentSince (pending, running) and those that ended
+	// since RecentSince (succeeded, failed, cancelled): what the last hour
+	// brought and settled. Every state has an entry.
 	RecentByState map[State]int64
 	RecentSince   time.Time
 	// Failed counts operations that ended failed since FailedSince.

@@ -1,5 +1,11 @@
 package models
 
+import (
+	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/fleet"
+)
+
 // LaneOf is laneOf for the external tests: the write lane of a node among
 // n lanes.
 var LaneOf = laneOf
@@ -41,4 +47,17 @@ func KeptStatements(db *DB) (kept, prepares [2]int) {
 		prepares[i] = int(p.prepares.Load())
 	}
 	return kept, prepares
+}
+
+// NodeCommandsStatement is the statement of a node's commands in state
+// ("" any), as the fleet store sends it, launches narrowing it to the
+// launch commands LaunchCommands reads.
+func NodeCommandsStatement(db *DB, nodeID string, state string, limit int, launches bool) Statement {
+	var more func(g *gorm.DB) *gorm.DB
+	if launches {
+		more = func(g *gorm.DB) *gorm.DB { return g.Where("kind = ? AND payload LIKE ?", "launch_workload", "%h%") }
+	}
+	st := nodeCommandsQuery(db.DB.Session(&gorm.Session{DryRun: true, NewDB: true}), nodeID, fleet.CommandState(state), limit, more).
+		Find(&[]Command{}).Statement
+	return Statement{SQL: st.SQL.String(), Args: st.Vars}
 }

@@ -323,16 +323,52 @@ func (r fleetReader) Command(ctx context.Context, operationID string) (fleet.Com
 	return commandFromRow(row), nil
 }
 
+// nodeCommandsQuery selects a node's commands in state ("" any), oldest
+// first, at most limit (0: all), narrowed by more (nil: nothing more). A
+// node's commands are in one of two partial indexes (migration 00021),
+// commands_pending and commands_settled; each branch names its index's
+// predicate literally, so every plan (a generic one too) can prove which
+// index holds them, and "any" reads both, merged.
+func nodeCommandsQuery(g *gorm.DB, nodeID string, state fleet.CommandState, limit int, more func(*gorm.DB) *gorm.DB) *gorm.DB {
+	branch := func(g *gorm.DB, pending bool) *gorm.DB {
+		q := g.Model(&Command{}).Where("node_id = ?", nodeID)
+		if more != nil {
+			q = more(q)
+		}
+		if pending {
+			q = q.Where("state = 'pending'")
+		} else {
+			q = q.Where("state <> 'pending'")
+			if state != "" {
+				q = q.Where("state = ?", string(state))
+			}
+		}
+		q = q.Order("issued_at, operation_id")
+		if limit > 0 {
+			q = q.Limit(limit)
+		}
+		return q
+	}
+	switch state {
+	case fleet.CommandPending:
+		return branch(g, true)
+	case "":
+		fresh := func() *gorm.DB { return g.Session(&gorm.Session{NewDB: true}) }
+		sql := "SELECT * FROM (?) AS p UNION ALL SELECT * FROM (?) AS s ORDER BY issued_at, operation_id"
+		args := []any{branch(fresh(), true), branch(fresh(), false)}
+		if limit > 0 {
+			sql += " LIMIT ?"
+			args = append(args, limit)
+		}
+		return g.Raw(sql, args...)
+	default:
+		return branch(g, false)
+	}
+}
+
 func (r fleetReader) Commands(ctx context.Context, nodeID string, state fleet.CommandState, limit int) ([]fleet.Command, error) {
-	q := r.db(ctx).Where("node_id = ?", nodeID).Order("issued_at, operation_id")
-	if state != "" {
-		q = q.Where("state = ?", string(state))
-	}
-	if limit > 0 {
-		q = q.Limit(limit)
-	}
 	var rows []Command
-	if err := q.Find(&rows).Error; err != nil {
+	if err := nodeCommandsQuery(r.db(ctx), nodeID, state, limit, nil).Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := make([]fleet.Command, len(rows))
@@ -345,16 +381,15 @@ func (r fleetReader) Commands(ctx context.Context, nodeID string, state fleet.Co
 func (r fleetReader) HasDue(ctx context.Context, d fleet.Due) (bool, error) {
 	var ids []string
 	err := r.db(ctx).Model(&Command{}).
-		Where("node_id = ? AND state = ? AND (last_delivered_at IS NULL OR last_delivered_at <= ?)",
-			d.NodeID, string(fleet.CommandPending), dbtime.Norm(d.RedeliverBefore)).
+		Where("node_id = ? AND state = 'pending' AND (last_delivered_at IS NULL OR last_delivered_at <= ?)",
+			d.NodeID, dbtime.Norm(d.RedeliverBefore)).
 		Limit(1).Pluck("operation_id", &ids).Error
 	return len(ids) > 0, err
 }
 
 func (r fleetReader) AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error) {
 	ids := []string{}
-	err := r.db(ctx).Model(&Command{}).Where("node_id = ? AND state = ?", nodeID, string(fleet.CommandApplied)).
-		Order("issued_at, operation_id").Pluck("operation_id", &ids).Error
+	err := nodeCommandsQuery(r.db(ctx), nodeID, fleet.CommandApplied, 0, nil).Pluck("operation_id", &ids).Error
 	return ids, err
 }
 
@@ -884,9 +919,11 @@ func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {
 // and the decode confirms each.
 func (r fleetReader) LaunchCommands(ctx context.Context, nodeID, runID, attemptID string) ([]string, error) {
 	var rows []Command
-	if err := r.db(ctx).Select("operation_id", "payload").
-		Where("node_id = ? AND kind = ? AND payload LIKE ?", nodeID, api.KindLaunchWorkload, "%"+secrets.HandlePrefix+"%").
-		Order("issued_at, operation_id").Find(&rows).Error; err != nil {
+	launches := func(q *gorm.DB) *gorm.DB {
+		return q.Select("operation_id", "payload", "issued_at").
+			Where("kind = ? AND payload LIKE ?", api.KindLaunchWorkload, "%"+secrets.HandlePrefix+"%")
+	}
+	if err := nodeCommandsQuery(r.db(ctx), nodeID, "", 0, launches).Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	var out []string

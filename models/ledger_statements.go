@@ -90,7 +90,8 @@ func (q LedgerStatements) Overdue(now time.Time, limit int) Statement {
 
 // PruneOperations is Prune's select of ended operations to delete.
 func (q LedgerStatements) PruneOperations(before time.Time, batch int) Statement {
-	return q.raw(pruneOperationsSQL, dbtime.Norm(before), batch)
+	b := dbtime.Norm(before)
+	return q.raw(pruneOperationsSQL, b, batch, b, batch, b, batch, batch)
 }
 
 // PruneEvents is Prune's select of expired events to delete.
@@ -104,10 +105,10 @@ func (q LedgerStatements) ChildCounts(parentID string) Statement {
 }
 
 // Summarize is the fleet overview's count of operations.
-func (q LedgerStatements) Summarize(createdSince, failedSince time.Time) Statement {
-	c := dbtime.Norm(createdSince)
+func (q LedgerStatements) Summarize(recentSince, failedSince time.Time) Statement {
+	c, f := dbtime.Norm(recentSince), dbtime.Norm(failedSince)
 	never := c.AddDate(100, 0, 0) // the ended ranges' upper bound (see Summarize)
-	return q.raw(summarizeOpsSQL, c, c, c, never, c, never, c, never, dbtime.Norm(failedSince))
+	return q.raw(summarizeOpsSQL, c, c, c, never, c, never, c, never, f, never)
 }
 
 // CountOpen is the count of pending and running operations (a metric).

@@ -183,6 +183,9 @@ func byRequestQuery(g *gorm.DB, p ledger.Principal, requestID string) *gorm.DB {
 }
 
 func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Operation, error) {
+	if f.Kinds != nil && len(f.Kinds) == 0 {
+		return nil, nil // no kind can match (an unknown family or target kind)
+	}
 	var rows []Operation
 	if err := listQuery(r.r.db(ctx), f).Find(&rows).Error; err != nil {
 		return nil, err
@@ -190,8 +193,45 @@ func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Opera
 	return operationsFromRows(rows), nil
 }
 
+// listQuery is the listing's statement. The family and target_kind
+// filters have no index of their own (migration 00021): Registry.Narrow
+// turns family, kind and target_kind into the (kind, target kind) pairs
+// they leave possible, each an exact range of operations_kind_target,
+// written as literals so that even a generic plan tells a rare kind from
+// a common one. With no other filter that an index narrows, each pair is
+// its own newest-first branch, limited, and the branches merge (a rare
+// family finds its rows in its few ranges, a common one its first page at
+// the top of its ranges, the cursor bounding each); with one (an id, a
+// target, a parent, an open state) that index leads and the filters'
+// columns are compared on its few rows.
 func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
-	q := g.Model(&Operation{})
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	narrowed := f.RequestID != "" || f.OperationID != "" || f.ParentID != "" || f.TargetID != "" ||
+		(f.State != "" && !f.State.Terminal())
+	kinds := f.Kinds
+	if narrowed && len(kinds) > 0 {
+		kinds = nil
+	}
+	if len(kinds) < 2 {
+		return listWhere(g.Model(&Operation{}), f, kinds).Order("seq DESC").Limit(limit)
+	}
+	branches := make([]string, len(kinds))
+	args := make([]any, 0, len(kinds)+1)
+	for i, k := range kinds {
+		branches[i] = "SELECT * FROM (?) AS k" + strconv.Itoa(i)
+		b := listWhere(g.Session(&gorm.Session{NewDB: true}).Model(&Operation{}), f, []ledger.KindTarget{k})
+		args = append(args, b.Order("seq DESC").Limit(limit))
+	}
+	return g.Raw(strings.Join(branches, " UNION ALL ")+" ORDER BY seq DESC LIMIT ?", append(args, limit)...)
+}
+
+// listWhere is the listing's conditions, kinds (when not nil: none, or
+// one pair of a branch) standing for the family, kind and target_kind
+// filters.
+func listWhere(q *gorm.DB, f ledger.Filter, kinds []ledger.KindTarget) *gorm.DB {
 	eq := func(col, v string) {
 		if v != "" {
 			q = q.Where(col+" = ?", v)
@@ -199,8 +239,18 @@ func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
 	}
 	eq("principal_kind", string(f.PrincipalKind))
 	eq("principal_id", f.PrincipalID)
-	eq("family", f.Family)
-	eq("kind", f.Kind)
+	switch {
+	case kinds == nil:
+		eq("family", f.Family)
+		eq("kind", f.Kind)
+		eq("target_kind", f.TargetKind)
+	case len(kinds) == 0:
+		q = q.Where("1 = 0")
+	case len(kinds) == 1:
+		q = q.Where(kindTargetSQL(kinds[0]))
+	default:
+		panic("listWhere: one pair a branch")
+	}
 	if f.State != "" {
 		// No index reads state (migration 00017: a first delivery's update
 		// stays HOT): an ended state is end_state's, an open one is
@@ -215,16 +265,21 @@ func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
 	eq("request_id", f.RequestID)
 	eq("id", f.OperationID)
 	eq("parent_id", f.ParentID)
-	eq("target_kind", f.TargetKind)
 	eq("target_id", f.TargetID)
 	if f.Before > 0 {
 		q = q.Where("seq < ?", f.Before)
 	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
+	return q
+}
+
+// kindTargetSQL is the condition that matches the pair, its names (the
+// registry's, never a request's) written as SQL string literals.
+func kindTargetSQL(k ledger.KindTarget) string {
+	lit := func(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
+	if k.TargetKind == "" {
+		return "kind = " + lit(k.Kind)
 	}
-	return q.Order("seq DESC").Limit(limit)
+	return "kind = " + lit(k.Kind) + " AND target_kind = " + lit(k.TargetKind)
 }
 
 func (r ledgerReader) Events(ctx context.Context, operationID string, after int64, limit int) ([]ledger.Event, error) {
@@ -695,7 +750,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 			}
 		}
 		var ids []string
-		if err := g.Raw(pruneOperationsSQL, dbtime.Norm(opsBefore), batch).Scan(&ids).Error; err != nil {
+		if err := g.Raw(pruneOperationsSQL, s.Statements().PruneOperations(opsBefore, batch).Args...).Scan(&ids).Error; err != nil {
 			return err
 		}
 		if len(ids) > 0 {
@@ -732,7 +787,14 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 
 // Prune's selects: the ended operations it deletes, and the expired events.
 const (
-	pruneOperationsSQL = `SELECT id FROM operations WHERE terminal = TRUE AND finished_at < ? ORDER BY finished_at LIMIT ?`
+	// The oldest ended operations: the oldest of each end state (a range
+	// of operations_ended_finished each, migration 00021), merged.
+	// Arguments: the cut-off and the batch, per end state, then the batch.
+	pruneOperationsSQL = `SELECT id FROM (` + pruneEndedSQL + `'succeeded'` + pruneEndedTail +
+		` UNION ALL ` + pruneEndedSQL + `'failed'` + pruneEndedTail +
+		` UNION ALL ` + pruneEndedSQL + `'cancelled'` + pruneEndedTail + `) AS ended ORDER BY finished_at LIMIT ?`
+	pruneEndedSQL  = `SELECT * FROM (SELECT id, finished_at FROM operations WHERE end_state = `
+	pruneEndedTail = ` AND finished_at < ? ORDER BY finished_at LIMIT ?) AS e`
 	// The oldest events by seq (the primary key's start), those of them
 	// expired: events are appended as they happen, so seq order is time
 	// order (up to the clock skew between replicas) and the expired ones
@@ -763,21 +825,21 @@ func (s *LedgerStore) CountOpen(ctx context.Context) (map[ledger.State]int64, er
 const countOpenSQL = `SELECT state, COUNT(*) AS n FROM operations WHERE terminal = FALSE AND end_state IS NULL GROUP BY state`
 
 // Summarize answers the overview's counts of operations in one statement:
-// one range of operations_ended_created per ended state (the states
-// written as literals so each subquery is its own index range), the open
-// states among the open operations (operations_open: no index tells
-// pending from running, migration 00017; end_state IS NULL names its
-// predicate, migration 00020), and the partial index of failed
-// operations by finish time. The ended states' ranges carry an upper bound
-// no row reaches: a generic plan cannot see the lower bound's value and
-// guesses a third of the table for a one-sided range (a parallel sequential
-// scan at a million operations, docs/ledger-plans.md), but a small share
-// for a two-sided one, so it keeps the index.
-func (s *LedgerStore) Summarize(ctx context.Context, createdSince, failedSince time.Time) (ledger.Summary, error) {
+// the open states among the open operations created since recentSince
+// (operations_open: no index tells pending from running, migration 00017;
+// end_state IS NULL names its predicate, migration 00020), and the ended
+// states, each one range of operations_ended_finished (the states written
+// as literals so each subquery is its own index range; migration 00021):
+// ended since recentSince, and failed since failedSince. The ranges carry
+// an upper bound no row reaches: a generic plan cannot see the lower
+// bound's value and guesses a third of the table for a one-sided range (a
+// parallel sequential scan at a million operations, docs/ledger-plans.md),
+// but a small share for a two-sided one, so it keeps the index.
+func (s *LedgerStore) Summarize(ctx context.Context, recentSince, failedSince time.Time) (ledger.Summary, error) {
 	var row struct {
 		Pending, Running, Succeeded, Failed, Cancelled, FailedRecently int64
 	}
-	st := s.Statements().Summarize(createdSince, failedSince)
+	st := s.Statements().Summarize(recentSince, failedSince)
 	err := s.fleet.db.WithContext(ctx).Raw(summarizeOpsSQL, st.Args...).Scan(&row).Error
 	return ledger.Summary{RecentByState: map[ledger.State]int64{
 		ledger.StatePending: row.Pending, ledger.StateRunning: row.Running, ledger.StateSucceeded: row.Succeeded,
@@ -788,7 +850,7 @@ func (s *LedgerStore) Summarize(ctx context.Context, createdSince, failedSince t
 const summarizeOpsSQL = `SELECT
  (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND end_state IS NULL AND state = 'pending' AND created_at >= ?) AS pending,
  (SELECT COUNT(*) FROM operations WHERE terminal = FALSE AND end_state IS NULL AND state = 'running' AND created_at >= ?) AS running,
- (SELECT COUNT(*) FROM operations WHERE end_state = 'succeeded' AND created_at >= ? AND created_at < ?) AS succeeded,
- (SELECT COUNT(*) FROM operations WHERE end_state = 'failed' AND created_at >= ? AND created_at < ?) AS failed,
- (SELECT COUNT(*) FROM operations WHERE end_state = 'cancelled' AND created_at >= ? AND created_at < ?) AS cancelled,
- (SELECT COUNT(*) FROM operations WHERE end_state = 'failed' AND finished_at >= ?) AS failed_recently`
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'succeeded' AND finished_at >= ? AND finished_at < ?) AS succeeded,
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'failed' AND finished_at >= ? AND finished_at < ?) AS failed,
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'cancelled' AND finished_at >= ? AND finished_at < ?) AS cancelled,
+ (SELECT COUNT(*) FROM operations WHERE end_state = 'failed' AND finished_at >= ? AND finished_at < ?) AS failed_recently`

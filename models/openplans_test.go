@@ -143,3 +143,38 @@ type planNode struct {
 	IndexName    string     `json:"Index Name"`
 	Plans        []planNode `json:"Plans"`
 }
+
+// TestPostgresNodeCommandsGenericPlans: a node's commands are in one of two
+// partial indexes (commands_pending, commands_settled: migration 00021);
+// every statement over them, in the generic plan a pooled connection
+// switches to, reads the index that holds them — both, merged, for any
+// state — and never the table.
+func TestPostgresNodeCommandsGenericPlans(t *testing.T) {
+	ctx := context.Background()
+	db := openOneConnection(t)
+	require.NoError(t, db.Exec(`INSERT INTO nodes (id, rental_id, generation, state, created_at, updated_at)
+		SELECT 'node-' || i, 'rent-' || i, 1, 'ready', now(), now() FROM generate_series(0, 99) AS i`).Error)
+	require.NoError(t, db.Exec(`INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token,
+			issued_at, state, delivery_count)
+		SELECT 'op-' || i, 'node-' || (i % 100), 'launch_workload', '{}', 'd', 1, now(),
+			CASE WHEN i % 50 = 0 THEN 'pending' ELSE 'applied' END, 1
+		FROM generate_series(1, 20000) AS i`).Error)
+	require.NoError(t, db.Exec("ANALYZE commands").Error)
+	for _, c := range []struct {
+		state    string
+		launches bool
+		want     []string
+	}{
+		{"pending", false, []string{"commands_pending"}},
+		{"applied", false, []string{"commands_settled"}},
+		{"refused", false, []string{"commands_settled"}},
+		{"", false, []string{"commands_pending", "commands_settled"}},
+		{"", true, []string{"commands_pending", "commands_settled"}},
+	} {
+		for _, limit := range []int{0, 100} {
+			p := genericPlan(ctx, t, db, models.NodeCommandsStatement(db, "node-7", c.state, limit, c.launches))
+			require.Empty(t, p.seqScans, "state %q, limit %d: read the table:\n%s", c.state, limit, p.text)
+			require.ElementsMatch(t, c.want, p.indexes, "state %q, limit %d:\n%s", c.state, limit, p.text)
+		}
+	}
+}

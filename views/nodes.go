@@ -243,8 +243,8 @@ type FleetSummary struct {
 	// Lapsing counts ready nodes whose lease ends within LapseWindow.
 	Lapsing     int64
 	LapseWindow time.Duration
-	// Operations counts operations created in the last hour by state
-	// (OperationStates order).
+	// Operations counts by state (OperationStates order) the open
+	// operations created in the last hour and those that ended in it.
 	Operations      []StateCount
 	PendingCommands int64
 	// Failed counts operations that ended failed in the last 24 h; Refused

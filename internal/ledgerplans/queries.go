@@ -83,7 +83,10 @@ func Queries(ctx context.Context, db *models.DB, st models.LedgerStatements, sc 
 		{"no filter", false, ledger.Filter{}},
 	}
 	var out []Query
+	reg := servedRegistry()
 	for _, f := range filters {
+		// As ledger.Service.List hands the filter to the store.
+		f.f = reg.Narrow(f.f)
 		f.f.Limit = listLimit
 		out = append(out, Query{Name: "list: " + f.name, Selective: f.selective, Statement: st.List(f.f)})
 		f.f.Before = mid

@@ -59,11 +59,8 @@ type kindSpec struct {
 // servedKinds are the product's kinds (ledger.ServedKinds and the
 // credential kinds), the channel following from how each is carried out.
 func servedKinds() []kindSpec {
-	ks := append(ledger.ServedKinds(nil), ledger.CredentialKinds(nil)...)
-	ks = append(ks, ledger.ConfigKinds(nil, nil)...)
-	reg := ledger.NewRegistry(ks...) // sorted by name, so seeds repeat
 	var out []kindSpec
-	for _, k := range reg.Kinds() {
+	for _, k := range servedRegistry().Kinds() { // sorted by name, so seeds repeat
 		ch := string(ledger.ChannelLocal)
 		if k.Record != nil {
 			ch = string(ledger.ChannelLongPoll)
@@ -80,6 +77,12 @@ func servedKinds() []kindSpec {
 	// Admin-only kinds last: package hosts draw from the others only.
 	sort.SliceStable(out, func(i, j int) bool { return !out[i].adminOnly && out[j].adminOnly })
 	return out
+}
+
+// servedRegistry holds the product's kinds, as the server's does.
+func servedRegistry() *ledger.Registry {
+	ks := append(ledger.ServedKinds(nil), ledger.CredentialKinds(nil)...)
+	return ledger.NewRegistry(append(ks, ledger.ConfigKinds(nil, nil)...)...)
 }
 
 func sqlArray(vals []string) string {

@@ -189,12 +189,17 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 	// _timezone): SQL compares them as text, and the files written before
 	// keep that form. _texttotime and _inttotime off: a column is read as
 	// it always was (only DATE/DATETIME/TIMESTAMP text becomes a time).
+	// temp_store MEMORY keeps the savepoints' sub-journals in memory: the
+	// group commit opens a savepoint per request, and with file temp
+	// storage every page a request touched was copied to a temp file by a
+	// write call of its own (18 % of the server's CPU at saturation).
 	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?_txlock=immediate&_time_format=sqlite&_timezone=UTC" +
 		"&_texttotime=0&_inttotime=0" +
 		"&_pragma=journal_mode(WAL)" +
 		"&_pragma=synchronous(FULL)" +
 		"&_pragma=busy_timeout(10000)" +
-		"&_pragma=foreign_keys(1)"
+		"&_pragma=foreign_keys(1)" +
+		"&_pragma=temp_store(MEMORY)"
 	fail := func(err error, closers ...func() error) (*DB, error) {
 		for _, c := range closers {
 			_ = c()

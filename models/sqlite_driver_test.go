@@ -91,7 +91,7 @@ func TestSQLiteReadsStoredRows(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// The durability and locking settings (DECISIONS.md §20) hold on every
+// The durability, locking and temp-storage settings (DECISIONS.md §20) hold on every
 // connection: each of the readers' and the writer's.
 func TestSQLitePragmasOnEveryConnection(t *testing.T) {
 	const readers = 3
@@ -101,6 +101,7 @@ func TestSQLitePragmasOnEveryConnection(t *testing.T) {
 		require.Equal(t, "2", q("synchronous"), "FULL")
 		require.Equal(t, "10000", q("busy_timeout"))
 		require.Equal(t, "1", q("foreign_keys"))
+		require.Equal(t, "2", q("temp_store"), "MEMORY: savepoint sub-journals never reach a file")
 	}
 	var conns []func()
 	for range readers {

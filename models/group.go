@@ -3,7 +3,6 @@ package models
 import (
 	"context"
 	"errors"
-	"fmt"
 	"hash/fnv"
 	"slices"
 	"strings"
@@ -18,8 +17,8 @@ import (
 // groupCommit runs the fleet's concurrent transactions as one, on both
 // dialects: whoever arrives while no commit is under way leads, takes every
 // waiting request and runs them back to back in one database transaction,
-// each in its own savepoint (on Postgres only once one of them has failed:
-// see run), then commits once; requests arriving meanwhile
+// each in its own savepoint (only once one of them has failed: see run),
+// then commits once; requests arriving meanwhile
 // wait for the next batch, led by the first of them. An idle store adds no
 // delay (a lone request is its own batch, with no savepoint); a busy one
 // pays one commit (one fsync) per batch instead of one per request.
@@ -276,10 +275,11 @@ func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) 
 // must run again, and what finishes the others: their notifications
 // handed to the local hook, their outcomes made final (done closed).
 //
-// Savepoints cost a round trip per request, and on Postgres that round
-// trip is most of what a request's turn in the batch costs beside its own
-// statement or two. So a Postgres batch first runs without them
-// (optimistic): when every request succeeds — nearly always — that is the
+// Savepoints cost a round trip per request on Postgres, most of what a
+// request's turn in the batch costs beside its own statement or two; on
+// SQLite each copies every page its request touches into a sub-journal
+// first (a fifth of the server's CPU at saturation). So a batch first
+// runs without them (optimistic): when every request succeeds — nearly always — that is the
 // batch. When one fails, nothing of the batch has happened yet: the
 // transaction is rolled back and the batch runs again with a savepoint per
 // request, the one way failures were always kept apart; the lane then
@@ -288,7 +288,7 @@ func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) 
 func (g *groupCommit) run(ctx context.Context, l *lane, batch []*groupReq) ([]*groupReq, func()) {
 	single := len(batch) == 1
 	var refused *groupReq
-	if !single && g.store.dialect == Postgres && !l.spoiled.Load() {
+	if !single && !l.spoiled.Load() {
 		err := g.runTx(ctx, l, batch, false)
 		if !errors.Is(err, errRequestFailed) {
 			return g.outcome(batch, false, err)
@@ -330,7 +330,7 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 	s := g.store
 	single := len(batch) == 1
 	return s.db.Tx(ctx, func(tx *gorm.DB) error {
-		for i, r := range batch {
+		for _, r := range batch {
 			r.notes, r.pg, r.audit, r.err, r.strayed = nil, nil, nil, nil, false
 			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single, later: &later{}}, store: s,
 				notes: &r.notes, pg: &r.pg, audit: &r.audit}
@@ -356,7 +356,11 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 				}
 				continue
 			}
-			sp := fmt.Sprintf("g%d", i)
+			// One name for every request's savepoint: ROLLBACK TO names the
+			// newest of that name, this request's, and one text is one
+			// kept statement (pgx's cache, sqlitestmts) instead of one per
+			// place in the batch.
+			const sp = "g"
 			if err := tx.SavePoint(sp).Error; err != nil {
 				return err
 			}

@@ -436,8 +436,8 @@ func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
 }
 
 // A request that fails inside a batch leaves none of its writes, and
-// every other request of the batch commits its own, once: on Postgres the
-// batch ran first without savepoints, so the failure sent it round again
+// every other request of the batch commits its own, once: the batch ran
+// first without savepoints, so the failure sent it round again
 // with them (Reruns), the failed request alone rolled back; the next batch
 // keeps savepoints from the start, and one that runs clean drops them.
 func TestGroupCommitFailedRequestLeavesNothing(t *testing.T) {
@@ -495,10 +495,7 @@ func TestGroupCommitFailedRequestLeavesNothing(t *testing.T) {
 		batch("clean", 12, false)
 		require.Zero(t, reruns(), "a clean batch runs once")
 		batch("failing", 40, true)
-		want := int64(0)
-		if db.Dialect == models.Postgres {
-			want = 1 // SQLite keeps savepoints: they cost no round trip
-		}
+		want := int64(1)
 		require.Equal(t, want, reruns(), "the failed request sent its batch round again")
 		batch("after", 40, true)
 		require.Equal(t, want, reruns(), "savepoints from the start after a failure")

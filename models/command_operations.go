@@ -186,7 +186,15 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 	}
 	if t.dialect != Postgres {
 		for _, c := range cs {
-			if err := t.UpdateCommand(ctx, c); err != nil {
+			// The columns a settlement changes, in a fixed statement (one
+			// kept statement; GORM's Updates wrote every column through
+			// reflection, a tenth of the server's CPU at saturation).
+			if err := t.db(ctx).Exec(`UPDATE commands SET state = ?, failure_code = ?, failure_message = ?, settled_at = ?
+				WHERE operation_id = ?`, string(c.State), strp(c.FailureCode), strp(c.FailureMessage), dbtime.NormPtr(c.SettledAt),
+				c.OperationID).Error; err != nil {
+				return false, err
+			}
+			if err := t.mirrorCommandEnd(ctx, c); err != nil {
 				return false, err
 			}
 		}

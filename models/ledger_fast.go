@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
@@ -46,10 +48,13 @@ func (s *LedgerStore) announce(notes []fleet.Notification) {
 }
 
 // isDuplicate reports a unique-key violation, translated by GORM or, for
-// raw statements, as Postgres's SQLSTATE 23505.
+// raw statements, as Postgres's SQLSTATE 23505 or SQLite's extended codes
+// SQLITE_CONSTRAINT_UNIQUE and SQLITE_CONSTRAINT_PRIMARYKEY.
 func isDuplicate(err error) bool {
 	var coded interface{ SQLState() string }
-	return errors.Is(err, gorm.ErrDuplicatedKey) || (errors.As(err, &coded) && coded.SQLState() == "23505")
+	var lite *sqlite.Error
+	return errors.Is(err, gorm.ErrDuplicatedKey) || (errors.As(err, &coded) && coded.SQLState() == "23505") ||
+		(errors.As(err, &lite) && (lite.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE || lite.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY))
 }
 
 // Insert records an operation with its events and announces it for

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/nodeward/nodeward/errcode"
 )
@@ -158,12 +159,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // writeJSONChecked answers v as JSON and reports whether it reached the
-// connection (flushed), for answers whose loss must be undone.
+// connection (flushed), for answers whose loss must be undone. The body
+// is encoded first and sent with its length: a flushed answer of unknown
+// length goes out chunked, and its closing chunk then costs the
+// connection a second write once the handler returns.
 func writeJSONChecked(w http.ResponseWriter, status int, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
+	body, err := json.Marshal(v)
+	if err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		return err
+	}
+	body = append(body, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
-	if err := json.NewEncoder(w).Encode(v); err != nil {
+	if _, err := w.Write(body); err != nil {
 		return err
 	}
 	return http.NewResponseController(w).Flush()

@@ -108,3 +108,31 @@ func TestConsoleAndAPIShareTheMapping(t *testing.T) {
 		}
 	}
 }
+
+// A JSON answer goes out with its length, not chunked: a flushed answer
+// of unknown length is chunked, and its closing chunk costs the connection
+// a second write after the handler returns (three answers per command).
+// The body is what json.Encoder wrote before: the value and a newline.
+func TestJSONAnswerCarriesItsLength(t *testing.T) {
+	v := map[string]any{"commands": []string{"a<b"}, "n": 1}
+	var flushed error
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		flushed = writeJSONChecked(w, http.StatusCreated, v)
+	}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body bytes.Buffer
+	_, err = body.ReadFrom(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, flushed)
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Empty(t, resp.TransferEncoding, "not chunked")
+	require.Equal(t, int64(body.Len()), resp.ContentLength)
+	var want bytes.Buffer
+	require.NoError(t, json.NewEncoder(&want).Encode(v))
+	require.Equal(t, want.String(), body.String())
+	require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	require.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+}

@@ -115,9 +115,9 @@ func TestConsoleAndAPIShareTheMapping(t *testing.T) {
 // The body is what json.Encoder wrote before: the value and a newline.
 func TestJSONAnswerCarriesItsLength(t *testing.T) {
 	v := map[string]any{"commands": []string{"a<b"}, "n": 1}
-	var flushed error
+	flushed := make(chan error, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		flushed = writeJSONChecked(w, http.StatusCreated, v)
+		flushed <- writeJSONChecked(w, http.StatusCreated, v)
 	}))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
@@ -126,7 +126,7 @@ func TestJSONAnswerCarriesItsLength(t *testing.T) {
 	var body bytes.Buffer
 	_, err = body.ReadFrom(resp.Body)
 	require.NoError(t, err)
-	require.NoError(t, flushed)
+	require.NoError(t, <-flushed)
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 	require.Empty(t, resp.TransferEncoding, "not chunked")
 	require.Equal(t, int64(body.Len()), resp.ContentLength)

@@ -49,15 +49,20 @@ type TailCause struct {
 	Redeliveries   float64 `json:"redeliveries"`
 	// The server's database pool (go_sql_*, db_name "pool"): waits for a
 	// connection over the window and their total time.
-	PoolWaits       float64  `json:"db_pool_waits"`
-	PoolWaitMS      float64  `json:"db_pool_wait_ms"`
-	PGSamples       int      `json:"pg_samples,omitempty"`
-	PGLockWaits     float64  `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
-	PGLWLockWaits   float64  `json:"pg_lwlock_waiting_backends_avg,omitempty"`
-	PGWALWaits      float64  `json:"pg_wal_waiting_backends_avg,omitempty"` // WAL write/fsync: the commit's flush
-	PGActive        float64  `json:"pg_active_backends_avg,omitempty"`
-	PGLockWaitShare float64  `json:"pg_lock_wait_share,omitempty"` // samples with any backend waiting on a lock
-	Causes          []string `json:"causes,omitempty"`
+	PoolWaits  float64 `json:"db_pool_waits"`
+	PoolWaitMS float64 `json:"db_pool_wait_ms"`
+	// The write path: the share of the window exclusive batches held every
+	// lane back (summed over replicas; on SQLite the writer's busy share),
+	// and the lanes' wait behind them.
+	WriteExclusiveShare float64  `json:"write_exclusive_share"`
+	LaneGateWaitMS      float64  `json:"write_lane_gate_wait_ms"`
+	PGSamples           int      `json:"pg_samples,omitempty"`
+	PGLockWaits         float64  `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
+	PGLWLockWaits       float64  `json:"pg_lwlock_waiting_backends_avg,omitempty"`
+	PGWALWaits          float64  `json:"pg_wal_waiting_backends_avg,omitempty"` // WAL write/fsync: the commit's flush
+	PGActive            float64  `json:"pg_active_backends_avg,omitempty"`
+	PGLockWaitShare     float64  `json:"pg_lock_wait_share,omitempty"` // samples with any backend waiting on a lock
+	Causes              []string `json:"causes,omitempty"`
 }
 
 // tailProbe samples Postgres over the window.
@@ -153,7 +158,11 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 		PollReadsSkip: d("nodeward_long_poll_due_reads_skipped_total"), PollRenewals: d("nodeward_long_poll_lease_renewals_total"),
 		NodeCacheHits: d(`nodeward_node_lookups_total{result="hit"}`), NodeReads: d(`nodeward_node_lookups_total{result="store"}`),
 		Redeliveries: d("nodeward_command_redeliveries_total"),
-		PoolWaits:    d(`go_sql_wait_count_total{db_name="pool"}`), PoolWaitMS: 1000 * d(`go_sql_wait_duration_seconds_total{db_name="pool"}`)}
+		PoolWaits:    d(`go_sql_wait_count_total{db_name="pool"}`), PoolWaitMS: 1000 * d(`go_sql_wait_duration_seconds_total{db_name="pool"}`),
+		LaneGateWaitMS: 1000 * d("nodeward_write_lane_gate_wait_seconds_total")}
+	if rep.Seconds > 0 {
+		tc.WriteExclusiveShare = d("nodeward_write_exclusive_seconds_total") / rep.Seconds
+	}
 	// The Go collector's quantile 1 is the longest of the recent pauses,
 	// which may predate the window: no pause in it is longer than their sum.
 	tc.GCMaxMS = min(tc.GCMaxMS, tc.GCPauseMS)
@@ -194,6 +203,9 @@ func tailCauses(tc TailCause, rep *Report) []string {
 	}
 	if tc.GCMaxMS >= max(1, excess/4) {
 		out = append(out, fmt.Sprintf("GC: %.0f collections, the longest recent pause %.1f ms (total %.1f ms)", tc.GCs, tc.GCMaxMS, tc.GCPauseMS))
+	}
+	if tc.WriteExclusiveShare >= 0.25 {
+		out = append(out, fmt.Sprintf("write path: exclusive batches (on SQLite every batch; on Postgres those spanning many nodes) held it %.0f%% of the window, the per-node lanes waiting %.0f ms in all behind them", 100*tc.WriteExclusiveShare, tc.LaneGateWaitMS))
 	}
 	if tc.PoolWaits > 0 {
 		out = append(out, fmt.Sprintf("database pool: %.0f waits for a connection, %.0f ms in all (%.1f ms each)", tc.PoolWaits, tc.PoolWaitMS, tc.PoolWaitMS/tc.PoolWaits))

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"gorm.io/gorm"
 
@@ -70,13 +71,18 @@ type groupCommit struct {
 	// it waits: sync.RWMutex prefers the writer).
 	gate sync.RWMutex
 
-	running atomic.Int64 // batches running now
-	stats   groupCounters
+	running     atomic.Int64 // batches running now
+	gateWaiting atomic.Int64 // lane batches waiting to take the gate now
+	stats       groupCounters
 }
 
-// groupCounters count what the lanes did, for tests and the load tool.
+// groupCounters count what the lanes did, for tests, the load tool and
+// the metrics.
 type groupCounters struct {
 	batches, maxRunning, strays, retries, reruns atomic.Int64
+	// exclusive is how long the exclusive lane held the gate, in
+	// nanoseconds; laneWait how long lane batches waited to take it.
+	exclusive, laneWait atomic.Int64
 }
 
 // GroupStats are the group commit's counters since the store was made.
@@ -91,13 +97,19 @@ type GroupStats struct {
 	// Reruns is how many batches ran again with savepoints because a
 	// request failed in their run without (run).
 	Reruns int64
+	// Exclusive is how long exclusive batches ran, every lane held back
+	// meanwhile (on SQLite every batch: the writer's busy time);
+	// LaneGateWait how long lane batches waited for them to finish, summed
+	// over the lanes.
+	Exclusive, LaneGateWait time.Duration
 }
 
 // GroupStats answers the group commit's counters.
 func (s *FleetStore) GroupStats() GroupStats {
 	g := s.group
 	return GroupStats{Lanes: len(g.lanes), Batches: g.stats.batches.Load(), MaxRunning: g.stats.maxRunning.Load(),
-		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load(), Reruns: g.stats.reruns.Load()}
+		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load(), Reruns: g.stats.reruns.Load(),
+		Exclusive: time.Duration(g.stats.exclusive.Load()), LaneGateWait: time.Duration(g.stats.laneWait.Load())}
 }
 
 // lane is one queue of batches, run one at a time.
@@ -251,10 +263,18 @@ func (g *groupCommit) runBatch(ctx context.Context, l *lane, batch []*groupReq) 
 func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) []*groupReq {
 	unlock := g.gate.RUnlock
 	if l.index >= 0 {
+		waitFrom := time.Now()
+		g.gateWaiting.Add(1)
 		g.gate.RLock()
+		g.gateWaiting.Add(-1)
+		g.stats.laneWait.Add(int64(time.Since(waitFrom)))
 	} else {
 		g.gate.Lock()
-		unlock = g.gate.Unlock
+		heldFrom := time.Now()
+		unlock = func() {
+			g.stats.exclusive.Add(int64(time.Since(heldFrom)))
+			g.gate.Unlock()
+		}
 	}
 	n := g.running.Add(1)
 	for {

@@ -174,6 +174,68 @@ func nodesInLanes(prefix string, n int) []string {
 	return out
 }
 
+// The exclusive lane's time and the lanes' wait behind it are counted
+// (the metrics nodeward_write_exclusive_seconds_total and
+// nodeward_write_lane_gate_wait_seconds_total): an exclusive transaction
+// held open counts at least the time it was held, and a lane batch that
+// waited behind it at least the time it was seen waiting. SQLite has no
+// lanes: every batch is exclusive.
+func TestGroupCommitCountsExclusiveTime(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		ids := nodesInLanes("ex", 1)
+		insert(t, s, sampleNode(ids[0], "rent-ex", 1))
+		before := s.GroupStats()
+		held, release := make(chan struct{}), make(chan struct{})
+		var heldFor time.Duration
+		exclusiveDone := make(chan error, 1)
+		go func() {
+			exclusiveDone <- s.Tx(ctx, func(fleet.Tx) error {
+				start := time.Now()
+				close(held)
+				<-release
+				heldFor = time.Since(start)
+				return nil
+			})
+		}()
+		<-held
+		var waited time.Duration
+		laneDone := make(chan error, 1)
+		if db.Dialect == models.Postgres {
+			go func() {
+				laneDone <- s.Tx(fleet.OnNode(ctx, ids[0]), func(tx fleet.Tx) error {
+					_, err := tx.LockNode(ctx, ids[0])
+					return err
+				})
+			}()
+			testwait.For(t, "the lane batch to wait at the gate", testwait.Patience, func() bool { return models.GateWaiting(s) == 1 })
+			seen := time.Now()
+			select {
+			case err := <-laneDone:
+				t.Fatalf("the lane batch ran while the exclusive one held the gate (%v)", err)
+			default:
+			}
+			// A lower bound, taken before the release: it waits until then
+			// at least (taken after, a descheduled test could outlast it).
+			waited = time.Since(seen)
+			close(release)
+		} else {
+			close(release)
+			laneDone <- nil
+		}
+		require.NoError(t, <-exclusiveDone)
+		require.NoError(t, <-laneDone)
+		after := s.GroupStats()
+		require.GreaterOrEqual(t, after.Exclusive-before.Exclusive, heldFor, "the exclusive batch's time")
+		if db.Dialect == models.Postgres {
+			require.GreaterOrEqual(t, after.LaneGateWait-before.LaneGateWait, waited, "the lane's wait")
+			require.Positive(t, waited)
+		} else {
+			require.Zero(t, after.LaneGateWait, "SQLite: no lanes")
+		}
+	})
+}
+
 // Two transactions routed to nodes of different lanes run at once: each
 // waits, inside its transaction, for the other to have started, which
 // only happens if their batches run side by side (one batch at a time

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/nodeward/nodeward"
@@ -101,6 +102,18 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	if w := db.WriterSQL(); w != nil {
 		a.Metrics.Registry.MustRegister(collectors.NewDBStatsCollector(w, "writer"))
 	}
+	// What holds the write path back: batches spanning many nodes (a
+	// fan-out's children, the dispatcher, the sweep) run in the exclusive
+	// lane while no per-node lane commits (on SQLite every batch does).
+	a.Metrics.Registry.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_write_exclusive_seconds_total",
+			Help: "Time this replica's write batches ran in the exclusive lane, every per-node lane held back (on SQLite every write batch: the writer's busy time).",
+		}, func() float64 { return a.fleetStore.GroupStats().Exclusive.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_write_lane_gate_wait_seconds_total",
+			Help: "Time per-node write lanes' batches waited for exclusive batches to finish, summed over the lanes (PostgreSQL).",
+		}, func() float64 { return a.fleetStore.GroupStats().LaneGateWait.Seconds() }))
 	// On Postgres other replicas may revoke credentials this one cached:
 	// the cache is on only while their notifications are heard.
 	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db).WithReplica(cfg.ReplicaID), Keys: ring, Now: cfg.Now,

@@ -205,7 +205,11 @@ func tailCauses(tc TailCause, rep *Report) []string {
 		out = append(out, fmt.Sprintf("GC: %.0f collections, the longest recent pause %.1f ms (total %.1f ms)", tc.GCs, tc.GCMaxMS, tc.GCPauseMS))
 	}
 	if tc.WriteExclusiveShare >= 0.25 {
-		out = append(out, fmt.Sprintf("write path: exclusive batches (on SQLite every batch; on Postgres those spanning many nodes) held it %.0f%% of the window, the per-node lanes waiting %.0f ms in all behind them", 100*tc.WriteExclusiveShare, tc.LaneGateWaitMS))
+		c := fmt.Sprintf("write path: exclusive batches (on SQLite every batch; on Postgres those spanning many nodes) held it %.0f%% of the window", 100*tc.WriteExclusiveShare)
+		if tc.LaneGateWaitMS > 0 {
+			c += fmt.Sprintf(", the per-node lanes waiting %.0f ms in all behind them", tc.LaneGateWaitMS)
+		}
+		out = append(out, c)
 	}
 	if tc.PoolWaits > 0 {
 		out = append(out, fmt.Sprintf("database pool: %.0f waits for a connection, %.0f ms in all (%.1f ms each)", tc.PoolWaits, tc.PoolWaitMS, tc.PoolWaitMS/tc.PoolWaits))

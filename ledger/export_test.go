@@ -16,3 +16,16 @@ func (s *Service) HeardForTest() int {
 	defer s.mu.Unlock()
 	return len(s.heard)
 }
+
+// AdvanceForTest advances a fan-out parent once, as a child's end or the
+// sweep does.
+func (s *Service) AdvanceForTest(ctx context.Context, parentID string) error {
+	_, err := s.advance(ctx, parentID)
+	return err
+}
+
+// RecordForTest records the commands of released children (ids) in one
+// transaction of its own, as one write lane of a fan-out's recording does.
+func (s *Service) RecordForTest(ctx context.Context, ids []string) error {
+	return s.store.Tx(ctx, func(tx Tx) error { return s.recordTx(ctx, tx, ids) })
+}

@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
 )
 
 // Fan-out: an executor may end its own work by recording one child
@@ -42,17 +45,52 @@ const CountCapabilityMissing State = "failed:capability_missing"
 // CodeChildrenFailed ends a parent some of whose children did not succeed.
 const CodeChildrenFailed = "children_failed"
 
-// executeFanOut records the plan's children inside the claiming replica's
-// transaction, hands those that fit the max_concurrency slots to their
-// channel in it, and leaves the parent running, waiting on them.
+// executeFanOut records a fan-out in three steps, so that the one step
+// spanning many nodes never holds every write lane back:
+//
+//  1. one transaction records the plan's children and their events (no
+//     node is locked) and leaves the parent running, counted, still
+//     owned by this replica: its recording is under way;
+//  2. the children that fit the max_concurrency slots and are recorded
+//     together (Kind.RecordMany: the node commands) get their commands
+//     in one transaction per write lane (Store.WriteLane), each locking
+//     only its own lane's nodes and children, so the lanes commit them
+//     beside their other work (recordReleased);
+//  3. one transaction lets go of the parent (no owner): its children now
+//     move it on as they end (advance).
+//
+// A replica that stops between 1 and 3 leaves its parent owned: the
+// parent is recovered like any orphan and claimed again, and the new
+// owner records what is still unrecorded (Tx.Unrecorded) — each child's
+// command is recorded once, since every recorder locks the child and
+// looks for its command first (recordTx). A failed step 2 is resumed by
+// the parent's next advance on this replica.
 func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Operation) {
+	// While it runs, this replica's advances leave the recording to it.
+	s.mu.Lock()
+	s.recording[op.ID] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.recording, op.ID)
+		s.mu.Unlock()
+	}()
+	var released []Operation
+	recording := false
 	err := s.store.Tx(ctx, func(tx Tx) error {
+		released, recording = nil, false
 		cur, err := tx.LockOperation(ctx, op.ID)
 		if err != nil {
 			return err
 		}
-		if cur.State != StateRunning || cur.Owner != s.replica || cur.Counts != nil {
+		if cur.State != StateRunning || cur.Owner != s.replica {
 			return nil
+		}
+		if cur.Counts != nil {
+			// Claimed again after its owner stopped mid-recording.
+			recording = true
+			released, err = tx.Unrecorded(ctx, cur.ID, s.recordedTogether())
+			return err
 		}
 		plan, err := kind.FanOut(runCtx, tx, cur)
 		if err != nil {
@@ -63,20 +101,17 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		if max <= 0 || max > len(plan.Children) {
 			max = len(plan.Children)
 		}
-		// The children that fit the slots go to their channel in this
-		// transaction, inserted not held with their released event beside
-		// their submitted one: releasing them in the parent's first
-		// advance, as those beyond the slots still are, rewrote each row
-		// (held is in the claimable index's predicate, so no HOT update:
-		// a new entry in every index of operations) a moment after
-		// inserting it. Only kinds recorded together (RecordMany: the node
-		// commands) are released here; the others keep the one path they
-		// have, held until the advance. A parent already asked to cancel
-		// releases nothing, as advance would not.
+		// The children that fit the slots are inserted not held, with their
+		// released event beside their submitted one: inserting them held and
+		// releasing them a moment later rewrote each row (held is in the
+		// claimable index's predicate, so no HOT update: a new entry in
+		// every index of operations). Only kinds recorded together
+		// (RecordMany: the node commands) are released here; the others
+		// keep the one path they have, held until the advance. A parent
+		// already asked to cancel releases nothing, as advance would not.
 		releaseNow := cur.CancelRequestedAt == nil
 		children := make([]Operation, len(plan.Children))
 		events := make([]Event, len(plan.Children), len(plan.Children)+max)
-		var released []Operation
 		for i, c := range plan.Children {
 			ck, ok := s.kinds.Kind(c.Kind)
 			if !ok {
@@ -122,19 +157,14 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		if err := tx.InsertOperations(ctx, children, events); err != nil {
 			return err
 		}
-		// The released children's commands: nodes locked in id order
-		// (RecordMany), as the advance that used to release them did,
-		// under the parent's lock as there.
-		after, err := s.releaseAll(ctx, tx, released, now)
-		if err != nil {
-			return err
-		}
-		byState := map[State]int{StatePending: len(children)}
-		foldReleased(byState, after)
-		counts := countsOf(byState)
+		counts := countsOf(map[State]int{StatePending: len(children)})
 		cur.Counts = &counts
-		cur.Owner, cur.UpdatedAt = "", now
+		cur.UpdatedAt = now
 		cur.Result = mustJSON(map[string]any{"max_concurrency": max})
+		recording = len(released) > 0
+		if !recording {
+			cur.Owner = ""
+		}
 		if err := tx.UpdateOperation(ctx, cur); err != nil {
 			return err
 		}
@@ -145,13 +175,132 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		if err := tx.Notify(ctx, cur.ID); err != nil {
 			return err
 		}
-		// The parent's progress (releasing held children, ending — at
-		// once when every child was refused) runs as for any child's end.
+		if recording {
+			return nil // the parent moves on once its commands are recorded
+		}
+		// The parent's progress (releasing held children, ending) runs as
+		// for any child's end.
 		return tx.NotifyParent(ctx, cur.ID)
 	})
 	if err != nil {
 		s.finishRun(ctx, runCtx, op, nil, err)
+		return
 	}
+	if recording {
+		s.recordReleased(ctx, op.ID, released)
+	}
+}
+
+// recordingHere reports whether this replica is recording the fan-out's
+// commands now.
+func (s *Service) recordingHere(parentID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.recording[parentID]
+	return ok
+}
+
+// recordedTogether answers the kinds recorded together (RecordMany): the
+// children a fan-out releases as it records them.
+func (s *Service) recordedTogether() []string {
+	var out []string
+	for _, k := range s.kinds.Kinds() {
+		if k.RecordMany != nil {
+			out = append(out, k.Name)
+		}
+	}
+	return out
+}
+
+// recordReleased is step 2 and 3 of executeFanOut: the released
+// children's commands, one transaction per write lane, all at once; then
+// the parent let go. A lane that failed leaves the parent owned by this
+// replica, for its next advance here to resume (advance).
+func (s *Service) recordReleased(ctx context.Context, parentID string, released []Operation) {
+	byLane := map[int][]Operation{}
+	var lanes []int
+	for _, ch := range released {
+		l := s.store.WriteLane(ch.TargetID)
+		if byLane[l] == nil {
+			lanes = append(lanes, l)
+		}
+		byLane[l] = append(byLane[l], ch)
+	}
+	errs := make([]error, len(lanes))
+	var wg sync.WaitGroup
+	for i, l := range lanes {
+		chs := byLane[l]
+		ids := make([]string, len(chs))
+		for j, ch := range chs {
+			ids[j] = ch.ID
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Routed by any node of the lane: every node it locks is of it.
+			lctx := fleet.OnNode(ctx, chs[0].TargetID)
+			errs[i] = s.store.Tx(lctx, func(tx Tx) error { return s.recordTx(ctx, tx, ids) })
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("ledger: record a fan-out's commands; its next advance resumes", "operation_id", parentID, "err", err)
+		}
+		return
+	}
+	err := s.store.Tx(ctx, func(tx Tx) error {
+		cur, err := tx.LockOperation(ctx, parentID)
+		if err != nil {
+			return err
+		}
+		if cur.Terminal() || cur.Counts == nil || cur.Owner != s.replica {
+			return nil
+		}
+		cur.Owner, cur.UpdatedAt = "", s.clock()
+		if err := tx.UpdateOperation(ctx, cur); err != nil {
+			return err
+		}
+		return tx.NotifyParent(ctx, cur.ID)
+	})
+	if err != nil && ctx.Err() == nil {
+		s.log.Error("ledger: let go of a recorded fan-out; its next advance does", "operation_id", parentID, "err", err)
+	}
+}
+
+// recordTx records the commands of released children (ids) that are still
+// due one: it locks them, skips those that ended, were held again or
+// already have their command (another recorder got there first: a
+// recovered parent's), ends cancelled those whose cancel was asked before
+// their command existed (nothing to withdraw then), and releases the rest
+// to their nodes (releaseAll).
+func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
+	slices.Sort(ids)
+	chs, err := tx.LockOperations(ctx, ids)
+	if err != nil {
+		return err
+	}
+	// Looked up after the lock: a recorder that held it has committed.
+	have, err := tx.Fleet().LockCommands(ctx, ids)
+	if err != nil {
+		return err
+	}
+	now := s.clock()
+	var due []Operation
+	for _, ch := range chs {
+		_, recorded := have[ch.ID]
+		switch {
+		case ch.Terminal() || ch.Held || recorded:
+		case ch.CancelRequestedAt != nil:
+			if _, err := s.endTx(ctx, tx, ch, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(ch.CancelReason)}, now); err != nil {
+				return err
+			}
+		default:
+			due = append(due, ch)
+		}
+	}
+	_, err = s.releaseAll(ctx, tx, due, now)
+	return err
 }
 
 // maxConcurrencyOf reads back the limit a parent recorded.
@@ -186,6 +335,23 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 			return nil
 		}
 		now := s.clock()
+		letGo := false
+		if parent.Owner == s.replica && !s.recordingHere(parentID) {
+			// This replica's recording of its commands stopped part-way
+			// (executeFanOut): resume it here, under the parent's lock.
+			left, err := tx.Unrecorded(ctx, parentID, s.recordedTogether())
+			if err != nil {
+				return err
+			}
+			ids := make([]string, len(left))
+			for i, ch := range left {
+				ids[i] = ch.ID
+			}
+			if err := s.recordTx(ctx, tx, ids); err != nil {
+				return err
+			}
+			parent.Owner, letGo = "", true
+		}
 		byState, held, err := tx.ChildCounts(ctx, parentID)
 		if err != nil {
 			return err
@@ -215,7 +381,7 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 		}
 		counts := countsOf(byState)
 		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency}
-		changed := *parent.Counts != counts
+		changed := *parent.Counts != counts || letGo
 		parent.Counts = &counts
 		if counts.Pending > 0 {
 			if !changed {

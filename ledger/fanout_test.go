@@ -351,11 +351,11 @@ func (t releaseCountingTx) ReleaseHeld(ctx context.Context, parentID string, lim
 }
 
 // TestFanOutReleasesAtCreation: the children of a fleet.command that fit
-// its max_concurrency go to their nodes in the transaction that creates
-// them — inserted not held, commands recorded, their released event
-// written before the parent's fanned_out event (so in that transaction) —
-// and no release rewrites them; only those beyond the slots are held and
-// released by the advance as slots free.
+// its max_concurrency are released by the transaction that creates them —
+// inserted not held, their released event written before the parent's
+// fanned_out event (so in that transaction), their commands recorded
+// right after, lane by lane — and no release rewrites them; only those
+// beyond the slots are held and released by the advance as slots free.
 func TestFanOutReleasesAtCreation(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		counter := &releaseCounter{}
@@ -406,8 +406,9 @@ func TestFanOutReleasesAtCreation(t *testing.T) {
 			before := counter.released.Load()
 			ids, sessions := b.readyNodes(t, 3)
 			parent, children := fanOut(t, ids, `{"kind":"node.prepare_image","payload":{"image":"now:1"}}`)
-			// Visible with the children: their commands, in one commit.
-			require.Equal(t, int64(3), b.handedOut(t, parent.ID))
+			// Their commands follow the children, one transaction per write
+			// lane.
+			require.Eventually(t, func() bool { return b.handedOut(t, parent.ID) == 3 }, waitLong, tick)
 			fanned := fannedOut(t, parent.ID)
 			for _, ch := range children {
 				require.False(t, ch.Held)
@@ -426,7 +427,7 @@ func TestFanOutReleasesAtCreation(t *testing.T) {
 			before := counter.released.Load()
 			ids, sessions := b.readyNodes(t, 5)
 			parent, children := fanOut(t, ids, `{"kind":"node.prepare_image","payload":{"image":"slots:1"},"max_concurrency":2}`)
-			require.Equal(t, int64(2), b.handedOut(t, parent.ID))
+			require.Eventually(t, func() bool { return b.handedOut(t, parent.ID) == 2 }, waitLong, tick)
 			fanned := fannedOut(t, parent.ID)
 			for i, ch := range children {
 				if i < 2 {

@@ -129,6 +129,9 @@ type Service struct {
 	mu      sync.Mutex // guards the following
 	waiters map[string]map[chan struct{}]struct{}
 	running map[string]context.CancelFunc
+	// recording are the fan-outs whose commands this replica is recording
+	// now (executeFanOut): advance leaves their recording alone.
+	recording map[string]struct{}
 	// unstarted counts claims in flight and claimed runs not yet in
 	// running; while it is not zero, changes heard for operations not
 	// running here are kept in heard, so a run that registers after its
@@ -172,6 +175,7 @@ func New(o Options) *Service {
 		ends:         make(chan End, 1024),
 		waiters:      map[string]map[chan struct{}]struct{}{},
 		running:      map[string]context.CancelFunc{},
+		recording:    map[string]struct{}{},
 		heard:        map[string]struct{}{},
 		drained:      make(chan struct{}),
 		notifyHealth: !o.CrossReplica,

@@ -95,6 +95,12 @@ type Store interface {
 	Orphans(ctx context.Context, except string, leaseAt time.Time, limit int) ([]Operation, error)
 	// FanningOut answers up to limit ids of running fan-out parents.
 	FanningOut(ctx context.Context, limit int) ([]string, error)
+	// WriteLane answers the write lane a node's transactions run in:
+	// transactions that lock only nodes of one lane may be routed together
+	// (fleet.OnNode with any of those nodes) and then commit beside other
+	// lanes' work instead of holding every lane back. A store with one
+	// writer answers 0 for every node.
+	WriteLane(nodeID string) int
 	// Overdue answers up to limit pending operations of channel long_poll
 	// whose deadline passed before now, oldest deadline first.
 	Overdue(ctx context.Context, now time.Time, limit int) ([]Operation, error)
@@ -200,6 +206,13 @@ type Tx interface {
 	// OpenChildren answers a parent's children not yet ended, oldest
 	// first.
 	OpenChildren(ctx context.Context, parentID string) ([]Operation, error)
+	// LockOperations answers the operations of ids that exist, locked
+	// against concurrent change in id order.
+	LockOperations(ctx context.Context, ids []string) ([]Operation, error)
+	// Unrecorded answers a parent's children of the given kinds that were
+	// released (not held), have not ended, and have no command recorded
+	// yet: a fan-out's recording cut short (Service.recordReleased).
+	Unrecorded(ctx context.Context, parentID string, kinds []string) ([]Operation, error)
 	// AppendEvents records events (one multi-row insert).
 	AppendEvents(ctx context.Context, events ...Event) error
 	// Notify tells every replica, once this transaction commits, that the

@@ -633,8 +633,10 @@ func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time,
 	return operationsFromRows(rows), err
 }
 
+// orphansSQL: a fan-out parent has no owner once its children are
+// recorded; one still owned was being recorded (ledger.executeFanOut).
 const orphansSQL = `SELECT * FROM operations
-		WHERE terminal = FALSE AND channel = 'local' AND state = 'running' AND counts IS NULL AND owner <> ?
+		WHERE terminal = FALSE AND channel = 'local' AND state = 'running' AND owner <> '' AND owner <> ?
 		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
 		ORDER BY seq LIMIT ?`
 
@@ -722,6 +724,54 @@ func (t *ledgerTx) OpenChildren(ctx context.Context, parentID string) ([]ledger.
 	var rows []Operation
 	err := t.r.db(ctx).Where("parent_id = ? AND terminal = FALSE", parentID).Order("seq").Find(&rows).Error
 	return operationsFromRows(rows), err
+}
+
+// LockOperations locks the operations of ids in id order (the order
+// every other locker of several operations uses) and answers them. Each
+// is one node's operation and counts as that node's rows for the write
+// lanes (stray), as in LockOperation.
+func (t *ledgerTx) LockOperations(ctx context.Context, ids []string) ([]ledger.Operation, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var rows []Operation
+	if err := t.r.forUpdate(t.r.db(ctx).Where("id IN ?", ids)).Order("id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	for _, row := range rows {
+		if t.ftx.route != nil && row.TargetKind != ledger.TargetNode {
+			*t.ftx.route.strayed = true
+			return nil, errStrayed
+		}
+		if err := t.ftx.stray(row.TargetID); err != nil {
+			return nil, err
+		}
+	}
+	return operationsFromRows(rows), nil
+}
+
+// Unrecorded reads the parent's children through operations_parent and
+// looks each up in commands by its key: a fan-out's children, a few
+// hundred rows at most, and only when a recording was cut short.
+func (t *ledgerTx) Unrecorded(ctx context.Context, parentID string, kinds []string) ([]ledger.Operation, error) {
+	if len(kinds) == 0 {
+		return nil, nil
+	}
+	var rows []Operation
+	err := t.r.db(ctx).Raw(`SELECT * FROM operations o
+		WHERE o.parent_id = ? AND o.terminal = FALSE AND o.held = FALSE AND o.kind IN ?
+		  AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.operation_id = o.id)
+		ORDER BY o.seq`, parentID, kinds).Scan(&rows).Error
+	return operationsFromRows(rows), err
+}
+
+// WriteLane answers the lane of the group commit a node's transactions
+// are routed to (0 without lanes: SQLite, or one lane).
+func (s *LedgerStore) WriteLane(nodeID string) int {
+	if n := len(s.fleet.group.lanes); n > 0 {
+		return laneOf(nodeID, n)
+	}
+	return 0
 }
 
 // FanningOut answers the ids of running fan-out parents.

@@ -1,0 +1,258 @@
+package ledger_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/ledger"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// laneWatch sees, for every transaction that locks a fan-out's released
+// children (Tx.LockOperations: its commands' recording), the route it ran
+// under and the children it locked; with fail set, such a transaction
+// routed to a lane fails instead (a replica stopping mid-recording).
+type laneWatch struct {
+	ledger.Store
+	fail atomic.Bool
+
+	mu    sync.Mutex // guards the following
+	locks []laneLock
+}
+
+type laneLock struct {
+	route  fleet.TxRoute
+	routed bool
+	ids    []string
+}
+
+var errInjected = errors.New("injected: the replica stopped")
+
+func (s *laneWatch) Tx(ctx context.Context, fn func(ledger.Tx) error) error {
+	route, routed := fleet.TxRouteOf(ctx)
+	return s.Store.Tx(ctx, func(tx ledger.Tx) error { return fn(laneWatchTx{tx, s, route, routed}) })
+}
+
+func (s *laneWatch) recorded() []laneLock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]laneLock(nil), s.locks...)
+}
+
+type laneWatchTx struct {
+	ledger.Tx
+	s      *laneWatch
+	route  fleet.TxRoute
+	routed bool
+}
+
+func (t laneWatchTx) LockOperations(ctx context.Context, ids []string) ([]ledger.Operation, error) {
+	if t.routed && t.s.fail.Load() {
+		return nil, errInjected
+	}
+	ops, err := t.Tx.LockOperations(ctx, ids)
+	if err == nil {
+		t.s.mu.Lock()
+		t.s.locks = append(t.s.locks, laneLock{route: t.route, routed: t.routed, ids: append([]string(nil), ids...)})
+		t.s.mu.Unlock()
+	}
+	return ops, err
+}
+
+// newLaneLedger is a ledger over db whose store is watched; on Postgres
+// its group commit runs four write lanes.
+func newLaneLedger(t *testing.T, db *models.DB, mutate ...func(*ledger.Settings)) (*bundle, *laneWatch) {
+	t.Helper()
+	w := &laneWatch{}
+	b := newLedgerWrapped(t, db, newTestKinds(), newClock(), func(s ledger.Store) ledger.Store {
+		w.Store = s
+		return w
+	}, mutate...)
+	if db.Dialect == models.Postgres {
+		b.fstore.SetWriteLanes(4)
+	}
+	return b, w
+}
+
+func (b *bundle) fanOutCommand(t *testing.T, ids []string) ledger.Operation {
+	t.Helper()
+	parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
+		Targets: nodeTargets(ids...), Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"lanes:1"}}`)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == len(ids) }, waitLong, tick)
+	return parent
+}
+
+// TestFanOutRecordsCommandsLaneByLane: a fan-out's commands are recorded
+// by one transaction per write lane, each routed to its lane and locking
+// only that lane's children (so none strays into the exclusive lane, which
+// holds every lane back), and the parent is let go once they all have.
+func TestFanOutRecordsCommandsLaneByLane(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		b, w := newLaneLedger(t, db)
+		b.start(t)
+		ids, sessions := b.readyNodes(t, 16)
+		strays := b.fstore.GroupStats().Strays
+		parent := b.fanOutCommand(t, ids)
+		require.Eventually(t, func() bool { return b.handedOut(t, parent.ID) == int64(len(ids)) }, waitLong, tick)
+
+		lanes := map[int]bool{}
+		for _, id := range ids {
+			lanes[b.store.WriteLane(id)] = true
+		}
+		locked := map[string]int{}
+		for _, l := range w.recorded() {
+			require.True(t, l.routed, "a recording transaction ran unrouted: %v", l.ids)
+			lane := b.store.WriteLane(l.route.Node)
+			for _, id := range l.ids {
+				locked[id]++
+				ch, err := b.store.Operation(ctx, id)
+				require.NoError(t, err)
+				require.Equal(t, lane, b.store.WriteLane(ch.TargetID), "child %s of another lane", id)
+			}
+		}
+		require.Len(t, w.recorded(), len(lanes), "one recording transaction per lane")
+		require.Len(t, locked, len(ids))
+		for id, n := range locked {
+			require.Equal(t, 1, n, "child %s", id)
+		}
+		require.Equal(t, strays, b.fstore.GroupStats().Strays, "a recording strayed from its lane")
+		if db.Dialect == models.Postgres {
+			require.Greater(t, len(lanes), 1, "16 nodes over 4 lanes")
+		}
+
+		require.Eventually(t, func() bool {
+			op, err := b.store.Operation(ctx, parent.ID)
+			require.NoError(t, err)
+			return op.Owner == ""
+		}, waitLong, tick, "the parent was not let go")
+		b.settleAll(t, parent.ID, sessions)
+		done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+		require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+	})
+}
+
+// TestFanOutRecordingResumes: a recording cut short — a lane's transaction
+// failed, or the replica stopped between creating the children and
+// recording their commands — is finished later, every child's command
+// recorded once; a cancel asked meanwhile withdraws what was not yet
+// recorded.
+func TestFanOutRecordingResumes(t *testing.T) {
+	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour } // no owner tick, no sweep
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		t.Run("ByTheNextAdvance", func(t *testing.T) {
+			b, w := newLaneLedger(t, db, hour)
+			b.start(t)
+			ids, sessions := b.readyNodes(t, 6)
+			w.fail.Store(true)
+			parent := b.fanOutCommand(t, ids)
+			require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+			op, err := b.store.Operation(ctx, parent.ID)
+			require.NoError(t, err)
+			require.Equal(t, b.replica, op.Owner, "a parent whose recording failed stays owned")
+
+			w.fail.Store(false)
+			require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
+			require.Equal(t, int64(len(ids)), b.handedOut(t, parent.ID))
+			op, err = b.store.Operation(ctx, parent.ID)
+			require.NoError(t, err)
+			require.Empty(t, op.Owner)
+			b.settleAll(t, parent.ID, sessions)
+			require.Equal(t, len(ids), b.waitState(t, parent.ID, ledger.StateSucceeded).Counts.Succeeded)
+		})
+		t.Run("ByTheNextReplica", func(t *testing.T) {
+			dead, w := newLaneLedger(t, db, hour)
+			dead.start(t)
+			ids, sessions := dead.readyNodes(t, 6)
+			w.fail.Store(true)
+			parent := dead.fanOutCommand(t, ids)
+			require.Never(t, func() bool { return dead.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+			dead.stop()
+
+			next := newLedger(t, db, dead.tk, dead.clock, hour)
+			next.start(t)
+			require.Eventually(t, func() bool { return next.handedOut(t, parent.ID) == int64(len(ids)) }, waitLong, tick)
+			require.Contains(t, eventTypes(t, next, parent.ID), ledger.EventRecovered)
+			next.settleAll(t, parent.ID, sessions)
+			done := next.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+			for _, ch := range next.children(t, parent.ID) {
+				require.Equal(t, 1, count(eventTypes(t, next, ch.ID), ledger.EventRunning), "child %s delivered as one run", ch.ID)
+			}
+		})
+		t.Run("CancelledBeforeRecorded", func(t *testing.T) {
+			b, w := newLaneLedger(t, db, hour)
+			b.start(t)
+			ids, _ := b.readyNodes(t, 4)
+			w.fail.Store(true)
+			parent := b.fanOutCommand(t, ids)
+			require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+			_, err := b.svc.Cancel(ctx, admin, parent.ID, "changed my mind")
+			require.NoError(t, err)
+
+			w.fail.Store(false)
+			require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
+			require.Zero(t, b.handedOut(t, parent.ID), "a cancelled child got its command")
+			done := b.waitState(t, parent.ID, ledger.StateCancelled)
+			require.Equal(t, &ledger.Counts{Total: len(ids), Cancelled: len(ids)}, done.Counts)
+		})
+	})
+}
+
+// TestFanOutRecordersRaceOnce: two replicas recording the same children
+// at once (a recovered parent's new owner beside an old owner that had
+// not stopped after all) record each command once and end nothing twice.
+func TestFanOutRecordersRaceOnce(t *testing.T) {
+	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour }
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		a, w := newLaneLedger(t, db, hour)
+		a.start(t)
+		ids, sessions := a.readyNodes(t, 8)
+		w.fail.Store(true)
+		parent := a.fanOutCommand(t, ids)
+		require.Never(t, func() bool { return a.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+		w.fail.Store(false)
+		bb := newLedger(t, db, a.tk, a.clock, hour)
+		var children []string
+		for _, ch := range a.children(t, parent.ID) {
+			children = append(children, ch.ID)
+		}
+		for range 5 {
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i, svc := range []*ledger.Service{a.svc, bb.svc} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[i] = svc.RecordForTest(ctx, append([]string(nil), children...))
+				}()
+			}
+			wg.Wait()
+			require.NoError(t, errors.Join(errs...))
+		}
+		require.Equal(t, int64(len(ids)), a.handedOut(t, parent.ID))
+		require.NoError(t, a.svc.AdvanceForTest(ctx, parent.ID))
+		a.settleAll(t, parent.ID, sessions)
+		done := a.waitState(t, parent.ID, ledger.StateSucceeded)
+		require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+	})
+}
+
+func count(xs []string, x string) int {
+	n := 0
+	for _, y := range xs {
+		if y == x {
+			n++
+		}
+	}
+	return n
+}

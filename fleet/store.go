@@ -345,15 +345,29 @@ type LiveSession struct {
 // on each other (models/group.go runs one lane per share of the nodes).
 // A transaction routed to a node locks rows of that node only (the node,
 // its commands, operations, configuration, invitations) and, besides,
-// at most the one lock Shared names; a store may run it again, alone, if
-// it strays (the run it strayed in is rolled back first). A transaction
-// with no route may lock anything.
+// at most the one lock Shared names; one routed to an operation (a
+// fan-out's parent, which targets no node) locks that operation's row and
+// the rows of nodes that share its lane only. A store may run a routed
+// transaction again, alone, if it strays (the run it strayed in is rolled
+// back first). A transaction with no route may lock anything.
 type TxRoute struct {
 	// Node is the one node whose rows the transaction locks.
 	Node string
+	// Operation, when Node is empty, is the one operation of no node
+	// whose row the transaction locks.
+	Operation string
 	// Shared is the key of a lock that transactions of other nodes take
 	// too (a package host's quota: "principal:…"), or "".
 	Shared string
+}
+
+// Key is what the route's lane is chosen by: the node, else the
+// operation.
+func (r TxRoute) Key() string {
+	if r.Node != "" {
+		return r.Node
+	}
+	return "operation:" + r.Operation
 }
 
 type txRouteKey struct{}
@@ -368,8 +382,14 @@ func OnNode(ctx context.Context, nodeID string) context.Context {
 	return WithTxRoute(ctx, TxRoute{Node: nodeID})
 }
 
+// OnOperation is WithTxRoute for a transaction that locks one operation
+// of no node (a fan-out's parent).
+func OnOperation(ctx context.Context, operationID string) context.Context {
+	return WithTxRoute(ctx, TxRoute{Operation: operationID})
+}
+
 // TxRouteOf answers the route ctx carries, if any.
 func TxRouteOf(ctx context.Context) (TxRoute, bool) {
 	r, ok := ctx.Value(txRouteKey{}).(TxRoute)
-	return r, ok && r.Node != ""
+	return r, ok && (r.Node != "" || r.Operation != "")
 }

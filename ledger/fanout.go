@@ -77,7 +77,9 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 	}()
 	var released []Operation
 	recording := false
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	// Routed to the parent (its lane): it locks the parent and inserts
+	// new rows only.
+	err := s.store.Tx(fleet.OnOperation(ctx, op.ID), func(tx Tx) error {
 		released, recording = nil, false
 		cur, err := tx.LockOperation(ctx, op.ID)
 		if err != nil {
@@ -249,7 +251,7 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 		}
 		return
 	}
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	err := s.store.Tx(fleet.OnOperation(ctx, parentID), func(tx Tx) error {
 		cur, err := tx.LockOperation(ctx, parentID)
 		if err != nil {
 			return err
@@ -324,7 +326,11 @@ func maxConcurrencyOf(parent Operation) int {
 // advance, which counts it.
 func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, error) {
 	var hint advanceHint
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	// Routed to the parent: counting its children and ending it lock the
+	// parent's row alone. Releasing held children (or resuming a
+	// recording) locks theirs, of every lane: the store runs such an
+	// advance again on its own (a stray).
+	err := s.store.Tx(fleet.OnOperation(ctx, parentID), func(tx Tx) error {
 		hint = advanceHint{}
 		parent, err := tx.LockOperation(ctx, parentID)
 		if err != nil {

@@ -182,7 +182,7 @@ func (g *groupCommit) do(ctx context.Context, fn func(fleet.Tx) error) error {
 	l := g.excl
 	if route, ok := fleet.TxRouteOf(ctx); ok && len(g.lanes) > 0 {
 		r.route = route
-		l = g.lanes[laneOf(route.Node, len(g.lanes))]
+		l = g.lanes[laneOf(route.Key(), len(g.lanes))]
 	}
 	l.enqueue(ctx, r)
 	return r.err
@@ -239,7 +239,7 @@ func (g *groupCommit) runBatch(ctx context.Context, l *lane, batch []*groupReq) 
 			if c := strings.Compare(a.route.Shared, b.route.Shared); c != 0 {
 				return c
 			}
-			return strings.Compare(a.route.Node, b.route.Node)
+			return strings.Compare(a.route.Key(), b.route.Key())
 		})
 	}
 	again := g.runGated(ctx, l, batch)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -564,5 +565,58 @@ func TestGroupCommitFailedRequestLeavesNothing(t *testing.T) {
 		batch("clean-again", 12, false)
 		batch("failing-again", 40, true)
 		require.Equal(t, 2*want, reruns(), "a clean batch dropped the savepoints again")
+	})
+}
+
+// A transaction routed to an operation of no node (a fan-out's parent,
+// fleet.OnOperation) runs in a lane: locking that operation keeps to its
+// route; locking another such operation, or releasing held children
+// (their nodes' rows, of every lane), strays and runs again alone in the
+// exclusive lane — and succeeds there.
+func TestGroupCommitOperationRoute(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		fs := models.NewFleetStore(db, "r1", nil)
+		if db.Dialect != models.Postgres {
+			t.Skip("SQLite: one writer, no lanes")
+		}
+		s := models.NewLedgerStore(fs)
+		mk := func(id string) {
+			op := ledger.Operation{
+				ID: id, RequestID: "req-" + id, Digest: "d",
+				PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: "fleet", Kind: "fleet.command",
+				State: ledger.StatePending, Channel: ledger.ChannelLocal, Targets: []ledger.Target{{Kind: "fleet"}},
+				Operation: json.RawMessage(`{}`), CreatedAt: t0, Deadline: t0.Add(time.Minute), UpdatedAt: t0,
+			}
+			op.TargetKind = "fleet"
+			require.NoError(t, s.Insert(ctx, &op))
+		}
+		mk("parent-a")
+		mk("parent-b")
+
+		before := fs.GroupStats()
+		require.NoError(t, s.Tx(fleet.OnOperation(ctx, "parent-a"), func(tx ledger.Tx) error {
+			_, err := tx.LockOperation(ctx, "parent-a")
+			return err
+		}))
+		after := fs.GroupStats()
+		require.Equal(t, before.Strays, after.Strays, "its own operation")
+		require.Equal(t, before.Exclusive, after.Exclusive, "in a lane")
+
+		runs := 0
+		require.NoError(t, s.Tx(fleet.OnOperation(ctx, "parent-a"), func(tx ledger.Tx) error {
+			runs++
+			_, err := tx.LockOperation(ctx, "parent-b")
+			return err
+		}))
+		require.Equal(t, 2, runs, "strayed, then ran again")
+		require.Equal(t, after.Strays+1, fs.GroupStats().Strays)
+		require.Greater(t, fs.GroupStats().Exclusive, after.Exclusive, "ran again in the exclusive lane")
+
+		strays := fs.GroupStats().Strays
+		require.NoError(t, s.Tx(fleet.OnOperation(ctx, "parent-a"), func(tx ledger.Tx) error {
+			_, err := tx.ReleaseHeld(ctx, "parent-a", 10, t0)
+			return err
+		}))
+		require.Equal(t, strays+1, fs.GroupStats().Strays, "releasing held children strays")
 	})
 }

@@ -358,16 +358,27 @@ func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operati
 	if err := t.r.forUpdate(t.r.db(ctx).Where("id = ?", id)).Take(&row).Error; err != nil {
 		return ledger.Operation{}, ledgerNotFound(err)
 	}
-	if t.ftx.route != nil && row.TargetKind != ledger.TargetNode {
-		// Not one node's operation (a fan-out's parent): another lane's
-		// rows as far as the lanes know.
-		*t.ftx.route.strayed = true
-		return ledger.Operation{}, errStrayed
-	}
-	if err := t.ftx.stray(row.TargetID); err != nil {
+	if err := t.strayOperation(row); err != nil {
 		return ledger.Operation{}, err
 	}
 	return operationFromRow(row), nil
+}
+
+// strayOperation is fleetTx.stray for an operation's row: one node's
+// operation is that node's row; any other (a fan-out's parent) belongs
+// only to a transaction routed to it (fleet.OnOperation), or to none.
+func (t *ledgerTx) strayOperation(row Operation) error {
+	r := t.ftx.route
+	switch {
+	case r == nil:
+		return nil
+	case row.TargetKind == ledger.TargetNode:
+		return t.ftx.stray(row.TargetID)
+	case r.Node == "" && r.Operation == row.ID:
+		return nil
+	}
+	*r.strayed = true
+	return errStrayed
 }
 
 func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, events ...ledger.Event) error {
@@ -707,6 +718,11 @@ func (t *ledgerTx) InsertOperations(ctx context.Context, ops []ledger.Operation,
 // advance of its children, so the rows need no locking order of their
 // own.
 func (t *ledgerTx) ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]ledger.Operation, error) {
+	if r := t.ftx.route; r != nil {
+		// The children are their nodes' rows, of every lane.
+		*r.strayed = true
+		return nil, errStrayed
+	}
 	var rows []Operation
 	err := t.r.db(ctx).Raw(`UPDATE operations SET held = FALSE, updated_at = ?
 		WHERE seq IN (SELECT seq FROM operations WHERE parent_id = ? AND held = TRUE AND state = 'pending' ORDER BY seq LIMIT ?)
@@ -739,11 +755,7 @@ func (t *ledgerTx) LockOperations(ctx context.Context, ids []string) ([]ledger.O
 		return nil, err
 	}
 	for _, row := range rows {
-		if t.ftx.route != nil && row.TargetKind != ledger.TargetNode {
-			*t.ftx.route.strayed = true
-			return nil, errStrayed
-		}
-		if err := t.ftx.stray(row.TargetID); err != nil {
+		if err := t.strayOperation(row); err != nil {
 			return nil, err
 		}
 	}

@@ -27,15 +27,19 @@ import (
 // Lanes (Postgres). One batch at a time makes the stream's round trips
 // the bound, so a Postgres store runs several batches at once, one per
 // lane, each on its own connection. A request whose context names its
-// node (fleet.TxRoute) goes to the lane of that node (a hash of its id);
-// every other request — many nodes (a fan-out's release), no node (the
+// node (fleet.TxRoute) goes to the lane of that node (a hash of its id),
+// one that names an operation of no node (a fan-out's parent,
+// fleet.OnOperation) to the lane of that operation; every other request —
+// many nodes (releasing a fan-out's held children), no node (the
 // dispatcher, the sweep) — goes to the exclusive lane, whose batches run
 // while no other lane's does (gate). Within a replica two lanes then never
 // wait on each other's rows:
 //
 //   - a node's rows (the node, its commands and their operations, its
 //     configuration, invitations and advisory key) are locked only by the
-//     lane of that node or by the exclusive lane, which runs alone;
+//     lane of that node or by the exclusive lane, which runs alone; so is
+//     a fan-out parent's row, by its own lane (a fan-out's children are
+//     new rows when its lane inserts them, and their nodes' rows after);
 //   - the one lock a routed request may take besides, a package host's
 //     quota key (TxRoute.Shared), is taken by every lane in one order: a
 //     lane runs its batch sorted by (shared key, node id), so such keys

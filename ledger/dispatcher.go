@@ -17,6 +17,11 @@ func (s *Service) Run(ctx context.Context) {
 	if err := s.store.RenewOwner(ctx, s.replica, s.clock().Add(s.settings.OwnerLease)); err != nil {
 		s.log.Error("ledger: owner lease", "err", err)
 	}
+	if s.predecessors != "" {
+		if err := s.store.DropOwners(ctx, s.predecessors, s.replica); err != nil {
+			s.log.Error("ledger: drop the leases of this replica's earlier processes", "err", err)
+		}
+	}
 	// On a single-process store every other owner is a dead process, whose
 	// lease need not be waited out.
 	s.recover(ctx, s.settings.SingleProcess)

@@ -338,6 +338,34 @@ func TestRecoveryLeavesLiveOwnersAlone(t *testing.T) {
 	})
 }
 
+// TestRecoveryOfThisReplicasEarlierProcess: a replica restarted under its
+// name (ledger.Options.Predecessors) takes over at once what an earlier
+// process of that name left running, without waiting out its owner lease;
+// another replica's live lease is left alone.
+func TestRecoveryOfThisReplicasEarlierProcess(t *testing.T) {
+	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour }
+	each(t, func(t *testing.T, b *bundle) {
+		mine := b.submit(t, admin, "test.level", `{}`)
+		theirs := b.submit(t, admin, "test.level", `{}`)
+		for _, owner := range []string{"east/1111", "west/2222"} {
+			claimed, err := b.store.Claim(ctx, owner, b.clock.Now(), 1)
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			require.NoError(t, b.store.RenewOwner(ctx, owner, b.clock.Now().Add(time.Hour)))
+		}
+
+		next := newLedgerAs(t, b.db, b.tk, b.clock, nil, "east/3333", "east/", hour)
+		next.start(t)
+		done := next.waitState(t, mine.ID, ledger.StateSucceeded)
+		require.Equal(t, 2, done.Attempt)
+		require.Contains(t, eventTypes(t, next, mine.ID), ledger.EventRecovered)
+		other, err := b.store.Operation(ctx, theirs.ID)
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateRunning, other.State, "another replica's run, its lease current")
+		require.Equal(t, "west/2222", other.Owner)
+	}, hour)
+}
+
 // TestTwoReplicasNeverRunOneOperationTwice runs many operations through two
 // dispatchers sharing one database and counts executions.
 func TestTwoReplicasNeverRunOneOperationTwice(t *testing.T) {

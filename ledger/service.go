@@ -89,9 +89,16 @@ type Options struct {
 	Settings Settings
 	// Replica names this process as the owner of what it runs.
 	Replica string
-	Now     func() time.Time
-	Logger  *slog.Logger
-	Metrics *metrics.Metrics
+	// Predecessors, when set, is a prefix of Replica that names this
+	// replica (the server's replica id and "/"): owners whose names start
+	// with it are earlier processes of this replica, stopped, since two
+	// running replicas never share a name. At start their leases are
+	// dropped, so what they left running is recovered at once rather than
+	// after their owner lease ran out.
+	Predecessors string
+	Now          func() time.Time
+	Logger       *slog.Logger
+	Metrics      *metrics.Metrics
 	// CrossReplica is true when other replicas may share the store: the
 	// dispatcher and waiters poll as a fallback until the notification
 	// listener reports healthy.
@@ -118,9 +125,11 @@ type Service struct {
 	kinds    *Registry
 	settings Settings
 	replica  string
-	now      func() time.Time
-	log      *slog.Logger
-	metrics  *metrics.Metrics
+	// predecessors: Options.Predecessors.
+	predecessors string
+	now          func() time.Time
+	log          *slog.Logger
+	metrics      *metrics.Metrics
 
 	wake chan struct{} // the dispatcher's: something may be claimable
 	adv  *advancer     // fan-out parents whose children ended
@@ -168,7 +177,7 @@ func New(o Options) *Service {
 		o.Kinds = NewRegistry()
 	}
 	return &Service{
-		store: o.Store, kinds: o.Kinds, settings: o.Settings, replica: o.Replica,
+		store: o.Store, kinds: o.Kinds, settings: o.Settings, replica: o.Replica, predecessors: o.Predecessors,
 		now: o.Now, log: o.Logger, metrics: o.Metrics,
 		wake:         make(chan struct{}, 1),
 		adv:          newAdvancer(),

@@ -164,8 +164,15 @@ func newLedger(t *testing.T, db *models.DB, tk *testKinds, c *clock, mutate ...f
 func newLedgerWrapped(t *testing.T, db *models.DB, tk *testKinds, c *clock, wrap func(ledger.Store) ledger.Store,
 	mutate ...func(*ledger.Settings)) *bundle {
 	t.Helper()
-	b := &bundle{db: db, clock: c, metrics: metrics.New(nil), tk: tk, wrap: wrap,
-		replica: "replica-" + strconv.FormatInt(replicaN.Add(1), 10)}
+	return newLedgerAs(t, db, tk, c, wrap, "replica-"+strconv.FormatInt(replicaN.Add(1), 10), "", mutate...)
+}
+
+// newLedgerAs is newLedgerWrapped owning what it runs as replica, with
+// ledger.Options.Predecessors.
+func newLedgerAs(t *testing.T, db *models.DB, tk *testKinds, c *clock, wrap func(ledger.Store) ledger.Store,
+	replica, predecessors string, mutate ...func(*ledger.Settings)) *bundle {
+	t.Helper()
+	b := &bundle{db: db, clock: c, metrics: metrics.New(nil), tk: tk, wrap: wrap, replica: replica}
 	b.fstore = models.NewFleetStore(db, b.replica, nil)
 	b.fleet = fleet.New(fleet.Options{Store: b.fstore, Keys: keys.NewRing(bytes.Repeat([]byte{7}, 32)), Now: c.Now,
 		Settings: fleet.Settings{PublicURL: "https://cp.example", ReplicaID: b.replica}, Logger: slog.New(slog.DiscardHandler)})
@@ -180,7 +187,7 @@ func newLedgerWrapped(t *testing.T, db *models.DB, tk *testKinds, c *clock, wrap
 	}
 	kinds := append(tk.kinds(), ledger.ServedKinds(b.fleet)...)
 	reg := ledger.NewRegistry(append(kinds, ledger.ConfigKinds(b.fleet, nil)...)...)
-	b.svc = ledger.New(ledger.Options{Store: store, Kinds: reg, Settings: st, Replica: b.replica, Now: c.Now,
+	b.svc = ledger.New(ledger.Options{Store: store, Kinds: reg, Settings: st, Replica: b.replica, Predecessors: predecessors, Now: c.Now,
 		Metrics: b.metrics, Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		CrossReplica: db.Dialect == models.Postgres, RequireCapability: b.fleet.RequireCapability})
 	b.fstore.SetOnCommit(func(notes []fleet.Notification) {

@@ -90,6 +90,10 @@ type Store interface {
 	// DropOwner forgets replica's lease (a clean shutdown), so its
 	// leftovers are recovered at once.
 	DropOwner(ctx context.Context, replica string) error
+	// DropOwners forgets the lease of every owner whose name starts with
+	// prefix, except the one named except (earlier processes of a
+	// restarted replica), so their leftovers are recovered at once.
+	DropOwners(ctx context.Context, prefix, except string) error
 	// Orphans answers up to limit running local operations owned by a
 	// replica other than except that holds no lease current at leaseAt.
 	Orphans(ctx context.Context, except string, leaseAt time.Time, limit int) ([]Operation, error)

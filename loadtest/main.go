@@ -150,7 +150,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	ops := fs.Int("ops", 20000, "ledger: operations to submit")
 	submitters := fs.Int("submitters", 64, "ledger: concurrent submitters")
 	replicas := fs.Int("replicas", 1, "ledger, deliver, storm, enroll: control planes sharing the database (more than one needs Postgres; deliver and enroll then run the real binary)")
-	fs.IntVar(&cfg.FanOut, "fanout", 0, "deliver: issue fleet.command operations over this many nodes each instead of single commands (-rate counts operations)")
+	fs.IntVar(&cfg.FanOut, "fanout", 0, "deliver, storm: issue fleet.command operations over this many nodes each instead of single commands (deliver: -rate counts operations; storm: -commands counts their children)")
 	fs.Float64Var(&cfg.P99Target, "p99-target", 25, "deliver, hold: issue→receipt p99 in ms above which the report names the tail's causes (GC, batches, lock waits, CPU)")
 	binary := fs.Bool("binary", false, "deliver, enroll: run the real server binary as a process instead of in this one")
 	commands := fs.Int("commands", 5000, "storm: the burst issued right before the stop")

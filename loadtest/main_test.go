@@ -264,3 +264,30 @@ func TestStormSmoke(t *testing.T) {
 		t.Fatalf("replicas after the restart: %+v; want the one restarted", rep.Servers)
 	}
 }
+
+// TestStormFanOutSmoke is TestStormSmoke with the burst as fleet.command
+// fan-outs (20 of 10 agents each): the stop lands while fan-outs are
+// created and their commands recorded; every fan-out ends after the
+// restart with all its children, none lost or applied twice.
+func TestStormFanOutSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and restarts the server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := RunStorm(ctx, StormConfig{Agents: 20, AgentsPerWorker: 10, Commands: 200, FanOut: 10, Issuers: 8,
+		Wait: 5 * time.Second, Recover: 3 * time.Minute, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", rep)
+	if rep.FanOuts != 20 || rep.Issued != 200 || rep.IssueErrs != 0 {
+		t.Fatalf("burst: %d fan-outs, %d children, %d errors; want 20, 200, 0", rep.FanOuts, rep.Issued, rep.IssueErrs)
+	}
+	if rep.AllHeldSeconds < 0 || rep.AllSettledSeconds < 0 || rep.FanOutsEnded != rep.FanOuts {
+		t.Fatalf("after the restart: held %v, settled %v, fan-outs ended %d of %d", rep.AllHeldSeconds, rep.AllSettledSeconds, rep.FanOutsEnded, rep.FanOuts)
+	}
+	if rep.Lost != 0 || rep.AppliedTwice != 0 {
+		t.Fatalf("lost %d, applied twice %d; want 0, 0", rep.Lost, rep.AppliedTwice)
+	}
+}

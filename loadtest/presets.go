@@ -36,7 +36,7 @@ func cliPresets(ctx context.Context, scenario string, f presetFlags, stdout, std
 	}
 	switch scenario {
 	case "storm":
-		sc := StormConfig{Agents: f.cfg.Agents, AgentsPerWorker: f.cfg.AgentsPerWorker, Commands: f.commands,
+		sc := StormConfig{Agents: f.cfg.Agents, AgentsPerWorker: f.cfg.AgentsPerWorker, Commands: f.commands, FanOut: f.cfg.FanOut,
 			Issuers: f.cfg.Issuers, Replicas: f.replicas, DatabaseURL: pgURL, Wait: f.cfg.Wait, Recover: f.recover, Log: f.cfg.Log,
 			BackoffBase: f.backoffBase, BackoffMax: f.backoffMax}
 		switch f.signal {

@@ -37,12 +37,22 @@ import (
 // ceiling held to 5 s while connections are refused or cut;
 // -backoff-base, -backoff-max), resume on the poll after a failed one
 // (resume=true), and retry their results until acknowledged.
+//
+// With -fanout N the burst is fleet.command operations over N agents each
+// (-commands counts their children), so the stop also lands while fan-outs
+// are being created and their commands recorded lane by lane: once every
+// fan-out has ended, its children (listed by parent) are checked the same
+// way, and a fan-out that did not end, or ended with fewer children than
+// it named, counts its missing children as lost.
 
 // StormConfig is one storm run.
 type StormConfig struct {
 	Agents          int
 	AgentsPerWorker int
 	Commands        int // the burst issued right before the stop
+	// FanOut > 0 issues the burst as fleet.command operations over that
+	// many agents each; Commands counts their children.
+	FanOut int
 	Issuers         int
 	Replicas        int
 	DatabaseURL     string // empty: SQLite
@@ -70,6 +80,11 @@ type StormReport struct {
 	Signal    string `json:"signal"`
 	Issued    int    `json:"issued"`
 	IssueErrs int    `json:"issue_errors"`
+	// FanOuts is the fleet.command operations of a -fanout burst, and
+	// FanOutsEnded how many had ended when the wait did (every child
+	// settled or not).
+	FanOuts      int `json:"fan_outs,omitempty"`
+	FanOutsEnded int `json:"fan_outs_ended,omitempty"`
 	// SettledAtStop and PendingAtStop split the burst when the signal was
 	// sent, as the agents saw it.
 	SettledAtStop int     `json:"settled_at_stop"`
@@ -231,8 +246,15 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	}
 	logf("%d agents hold their polls; issuing a burst of %d commands", cfg.Agents, cfg.Commands)
 
-	issued := stormBurst(ctx, admin, run, boots, cfg.Commands, cfg.Issuers, &rep.IssueErrs, logf)
-	rep.Issued = len(issued)
+	var issued, parents []string
+	if cfg.FanOut > 0 {
+		n := min(cfg.FanOut, len(boots))
+		parents = stormFanOuts(ctx, admin, run, boots, cfg.Commands/n, n, cfg.Issuers, &rep.IssueErrs, logf)
+		rep.FanOuts, rep.Issued = len(parents), len(parents)*n
+	} else {
+		issued = stormBurst(ctx, admin, run, boots, cfg.Commands, cfg.Issuers, &rep.IssueErrs, logf)
+		rep.Issued = len(issued)
+	}
 	if rep.IssueErrs > 0 {
 		for _, r := range cl.Replicas {
 			logf("replica %s errors:\n%s", r.ID, r.Errors(5))
@@ -270,6 +292,26 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	})
 	logf("after the restart: ready %.2fs, all held %.2fs, all settled %.2fs", rep.ReadySeconds, rep.AllHeldSeconds, rep.AllSettledSeconds)
 	rep.Servers = win.end(ctx)
+	if cfg.FanOut > 0 {
+		// Children settle before their parent ends (its advance runs
+		// after): give the parents a moment, then list every child.
+		var missing int
+		_, _ = waitFor(ctx, 15*time.Second, func() bool {
+			ended := 0
+			for _, id := range parents {
+				var op struct {
+					State string `json:"state"`
+				}
+				if _, err := admin.do(ctx, http.MethodGet, "/api/v1/operations/"+id, nil, &op); err == nil && operationEnded(op.State) {
+					ended++
+				}
+			}
+			rep.FanOuts, rep.FanOutsEnded = len(parents), ended
+			return ended == len(parents)
+		})
+		issued, missing = stormChildren(ctx, admin, parents, min(cfg.FanOut, len(boots)))
+		rep.Lost += missing
+	}
 	for _, u := range urls {
 		if m, err := scrape(ctx, u); err == nil {
 			rep.ServerRedeliveries += m["nodeward_command_redeliveries_total"]
@@ -341,6 +383,69 @@ func stormBurst(ctx context.Context, admin *adminClient, run string, boots []api
 	return ok
 }
 
+// stormFanOuts issues n fleet.command operations over per agents each,
+// round robin, as fast as issuers go, answering the ids of those recorded.
+func stormFanOuts(ctx context.Context, admin *adminClient, run string, boots []api.Bootstrap, n, per, issuers int, errs *int, logf func(string, ...any)) []string {
+	nodes := make([]string, len(boots))
+	for i, b := range boots {
+		nodes[i] = b.NodeID
+	}
+	var mu sync.Mutex
+	var ok []string
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	for range min(issuers, max(n, 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				op := "sf-" + run + "-" + strconv.Itoa(i)
+				payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(time.Now().UnixNano(), 10) + `"}}`
+				var answer struct {
+					ID string `json:"operation_id"`
+				}
+				_, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", []byte(fleetCommandBody(op, payload, nodes, int64(i), per)), &answer)
+				mu.Lock()
+				if err != nil || answer.ID == "" {
+					*errs++
+					once.Do(func() { logf("issue: %v", err) })
+				} else {
+					ok = append(ok, answer.ID)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return ok
+}
+
+// stormChildren lists the children of every parent (each should have per)
+// and answers their ids, and how many a parent lacks.
+func stormChildren(ctx context.Context, admin *adminClient, parents []string, per int) (ids []string, missing int) {
+	for _, p := range parents {
+		var page struct {
+			Operations []struct {
+				ID string `json:"operation_id"`
+			} `json:"operations"`
+		}
+		if _, err := admin.do(ctx, http.MethodGet, "/api/v1/node-operations?parent="+p+"&limit=500", nil, &page); err != nil {
+			missing += per
+			continue
+		}
+		for _, o := range page.Operations {
+			ids = append(ids, o.ID)
+		}
+		missing += max(per-len(page.Operations), 0)
+	}
+	return ids, missing
+}
+
 // waitFor polls cond every 50 ms until it holds (answering how long that
 // took) or d passed.
 func waitFor(ctx context.Context, d time.Duration, cond func() bool) (time.Duration, error) {
@@ -360,6 +465,9 @@ func printStormReport(w io.Writer, r StormReport) {
 	fmt.Fprintf(w, "date                     %s\n", r.Date)
 	fmt.Fprintf(w, "agents                   %d in %d workers, %d replica(s) on %s\n", r.Agents, r.Workers, r.Replicas, r.Database)
 	fmt.Fprintf(w, "burst                    %d recorded (%d errors); %d settled, %d pending at the stop\n", r.Issued, r.IssueErrs, r.SettledAtStop, r.PendingAtStop)
+	if r.FanOuts > 0 {
+		fmt.Fprintf(w, "fan-outs                 %d (their children are the burst); %d ended after the restart\n", r.FanOuts, r.FanOutsEnded)
+	}
 	fmt.Fprintf(w, "stop                     SIG%s, %.2fs to exit\n", r.Signal, r.StopSeconds)
 	fmt.Fprintf(w, "after the restart        ready %.2fs; every agent holding %s; every command settled %s\n",
 		r.ReadySeconds, secondsOrNever(r.AllHeldSeconds), secondsOrNever(r.AllSettledSeconds))

@@ -636,6 +636,15 @@ func (s *LedgerStore) DropOwner(ctx context.Context, replica string) error {
 	})
 }
 
+// DropOwners deletes the leases of the owners named prefix… but except
+// (substr, not LIKE: a replica's name may hold LIKE's wildcards).
+func (s *LedgerStore) DropOwners(ctx context.Context, prefix, except string) error {
+	return s.fleet.db.Write(ctx, func(g *gorm.DB) error {
+		return g.Exec(`DELETE FROM operation_owners WHERE substr(replica, 1, ?) = ? AND replica <> ?`,
+			len([]rune(prefix)), prefix, except).Error
+	})
+}
+
 // Orphans answers running local operations whose owner has no current
 // lease.
 func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time, limit int) ([]ledger.Operation, error) {

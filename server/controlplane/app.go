@@ -161,12 +161,17 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	// replica name: a replica restarted under the same NODEWARD_REPLICA_ID
 	// after a crash would otherwise count what its predecessor left running
 	// as its own live work, and nothing would ever recover it.
+	// Yet a replica name is one running process's at a time (it names
+	// the replica's session listing; the default, host-pid, is unique by
+	// itself), so the owners under this name are such predecessors: their
+	// leases are dropped at start, not waited out.
 	owner := cfg.ReplicaID + "/" + uuid.NewString()[:8]
 	a.Ledger = ledger.New(ledger.Options{
 		Store:        ledgerStore,
 		Kinds:        ledger.NewRegistry(ledger.ServedKinds(a.Fleet)...),
 		Settings:     ledger.Settings{Workers: cfg.LedgerWorkers, SingleProcess: db.Dialect == models.SQLite},
 		Replica:      owner,
+		Predecessors: cfg.ReplicaID + "/",
 		Now:          cfg.Now,
 		Logger:       log,
 		Metrics:      a.Metrics,

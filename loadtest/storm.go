@@ -52,10 +52,10 @@ type StormConfig struct {
 	Commands        int // the burst issued right before the stop
 	// FanOut > 0 issues the burst as fleet.command operations over that
 	// many agents each; Commands counts their children.
-	FanOut int
-	Issuers         int
-	Replicas        int
-	DatabaseURL     string // empty: SQLite
+	FanOut      int
+	Issuers     int
+	Replicas    int
+	DatabaseURL string // empty: SQLite
 	// Signal stops the replica: SIGKILL (a crash) or SIGTERM (a drain).
 	Signal syscall.Signal
 	Wait   time.Duration // long-poll wait the agents ask for

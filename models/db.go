@@ -70,6 +70,9 @@ type DB struct {
 	writerConn *sql.Conn
 	// stmts are the SQLite pools' kept statements (sqlitestmts.go).
 	stmts []*stmtPool
+	// ckpt copies SQLite's write-ahead log into the database file off the
+	// writer (sqlitecheckpoint.go); nil for Postgres.
+	ckpt *checkpointer
 	// writeLanes is the fleet store's number of per-node write lanes
 	// (Options.WriteLanes resolved).
 	writeLanes int
@@ -89,6 +92,9 @@ type Options struct {
 	// zero picks DefaultWriteLanes of the pool, 1 runs one batch at a time.
 	// SQLite always runs one.
 	WriteLanes int
+	// CheckpointEvery is how often SQLite's write-ahead log is copied into
+	// the database file (zero: DefaultCheckpointEvery).
+	CheckpointEvery time.Duration
 	// WrapConnector, when set, wraps the Postgres driver's connector: the
 	// write-path counters (internal/sqlcount) count through it. Nil in
 	// production.
@@ -246,7 +252,7 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 		return fail(err, wConn.Close, wSQL.Close, sqlDB.Close)
 	}
 	return &DB{DB: gdb, Dialect: SQLite, Path: path, sqlDB: sqlDB, lock: lock, writers: &sync.Mutex{}, writer: wdb, writerSQL: wSQL,
-		stmts: []*stmtPool{readers, writer}, writerConn: wConn}, nil
+		stmts: []*stmtPool{readers, writer}, writerConn: wConn, ckpt: startCheckpointer(sqlDB, opts.CheckpointEvery)}, nil
 }
 
 // lockDataDir takes an exclusive advisory lock on the data folder for the
@@ -284,6 +290,9 @@ func (db *DB) Ping(ctx context.Context) error { return db.sqlDB.PingContext(ctx)
 
 // Close closes the pool and releases the data folder.
 func (db *DB) Close() error {
+	if db.ckpt != nil {
+		db.ckpt.close()
+	}
 	for _, p := range db.stmts {
 		p.closeAll()
 	}

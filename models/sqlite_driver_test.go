@@ -3,6 +3,8 @@ package models_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -282,4 +284,45 @@ func TestSQLiteStatementErrors(t *testing.T) {
 	require.NoError(t, db.Raw(`SELECT COUNT(*) FROM nodes`).Scan(&n).Error)
 	kept, _ := models.KeptStatements(db)
 	require.Equal(t, [2]int{2, 2}, kept, "failed texts are not kept: each pool keeps the dialector's sqlite_version() and the COUNT")
+}
+
+// The write-ahead log is copied into the database file by the DB's
+// checkpointer, not by the writer's commits (wal_autocheckpoint 0): after
+// writes the checkpointer runs and copies their pages, the log is left
+// with nothing to copy, and the writer then starts it over (it does not
+// grow with every write).
+func TestSQLiteCheckpointsOffTheWriter(t *testing.T) {
+	db, err := models.Open(ctx, models.Options{DataDir: t.TempDir(), CheckpointEvery: 10 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, db.Migrate(ctx))
+	s := models.NewFleetStore(db, "r1", nil)
+	write := func(prefix string, n int) {
+		for i := range n {
+			insert(t, s, sampleNode(fmt.Sprintf("%s%03d", prefix, i), fmt.Sprintf("rent-%s%03d", prefix, i), 1))
+		}
+	}
+	write("a", 200)
+	require.Eventually(t, func() bool { return db.CheckpointStats().Frames > 0 }, 10*time.Second, 5*time.Millisecond,
+		"the checkpointer copied nothing")
+	walSize := func() int64 {
+		fi, err := os.Stat(db.Path + "-wal")
+		require.NoError(t, err)
+		return fi.Size()
+	}
+	// Everything copied: the next write transaction starts the log over,
+	// so more of the same writes leave its file no larger than the most
+	// it has reached.
+	require.Eventually(t, func() bool {
+		var busy, logFrames, copied int64
+		require.NoError(t, db.SQL().QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &logFrames, &copied))
+		return logFrames == copied
+	}, 10*time.Second, 5*time.Millisecond)
+	high := walSize()
+	for round := range 5 {
+		before := db.CheckpointStats().Runs
+		write(fmt.Sprintf("r%d-", round), 200)
+		require.Eventually(t, func() bool { return db.CheckpointStats().Runs > before+1 }, 10*time.Second, 5*time.Millisecond)
+	}
+	require.LessOrEqual(t, walSize(), 2*high, "the log grew with the writes: it is not started over")
 }

@@ -102,9 +102,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	if w := db.WriterSQL(); w != nil {
 		a.Metrics.Registry.MustRegister(collectors.NewDBStatsCollector(w, "writer"))
 	}
-	// What holds the write path back: batches spanning many nodes (a
-	// fan-out's children, the dispatcher, the sweep) run in the exclusive
-	// lane while no per-node lane commits (on SQLite every batch does).
+	// What holds the write path back: batches spanning many nodes
+	// (releasing a fan-out's held children, the dispatcher, the sweep) run
+	// in the exclusive lane while no per-node lane commits (on SQLite every
+	// batch does).
 	a.Metrics.Registry.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "nodeward_write_exclusive_seconds_total",
@@ -114,6 +115,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 			Name: "nodeward_write_lane_gate_wait_seconds_total",
 			Help: "Time per-node write lanes' batches waited for exclusive batches to finish, summed over the lanes (PostgreSQL).",
 		}, func() float64 { return a.fleetStore.GroupStats().LaneGateWait.Seconds() }))
+	if db.Dialect == models.SQLite {
+		a.Metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_sqlite_checkpoint_frames_total",
+			Help: "Pages of SQLite's write-ahead log copied into the database file by the background checkpointer, off the writer.",
+		}, func() float64 { return float64(db.CheckpointStats().Frames) }))
+	}
 	// On Postgres other replicas may revoke credentials this one cached:
 	// the cache is on only while their notifications are heard.
 	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db).WithReplica(cfg.ReplicaID), Keys: ring, Now: cfg.Now,

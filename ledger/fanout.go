@@ -76,11 +76,11 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		s.mu.Unlock()
 	}()
 	var released []Operation
-	recording := false
+	recording, resuming := false, false
 	// Routed to the parent (its lane): it locks the parent and inserts
 	// new rows only.
 	err := s.store.Tx(fleet.OnOperation(ctx, op.ID), func(tx Tx) error {
-		released, recording = nil, false
+		released, recording, resuming = nil, false, false
 		cur, err := tx.LockOperation(ctx, op.ID)
 		if err != nil {
 			return err
@@ -90,7 +90,7 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		}
 		if cur.Counts != nil {
 			// Claimed again after its owner stopped mid-recording.
-			recording = true
+			recording, resuming = true, true
 			released, err = tx.Unrecorded(ctx, cur.ID, s.recordedTogether())
 			return err
 		}
@@ -184,11 +184,16 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		// for any child's end.
 		return tx.NotifyParent(ctx, cur.ID)
 	})
-	if err != nil {
+	switch {
+	case err != nil && resuming:
+		// Its children exist: the parent must not end for this. It stays
+		// owned here, and its next advance resumes the recording.
+		if ctx.Err() == nil {
+			s.log.Error("ledger: resume a fan-out's recording; its next advance does", "operation_id", op.ID, "err", err)
+		}
+	case err != nil:
 		s.finishRun(ctx, runCtx, op, nil, err)
-		return
-	}
-	if recording {
+	case recording:
 		s.recordReleased(ctx, op.ID, released)
 	}
 }

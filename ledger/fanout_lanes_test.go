@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,8 @@ import (
 type laneWatch struct {
 	ledger.Store
 	fail atomic.Bool
+	// failUnrecorded fails Tx.Unrecorded (a resumed recording's read).
+	failUnrecorded atomic.Bool
 
 	mu    sync.Mutex // guards the following
 	locks []laneLock
@@ -53,6 +56,13 @@ type laneWatchTx struct {
 	s      *laneWatch
 	route  fleet.TxRoute
 	routed bool
+}
+
+func (t laneWatchTx) Unrecorded(ctx context.Context, parentID string, kinds []string) ([]ledger.Operation, error) {
+	if t.s.failUnrecorded.Load() {
+		return nil, errInjected
+	}
+	return t.Tx.Unrecorded(ctx, parentID, kinds)
 }
 
 func (t laneWatchTx) LockOperations(ctx context.Context, ids []string) ([]ledger.Operation, error) {
@@ -112,8 +122,19 @@ func TestFanOutRecordsCommandsLaneByLane(t *testing.T) {
 		for _, id := range ids {
 			lanes[b.store.WriteLane(id)] = true
 		}
-		locked := map[string]int{}
+		// A batch run again (another request of it failed) locks the same
+		// children again: each lane's recording counts once.
+		seen := map[string]bool{}
+		var recordings []laneLock
 		for _, l := range w.recorded() {
+			key := strings.Join(l.ids, ",")
+			if !seen[key] {
+				seen[key] = true
+				recordings = append(recordings, l)
+			}
+		}
+		locked := map[string]int{}
+		for _, l := range recordings {
 			require.True(t, l.routed, "a recording transaction ran unrouted: %v", l.ids)
 			lane := b.store.WriteLane(l.route.Node)
 			for _, id := range l.ids {
@@ -123,7 +144,7 @@ func TestFanOutRecordsCommandsLaneByLane(t *testing.T) {
 				require.Equal(t, lane, b.store.WriteLane(ch.TargetID), "child %s of another lane", id)
 			}
 		}
-		require.Len(t, w.recorded(), len(lanes), "one recording transaction per lane")
+		require.Len(t, recordings, len(lanes), "one recording transaction per lane")
 		require.Len(t, locked, len(ids))
 		for id, n := range locked {
 			require.Equal(t, 1, n, "child %s", id)
@@ -187,9 +208,23 @@ func TestFanOutRecordingResumes(t *testing.T) {
 			require.Never(t, func() bool { return dead.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
 			dead.stop()
 
-			next := newLedger(t, db, dead.tk, dead.clock, hour)
+			// The next replica's first try at resuming fails too: the
+			// parent is left running, owned, for its next advance.
+			next, nw := newLaneLedger(t, db, hour)
+			nw.failUnrecorded.Store(true)
 			next.start(t)
-			require.Eventually(t, func() bool { return next.handedOut(t, parent.ID) == int64(len(ids)) }, waitLong, tick)
+			require.Eventually(t, func() bool {
+				op, err := next.store.Operation(ctx, parent.ID)
+				require.NoError(t, err)
+				return op.Owner == next.replica
+			}, waitLong, tick, "the next replica never claimed the parent")
+			require.Never(t, func() bool { return next.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+			op, err := next.store.Operation(ctx, parent.ID)
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateRunning, op.State, "a failed resume ended the parent")
+			nw.failUnrecorded.Store(false)
+			require.NoError(t, next.svc.AdvanceForTest(ctx, parent.ID))
+			require.Equal(t, int64(len(ids)), next.handedOut(t, parent.ID))
 			require.Contains(t, eventTypes(t, next, parent.ID), ledger.EventRecovered)
 			next.settleAll(t, parent.ID, sessions)
 			done := next.waitState(t, parent.ID, ledger.StateSucceeded)

@@ -350,37 +350,13 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 // stormBurst issues n commands round robin over the agents as fast as
 // issuers go, answering the operation ids recorded (2xx).
 func stormBurst(ctx context.Context, admin *adminClient, run string, boots []api.Bootstrap, n, issuers int, errs *int, logf func(string, ...any)) []string {
-	var mu sync.Mutex
-	var ok []string
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var once sync.Once
-	for range min(issuers, max(n, 1)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				op := "st-" + run + "-" + strconv.Itoa(i)
-				body := `{"kind":"launch_workload","operation_id":"` + op + `","payload":{"run_id":"` + op +
-					`","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(time.Now().UnixNano(), 10) + `"}}}`
-				_, err := admin.do(ctx, http.MethodPost, "/api/v1/nodes/"+boots[i%len(boots)].NodeID+"/commands", []byte(body), nil)
-				mu.Lock()
-				if err != nil {
-					*errs++
-					once.Do(func() { logf("issue: %v", err) })
-				} else {
-					ok = append(ok, op)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return ok
+	return stormIssue(ctx, n, issuers, errs, logf, func(i int) (string, error) {
+		op := "st-" + run + "-" + strconv.Itoa(i)
+		body := `{"kind":"launch_workload","operation_id":"` + op + `","payload":{"run_id":"` + op +
+			`","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(time.Now().UnixNano(), 10) + `"}}}`
+		_, err := admin.do(ctx, http.MethodPost, "/api/v1/nodes/"+boots[i%len(boots)].NodeID+"/commands", []byte(body), nil)
+		return op, err
+	})
 }
 
 // stormFanOuts issues n fleet.command operations over per agents each,
@@ -390,6 +366,23 @@ func stormFanOuts(ctx context.Context, admin *adminClient, run string, boots []a
 	for i, b := range boots {
 		nodes[i] = b.NodeID
 	}
+	return stormIssue(ctx, n, issuers, errs, logf, func(i int) (string, error) {
+		op := "sf-" + run + "-" + strconv.Itoa(i)
+		payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(time.Now().UnixNano(), 10) + `"}}`
+		var answer struct {
+			ID string `json:"operation_id"`
+		}
+		_, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", []byte(fleetCommandBody(op, payload, nodes, int64(i), per)), &answer)
+		if err == nil && answer.ID == "" {
+			err = errors.New("the answer names no operation_id")
+		}
+		return answer.ID, err
+	})
+}
+
+// stormIssue runs issue(0..n-1) on issuers goroutines and answers the ids
+// it answered without an error, counting the errors in errs.
+func stormIssue(ctx context.Context, n, issuers int, errs *int, logf func(string, ...any), issue func(i int) (string, error)) []string {
 	var mu sync.Mutex
 	var ok []string
 	var next atomic.Int64
@@ -404,18 +397,13 @@ func stormFanOuts(ctx context.Context, admin *adminClient, run string, boots []a
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				op := "sf-" + run + "-" + strconv.Itoa(i)
-				payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(time.Now().UnixNano(), 10) + `"}}`
-				var answer struct {
-					ID string `json:"operation_id"`
-				}
-				_, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", []byte(fleetCommandBody(op, payload, nodes, int64(i), per)), &answer)
+				id, err := issue(i)
 				mu.Lock()
-				if err != nil || answer.ID == "" {
+				if err != nil {
 					*errs++
 					once.Do(func() { logf("issue: %v", err) })
 				} else {
-					ok = append(ok, answer.ID)
+					ok = append(ok, id)
 				}
 				mu.Unlock()
 			}

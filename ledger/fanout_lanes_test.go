@@ -93,6 +93,18 @@ func newLaneLedger(t *testing.T, db *models.DB, mutate ...func(*ledger.Settings)
 	return b, w
 }
 
+// cutShort submits a fan-out over n new ready nodes whose recording
+// fails (w.fail): its children exist, none has its command.
+func (b *bundle) cutShort(t *testing.T, w *laneWatch, n int) (ledger.Operation, []string, map[string]fleet.Session) {
+	t.Helper()
+	ids, sessions := b.readyNodes(t, n)
+	w.fail.Store(true)
+	parent := b.fanOutCommand(t, ids)
+	require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+	w.fail.Store(false)
+	return parent, ids, sessions
+}
+
 func (b *bundle) fanOutCommand(t *testing.T, ids []string) ledger.Operation {
 	t.Helper()
 	parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
@@ -182,15 +194,11 @@ func TestFanOutRecordingResumes(t *testing.T) {
 		t.Run("ByTheNextAdvance", func(t *testing.T) {
 			b, w := newLaneLedger(t, db, hour)
 			b.start(t)
-			ids, sessions := b.readyNodes(t, 6)
-			w.fail.Store(true)
-			parent := b.fanOutCommand(t, ids)
-			require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+			parent, ids, sessions := b.cutShort(t, w, 6)
 			op, err := b.store.Operation(ctx, parent.ID)
 			require.NoError(t, err)
 			require.Equal(t, b.replica, op.Owner, "a parent whose recording failed stays owned")
 
-			w.fail.Store(false)
 			require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
 			require.Equal(t, int64(len(ids)), b.handedOut(t, parent.ID))
 			op, err = b.store.Operation(ctx, parent.ID)
@@ -202,10 +210,7 @@ func TestFanOutRecordingResumes(t *testing.T) {
 		t.Run("ByTheNextReplica", func(t *testing.T) {
 			dead, w := newLaneLedger(t, db, hour)
 			dead.start(t)
-			ids, sessions := dead.readyNodes(t, 6)
-			w.fail.Store(true)
-			parent := dead.fanOutCommand(t, ids)
-			require.Never(t, func() bool { return dead.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+			parent, ids, sessions := dead.cutShort(t, w, 6)
 			dead.stop()
 
 			// The next replica's first try at resuming fails too: the
@@ -236,14 +241,9 @@ func TestFanOutRecordingResumes(t *testing.T) {
 		t.Run("CancelledBeforeRecorded", func(t *testing.T) {
 			b, w := newLaneLedger(t, db, hour)
 			b.start(t)
-			ids, _ := b.readyNodes(t, 4)
-			w.fail.Store(true)
-			parent := b.fanOutCommand(t, ids)
-			require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+			parent, ids, _ := b.cutShort(t, w, 4)
 			_, err := b.svc.Cancel(ctx, admin, parent.ID, "changed my mind")
 			require.NoError(t, err)
-
-			w.fail.Store(false)
 			require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
 			require.Zero(t, b.handedOut(t, parent.ID), "a cancelled child got its command")
 			done := b.waitState(t, parent.ID, ledger.StateCancelled)
@@ -260,11 +260,7 @@ func TestFanOutRecordersRaceOnce(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		a, w := newLaneLedger(t, db, hour)
 		a.start(t)
-		ids, sessions := a.readyNodes(t, 8)
-		w.fail.Store(true)
-		parent := a.fanOutCommand(t, ids)
-		require.Never(t, func() bool { return a.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
-		w.fail.Store(false)
+		parent, ids, sessions := a.cutShort(t, w, 8)
 		bb := newLedger(t, db, a.tk, a.clock, hour)
 		var children []string
 		for _, ch := range a.children(t, parent.ID) {

@@ -141,6 +141,8 @@ for s in "${sections[@]}"; do
 			run "storm-postgres-kill-$i" -scenario storm "${PG[@]}" -agents 10000 -commands 5000
 		done
 		run "storm-postgres-term-3rep" -scenario storm "${PG[@]}" -replicas 3 -agents 10000 -commands 5000 -signal term
+		# the burst as fleet.command fan-outs: the kill lands while they are created and recorded
+		run "storm-postgres-kill-fanout" -scenario storm "${PG[@]}" -agents 10000 -commands 5000 -fanout 100
 		;;
 	replicas) # 50,000 agents over three server processes on one Postgres
 		run "replicas-50k" "${PG[@]}" -replicas 3 -agents 50000 -rate 100 -duration 30s -drain 15s

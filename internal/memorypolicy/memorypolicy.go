@@ -40,6 +40,7 @@ import (
 	"runtime/metrics"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -52,12 +53,33 @@ type Sample struct {
 	LiveHeap uint64 // bytes marked live by the last collection (/gc/heap/live)
 	Stacks   uint64 // goroutine stack bytes the collector scans (/gc/scan/stack)
 	Globals  uint64 // global bytes the collector scans (/gc/scan/globals)
-	// GCCPU and TotalCPU are cumulative CPU seconds: the collector's own
-	// work (assists, dedicated mark workers, pauses; idle mark workers are
-	// left out, they run on CPU nobody wanted) and the process's capacity
-	// (GOMAXPROCS × wall time). Their deltas give the collector's share.
-	GCCPU    float64
-	TotalCPU float64
+	// GCCPU, BusyCPU and TotalCPU are cumulative CPU seconds in the
+	// runtime's estimates (/cpu/classes): the collector's own work
+	// (assists, dedicated mark workers, pauses; idle mark workers are left
+	// out, they run on CPU nobody wanted), all the work the process's Ps
+	// did (the collector's included), and the capacity (GOMAXPROCS × wall
+	// time). The runtime counts a P's wall time, so on a machine where
+	// other processes take the cores its figures run high: the
+	// collector's share of the busy time is applied to ProcessCPU, the
+	// CPU the kernel counted for the process (user and system).
+	GCCPU      float64
+	BusyCPU    float64
+	TotalCPU   float64
+	ProcessCPU float64
+}
+
+// gcShare is the collector's share of the process's CPU capacity between
+// two samples.
+func gcShare(a, b Sample) float64 {
+	total := b.TotalCPU - a.TotalCPU
+	if total <= 0 {
+		return 0
+	}
+	gc, busy, proc := b.GCCPU-a.GCCPU, b.BusyCPU-a.BusyCPU, b.ProcessCPU-a.ProcessCPU
+	if busy > 0 && proc > 0 {
+		return min(max(gc/busy, 0), 1) * proc / total
+	}
+	return max(gc/total, 0)
 }
 
 // Settings bound the policy's decisions. Zero fields take the defaults.
@@ -139,7 +161,7 @@ func (c *Controller) CPUBound(base float64) int {
 // on the first: it counts as nothing).
 func (c *Controller) Decide(s Sample) int {
 	if c.primed && s.TotalCPU > c.last.TotalCPU {
-		share := max(0, (s.GCCPU-c.last.GCCPU)/(s.TotalCPU-c.last.TotalCPU))
+		share := gcShare(c.last, s)
 		// What the default would have cost over the same period; halved
 		// towards each new reading, so one collection falling in a short
 		// period does not swing the percent alone.
@@ -267,6 +289,8 @@ var runtimeNames = []string{
 	"/cpu/classes/gc/mark/dedicated:cpu-seconds",
 	"/cpu/classes/gc/pause:cpu-seconds",
 	"/cpu/classes/total:cpu-seconds",
+	"/cpu/classes/idle:cpu-seconds",
+	"/cpu/classes/gc/mark/idle:cpu-seconds",
 }
 
 // ReadRuntime samples this process's runtime/metrics.
@@ -289,7 +313,17 @@ func ReadRuntime() Sample {
 		return 0
 	}
 	return Sample{LiveHeap: u(0), Stacks: u(1), Globals: u(2),
-		GCCPU: f(3) + f(4) + f(5), TotalCPU: f(6)}
+		GCCPU: f(3) + f(4) + f(5), TotalCPU: f(6), BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU()}
+}
+
+// processCPU is the CPU the kernel counted for this process, in seconds
+// (0 where getrusage is not available).
+func processCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // GCCPUSeconds is the CPU the collector has spent in this process, in the

@@ -16,6 +16,31 @@ func at(prev Sample, live, stacks uint64, share float64) Sample {
 		TotalCPU: prev.TotalCPU + 10, GCCPU: prev.GCCPU + 10*share}
 }
 
+// TestGCShare: the collector's share of the capacity is its share of the
+// runtime's busy time applied to the CPU the kernel counted, so the
+// runtime's wall-time estimates running high on a shared machine do not
+// inflate it.
+func TestGCShare(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a, b Sample
+		want float64
+	}{
+		{"no time passed", Sample{TotalCPU: 10}, Sample{TotalCPU: 10, GCCPU: 1}, 0},
+		{"runtime figures alone (no busy or process CPU)", Sample{}, Sample{TotalCPU: 10, GCCPU: 1}, 0.1},
+		{"the collector was 40 % of the busy time; the process used a fifth of the capacity",
+			Sample{}, Sample{TotalCPU: 10, GCCPU: 2, BusyCPU: 5, ProcessCPU: 2}, 0.08},
+		{"a busy estimate below the collector's is capped at all of it",
+			Sample{}, Sample{TotalCPU: 10, GCCPU: 3, BusyCPU: 2, ProcessCPU: 1}, 0.1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := gcShare(tc.a, tc.b); got < tc.want-1e-9 || got > tc.want+1e-9 {
+				t.Fatalf("gcShare = %.4f, want %.4f", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestControllerTarget(t *testing.T) {
 	c := NewController(Settings{})
 	for _, tc := range []struct {

@@ -18,8 +18,8 @@
 // it scans, and collections come once per headroom allocated, so at GC
 // percent p the collector costs about 100/p times what it would at the
 // default. From the share of the process's CPU capacity the collector
-// took over the last period at the percent in force, the policy estimates
-// what the default would have cost and keeps the percent high enough that
+// took at the percent in force (averaged over the last periods), the
+// policy estimates what the default would have cost and keeps the percent high enough that
 // the difference stays under ExtraCPU (5 % of the cores): a busy server
 // is left near the default, a quiet one with a large heap goes down to
 // its target. The percent is raised at once and lowered a quarter at a
@@ -162,14 +162,16 @@ func (c *Controller) CPUBound(base float64) int {
 func (c *Controller) Decide(s Sample) int {
 	if c.primed && s.TotalCPU > c.last.TotalCPU {
 		share := gcShare(c.last, s)
-		// What the default would have cost over the same period; halved
-		// towards each new reading, so one collection falling in a short
-		// period does not swing the percent alone.
+		// What the default would have cost over the same period, moved a
+		// quarter of the way towards each new reading: collections are
+		// events (a large heap's takes a good part of a period), so one
+		// reading says little; the average over the last several periods
+		// is the collector's cost.
 		base := share * float64(c.percent) / float64(c.s.MaxPercent)
 		if !c.based {
 			c.base, c.based = base, true
 		} else {
-			c.base = (c.base + base) / 2
+			c.base += (base - c.base) / 4
 		}
 	}
 	c.last, c.primed = s, true

@@ -121,16 +121,16 @@ func TestControllerSequences(t *testing.T) {
 		}},
 		{"a busy spell raises it at once; it comes down as the readings cool", []step{
 			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25},
-			// 40 % at 25: the default would have cost 10 %, averaged
-			// with the earlier 0: 5 % → 50 keeps the addition at 5 %.
-			{280, 130, 0.4, 50},
-			{280, 130, 0, 38}, // 2.5 % → 34; a quarter down from 50 is 38
-			{280, 130, 0, 29}, // 1.25 % → 20; a quarter down is 29
+			// 40 % at 25: the default would have cost 10 %; the estimate
+			// moves a quarter of the way there, to 2.5 % → 34.
+			{280, 130, 0.4, 34},
+			{280, 130, 0, 28}, // 1.9 % → 28; a quarter down from 34 would be 26
+			{280, 130, 0, 25}, // 1.4 % → 22, under the floor
 			{280, 130, 0, 25},
 		}},
 		{"a sustained busy spell climbs towards the default", []step{
 			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25},
-			{280, 130, 0.4, 50}, {280, 130, 0.4, 72}, {280, 130, 0.4, 81},
+			{280, 130, 0.4, 34}, {280, 130, 0.4, 52}, {280, 130, 0.4, 65}, {280, 130, 0.4, 73},
 		}},
 		{"a heap that shrinks gets its room back at once", []step{
 			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {100, 28, 0, 50}, {20, 4, 0, 100},

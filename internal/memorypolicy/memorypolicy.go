@@ -40,7 +40,6 @@ import (
 	"runtime/metrics"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -318,17 +317,8 @@ func ReadRuntime() Sample {
 		GCCPU: f(3) + f(4) + f(5), TotalCPU: f(6), BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU()}
 }
 
-// processCPU is the CPU the kernel counted for this process, in seconds
-// (0 where getrusage is not available).
-func processCPU() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-}
-
 // GCCPUSeconds is the CPU the collector has spent in this process, in the
 // runtime's estimate: assists, dedicated mark workers and pauses (idle
-// mark workers left out).
+// mark workers left out). It counts wall time a P spent, so it runs high
+// where other processes take the cores.
 func GCCPUSeconds() float64 { return ReadRuntime().GCCPU }

@@ -92,7 +92,11 @@ func (h *handler) authAgent(w http.ResponseWriter, r *http.Request) (*http.Reque
 	case err == nil:
 		// DoorAsk asks the most of the node: the session holds for
 		// DoorReport too.
-		r = r.WithContext(context.WithValue(r.Context(), agentSessionKey{}, sess))
+		if ri, ok := r.Context().Value(requestIDKey).(*requestInfo); ok {
+			ri.agent, ri.agentOK = sess, true
+		} else {
+			r = r.WithContext(context.WithValue(r.Context(), agentSessionKey{}, sess))
+		}
 	}
 	return r, true
 }
@@ -100,6 +104,9 @@ func (h *handler) authAgent(w http.ResponseWriter, r *http.Request) (*http.Reque
 // agentSession authenticates the request's session for a door, answering
 // the refusal itself when there is none.
 func (h *handler) agentSession(w http.ResponseWriter, r *http.Request, door fleet.Door) (fleet.Session, bool) {
+	if ri, ok := r.Context().Value(requestIDKey).(*requestInfo); ok && ri.agentOK {
+		return ri.agent, true
+	}
 	if sess, ok := r.Context().Value(agentSessionKey{}).(fleet.Session); ok {
 		return sess, true
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/offstack"
 )
 
@@ -36,10 +37,16 @@ const (
 // requestInfo is what the request's context carries for logging: its id
 // and the server's logger. The logger with the id attached is made only
 // when a line is logged (most requests log one access line, and a held
-// poll none until it is answered; slog's With copies the handler).
+// poll none until it is answered; slog's With copies the handler). On the
+// agent doors it also carries the session authAgent verified: one context
+// layer and one copy of the request fewer, which a held poll would keep for
+// its whole wait.
 type requestInfo struct {
 	id  string
 	log *slog.Logger
+
+	agent   fleet.Session
+	agentOK bool
 }
 
 func requestIDFrom(ctx context.Context) string {

@@ -253,9 +253,10 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// collector lets garbage grow to.
 	if m, err := admin.metrics(ctx); err == nil {
 		mb := func(name string) float64 { return m[name] / (1 << 20) }
-		logf("server memory holding %d polls: heap in use %.1f MB, stacks %.1f MB, next GC at %.1f MB, heap from OS %.1f MB (released %.1f MB), %d goroutines",
+		logf("server memory holding %d polls: heap in use %.1f MB, stacks %.1f MB, next GC at %.1f MB, heap from OS %.1f MB (released %.1f MB), all the Go runtime's from OS %.1f MB, %d goroutines; GC percent %.0f (memory policy %s)",
 			rep.Held, mb("go_memstats_heap_inuse_bytes"), mb("go_memstats_stack_inuse_bytes"), mb("go_memstats_next_gc_bytes"),
-			mb("go_memstats_heap_sys_bytes"), mb("go_memstats_heap_released_bytes"), int(m["go_goroutines"]))
+			mb("go_memstats_heap_sys_bytes"), mb("go_memstats_heap_released_bytes"), mb("go_memstats_sys_bytes"), int(m["go_goroutines"]),
+			m["nodeward_gc_percent"], map[bool]string{true: "on", false: "off"}[m["nodeward_memory_policy_active"] == 1])
 	}
 	if cfg.MemProfile != "" {
 		if err := writeHeapProfile(cfg.MemProfile); err != nil {

@@ -308,7 +308,8 @@ func holdServer(ctx context.Context, cfg HoldConfig, dir, bin, certFile, keyFile
 		OnHeld: func(ctx context.Context, held int) {
 			side.Held = held
 			sampleHold(ctx, cmd.Process.Pid, cfg, &side)
-			logf("server: %d KB idle, %d KB holding (%.1f KB a poll), %.2f cores", side.IdleRSSKB, side.HeldRSSKB, side.PerPollKB, side.Cores)
+			logf("server: %d KB idle, %d KB holding (%.1f KB a poll), %.2f cores; RSS now %s", side.IdleRSSKB, side.HeldRSSKB, side.PerPollKB, side.Cores,
+				rssParts(cmd.Process.Pid))
 		}}
 	deliver, err := Run(ctx, dcfg)
 	if err != nil {
@@ -351,6 +352,25 @@ func rssKB(pid int) int64 {
 		}
 	}
 	return 0
+}
+
+// rssParts is the process's resident memory by kind (/proc status):
+// anonymous (the Go heap and stacks, the runtime's own, SQLite's caches),
+// file-backed (the binary, mapped database files) and shared.
+func rssParts(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return "unknown"
+	}
+	var parts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, k := range []string{"RssAnon:", "RssFile:", "RssShmem:"} {
+			if rest, ok := strings.CutPrefix(line, k); ok {
+				parts = append(parts, strings.TrimSuffix(k, ":")+" "+strings.TrimSpace(rest))
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func heldByWaiter(ctx context.Context, hc *http.Client, url string) (int, error) {

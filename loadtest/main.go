@@ -113,6 +113,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nodeward/nodeward/internal/memorypolicy"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
 
@@ -189,6 +190,12 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *scenario == "deliver" && !*binary && *replicas <= 1 && cfg.URL == "" {
+		// The server runs in this process: its memory policy too, as
+		// `serve` runs it (NODEWARD_MEMORY_POLICY=off, GOGC or GOMEMLIMIT
+		// turn it off).
+		go memorypolicy.Run(ctx, memorypolicy.Options{})
+	}
 	switch *scenario {
 	case "deliver":
 		if *binary || *replicas > 1 {
@@ -296,6 +303,8 @@ func printReport(w io.Writer, r Report) {
 		fmt.Fprintf(w, "heartbeats               %d = %.0f/s\n", r.Heartbeats, r.HeartbeatsPS)
 	}
 	fmt.Fprintf(w, "lease renewals flushed   %.0f\n", r.RenewalsFlushed)
+	fmt.Fprintf(w, "server GC                %.0f cycles, %.2f CPU s in the window (%.1f%% of the cores), GC percent %.0f at its end\n",
+		r.Tail.GCs, r.Tail.GCCPUSeconds, 100*r.Tail.GCCPUSeconds/max(r.Seconds*r.CPU.Cores, 1e-9), r.Tail.GCPercent)
 	fmt.Fprintf(w, "cpu (cores of %.0f)       machine %.0f%% busy; this process %.2f, workers %.2f, rest (database, other) %.2f\n",
 		r.CPU.Cores, 100*r.CPU.MachineBusy, r.CPU.Self, r.CPU.Workers, r.CPU.Rest)
 	if r.PGCommitsPS > 0 {

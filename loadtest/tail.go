@@ -32,11 +32,16 @@ type TailCause struct {
 	// Go GC of the server (summed over replicas; with the server in this
 	// process, the tool's too): collections, total stop-the-world pause,
 	// and the longest pause (at most the total).
-	GCs        float64 `json:"gc_cycles"`
-	GCPauseMS  float64 `json:"gc_pause_total_ms"`
-	GCMaxMS    float64 `json:"gc_pause_max_ms"`
-	HeapMB     float64 `json:"heap_mb"`
-	MachineBus float64 `json:"machine_busy"`
+	GCs       float64 `json:"gc_cycles"`
+	GCPauseMS float64 `json:"gc_pause_total_ms"`
+	GCMaxMS   float64 `json:"gc_pause_max_ms"`
+	HeapMB    float64 `json:"heap_mb"`
+	// The collector's CPU over the window (assists, dedicated marking,
+	// pauses: nodeward_gc_cpu_seconds_total) and the GC percent in force
+	// at its end (nodeward_gc_percent: the memory policy's, or GOGC's).
+	GCCPUSeconds float64 `json:"gc_cpu_seconds"`
+	GCPercent    float64 `json:"gc_percent"`
+	MachineBus   float64 `json:"machine_busy"`
 	// Batches during the window: lease renewal flushes and lease sweeps,
 	// long-poll store queries (a wake-up's read).
 	RenewalFlushes float64 `json:"lease_renewals_flushed"`
@@ -159,7 +164,8 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 		NodeCacheHits: d(`nodeward_node_lookups_total{result="hit"}`), NodeReads: d(`nodeward_node_lookups_total{result="store"}`),
 		Redeliveries: d("nodeward_command_redeliveries_total"),
 		PoolWaits:    d(`go_sql_wait_count_total{db_name="pool"}`), PoolWaitMS: 1000 * d(`go_sql_wait_duration_seconds_total{db_name="pool"}`),
-		LaneGateWaitMS: 1000 * d("nodeward_write_lane_gate_wait_seconds_total")}
+		LaneGateWaitMS: 1000 * d("nodeward_write_lane_gate_wait_seconds_total"),
+		GCCPUSeconds:   d("nodeward_gc_cpu_seconds_total"), GCPercent: after["nodeward_gc_percent"]}
 	if rep.Seconds > 0 {
 		tc.WriteExclusiveShare = d("nodeward_write_exclusive_seconds_total") / rep.Seconds
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/nodeward/nodeward/diagnose"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
+	"github.com/nodeward/nodeward/internal/memorypolicy"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/ledger/testkinds"
@@ -121,6 +122,27 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 			Help: "Pages of SQLite's write-ahead log copied into the database file by the background checkpointer, off the writer.",
 		}, func() float64 { return float64(db.CheckpointStats().Frames) }))
 	}
+	// The collector: the GC percent in force (the memory policy's, set by
+	// `serve`, or the operator's GOGC), whether the policy runs, and the
+	// CPU the collector has cost.
+	a.Metrics.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nodeward_gc_percent",
+			Help: "The Go collector's GC percent in force in this process: the memory policy's while it runs (nodeward_memory_policy_active), else GOGC's (-1: off).",
+		}, memorypolicy.GCPercent),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nodeward_memory_policy_active",
+			Help: "1 while the memory policy sets the GC percent from the live heap (off with NODEWARD_MEMORY_POLICY=off, GOGC or GOMEMLIMIT set).",
+		}, func() float64 {
+			if memorypolicy.Active() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_gc_cpu_seconds_total",
+			Help: "CPU the Go collector spent in this process (the runtime's estimate: assists, dedicated mark workers, pauses; idle-time marking left out).",
+		}, memorypolicy.GCCPUSeconds))
 	// On Postgres other replicas may revoke credentials this one cached:
 	// the cache is on only while their notifications are heard.
 	a.Auth = auth.New(auth.Options{Store: models.NewAuthStore(db).WithReplica(cfg.ReplicaID), Keys: ring, Now: cfg.Now,

@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/memorypolicy"
 	"github.com/nodeward/nodeward/models"
 )
 
@@ -200,6 +201,17 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	app.announce(ctx, ln.Addr().String())
+	// The collector's headroom follows the live heap (internal/memorypolicy)
+	// unless the operator set GOGC or GOMEMLIMIT, or turned it off. One per
+	// process: only the served binary runs it, not tests or the load tool's
+	// servers.
+	policyCtx, stopPolicy := context.WithCancel(ctx)
+	policyDone := make(chan struct{})
+	go func() {
+		defer close(policyDone)
+		memorypolicy.Run(policyCtx, memorypolicy.Options{Log: log})
+	}()
+	defer func() { stopPolicy(); <-policyDone }()
 	return app.Serve(ctx, ln)
 }
 

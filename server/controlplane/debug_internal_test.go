@@ -129,6 +129,11 @@ func TestDebugListenerServesProfilesPublicDoesNot(t *testing.T) {
 	require.Contains(t, body, `go_sql_wait_count_total{db_name="pool"}`)
 	require.Contains(t, body, `go_sql_wait_count_total{db_name="writer"} 0`)
 	require.Contains(t, body, `go_sql_max_open_connections{db_name="writer"} 1`)
+	// The collector's settings and cost (the memory policy runs only in
+	// `serve`, so not here: the percent is the process's, 100 unless GOGC).
+	require.Contains(t, body, "nodeward_memory_policy_active 0")
+	require.Regexp(t, `(?m)^nodeward_gc_percent -?\d+$`, body)
+	require.Regexp(t, `(?m)^nodeward_gc_cpu_seconds_total \S+$`, body)
 }
 
 // TestDebugListenerOffByDefault: no setting, no listener.

@@ -1,0 +1,324 @@
+// Package memorypolicy keeps the Go collector's headroom in proportion to
+// what the server holds (issue 13, BENCHMARKS.md "Memory per held poll").
+//
+// At the default GOGC=100 the collector lets the heap grow to about twice
+// the live heap (plus the goroutine stacks' and globals' share) before it
+// collects, and a server that allocates a little all the time (lease
+// renewals, re-polls) keeps its resident memory near that goal. A server
+// holding tens of thousands of long-polls has a large, slowly changing live
+// heap, so that doubling is hundreds of megabytes of garbage kept resident.
+//
+// The policy reads the runtime's own figures every period and sets the GC
+// percent so that the headroom is max(Floor, LiveFraction × live) instead
+// of the live heap itself, never below MinPercent and never above
+// MaxPercent (the default, 100): it only ever gives memory back, and a
+// small server is left as Go runs it.
+//
+// The collector's CPU is bounded: a collection's cost is about the memory
+// it scans, and collections come once per headroom allocated, so at GC
+// percent p the collector costs about 100/p times what it would at the
+// default. From the share of the process's CPU capacity the collector
+// took at the percent in force (averaged over the last periods), the
+// policy estimates what the default would have cost and keeps the percent high enough that
+// the difference stays under ExtraCPU (5 % of the cores): a busy server
+// is left near the default, a quiet one with a large heap goes down to
+// its target. The percent is raised at once and lowered a quarter at a
+// time, so a rising cost is seen before the bound is reached; it never
+// goes below MinPercent (25: a collection at most every quarter of the
+// scanned memory allocated).
+//
+// An operator's explicit GOGC or GOMEMLIMIT wins: the policy then does
+// nothing. NODEWARD_MEMORY_POLICY=off turns it off.
+package memorypolicy
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"os"
+	"runtime/debug"
+	"runtime/metrics"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// EnvSwitch names the environment variable that turns the policy off
+// ("off"); any other value, or none, leaves it on.
+const EnvSwitch = "NODEWARD_MEMORY_POLICY"
+
+// Sample is what the controller reads from the runtime each period.
+type Sample struct {
+	LiveHeap uint64 // bytes marked live by the last collection (/gc/heap/live)
+	Stacks   uint64 // goroutine stack bytes the collector scans (/gc/scan/stack)
+	Globals  uint64 // global bytes the collector scans (/gc/scan/globals)
+	// GCCPU, BusyCPU and TotalCPU are cumulative CPU seconds in the
+	// runtime's estimates (/cpu/classes): the collector's own work
+	// (assists, dedicated mark workers, pauses; idle mark workers are left
+	// out, they run on CPU nobody wanted), all the work the process's Ps
+	// did (the collector's included), and the capacity (GOMAXPROCS × wall
+	// time). The runtime counts a P's wall time, so on a machine where
+	// other processes take the cores its figures run high: the
+	// collector's share of the busy time is applied to ProcessCPU, the
+	// CPU the kernel counted for the process (user and system).
+	GCCPU      float64
+	BusyCPU    float64
+	TotalCPU   float64
+	ProcessCPU float64
+}
+
+// gcShare is the collector's share of the process's CPU capacity between
+// two samples.
+func gcShare(a, b Sample) float64 {
+	total := b.TotalCPU - a.TotalCPU
+	if total <= 0 {
+		return 0
+	}
+	gc, busy, proc := b.GCCPU-a.GCCPU, b.BusyCPU-a.BusyCPU, b.ProcessCPU-a.ProcessCPU
+	if busy > 0 && proc > 0 {
+		return min(max(gc/busy, 0), 1) * proc / total
+	}
+	return max(gc/total, 0)
+}
+
+// Settings bound the policy's decisions. Zero fields take the defaults.
+type Settings struct {
+	Floor        uint64  // the least headroom the policy leaves, bytes (64 MiB)
+	LiveFraction float64 // headroom as a share of the live heap, when larger than Floor (0.25)
+	MinPercent   int     // the lowest GC percent the policy sets (25)
+	MaxPercent   int     // the highest, and where it starts (100: Go's default)
+	// ExtraCPU bounds the collector's CPU the policy may add over what the
+	// default percent would cost, as a share of the process's CPU
+	// capacity (0.05).
+	ExtraCPU float64
+}
+
+func (s Settings) withDefaults() Settings {
+	if s.Floor == 0 {
+		s.Floor = 64 << 20
+	}
+	if s.LiveFraction == 0 {
+		s.LiveFraction = 0.25
+	}
+	if s.MinPercent == 0 {
+		s.MinPercent = 25
+	}
+	if s.MaxPercent == 0 {
+		s.MaxPercent = 100
+	}
+	if s.ExtraCPU == 0 {
+		s.ExtraCPU = 0.05
+	}
+	return s
+}
+
+// Controller turns samples into GC percents. It keeps the last sample and
+// the percent in force; it is not safe for concurrent use.
+type Controller struct {
+	s       Settings
+	percent int
+	last    Sample
+	primed  bool
+	base    float64 // the collector's estimated share at the default percent (smoothed)
+	based   bool    // base holds a reading
+}
+
+// NewController starts at s.MaxPercent.
+func NewController(s Settings) *Controller {
+	s = s.withDefaults()
+	return &Controller{s: s, percent: s.MaxPercent}
+}
+
+// Percent is the GC percent the controller last decided.
+func (c *Controller) Percent() int { return c.percent }
+
+// Target is the GC percent that leaves the wanted headroom for a sample:
+// max(Floor, LiveFraction × live) over the memory the collector scans,
+// within [MinPercent, MaxPercent]. (Go's heap goal is live + (live +
+// stacks + globals) × GOGC/100.)
+func (c *Controller) Target(s Sample) int {
+	scan := float64(s.LiveHeap + s.Stacks + s.Globals)
+	if scan == 0 {
+		return c.s.MaxPercent
+	}
+	head := math.Max(float64(c.s.Floor), c.s.LiveFraction*float64(s.LiveHeap))
+	return clamp(int(math.Ceil(100*head/scan)), c.s.MinPercent, c.s.MaxPercent)
+}
+
+// CPUBound is the lowest GC percent at which the collector, costing
+// base (a share of capacity) at the default percent, would cost at most
+// ExtraCPU more: base × (MaxPercent/p − 1) ≤ ExtraCPU.
+func (c *Controller) CPUBound(base float64) int {
+	if base <= 0 {
+		return 0
+	}
+	return int(math.Ceil(float64(c.s.MaxPercent) * base / (c.s.ExtraCPU + base)))
+}
+
+// Decide takes this period's sample and answers the GC percent to set.
+// The collector's CPU share is measured since the previous sample (none
+// on the first: it counts as nothing).
+func (c *Controller) Decide(s Sample) int {
+	if c.primed && s.TotalCPU > c.last.TotalCPU {
+		share := gcShare(c.last, s)
+		// What the default would have cost over the same period, moved a
+		// quarter of the way towards each new reading: collections are
+		// events (a large heap's takes a good part of a period), so one
+		// reading says little; the average over the last several periods
+		// is the collector's cost.
+		base := share * float64(c.percent) / float64(c.s.MaxPercent)
+		if !c.based {
+			c.base, c.based = base, true
+		} else {
+			c.base += (base - c.base) / 4
+		}
+	}
+	c.last, c.primed = s, true
+	want := clamp(max(c.Target(s), c.CPUBound(c.base)), c.s.MinPercent, c.s.MaxPercent)
+	if want < c.percent {
+		// Lower a quarter at a time.
+		want = max(want, c.percent-max(c.percent/4, 1))
+	}
+	c.percent = want
+	return c.percent
+}
+
+func clamp(v, lo, hi int) int { return min(max(v, lo), hi) }
+
+// Disabled answers why the policy must not run in this process ("" when
+// it may): the switch is off, or the operator chose the collector's
+// settings (GOGC or GOMEMLIMIT set).
+func Disabled(lookup func(string) (string, bool)) string {
+	if v, _ := lookup(EnvSwitch); strings.EqualFold(strings.TrimSpace(v), "off") {
+		return EnvSwitch + "=off"
+	}
+	for _, name := range []string{"GOGC", "GOMEMLIMIT"} {
+		if v, ok := lookup(name); ok && v != "" {
+			return name + " is set"
+		}
+	}
+	return ""
+}
+
+var active atomic.Bool
+
+// Active reports whether a policy runs in this process now.
+func Active() bool { return active.Load() }
+
+// GCPercent is the GC percent in force in this process, whoever set it
+// (-1: collection off).
+func GCPercent() float64 {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return math.NaN()
+	}
+	v := s[0].Value.Uint64()
+	if v == math.MaxUint64 { // GOGC=off
+		return -1
+	}
+	return float64(v)
+}
+
+// Options configure Run. Zero fields take the defaults.
+type Options struct {
+	Settings Settings
+	Period   time.Duration // 2 s
+	Log      *slog.Logger
+	// Lookup reads the environment (os.LookupEnv).
+	Lookup func(string) (string, bool)
+	// Read samples the runtime (ReadRuntime); SetPercent sets the GC
+	// percent (debug.SetGCPercent). Tests replace both.
+	Read       func() Sample
+	SetPercent func(int) int
+}
+
+// Run applies the policy every period until ctx ends, then puts back the
+// GC percent it found. It returns at once when Disabled says so (logged).
+// At most one Run may be active in a process: the GC percent is the
+// process's; a second returns at once.
+func Run(ctx context.Context, o Options) {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Lookup == nil {
+		o.Lookup = os.LookupEnv
+	}
+	if o.Read == nil {
+		o.Read = ReadRuntime
+	}
+	if o.SetPercent == nil {
+		o.SetPercent = debug.SetGCPercent
+	}
+	if o.Period <= 0 {
+		o.Period = 2 * time.Second
+	}
+	if why := Disabled(o.Lookup); why != "" {
+		o.Log.Info("memory policy off: the collector runs as configured", "reason", why)
+		return
+	}
+	if !active.CompareAndSwap(false, true) {
+		return
+	}
+	defer active.Store(false)
+	c := NewController(o.Settings)
+	found := o.SetPercent(c.Percent())
+	defer o.SetPercent(found)
+	o.Log.Info("memory policy on: the collector's headroom follows the live heap",
+		"floor_mib", c.s.Floor>>20, "min_gc_percent", c.s.MinPercent, "max_gc_percent", c.s.MaxPercent)
+	t := time.NewTicker(o.Period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		prev := c.Percent()
+		if p := c.Decide(o.Read()); p != prev {
+			o.SetPercent(p)
+			o.Log.Debug("memory policy: GC percent", "from", prev, "to", p)
+		}
+	}
+}
+
+var runtimeNames = []string{
+	"/gc/heap/live:bytes",
+	"/gc/scan/stack:bytes",
+	"/gc/scan/globals:bytes",
+	"/cpu/classes/gc/mark/assist:cpu-seconds",
+	"/cpu/classes/gc/mark/dedicated:cpu-seconds",
+	"/cpu/classes/gc/pause:cpu-seconds",
+	"/cpu/classes/total:cpu-seconds",
+	"/cpu/classes/idle:cpu-seconds",
+	"/cpu/classes/gc/mark/idle:cpu-seconds",
+}
+
+// ReadRuntime samples this process's runtime/metrics.
+func ReadRuntime() Sample {
+	ss := make([]metrics.Sample, len(runtimeNames))
+	for i, n := range runtimeNames {
+		ss[i].Name = n
+	}
+	metrics.Read(ss)
+	u := func(i int) uint64 {
+		if ss[i].Value.Kind() == metrics.KindUint64 {
+			return ss[i].Value.Uint64()
+		}
+		return 0
+	}
+	f := func(i int) float64 {
+		if ss[i].Value.Kind() == metrics.KindFloat64 {
+			return ss[i].Value.Float64()
+		}
+		return 0
+	}
+	return Sample{LiveHeap: u(0), Stacks: u(1), Globals: u(2),
+		GCCPU: f(3) + f(4) + f(5), TotalCPU: f(6), BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU()}
+}
+
+// GCCPUSeconds is the CPU the collector has spent in this process, in the
+// runtime's estimate: assists, dedicated mark workers and pauses (idle
+// mark workers left out). It counts wall time a P spent, so it runs high
+// where other processes take the cores.
+func GCCPUSeconds() float64 { return ReadRuntime().GCCPU }

@@ -1,0 +1,244 @@
+package memorypolicy
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+const mib = 1 << 20
+
+// at builds a sample: heap and stacks in MiB, the collector's CPU share
+// since prev (capacity advancing 10 s a period).
+func at(prev Sample, live, stacks uint64, share float64) Sample {
+	return Sample{LiveHeap: live * mib, Stacks: stacks * mib,
+		TotalCPU: prev.TotalCPU + 10, GCCPU: prev.GCCPU + 10*share}
+}
+
+// TestGCShare: the collector's share of the capacity is its share of the
+// runtime's busy time applied to the CPU the kernel counted, so the
+// runtime's wall-time estimates running high on a shared machine do not
+// inflate it.
+func TestGCShare(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a, b Sample
+		want float64
+	}{
+		{"no time passed", Sample{TotalCPU: 10}, Sample{TotalCPU: 10, GCCPU: 1}, 0},
+		{"runtime figures alone (no busy or process CPU)", Sample{}, Sample{TotalCPU: 10, GCCPU: 1}, 0.1},
+		{"the collector was 40 % of the busy time; the process used a fifth of the capacity",
+			Sample{}, Sample{TotalCPU: 10, GCCPU: 2, BusyCPU: 5, ProcessCPU: 2}, 0.08},
+		{"a busy estimate below the collector's is capped at all of it",
+			Sample{}, Sample{TotalCPU: 10, GCCPU: 3, BusyCPU: 2, ProcessCPU: 1}, 0.1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := gcShare(tc.a, tc.b); got < tc.want-1e-9 || got > tc.want+1e-9 {
+				t.Fatalf("gcShare = %.4f, want %.4f", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestControllerTarget(t *testing.T) {
+	c := NewController(Settings{})
+	for _, tc := range []struct {
+		name         string
+		live, stacks uint64 // MiB
+		want         int
+	}{
+		{"nothing read yet: Go's default", 0, 0, 100},
+		{"small server: the 64 MiB floor is more than GOGC=100 gives", 20, 4, 100},
+		{"the floor over what is scanned", 100, 28, 50},
+		{"15,000 held polls: a quarter of the live heap is under the bound", 280, 130, 25},
+		{"huge heap: never below 25", 4000, 1000, 25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := c.Target(Sample{LiveHeap: tc.live * mib, Stacks: tc.stacks * mib}); got != tc.want {
+				t.Fatalf("Target(live %d MiB, stacks %d MiB) = %d, want %d", tc.live, tc.stacks, got, tc.want)
+			}
+		})
+	}
+}
+
+// primedAt is a controller whose percent in force is prev and whose
+// last sample was at zero CPU: the next sample's CPU share is its own.
+func primedAt(prev int) *Controller {
+	c := NewController(Settings{})
+	c.percent, c.primed = prev, true
+	return c
+}
+
+// TestControllerDecisions: one period each — the live heap and stacks,
+// the collector's share of the CPU capacity over the period at the
+// percent in force → the percent decided.
+func TestControllerDecisions(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		live, stacks uint64 // MiB
+		share        float64
+		prev, want   int
+	}{
+		{"small heap: Go's default", 20, 4, 0, 100, 100},
+		{"small heap, busy collector: Go's default", 20, 4, 0.3, 100, 100},
+		{"mid heap: lowered a quarter towards the floor's 50", 100, 28, 0, 100, 75},
+		{"mid heap: at the floor's percent", 100, 28, 0, 57, 50},
+		{"large quiet heap: lowered a quarter", 280, 130, 0, 100, 75},
+		{"large quiet heap: down to 25", 280, 130, 0, 33, 25},
+		{"large quiet heap: never below 25", 280, 130, 0, 25, 25},
+		{"huge heap, collector at 4 %: 25 costs 1 % × (4 − 1) = 3 % more, under the bound", 4000, 1000, 0.04, 25, 25},
+		{"large heap, collector at 24 % at 25: back up at once to 55", 280, 130, 0.24, 25, 55},
+		{"large heap, collector at 32 % at 50: up to 77", 280, 130, 0.32, 50, 77},
+		{"large busy heap at the default: lowered only to 75, a quarter", 280, 130, 0.12, 100, 75},
+		{"large heap, collector at half the cores: kept near the default", 280, 130, 0.5, 100, 91},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := primedAt(tc.prev)
+			s := Sample{LiveHeap: tc.live * mib, Stacks: tc.stacks * mib, TotalCPU: 10, GCCPU: 10 * tc.share}
+			if got := c.Decide(s); got != tc.want {
+				t.Fatalf("live %d MiB, stacks %d MiB, share %.2f at %d: GC percent %d, want %d",
+					tc.live, tc.stacks, tc.share, tc.prev, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestControllerSequences walks the controller through periods (live
+// heap, stacks, the collector's share since the last) from its start.
+func TestControllerSequences(t *testing.T) {
+	type step struct {
+		live, stacks uint64 // MiB
+		share        float64
+		want         int
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"a large quiet heap is lowered a quarter at a time to 25", []step{
+			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25}, {280, 130, 0, 25},
+		}},
+		{"a busy spell raises it at once; it comes down as the readings cool", []step{
+			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25},
+			// 40 % at 25: the default would have cost 10 %; the estimate
+			// moves a quarter of the way there, to 2.5 % → 34.
+			{280, 130, 0.4, 34},
+			{280, 130, 0, 28}, // 1.9 % → 28; a quarter down from 34 would be 26
+			{280, 130, 0, 25}, // 1.4 % → 22, under the floor
+			{280, 130, 0, 25},
+		}},
+		{"a sustained busy spell climbs towards the default", []step{
+			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25},
+			{280, 130, 0.4, 34}, {280, 130, 0.4, 52}, {280, 130, 0.4, 65}, {280, 130, 0.4, 73},
+		}},
+		{"a heap that shrinks gets its room back at once", []step{
+			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {100, 28, 0, 50}, {20, 4, 0, 100},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewController(Settings{})
+			var prev Sample
+			for i, st := range tc.steps {
+				s := at(prev, st.live, st.stacks, st.share)
+				if got := c.Decide(s); got != st.want {
+					t.Fatalf("step %d (live %d MiB, stacks %d MiB, share %.2f): GC percent %d, want %d",
+						i, st.live, st.stacks, st.share, got, st.want)
+				}
+				prev = s
+			}
+		})
+	}
+}
+
+func TestDisabled(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		off  bool
+	}{
+		{"nothing set: on", nil, false},
+		{"switch on: on", map[string]string{EnvSwitch: "on"}, false},
+		{"switch off", map[string]string{EnvSwitch: "off"}, true},
+		{"switch OFF", map[string]string{EnvSwitch: " OFF "}, true},
+		{"operator's GOGC", map[string]string{"GOGC": "100"}, true},
+		{"operator's GOGC=off", map[string]string{"GOGC": "off"}, true},
+		{"operator's GOMEMLIMIT", map[string]string{"GOMEMLIMIT": "2GiB"}, true},
+		{"empty GOGC counts as unset", map[string]string{"GOGC": ""}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			if got := Disabled(lookup) != ""; got != tc.off {
+				t.Fatalf("Disabled(%v) = %q, want off=%v", tc.env, Disabled(lookup), tc.off)
+			}
+		})
+	}
+}
+
+// TestRunLeavesAnOperatorsSettingsAlone: with GOGC or GOMEMLIMIT set (or
+// the switch off), Run returns without touching the GC percent.
+func TestRunLeavesAnOperatorsSettingsAlone(t *testing.T) {
+	for _, env := range []map[string]string{{"GOGC": "50"}, {"GOMEMLIMIT": "1GiB"}, {EnvSwitch: "off"}} {
+		set := 0
+		Run(context.Background(), Options{ // returns at once, or the test hangs
+			Lookup:     func(k string) (string, bool) { v, ok := env[k]; return v, ok },
+			Read:       func() Sample { t.Fatal("sampled while disabled"); return Sample{} },
+			SetPercent: func(int) int { set++; return 100 },
+		})
+		if set != 0 || Active() {
+			t.Fatalf("env %v: SetGCPercent called %d times, active %v", env, set, Active())
+		}
+	}
+}
+
+// TestRunSetsAndRestores: Run sets the controller's percents and puts the
+// one it found back when its context ends; a second Run in the process
+// does nothing.
+func TestRunSetsAndRestores(t *testing.T) {
+	var mu sync.Mutex
+	var set []int
+	setPercent := func(p int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		set = append(set, p)
+		return 80 // what was in force before
+	}
+	var n float64
+	read := func() Sample {
+		n += 10
+		return Sample{LiveHeap: 280 * mib, Stacks: 130 * mib, TotalCPU: n}
+	}
+	lowered := make(chan struct{})
+	var once sync.Once
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Run(ctx, Options{Period: time.Millisecond, Lookup: func(string) (string, bool) { return "", false }, Read: read,
+			SetPercent: func(p int) int {
+				if p < 100 && p != 80 {
+					once.Do(func() { close(lowered) })
+				}
+				return setPercent(p)
+			}})
+	}()
+	<-lowered
+	if !Active() {
+		t.Fatal("not active while running")
+	}
+	second := 0
+	Run(ctx, Options{Lookup: func(string) (string, bool) { return "", false }, SetPercent: func(int) int { second++; return 0 }})
+	if second != 0 {
+		t.Fatal("a second Run set the GC percent")
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if set[0] != 100 || set[1] != 75 || set[len(set)-1] != 80 {
+		t.Fatalf("percents set %v: want 100 first, 75 next, the found 80 last", set)
+	}
+	if Active() {
+		t.Fatal("still active after Run returned")
+	}
+}

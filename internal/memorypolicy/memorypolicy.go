@@ -27,6 +27,12 @@
 // goes below MinPercent (25: a collection at most every quarter of the
 // scanned memory allocated).
 //
+// A period in which the process was busy (over BusyShare of its CPU
+// capacity: serving load, not holding) puts the default back at once:
+// there the collector's cost is throughput (measured at saturation, a
+// percent near 30 cost the server a tenth of a core), and the policy
+// only lowers it again, a quarter at a time, once the server is quiet.
+//
 // An operator's explicit GOGC or GOMEMLIMIT wins: the policy then does
 // nothing. NODEWARD_MEMORY_POLICY=off turns it off.
 package memorypolicy
@@ -91,6 +97,11 @@ type Settings struct {
 	// default percent would cost, as a share of the process's CPU
 	// capacity (0.05).
 	ExtraCPU float64
+	// BusyShare: a period in which the process used more than this share
+	// of its CPU capacity puts the default percent back at once (0.25).
+	// A busy server's collector costs throughput, and its headroom is
+	// what it works in; the policy is for servers that mostly hold.
+	BusyShare float64
 }
 
 func (s Settings) withDefaults() Settings {
@@ -108,6 +119,9 @@ func (s Settings) withDefaults() Settings {
 	}
 	if s.ExtraCPU == 0 {
 		s.ExtraCPU = 0.05
+	}
+	if s.BusyShare == 0 {
+		s.BusyShare = 0.25
 	}
 	return s
 }
@@ -159,7 +173,9 @@ func (c *Controller) CPUBound(base float64) int {
 // The collector's CPU share is measured since the previous sample (none
 // on the first: it counts as nothing).
 func (c *Controller) Decide(s Sample) int {
+	busy := false
 	if c.primed && s.TotalCPU > c.last.TotalCPU {
+		busy = s.ProcessCPU > c.last.ProcessCPU && (s.ProcessCPU-c.last.ProcessCPU)/(s.TotalCPU-c.last.TotalCPU) > c.s.BusyShare
 		share := gcShare(c.last, s)
 		// What the default would have cost over the same period, moved a
 		// quarter of the way towards each new reading: collections are
@@ -175,6 +191,9 @@ func (c *Controller) Decide(s Sample) int {
 	}
 	c.last, c.primed = s, true
 	want := clamp(max(c.Target(s), c.CPUBound(c.base)), c.s.MinPercent, c.s.MaxPercent)
+	if busy {
+		want = c.s.MaxPercent
+	}
 	if want < c.percent {
 		// Lower a quarter at a time.
 		want = max(want, c.percent-max(c.percent/4, 1))

@@ -104,6 +104,31 @@ func TestControllerDecisions(t *testing.T) {
 	}
 }
 
+// TestControllerStepsBackWhenBusy: a period in which the process used
+// more than a quarter of its CPU capacity puts the default percent back
+// at once, however large and quiet the collector; below that the policy
+// goes on lowering it.
+func TestControllerStepsBackWhenBusy(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		process    float64 // CPU seconds the process used over the period's 10 s of capacity
+		prev, want int
+	}{
+		{"holding, a fifth of the capacity: lowered", 2, 33, 25},
+		{"at the bound, a quarter: lowered", 2.5, 33, 25},
+		{"serving, 30 %: the default at once", 3, 25, 100},
+		{"saturated: the default", 9, 40, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := primedAt(tc.prev)
+			s := Sample{LiveHeap: 280 * mib, Stacks: 130 * mib, TotalCPU: 10, ProcessCPU: tc.process}
+			if got := c.Decide(s); got != tc.want {
+				t.Fatalf("process %.1f s of 10 at %d: GC percent %d, want %d", tc.process, tc.prev, got, tc.want)
+			}
+		})
+	}
+}
+
 // TestControllerSequences walks the controller through periods (live
 // heap, stacks, the collector's share since the last) from its start.
 func TestControllerSequences(t *testing.T) {

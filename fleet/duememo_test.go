@@ -310,7 +310,7 @@ func newReplica(t *testing.T, db *models.DB, name string, clk *clock) *replica {
 	store := models.NewFleetStore(db, name, nil)
 	r.svc = fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: r.metrics, CrossReplica: true,
 		Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
-			ReplicaID: name, LeaseFlushInterval: 5 * time.Millisecond}})
+			ReplicaID: name, LeaseFlushInterval: 5 * time.Millisecond, SkipWarmUp: true}})
 	store.SetOnCommit(func(n []fleet.Notification) { r.svc.Deliver(n, "local") })
 	r.sink = &countingSink{svc: r.svc, heard: map[string]bool{}}
 	ctx, cancel := context.WithCancel(context.Background())

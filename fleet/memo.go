@@ -47,6 +47,16 @@ type memo[V any] struct {
 	next    uint64
 	entries map[string]memoEntry[V]
 	pruned  time.Time
+	// warm is the warm-up whose read is in flight (nil: none): the nodes
+	// forgotten since it began, which it must not fill.
+	warm *memoWarm
+}
+
+// memoWarm is a warm-up in flight (beginWarm).
+type memoWarm struct {
+	at        time.Time // when its read began: the age of what it fills
+	forgotten map[string]struct{}
+	void      bool // everything was forgotten since it began
 }
 
 type memoEntry[V any] struct {
@@ -155,6 +165,9 @@ func (m *memo[V]) forget(nodeID string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.entries, nodeID)
+	if m.warm != nil {
+		m.warm.forgotten[nodeID] = struct{}{}
+	}
 }
 
 // forgetAll voids everything (notifications may have been missed).
@@ -162,6 +175,57 @@ func (m *memo[V]) forgetAll() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.entries = map[string]memoEntry[V]{}
+	if m.warm != nil {
+		m.warm.void = true
+	}
+}
+
+// beginWarm starts a warm-up: one read of many nodes whose findings fill
+// the memo (fill) as single reads would have, for nodes nothing is known
+// of. It is begin for nodes not yet named: a node forgotten from now on is
+// not filled by it. It answers false, and no warm-up begins, when nothing
+// would be kept or one is already in flight; endWarm ends it.
+func (m *memo[V]) beginWarm() bool {
+	at := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.warm != nil || m.ageLocked() <= 0 {
+		return false
+	}
+	m.warm = &memoWarm{at: at, forgotten: map[string]struct{}{}}
+	return true
+}
+
+// fill records what the warm-up's read found of node: kept unless the
+// node was forgotten since the warm-up began (or everything was), a read
+// of its own has begun or filled it since (its entry is newer), the
+// knowledge is already too old, or the memo is full.
+func (m *memo[V]) fill(nodeID string, v V) {
+	now := m.now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w := m.warm
+	if w == nil || w.void {
+		return
+	}
+	if _, gone := w.forgotten[nodeID]; gone {
+		return
+	}
+	if _, ok := m.entries[nodeID]; ok {
+		return
+	}
+	if age := m.ageLocked(); age <= 0 || now.Sub(w.at) >= age || now.Before(w.at) || len(m.entries) >= m.limit {
+		return
+	}
+	m.next++
+	m.entries[nodeID] = memoEntry[V]{token: m.next, known: true, v: v, at: w.at}
+}
+
+// endWarm ends the warm-up in flight.
+func (m *memo[V]) endWarm() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.warm = nil
 }
 
 // setHealthy records whether notifications flow. A change either way voids
@@ -173,6 +237,9 @@ func (m *memo[V]) setHealthy(ok bool) {
 	defer m.mu.Unlock()
 	if ok != m.healthy {
 		m.entries = map[string]memoEntry[V]{}
+		if m.warm != nil {
+			m.warm.void = true
+		}
 	}
 	m.healthy = ok
 }

@@ -93,7 +93,7 @@ func TestNodeCacheNotifierDown(t *testing.T) {
 		store := models.NewFleetStore(db, "cache-down", nil)
 		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: m, CrossReplica: true,
 			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
-				ReplicaID: "cache-down", LeaseFlushInterval: 5 * time.Millisecond}})
+				ReplicaID: "cache-down", LeaseFlushInterval: 5 * time.Millisecond, SkipWarmUp: true}})
 		store.SetOnCommit(func(n []fleet.Notification) { svc.Deliver(n, "local") })
 		runCtx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})

@@ -59,6 +59,11 @@ type Settings struct {
 	// DueMemoMaxNodes bounds how many nodes that finding is kept for.
 	// Default 200,000 (a few MB).
 	DueMemoMaxNodes int
+	// SkipWarmUp leaves the node cache and due-work memo to fill read by
+	// read, as agents ask (tests that count a cold memo's reads); by
+	// default one read a page of nodes fills them at start and whenever
+	// the notifier comes back (warm.go).
+	SkipWarmUp bool
 	// SessionCacheMaxTokens bounds how many verified session tokens are
 	// remembered so an agent's next request skips the signature check
 	// (sessionCache). Default 100,000 (two per agent across a renewal at
@@ -135,6 +140,9 @@ type Service struct {
 	// missed; waiting long-polls then fall back to polling the store.
 	notifierMu      sync.Mutex // guards the following
 	notifierHealthy bool
+	// rewarm asks warmLoop for a warm-up (the notifier came back).
+	rewarm   chan struct{}
+	warmPage int
 }
 
 // Options builds a Service.
@@ -183,6 +191,8 @@ func New(o Options) *Service {
 		enrollSigner:    keys.NewSigner(o.Keys, keys.LabelNodeEnrollment, "nodeward-enroll", "enroll+jwt", o.Now),
 		sessionSigner:   keys.NewSigner(o.Keys, keys.LabelNodeSession, "nodeward-node", "node+jwt", o.Now),
 		notifierHealthy: !o.CrossReplica,
+		rewarm:          make(chan struct{}, 1),
+		warmPage:        defaultWarmPage,
 	}
 	if s.scrub == nil {
 		s.scrub = s.scrubLaunchOutput
@@ -232,12 +242,19 @@ func (s *Service) Deliver(notes []Notification, source string) {
 // listener that (re)connects calls it with true after delivering a resync.
 func (s *Service) SetNotifierHealthy(ok bool) {
 	s.notifierMu.Lock()
+	back := ok && !s.notifierHealthy
 	s.notifierHealthy = ok
 	s.notifierMu.Unlock()
 	// Knowledge taken while notifications flowed is void once they may
 	// not: a write announced meanwhile would not be heard.
 	s.quiet.setHealthy(ok)
 	s.cache.setHealthy(ok)
+	if back {
+		select {
+		case s.rewarm <- struct{}{}:
+		default: // one is already asked for
+		}
+	}
 }
 
 func (s *Service) notifierOK() bool {
@@ -246,11 +263,13 @@ func (s *Service) notifierOK() bool {
 	return s.notifierHealthy
 }
 
-// Run does the background work until ctx ends: coalesced lease renewals,
-// the lease sweeper, and publishing this replica's live sessions.
+// Run does the background work until ctx ends: warming the node cache
+// and due-work memo, coalesced lease renewals, the lease sweeper, and
+// publishing this replica's live sessions.
 func (s *Service) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); s.warmLoop(ctx) }()
 	go func() { defer wg.Done(); s.leases.run(ctx) }()
 	go func() { defer wg.Done(); s.sweepLoop(ctx) }()
 	go func() { defer wg.Done(); s.publishLoop(ctx) }()

@@ -60,7 +60,9 @@ var testKey = bytes.Repeat([]byte{0x42}, 32)
 func setup(t *testing.T, db *models.DB, mutate ...func(*fleet.Settings)) *bundle {
 	t.Helper()
 	b := &bundle{db: db, clock: newClock(), metrics: metrics.New(nil), ring: keys.NewRing(testKey)}
-	st := fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3", ReplicaID: "test", LeaseFlushInterval: 5 * time.Millisecond}
+	// The memos start cold: tests count the reads that fill them.
+	st := fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3", ReplicaID: "test", LeaseFlushInterval: 5 * time.Millisecond,
+		SkipWarmUp: true}
 	for _, m := range mutate {
 		m(&st)
 	}

@@ -166,6 +166,12 @@ type Reader interface {
 	DueWork(ctx context.Context, d Due) (DueWork, error)
 	// NodeConfig answers the node's configuration row, or ErrNoRows.
 	NodeConfig(ctx context.Context, nodeID string) (NodeConfig, error)
+	// NodesAtRest answers, by id ascending, up to limit nodes that are not
+	// retired with an id above after ("": from the first), each with
+	// whether a poll at its current fencing token would find it quiet
+	// (DueWork.quiet: no pending command, no configuration to deliver), in
+	// one read. It fills this replica's memos in pages (warm.go).
+	NodesAtRest(ctx context.Context, after string, limit int) ([]NodeAtRest, error)
 	// LaggingConfigs answers lagging configurations of nodes not retired,
 	// by node id descending, with a node id below before ("" : any), at
 	// most limit.

@@ -26,6 +26,7 @@ type Metrics struct {
 	PollReadsSkipped prometheus.Counter
 	PollDirectClaims prometheus.Counter
 	NodeLookups      *prometheus.CounterVec
+	NodesWarmed      prometheus.Counter
 	// SessionVerifications counts agent session tokens accepted by their
 	// signature or by the replica's memory of having verified them.
 	SessionVerifications *prometheus.CounterVec
@@ -117,6 +118,9 @@ func New(pending func() float64) *Metrics {
 		NodeLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_node_lookups_total", Help: "Node records (fencing token, retired, capabilities) the agent doors and capability checks needed, answered from this replica's node cache (result=hit) or by a database read (result=store).",
 		}, []string{"result"}),
+		NodesWarmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_node_cache_warmed_nodes_total", Help: "Nodes read in pages to fill this replica's node cache and due-work memo at start and whenever cross-replica notifications come back, so agents redialing at once do not each cost a read.",
+		}),
 		SessionVerifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_session_verifications_total", Help: "Agent session tokens checked by their signature (result=signature) or answered from this replica's memory of tokens it already verified (result=cached: expiry and key still checked); either way the node's record is checked after.",
 		}, []string{"result"}),
@@ -193,7 +197,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -143,6 +143,33 @@ func dueWorkArgs(d fleet.Due) []any {
 	return []any{d.NodeID, before, d.NodeID, d.Fencing, d.Fencing, before, d.NodeID}
 }
 
+// NodesAtRest implements fleet.Reader: a page of the nodes by primary key,
+// each judged as dueWorkSQL would judge a poll at the node's own fencing
+// token — quiet when it has no pending command and its configuration
+// needs nothing (none, or settled by a report under that token). Two
+// probes a row, on the indexes a poll's read uses.
+func (r fleetReader) NodesAtRest(ctx context.Context, after string, limit int) ([]fleet.NodeAtRest, error) {
+	var rows []struct {
+		Node
+		Busy bool
+	}
+	err := r.db(ctx).Raw(nodesAtRestSQL, string(fleet.StateRetired), after, limit).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fleet.NodeAtRest, len(rows))
+	for i, row := range rows {
+		out[i] = fleet.NodeAtRest{Node: nodeFromRow(row.Node), Quiet: !row.Busy}
+	}
+	return out, nil
+}
+
+const nodesAtRestSQL = `SELECT n.*,
+		(EXISTS (SELECT 1 FROM commands c WHERE c.node_id = n.id AND c.state = 'pending')
+		OR EXISTS (SELECT 1 FROM node_configs k WHERE k.node_id = n.id AND k.revision <> 0
+			AND NOT COALESCE(k.settled AND k.reported_fencing = n.fencing_token, FALSE))) AS busy
+	FROM nodes n WHERE n.state <> ? AND n.id > ? ORDER BY n.id LIMIT ?`
+
 func (r fleetReader) NodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {
 	var row NodeConfigRow
 	if err := r.db(ctx).Where("node_id = ?", nodeID).Take(&row).Error; err != nil {

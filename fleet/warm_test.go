@@ -1,0 +1,81 @@
+package fleet_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/keys"
+	"github.com/nodeward/nodeward/metrics"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
+)
+
+// TestWarmUpAfterNotifierBack: when a replica's notifications start to
+// flow (its start, or the listener's reconnection — both leave its memos
+// empty) one paged read fills the node cache and the due-work memo, so
+// the fleet's redialing agents cost no read each: a quiet node's door and
+// held poll read nothing; a node with a pending command, or a
+// configuration it has not applied, is not taken as quiet and its poll
+// reads and is answered; an applied configuration is quiet; a retired
+// node is left to its own read. Pages are small here, so the read spans
+// several.
+func TestWarmUpAfterNotifierBack(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		clk, m := newClock(), metrics.New(nil)
+		store := models.NewFleetStore(db, "warm", nil)
+		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: m, CrossReplica: true,
+			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
+				ReplicaID: "warm", LeaseFlushInterval: 5 * time.Millisecond}})
+		fleet.SetWarmPage(svc, 2)
+		store.SetOnCommit(func(n []fleet.Notification) { svc.Deliver(n, "local") })
+		runCtx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); svc.Run(runCtx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		b := &bundle{db: db, store: store, svc: svc, clock: clk, metrics: m}
+
+		// Made while notifications may be missed: nothing is kept of it.
+		_, quietSess, quietTok := b.readyNode(t)
+		pending, pendingSess, pendingTok := b.readyNode(t)
+		b.issue(t, pending, launch("warm-pending"))
+		applied, appliedSess, appliedTok := b.readyNode(t)
+		cfg := b.configure(t, applied, `{"a":1}`, false)
+		require.NotNil(t, b.pollNow(t, appliedSess).Config)
+		b.reportConfig(t, appliedSess, cfg.Revision, cfg.Hash, "applied", "")
+		unapplied, unappliedSess, unappliedTok := b.readyNode(t)
+		b.configure(t, unapplied, `{"b":2}`, false)
+		retired, _, retiredTok := b.readyNode(t)
+		_, err := svc.Retire(ctx, "admin:test", retired, "gone")
+		require.NoError(t, err)
+
+		svc.SetNotifierHealthy(true)
+		testwait.For(t, "the warm-up", testwait.Patience, func() bool { return testutil.ToFloat64(m.NodesWarmed) >= 4 })
+		require.Equal(t, 4.0, testutil.ToFloat64(m.NodesWarmed), "every node but the retired one")
+
+		for _, tok := range []string{quietTok, pendingTok, appliedTok, unappliedTok} {
+			requireNodeReads(t, m, 0, "a warmed node's door", func() { requireDoor(t, svc, tok, fleet.DoorAsk, nil) })
+		}
+		requireNodeReads(t, m, 1, "a retired node's door", func() { requireDoor(t, svc, retiredTok, fleet.DoorAsk, fleet.ErrNodeRetired) })
+		requireReads(t, svc, m, quietSess, false, 0, 1, "quiet")
+		requireReads(t, svc, m, appliedSess, false, 0, 1, "its configuration applied")
+		a := requireAnswer(t, svc, m, pendingSess, false, 1, 0, "a pending command")
+		require.Equal(t, []string{"warm-pending"}, ops(a.Commands))
+		a = requireAnswer(t, svc, m, unappliedSess, false, 1, 0, "a configuration to deliver")
+		require.NotNil(t, a.Config)
+
+		// The listener drops and comes back: everything is forgotten, then
+		// warmed again.
+		svc.SetNotifierHealthy(false)
+		svc.SetNotifierHealthy(true)
+		testwait.For(t, "the second warm-up", testwait.Patience, func() bool { return testutil.ToFloat64(m.NodesWarmed) >= 8 })
+		requireNodeReads(t, m, 0, "warmed again", func() { requireDoor(t, svc, quietTok, fleet.DoorAsk, nil) })
+		requireReads(t, svc, m, quietSess, false, 0, 1, "quiet again")
+	})
+}

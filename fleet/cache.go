@@ -68,6 +68,12 @@ func (s *Service) currentNode(ctx context.Context, id string) (cachedNode, error
 		s.nodeHits.Inc()
 		return e, nil
 	}
+	if awaitWarm(ctx, s.cache.memo) {
+		if e, ok := s.cache.get(id); ok {
+			s.nodeHits.Inc()
+			return e, nil
+		}
+	}
 	token := s.cache.begin(id)
 	n, err := s.store.Node(ctx, id)
 	s.nodeReads.Inc()

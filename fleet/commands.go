@@ -649,8 +649,11 @@ func (s *Service) answer(ctx context.Context, sess Session, cmds []Command, conf
 // A held poll (mayWait) whose node this replica knows to be quiet skips the
 // read (dueMemo): anything written since would have been announced, and
 // the announcement wakes the poll, which then reads. A poll that does not
-// wait always reads — it has no wake-up to be answered by — and so does a
-// resuming one, which asks about its own arrival. A poll woken by a
+// wait always reads — it has no wake-up to be answered by. A resuming one
+// skips it too: quiet is no pending command at all, delivered or not, and
+// a configuration settled by this fencing token's report, so there is
+// nothing its arrival could make due again (a restarted replica's fleet
+// resumes all at once). A poll woken by a
 // command this replica just recorded (issued) skips the read the other
 // way: it claims at once, and the claim answers what the read would have.
 func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, mayWait, issued bool) (DueWork, []Command, error) {
@@ -662,7 +665,8 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 	due := Due{NodeID: sess.NodeID, Fencing: sess.Fencing,
 		RedeliverBefore: before, Now: now, Limit: s.settings.MaxPollBatch}
 	issued = issued && resumeAt.IsZero()
-	if mayWait && resumeAt.IsZero() && !issued && s.quiet.quiet(sess.NodeID, sess.Fencing) {
+	if mayWait && !issued && (s.quiet.quiet(sess.NodeID, sess.Fencing) ||
+		awaitWarm(ctx, s.quiet.memo) && s.quiet.quiet(sess.NodeID, sess.Fencing)) {
 		s.metrics.PollReadsSkipped.Inc()
 		return DueWork{}, nil, nil
 	}

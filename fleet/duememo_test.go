@@ -77,8 +77,10 @@ func pollChecked(t *testing.T, svc *fleet.Service, m *metrics.Metrics, sess flee
 // read costs no store read; every write that can make work due (an issue,
 // a released answer, a configuration, a report that unsettles it, a
 // re-enrollment) is heard and read again; a delivered command not yet
-// settled keeps every poll reading (it falls due again by time alone);
-// resuming polls read; and the knowledge ages out.
+// settled keeps every poll reading (it falls due again by time alone), and
+// a resuming one reads and has it resent, while one resuming on a quiet
+// node has nothing to be resent and skips the read; and the knowledge
+// ages out.
 func TestIdleRepollSkipsRead(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
 		t.Run("QuietRepoll", func(t *testing.T) {
@@ -88,7 +90,7 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 				b.clock.Advance(25 * time.Second)
 				requireReads(t, b.svc, b.metrics, sess, false, 0, 1, "re-poll "+itoa(i))
 			}
-			requireReads(t, b.svc, b.metrics, sess, true, 1, 0, "a resuming poll reads")
+			requireReads(t, b.svc, b.metrics, sess, true, 0, 1, "a resuming poll of a quiet node: nothing pending it could resend")
 			// A poll that does not wait always reads: no wake-up would answer it.
 			r0, s0 := reads(b.metrics)
 			a, err := b.svc.PollFor(ctx, sess, fleet.PollRequest{})
@@ -107,6 +109,8 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 			// Delivered, not settled: it falls due again by time alone, so
 			// every poll reads until it is settled.
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "unsettled 1")
+			a = requireAnswer(t, b.svc, b.metrics, sess, true, 1, 0, "a resuming poll while it is unsettled")
+			require.Equal(t, []string{"memo-issue"}, ops(a.Commands), "resent at once")
 			b.clock.Advance(30 * time.Second)
 			requireReads(t, b.svc, b.metrics, sess, false, 1, 0, "unsettled 2")
 			b.clock.Advance(31 * time.Second)

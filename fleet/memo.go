@@ -56,7 +56,8 @@ type memo[V any] struct {
 type memoWarm struct {
 	at        time.Time // when its read began: the age of what it fills
 	forgotten map[string]struct{}
-	void      bool // everything was forgotten since it began
+	void      bool          // everything was forgotten since it began
+	done      chan struct{} // closed when it ends
 }
 
 type memoEntry[V any] struct {
@@ -192,8 +193,19 @@ func (m *memo[V]) beginWarm() bool {
 	if m.warm != nil || m.ageLocked() <= 0 {
 		return false
 	}
-	m.warm = &memoWarm{at: at, forgotten: map[string]struct{}{}}
+	m.warm = &memoWarm{at: at, forgotten: map[string]struct{}{}, done: make(chan struct{})}
 	return true
+}
+
+// warming answers a channel closed when the warm-up in flight ends (nil:
+// none is).
+func (m *memo[V]) warming() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.warm == nil {
+		return nil
+	}
+	return m.warm.done
 }
 
 // fill records what the warm-up's read found of node: kept unless the
@@ -225,7 +237,10 @@ func (m *memo[V]) fill(nodeID string, v V) {
 func (m *memo[V]) endWarm() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.warm = nil
+	if m.warm != nil {
+		close(m.warm.done)
+		m.warm = nil
+	}
 }
 
 // setHealthy records whether notifications flow. A change either way voids

@@ -5,6 +5,31 @@ import (
 	"time"
 )
 
+// warmWait bounds how long a request missing the memo waits for a warm-up
+// in flight before reading on its own.
+const warmWait = 2 * time.Second
+
+// awaitWarm waits, when a warm-up of m is in flight, until it ends (or
+// warmWait passes, or ctx ends), and answers whether it waited: the
+// caller then asks the memo again before reading alone. A fleet
+// redialing a restarted replica arrives before the warm-up's read ends;
+// waiting costs each request a moment where reading alone cost the
+// database a statement per agent.
+func awaitWarm[V any](ctx context.Context, m *memo[V]) bool {
+	done := m.warming()
+	if done == nil {
+		return false
+	}
+	t := time.NewTimer(warmWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return true
+}
+
 // NodeAtRest is a node as a warm-up reads it (Reader.NodesAtRest): its
 // record, and whether a poll at its current fencing token would find
 // nothing due (DueWork.quiet).

@@ -79,3 +79,56 @@ func TestWarmUpAfterNotifierBack(t *testing.T) {
 		requireReads(t, svc, m, quietSess, false, 0, 1, "quiet again")
 	})
 }
+
+// gatedStore holds a warm-up's reads until the test lets them go.
+type gatedStore struct {
+	*models.FleetStore
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedStore) NodesAtRest(ctx context.Context, after string, limit int) ([]fleet.NodeAtRest, error) {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	<-g.release
+	return g.FleetStore.NodesAtRest(ctx, after, limit)
+}
+
+// TestWarmUpWaitedFor: an agent arriving while the warm-up's read is in
+// flight (a fleet redialing a restarted replica comes at once) waits for
+// it instead of reading its node alone, and its resuming poll, its node
+// quiet, reads nothing either.
+func TestWarmUpWaitedFor(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		clk, m := newClock(), metrics.New(nil)
+		fs := models.NewFleetStore(db, "warm-wait", nil)
+		store := &gatedStore{FleetStore: fs, entered: make(chan struct{}, 1), release: make(chan struct{})}
+		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: m, CrossReplica: true,
+			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
+				ReplicaID: "warm-wait", LeaseFlushInterval: 5 * time.Millisecond}})
+		fs.SetOnCommit(func(n []fleet.Notification) { svc.Deliver(n, "local") })
+		runCtx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); svc.Run(runCtx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		b := &bundle{db: db, store: fs, svc: svc, clock: clk, metrics: m}
+		_, sess, tok := b.readyNode(t)
+
+		svc.SetNotifierHealthy(true)
+		<-store.entered
+		door := make(chan error, 1)
+		r0 := nodeReads(m)
+		go func() { _, err := svc.Authenticate(ctx, tok, fleet.DoorAsk); door <- err }()
+		select {
+		case err := <-door:
+			t.Fatalf("the door answered (%v) before the warm-up's read ended", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		close(store.release)
+		require.NoError(t, <-door)
+		require.Equal(t, 0.0, nodeReads(m)-r0, "the door read nothing: the warm-up answered it")
+		requireReads(t, svc, m, sess, true, 0, 1, "a resuming poll of a warmed quiet node")
+	})
+}

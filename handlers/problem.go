@@ -171,8 +171,8 @@ func writeJSONChecked(w http.ResponseWriter, status int, v any) error {
 	}
 	body = append(body, '\n')
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
+	h["Content-Type"] = hdrJSON
+	h["Cache-Control"] = hdrNoStore
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	if _, err := w.Write(body); err != nil {

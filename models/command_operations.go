@@ -470,14 +470,14 @@ var commandKinds = sync.OnceValue(fleet.CommandKindNames)
 func (e *settleEndings) add(s fleet.Settlement, at time.Time) {
 	c := fleet.Command{OperationID: s.OperationID, State: s.State, FailureCode: s.FailureCode,
 		FailureMessage: s.FailureMessage, SettledAt: &at, Duplicate: s.Duplicate}
-	def, ok := settleEnding(c)
+	def, ok := settleEnding(c, nil)
 	if !ok {
 		return
 	}
 	e.append(s.OperationID, nil, def)
 	for _, k := range commandKinds() {
 		c.Kind = k
-		if end, _ := settleEnding(c); end != def {
+		if end, _ := settleEnding(c, &def); end != def {
 			e.append(s.OperationID, &k, end)
 		}
 	}
@@ -503,21 +503,37 @@ type commandEnding struct {
 	data                  string
 }
 
-func settleEnding(c fleet.Command) (commandEnding, bool) {
+// settleEnding answers c's ending as columns. like, when not nil, is an
+// ending already built for the same settlement (another kind): its text is
+// reused where this one's is the same, sparing an encoding per kind.
+func settleEnding(c fleet.Command, like *commandEnding) (commandEnding, bool) {
 	end, ok := ledger.CommandEnd(c)
 	if !ok {
 		return commandEnding{}, false
 	}
 	out := commandEnding{state: string(end.State)}
 	if len(end.Result) > 0 {
-		out.result = sql.NullString{String: string(end.Result), Valid: true}
+		if like != nil && like.result.Valid && like.result.String == string(end.Result) {
+			out.result = like.result
+		} else {
+			out.result = sql.NullString{String: string(end.Result), Valid: true}
+		}
 	}
 	if end.Error != nil {
 		out.code = sql.NullString{String: end.Error.Code, Valid: true}
 		out.message = sql.NullString{String: end.Error.Message, Valid: true}
 		out.retryable = sql.NullBool{Bool: end.Error.Retryable, Valid: true}
 	}
-	data, _ := json.Marshal(map[string]any{"from": "command", "error": end.Error})
+	if like != nil && like.code == out.code && like.message == out.message && like.retryable == out.retryable {
+		// The data holds only the error, which is the same.
+		out.data = like.data
+		return out, true
+	}
+	// The members in name order, as the map it once was wrote them.
+	data, _ := json.Marshal(struct {
+		Error *ledger.Error `json:"error"`
+		From  string        `json:"from"`
+	}{end.Error, "command"})
 	out.data = string(data)
 	return out, true
 }

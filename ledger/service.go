@@ -341,7 +341,7 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 		return Operation{}, fmt.Errorf("ledger: kind %s: target kind %q is not among its TargetKinds", kind.Name, op.TargetKind)
 	}
 	submitted := Event{OperationID: op.ID, Type: EventSubmitted, At: now,
-		Data: mustJSON(map[string]any{"principal": p.Key(), "request_id": op.RequestID})}
+		Data: mustJSON(submittedData{p.Key(), op.RequestID})}
 	if p.Kind == PrincipalAdmin && kind.Record == nil && !nodeQuotaApplies(kind, op) && !s.carriesSecrets(op) && len(kind.Reveals) == 0 {
 		// Nothing to check or write beside it: one atomic write records
 		// and announces it (the common case costs one statement).
@@ -877,6 +877,13 @@ func (s *Service) kick() {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// submittedData is the submitted event's data: a struct, not a map, on
+// the submit path; its members in name order, as a map would write them.
+type submittedData struct {
+	Principal string `json:"principal"`
+	RequestID string `json:"request_id"`
 }
 
 func mustJSON(v any) json.RawMessage {

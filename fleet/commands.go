@@ -139,6 +139,23 @@ func (s *Service) Issue(ctx context.Context, actor string, in IssueCommand) (Com
 // validateIssue checks a command request (the envelope first, then the
 // kind's payload) and answers its canonical payload and digest.
 func validateIssue(in IssueCommand) (json.RawMessage, string, error) {
+	if err := checkIssue(in); err != nil {
+		return nil, "", err
+	}
+	payload, err := canonicalPayload(in.Payload)
+	if err != nil {
+		return nil, "", errPayloadJSON()
+	}
+	return payload, commandDigest(in.Kind, payload), nil
+}
+
+func errPayloadJSON() error {
+	return errcode.New(errcode.ValidationFailed, "payload is not valid JSON")
+}
+
+// checkIssue is validateIssue's checks, the envelope then the kind's
+// payload, short of its canonical payload.
+func checkIssue(in IssueCommand) error {
 	var v errcode.Validation
 	v.Check(idPattern.MatchString(in.OperationID), "operation_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
 	check, known := commandKinds[in.Kind]
@@ -147,17 +164,10 @@ func validateIssue(in IssueCommand) (json.RawMessage, string, error) {
 	trimmed := bytes.TrimSpace(in.Payload)
 	v.Check(len(trimmed) > 0 && trimmed[0] == '{', "payload", "required: a JSON object")
 	if err := v.Err(); err != nil {
-		return nil, "", err
+		return err
 	}
 	check(in.Payload, &v)
-	if err := v.Err(); err != nil {
-		return nil, "", err
-	}
-	payload, err := canonicalPayload(in.Payload)
-	if err != nil {
-		return nil, "", errcode.New(errcode.ValidationFailed, "payload is not valid JSON")
-	}
-	return payload, commandDigest(in.Kind, payload), nil
+	return v.Err()
 }
 
 // issueTx is Issue's transaction: the operation id's earlier use decides
@@ -250,8 +260,17 @@ func readyForWork(n Node) error {
 
 // ValidateCommand checks a command's kind and payload (validation_failed).
 func ValidateCommand(kind string, payload json.RawMessage) error {
-	_, _, err := validateIssue(IssueCommand{OperationID: "validate", Kind: kind, Payload: payload})
-	return err
+	if err := checkIssue(IssueCommand{OperationID: "validate", Kind: kind, Payload: payload}); err != nil {
+		return err
+	}
+	// What canonicalPayload refuses, without building the canonical form
+	// (the ledger's submit validates, then issues, which builds it): the
+	// same decoder's syntax errors, the only ones decoding into any has.
+	var raw json.RawMessage
+	if err := json.NewDecoder(bytes.NewReader(payload)).Decode(&raw); err != nil {
+		return errPayloadJSON()
+	}
+	return nil
 }
 
 // CheckIssue refuses, without writing anything, a command IssueTx would

@@ -1,8 +1,6 @@
 package fleet_test
 
 import (
-	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -12,7 +10,6 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
-	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
@@ -89,17 +86,8 @@ func TestNodeCacheRepoll(t *testing.T) {
 // again, what it cached is read anew.
 func TestNodeCacheNotifierDown(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		clk, m := newClock(), metrics.New(nil)
-		store := models.NewFleetStore(db, "cache-down", nil)
-		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: m, CrossReplica: true,
-			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
-				ReplicaID: "cache-down", LeaseFlushInterval: 5 * time.Millisecond, SkipWarmUp: true}})
-		store.SetOnCommit(func(n []fleet.Notification) { svc.Deliver(n, "local") })
-		runCtx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); svc.Run(runCtx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		b := &bundle{db: db, store: store, svc: svc, clock: clk, metrics: m}
+		b := crossReplica(t, db, "cache-down", true, nil)
+		svc, clk, m := b.svc, b.clock, b.metrics
 		_, _, tok := b.readyNode(t)
 
 		requireNodeReads(t, m, 0, "down: cached for the TTL", func() {

@@ -136,3 +136,26 @@ func requireCode(t *testing.T, err error, want error) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// crossReplica builds a running fleet on db as a replica sharing its store
+// with others, whose notifications may be missed until the test says they
+// flow (SetNotifierHealthy). through, when set, wraps the store the service
+// reads and writes through.
+func crossReplica(t *testing.T, db *models.DB, name string, skipWarmUp bool, through func(*models.FleetStore) fleet.Store) *bundle {
+	t.Helper()
+	b := &bundle{db: db, clock: newClock(), metrics: metrics.New(nil)}
+	b.store = models.NewFleetStore(db, name, nil)
+	var store fleet.Store = b.store
+	if through != nil {
+		store = through(b.store)
+	}
+	b.svc = fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: b.clock.Now, Metrics: b.metrics, CrossReplica: true,
+		Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
+			ReplicaID: name, LeaseFlushInterval: 5 * time.Millisecond, SkipWarmUp: skipWarmUp}})
+	b.store.SetOnCommit(func(n []fleet.Notification) { b.svc.Deliver(n, "local") })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); b.svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return b
+}

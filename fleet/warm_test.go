@@ -2,7 +2,6 @@ package fleet_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -11,8 +10,6 @@ import (
 
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/testwait"
-	"github.com/nodeward/nodeward/keys"
-	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -28,18 +25,9 @@ import (
 // several.
 func TestWarmUpAfterNotifierBack(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		clk, m := newClock(), metrics.New(nil)
-		store := models.NewFleetStore(db, "warm", nil)
-		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: m, CrossReplica: true,
-			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
-				ReplicaID: "warm", LeaseFlushInterval: 5 * time.Millisecond}})
-		fleet.SetWarmPage(svc, 2)
-		store.SetOnCommit(func(n []fleet.Notification) { svc.Deliver(n, "local") })
-		runCtx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); svc.Run(runCtx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		b := &bundle{db: db, store: store, svc: svc, clock: clk, metrics: m}
+		b := crossReplica(t, db, "warm", false, nil)
+		svc, m := b.svc, b.metrics
+		fleet.SetWarmPage(svc, 2) // before its first warm-up: it starts with none
 
 		// Made while notifications may be missed: nothing is kept of it.
 		_, quietSess, quietTok := b.readyNode(t)
@@ -102,18 +90,12 @@ func (g *gatedStore) NodesAtRest(ctx context.Context, after string, limit int) (
 // quiet, reads nothing either.
 func TestWarmUpWaitedFor(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		clk, m := newClock(), metrics.New(nil)
-		fs := models.NewFleetStore(db, "warm-wait", nil)
-		store := &gatedStore{FleetStore: fs, entered: make(chan struct{}, 1), release: make(chan struct{})}
-		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: m, CrossReplica: true,
-			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
-				ReplicaID: "warm-wait", LeaseFlushInterval: 5 * time.Millisecond}})
-		fs.SetOnCommit(func(n []fleet.Notification) { svc.Deliver(n, "local") })
-		runCtx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); svc.Run(runCtx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		b := &bundle{db: db, store: fs, svc: svc, clock: clk, metrics: m}
+		var store *gatedStore
+		b := crossReplica(t, db, "warm-wait", false, func(fs *models.FleetStore) fleet.Store {
+			store = &gatedStore{FleetStore: fs, entered: make(chan struct{}, 1), release: make(chan struct{})}
+			return store
+		})
+		svc, m := b.svc, b.metrics
 		_, sess, tok := b.readyNode(t)
 
 		svc.SetNotifierHealthy(true)

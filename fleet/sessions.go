@@ -92,6 +92,13 @@ func (s *Service) Authenticate(ctx context.Context, token string, door Door) (Se
 		return Session{}, err
 	}
 	cur, err := s.currentNode(ctx, nodeID)
+	if err == nil && cur.fencing < fencing {
+		// A token newer than what this replica knows of the node: it was
+		// re-enrolled elsewhere and the announcement is still on its way
+		// (fencing tokens only grow). Read the node rather than refuse.
+		s.cache.forget(nodeID)
+		cur, err = s.currentNode(ctx, nodeID)
+	}
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return Session{}, ErrSessionInvalid

@@ -109,6 +109,33 @@ func TestNodeCacheNotifierDown(t *testing.T) {
 	})
 }
 
+// TestNodeCacheBehindANewerToken: replica A cached a node while its
+// notifications flowed; the node re-enrolls on replica B and its agent's
+// next request reaches A before B's announcement does (here it never
+// does). A session token newer than A's cached fencing token means A is
+// behind, not that the token is superseded: A reads the node once and lets
+// the new session in, and the old session is still fenced.
+func TestNodeCacheBehindANewerToken(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		a := crossReplica(t, db, "behind-a", true, nil)
+		b := crossReplica(t, db, "behind-b", true, nil)
+		a.svc.SetNotifierHealthy(true) // A trusts what it caches
+		node, _, oldTok := b.readyNode(t)
+		requireNodeReads(t, a.metrics, 1, "A caches the node", func() { requireDoor(t, a.svc, oldTok, fleet.DoorAsk, nil) })
+
+		boot, err := b.svc.Reinvite(ctx, "admin:test", node, nil)
+		require.NoError(t, err)
+		resp := b.enroll(t, boot)
+		requireNodeReads(t, a.metrics, 1, "the newer token on A", func() {
+			requireDoor(t, a.svc, resp.SessionToken, fleet.DoorAsk, nil)
+		})
+		requireNodeReads(t, a.metrics, 0, "A now knows the new fencing token", func() {
+			requireDoor(t, a.svc, oldTok, fleet.DoorAsk, fleet.ErrFenced)
+			requireDoor(t, a.svc, resp.SessionToken, fleet.DoorReport, nil)
+		})
+	})
+}
+
 // TestNodeCacheAcrossReplicas (Postgres): replica A caches a node past the
 // old TTL while its notifications flow, and sees at once every change
 // replica B makes to what it caches — capabilities changed by a

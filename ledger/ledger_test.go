@@ -508,7 +508,7 @@ func TestPrune(t *testing.T) {
 		old := b.submit(t, admin, "test.noop", `{}`)
 		b.waitState(t, old.ID, ledger.StateSucceeded)
 		open := b.submit(t, admin, "test.block", `{}`)
-		b.waitState(t, open.ID, ledger.StateRunning)
+		b.waitStarted(t, open.ID)
 		b.clock.Advance(91 * 24 * time.Hour)
 		recent := b.submit(t, admin, "test.noop", `{}`)
 		b.waitState(t, recent.ID, ledger.StateSucceeded)

@@ -260,6 +260,25 @@ func (b *bundle) waitState(t *testing.T, id string, state ledger.State) ledger.O
 	return op
 }
 
+// waitStarted waits until the executor of id (a test.block) has started,
+// so its deadline was taken before a test moves the clock: an operation
+// merely claimed (running in the store) takes its deadline when its run
+// begins, and a clock advanced past it first ends it timed_out.
+func (b *bundle) waitStarted(t *testing.T, id string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case got := <-b.tk.started:
+			if got == id {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the executor of %s never started", id)
+		}
+	}
+}
+
 func countOps(t *testing.T, b *bundle) int64 {
 	t.Helper()
 	return dbtest.Count(t, b.db.DB, &models.Operation{})

@@ -19,7 +19,7 @@ func TestSummarize(t *testing.T) {
 		old := b.submit(t, admin, "test.fail", `{}`)
 		b.waitState(t, old.ID, ledger.StateFailed)
 		long := b.submit(t, admin, "test.block", `{}`)
-		b.waitState(t, long.ID, ledger.StateRunning)
+		b.waitStarted(t, long.ID)
 		b.clock.Advance(2 * time.Hour) // out of the last hour, still in the day
 		_, err := b.svc.Cancel(ctx, admin, long.ID, "took too long")
 		require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nodeward/nodeward/models"
 )
 
 // procCluster is the real server binary run as one or more processes on
@@ -36,9 +39,12 @@ type procCluster struct {
 // procReplica is one server process.
 type procReplica struct {
 	ID, Addr, URL string
-	logPath       string
-	cmd           *exec.Cmd
-	exited        chan struct{}
+	// DebugAddr is its debug listener (profiles): with NODEWARD_DEBUG_ADDR
+	// host:port in the tool's environment, replica i listens on port+i.
+	DebugAddr string
+	logPath   string
+	cmd       *exec.Cmd
+	exited    chan struct{}
 	// Starts counts the times this replica was started.
 	Starts int
 }
@@ -79,6 +85,16 @@ func startCluster(ctx context.Context, o clusterOptions) (*procCluster, error) {
 		}
 		c.drop, c.Database, c.SchemaURL = drop, "postgres", schemaURL
 		c.env = append(c.env, "NODEWARD_DATABASE_URL="+schemaURL)
+		if o.Replicas > 1 {
+			// As the README tells operators: replicas × (pool + 1) must fit
+			// the server's connections, with room for this tool's own.
+			pool, err := replicaPool(ctx, schemaURL, o.Replicas)
+			if err != nil {
+				return c, err
+			}
+			c.env = append(c.env, "NODEWARD_DB_MAX_CONNS="+strconv.Itoa(pool))
+			fmt.Fprintf(o.Log, "loadtest: %d replicas, %d database connections each\n", o.Replicas, pool)
+		}
 	} else {
 		c.env = append(c.env, "NODEWARD_DATA_DIR="+filepath.Join(dir, "data"))
 	}
@@ -94,7 +110,7 @@ func startCluster(ctx context.Context, o clusterOptions) (*procCluster, error) {
 			return c, err
 		}
 		r := &procReplica{ID: "loadtest-" + strconv.Itoa(i+1), Addr: addr, URL: "http://" + addr,
-			logPath: filepath.Join(dir, "server-"+strconv.Itoa(i+1)+".log")}
+			DebugAddr: debugAddrOf(i), logPath: filepath.Join(dir, "server-"+strconv.Itoa(i+1)+".log")}
 		c.Replicas = append(c.Replicas, r)
 		if err := c.Start(ctx, r); err != nil {
 			return c, err
@@ -126,6 +142,48 @@ func (c *procCluster) URLs() []string {
 	return out
 }
 
+// toolConnections are the connections this tool and a person watching the
+// run may hold on the database beside the replicas' (the schema's owner,
+// pgbench's, a psql).
+const toolConnections = 8
+
+// replicaPool answers the pool each of n replicas may hold so that they,
+// each with its notification connection, fit Postgres's max_connections
+// (less the superusers' reserve and toolConnections); at most the
+// server's default of 32.
+func replicaPool(ctx context.Context, url string, n int) (int, error) {
+	db, err := models.Open(ctx, models.Options{URL: url, MaxOpenConns: 1})
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	var avail int
+	if err := db.WithContext(ctx).Raw(`SELECT current_setting('max_connections')::int
+		- current_setting('superuser_reserved_connections')::int`).Scan(&avail).Error; err != nil {
+		return 0, err
+	}
+	pool := min(32, (avail-toolConnections)/n-1)
+	if pool < 4 {
+		return 0, fmt.Errorf("%d replicas do not fit Postgres's %d connections: raise max_connections", n, avail)
+	}
+	return pool, nil
+}
+
+// debugAddrOf answers replica i's debug listener: NODEWARD_DEBUG_ADDR's
+// port plus i (so several replicas can each be profiled), or "" when the
+// tool's environment sets none.
+func debugAddrOf(i int) string {
+	host, port, err := net.SplitHostPort(os.Getenv("NODEWARD_DEBUG_ADDR"))
+	if err != nil {
+		return ""
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p == 0 {
+		return ""
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+i))
+}
+
 // Start starts a replica (again, after Stop) on its address and waits
 // until it is ready.
 func (c *procCluster) Start(ctx context.Context, r *procReplica) error {
@@ -146,6 +204,9 @@ func (c *procCluster) Spawn(r *procReplica) error {
 	}
 	cmd := exec.Command(c.bin, "serve")
 	cmd.Env = append(c.env, "NODEWARD_LISTEN="+r.Addr, "NODEWARD_PUBLIC_URL="+r.URL, "NODEWARD_REPLICA_ID="+r.ID)
+	if r.DebugAddr != "" {
+		cmd.Env = append(cmd.Env, "NODEWARD_DEBUG_ADDR="+r.DebugAddr)
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
@@ -223,6 +284,19 @@ type ReplicaStat struct {
 	RSSKB     int64   `json:"rss_kb"`     // at the end of the window
 	OpenFiles int     `json:"open_files"` // at the end of the window
 	Held      int     `json:"long_polls_held"`
+	// Enrollments the replica answered over the window, and how many of
+	// them took it over 1 s and over 4 s (its request-duration
+	// histogram's buckets): a client-side tail the server did not see is
+	// the client's or the machine's.
+	Enrolls       int `json:"enrollments,omitempty"`
+	EnrollsOver1s int `json:"enrollments_over_1s,omitempty"`
+	EnrollsOver4s int `json:"enrollments_over_4s,omitempty"`
+	// What held its writes back over the window, in seconds: its batches
+	// in the exclusive lane (every per-node lane held back meanwhile), its
+	// lanes' waits for them, and requests' waits for a pooled connection.
+	ExclusiveS float64 `json:"exclusive_s"`
+	GateWaitS  float64 `json:"lane_gate_wait_s"`
+	PoolWaitS  float64 `json:"pool_wait_s"`
 }
 
 // replicaWindow measures the replicas' CPU over a window: call begin at
@@ -231,12 +305,15 @@ type replicaWindow struct {
 	c    *procCluster
 	t0   time.Time
 	cpu0 []float64
+	m0   []map[string]float64
 }
 
 func (c *procCluster) begin() *replicaWindow {
 	w := &replicaWindow{c: c, t0: time.Now()}
 	for _, r := range c.Replicas {
 		w.cpu0 = append(w.cpu0, processCPU(r.PID()))
+		m, _ := scrape(context.Background(), r.URL)
+		w.m0 = append(w.m0, m)
 	}
 	return w
 }
@@ -251,6 +328,17 @@ func (w *replicaWindow) end(ctx context.Context) []ReplicaStat {
 		}
 		if m, err := scrape(ctx, r.URL); err == nil {
 			s.Held = int(m["nodeward_open_long_polls"])
+			delta := func(le string) int {
+				k := `nodeward_http_request_duration_seconds_bucket{route="/agent/v1/enroll",le="` + le + `"}`
+				return int(m[k] - w.m0[i][k])
+			}
+			since := func(k string) float64 { return m[k] - w.m0[i][k] }
+			s.ExclusiveS = since("nodeward_write_exclusive_seconds_total")
+			s.GateWaitS = since("nodeward_write_lane_gate_wait_seconds_total")
+			s.PoolWaitS = since(`go_sql_wait_duration_seconds_total{db_name="pool"}`)
+			s.Enrolls = delta("+Inf")
+			s.EnrollsOver1s = s.Enrolls - delta("1.024")
+			s.EnrollsOver4s = s.Enrolls - delta("4.096")
 		}
 		out = append(out, s)
 	}
@@ -296,6 +384,11 @@ func printReplicaStats(w io.Writer, stats []ReplicaStat) {
 	for _, s := range stats {
 		fmt.Fprintf(w, "replica %-16s pid %d: %.2f cores, RSS %d KB, %d open files, %d long-polls held\n",
 			s.ID, s.PID, s.Cores, s.RSSKB, s.OpenFiles, s.Held)
+		fmt.Fprintf(w, "  writes held back: exclusive lane %.2f s, lanes waiting for it %.2f s; pool waits %.2f s\n",
+			s.ExclusiveS, s.GateWaitS, s.PoolWaitS)
+		if s.Enrolls > 0 {
+			fmt.Fprintf(w, "  answered %d enrollments: %d took it over 1 s, %d over 4 s\n", s.Enrolls, s.EnrollsOver1s, s.EnrollsOver4s)
+		}
 		if s.OpenFiles > 19000 {
 			fmt.Fprintf(w, "  over 19,000 open files: the 20,000 limit (DECISIONS.md §31) is near; add a replica\n")
 		}

@@ -151,6 +151,10 @@ func openPostgres(ctx context.Context, opts Options) (*DB, error) {
 		_ = sqlDB.Close()
 		return nil, fmt.Errorf("connect to postgres: %w", redactURLError(err, opts.URL))
 	}
+	// Statements take the pool's connections first come, first served
+	// (fairPool).
+	fair := newFairPool(sqlDB)
+	gdb.ConnPool, gdb.Statement.ConnPool = fair, fair
 	lanes := opts.WriteLanes
 	if lanes <= 0 {
 		lanes = DefaultWriteLanes(maxOpen)

@@ -131,6 +131,7 @@ type lane struct {
 }
 
 type groupReq struct {
+	ctx   context.Context // the caller's: one that ended is not run (runNext)
 	fn    func(fleet.Tx) error
 	route fleet.TxRoute // zero in the exclusive lane
 	notes []fleet.Notification
@@ -182,7 +183,7 @@ func laneOf(nodeID string, n int) int {
 }
 
 func (g *groupCommit) do(ctx context.Context, fn func(fleet.Tx) error) error {
-	r := &groupReq{fn: fn, done: make(chan struct{}), lead: make(chan struct{}, 1)}
+	r := &groupReq{ctx: ctx, fn: fn, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	l := g.excl
 	if route, ok := fleet.TxRouteOf(ctx); ok && len(g.lanes) > 0 {
 		r.route = route
@@ -222,7 +223,24 @@ func (l *lane) runNext(ctx context.Context) {
 	l.pending = l.pending[n:]
 	l.mu.Unlock()
 
-	l.g.runBatch(context.WithoutCancel(ctx), l, batch)
+	// A request whose caller gave up while it queued (a client that timed
+	// out and closed its connection) is answered its context's error
+	// instead of run: nothing of it is written, so a caller that tries
+	// again finds nothing done — an enrollment whose agent gave up leaves
+	// its token unspent for the agent's retry — and a saturated store
+	// spends nothing on answers nobody reads. A request already running
+	// finishes (WithoutCancel): its outcome is the commit's.
+	batch = slices.DeleteFunc(batch, func(r *groupReq) bool {
+		if err := r.ctx.Err(); err != nil {
+			r.err = err
+			close(r.done)
+			return true
+		}
+		return false
+	})
+	if len(batch) > 0 {
+		l.g.runBatch(context.WithoutCancel(ctx), l, batch)
+	}
 
 	l.mu.Lock()
 	if len(l.pending) > 0 {

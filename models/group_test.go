@@ -1,11 +1,13 @@
 package models_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -618,5 +620,48 @@ func TestGroupCommitOperationRoute(t *testing.T) {
 			return err
 		}))
 		require.Equal(t, strays+1, fs.GroupStats().Strays, "releasing held children strays")
+	})
+}
+
+// A request whose caller gave up while it queued behind a batch (an
+// agent's enrollment that timed out) is not run: its caller gets its
+// context's error and nothing of it is written, while the requests queued
+// beside it run as usual.
+func TestGroupCommitSkipsRequestsWhoseCallerGaveUp(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		running, release := make(chan struct{}), make(chan struct{})
+		busy := make(chan error, 1)
+		go func() {
+			busy <- s.Tx(ctx, func(tx fleet.Tx) error {
+				close(running)
+				<-release
+				return nil
+			})
+		}()
+		<-running // the lane's batch is under way: whatever asks now queues
+		gaveUp, cancel := context.WithCancel(ctx)
+		var ran atomic.Bool
+		skipped, kept := make(chan error, 1), make(chan error, 1)
+		go func() {
+			skipped <- s.Tx(gaveUp, func(tx fleet.Tx) error {
+				ran.Store(true)
+				return tx.AppendAudit(ctx, fleet.AuditEntry{At: t0, Actor: "test", Action: "gave.up", NodeID: "n1"})
+			})
+		}()
+		go func() {
+			kept <- s.Tx(ctx, func(tx fleet.Tx) error {
+				return tx.AppendAudit(ctx, fleet.AuditEntry{At: t0, Actor: "test", Action: "kept", NodeID: "n1"})
+			})
+		}()
+		testwait.For(t, "both requests queued behind the batch", time.Minute, func() bool { return models.QueuedExclusive(s) == 2 })
+		cancel()
+		close(release)
+		require.NoError(t, <-busy)
+		require.ErrorIs(t, <-skipped, context.Canceled)
+		require.NoError(t, <-kept)
+		require.False(t, ran.Load(), "the request whose caller gave up never ran")
+		require.Zero(t, dbtest.Count(t, db.DB, &models.NodeAudit{}, "action = ?", "gave.up"))
+		require.EqualValues(t, 1, dbtest.Count(t, db.DB, &models.NodeAudit{}, "action = ?", "kept"))
 	})
 }

@@ -24,6 +24,7 @@ func runDeliverProcs(ctx context.Context, cfg Config, replicas int) (Report, err
 	}
 	urls := cl.URLs()
 	fmt.Fprintf(cfg.Log, "loadtest: %d server process(es) on %s: %v\n", replicas, cl.Database, urls)
+	whole := cl.begin() // the replicas since their start, told when the run fails
 	cfg.PGStatURL = cl.SchemaURL
 	cfg.URL, cfg.Token, cfg.Replicas, cfg.DatabaseURL, cfg.PGBench = urls[0], cl.Token, urls[1:], "", false
 	var mu sync.Mutex
@@ -47,6 +48,8 @@ func runDeliverProcs(ctx context.Context, cfg Config, replicas int) (Report, err
 		for _, r := range cl.Replicas {
 			fmt.Fprintf(cfg.Log, "loadtest: replica %s log:\n%s\n", r.ID, r.LogTail(10))
 		}
+		fmt.Fprintf(cfg.Log, "loadtest: the replicas from their start to the failure:\n")
+		printReplicaStats(cfg.Log, whole.end(ctx))
 	}
 	return rep, err
 }

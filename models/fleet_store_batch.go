@@ -154,6 +154,20 @@ const sweepLockKey = 0x6e77_0001
 
 // SweepLeases marks lapsed ready nodes lost.
 func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, bool, error) {
+	// The sweep's transaction runs in the exclusive lane, holding every
+	// write lane of this replica back while it waits for them to finish;
+	// every replica sweeps every few seconds, and nearly always nothing
+	// has lapsed. A plain read (nodes_state) asks first: measured at a
+	// 50,000-agent bring-up, sweeps finding nothing were what held the
+	// enrollment lanes back. The transaction checks again under its lock.
+	var due bool
+	if err := s.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM nodes WHERE state = ? AND lease_expires_at < ?)`,
+		string(fleet.StateReady), dbtime.Norm(now)).Scan(&due).Error; err != nil {
+		return nil, true, err
+	}
+	if !due {
+		return nil, true, nil
+	}
 	var lost []string
 	swept := true
 	err := s.Tx(ctx, func(tx fleet.Tx) error {

@@ -645,6 +645,9 @@ func TestFleetStoreSessions(t *testing.T) {
 func TestFleetStoreSweepIsASingleton(t *testing.T) {
 	db := dbtest.Open(t, models.Postgres)
 	s := models.NewFleetStore(db, "r1", nil)
+	stale := sampleNode("stale", "r5", 1)
+	stale.State, stale.LeaseExpiresAt = fleet.StateReady, tp(t0.Add(-time.Second))
+	insert(t, s, stale)
 	holder := db.Begin()
 	require.NoError(t, holder.Error)
 	defer holder.Rollback()
@@ -655,9 +658,31 @@ func TestFleetStoreSweepIsASingleton(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, swept)
 	require.NoError(t, holder.Rollback().Error)
-	_, swept, err = s.SweepLeases(ctx, t0)
+	lost, swept, err := s.SweepLeases(ctx, t0)
 	require.NoError(t, err)
 	require.True(t, swept)
+	require.Equal(t, []string{"stale"}, lost)
+}
+
+// A sweep that finds no lapsed lease runs no write batch: it does not hold
+// the replica's write lanes back (the exclusive lane) for nothing.
+func TestFleetStoreSweepOfNothingWritesNothing(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		live := sampleNode("live", "r1", 1)
+		live.State, live.LeaseExpiresAt = fleet.StateReady, tp(t0.Add(time.Minute))
+		insert(t, s, live)
+		before := s.GroupStats().Batches
+		lost, swept, err := s.SweepLeases(ctx, t0)
+		require.NoError(t, err)
+		require.True(t, swept)
+		require.Empty(t, lost)
+		require.Equal(t, before, s.GroupStats().Batches, "no batch ran")
+
+		lost, _, err = s.SweepLeases(ctx, t0.Add(2*time.Minute))
+		require.NoError(t, err)
+		require.Equal(t, []string{"live"}, lost, "once lapsed, swept")
+		require.Equal(t, before+1, s.GroupStats().Batches)
+	})
 }
 
 // Concurrent transactions (grouped into shared commits on SQLite) keep their

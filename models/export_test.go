@@ -65,3 +65,7 @@ func NodeCommandsStatement(db *DB, nodeID string, state string, limit int, launc
 		Find(&[]Command{}).Statement
 	return Statement{SQL: st.SQL.String(), Args: st.Vars}
 }
+
+// PoolAsked answers how many statements asked the Postgres pool's fair
+// queue for a connection.
+func PoolAsked(db *DB) int64 { return db.DB.ConnPool.(*fairPool).asked.Load() }

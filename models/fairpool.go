@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"sync/atomic"
 )
 
 // fairPool is the Postgres pool as GORM sees it: statements outside a
@@ -28,6 +29,8 @@ import (
 type fairPool struct {
 	db   *sql.DB
 	turn chan struct{}
+	// asked counts the statements that asked for a connection (tests).
+	asked atomic.Int64
 }
 
 func newFairPool(db *sql.DB) *fairPool {
@@ -36,6 +39,7 @@ func newFairPool(db *sql.DB) *fairPool {
 
 // conn waits its turn, then for a connection of the pool.
 func (p *fairPool) conn(ctx context.Context) (*sql.Conn, error) {
+	p.asked.Add(1)
 	select {
 	case p.turn <- struct{}{}:
 	case <-ctx.Done():

@@ -2,46 +2,57 @@ package models_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/models"
 )
 
 // TestPostgresPoolServesInOrder: statements waiting for the pool's one
 // connection get it in the order they asked for it. (database/sql alone
-// hands a freed connection to a random waiter: forty waiters would come
-// out in about 390 of 780 pairs out of order.)
+// hands a freed connection to a random waiter: forty waiters come out
+// with about half of their 780 pairs out of order.)
 func TestPostgresPoolServesInOrder(t *testing.T) {
 	db := openOneConnection(t)
+	// The statements' order on the connection, as Postgres saw it: what
+	// each caller does after its answer is its scheduler's business.
+	require.NoError(t, db.Exec("CREATE SEQUENCE served_order").Error)
 	holder := db.WithContext(context.Background()).Begin() // transactions take the pool's connection directly
 	require.NoError(t, holder.Error)
+	asked0 := models.PoolAsked(db)
 	const n = 40
-	served := make(chan int, n)
+	served := make(chan [2]int, n)
 	errs := make(chan error, n)
 	for i := range n {
 		go func() {
-			var got int
-			err := db.WithContext(context.Background()).Raw("SELECT ?::int", i).Scan(&got).Error
+			var seq int
+			err := db.WithContext(context.Background()).Raw("SELECT nextval('served_order')").Scan(&seq).Error
 			if err != nil {
 				errs <- err
 				return
 			}
-			served <- got
+			served <- [2]int{seq, i}
 		}()
-		// The next asks well after this one is queued.
-		time.Sleep(5 * time.Millisecond)
+		// The next asks once this one has asked (and a little after, for
+		// it to reach the queue from there).
+		testwait.For(t, "statement "+strconv.Itoa(i)+" asked", time.Minute, func() bool { return models.PoolAsked(db) >= asked0+int64(i)+1 })
+		time.Sleep(2 * time.Millisecond)
 	}
 	require.NoError(t, holder.Rollback().Error)
-	var order []int
-	for range n {
+	order := make([]int, n)
+	for k := range n {
 		select {
-		case i := <-served:
-			order = append(order, i)
+		case got := <-served:
+			require.LessOrEqual(t, got[0], n)
+			order[got[0]-1] = got[1]
 		case err := <-errs:
 			t.Fatal(err)
 		case <-time.After(time.Minute):
-			t.Fatalf("only %d of %d statements were served", len(order), n)
+			t.Fatalf("only %d of %d statements were served", k, n)
 		}
 	}
 	inversions := 0

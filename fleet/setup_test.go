@@ -68,12 +68,19 @@ func setup(t *testing.T, db *models.DB, mutate ...func(*fleet.Settings)) *bundle
 	}
 	b.store = models.NewFleetStore(db, "test", nil)
 	b.svc = fleet.New(fleet.Options{Store: b.store, Keys: b.ring, Settings: st, Now: b.clock.Now, Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler)})
+	b.start(t)
+	return b
+}
+
+// start hands b's commits to its service, as the server wires them, and
+// runs the service until the test ends.
+func (b *bundle) start(t *testing.T) {
+	t.Helper()
 	b.store.SetOnCommit(func(n []fleet.Notification) { b.svc.Deliver(n, "local") })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); b.svc.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return b
 }
 
 // each runs fn on a fresh fleet over every dialect.
@@ -152,10 +159,6 @@ func crossReplica(t *testing.T, db *models.DB, name string, skipWarmUp bool, thr
 	b.svc = fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: b.clock.Now, Metrics: b.metrics, CrossReplica: true,
 		Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
 			ReplicaID: name, LeaseFlushInterval: 5 * time.Millisecond, SkipWarmUp: skipWarmUp}})
-	b.store.SetOnCommit(func(n []fleet.Notification) { b.svc.Deliver(n, "local") })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); b.svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	b.start(t)
 	return b
 }

@@ -17,8 +17,7 @@ import (
 // node while the machine is saturated) a waiter's chance per handout is
 // 1/N, so some wait many times the mean: measured, three replicas under
 // 336 concurrent enrollments answered 0.4–2 % of them after more than 4 s
-// against a median of 0.4 s, and a 50,000-agent bring-up lost
-// enrollments to the agent's 30 s timeout. Here at most one statement at
+// against a median of 0.4 s. Here at most one statement at
 // a time waits inside database/sql (turn); the others queue on the
 // channel, whose blocked senders are served first come, first served.
 //

@@ -157,9 +157,10 @@ func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, 
 	// The sweep's transaction runs in the exclusive lane, holding every
 	// write lane of this replica back while it waits for them to finish;
 	// every replica sweeps every few seconds, and nearly always nothing
-	// has lapsed. A plain read (nodes_state) asks first: measured at a
-	// 50,000-agent bring-up, sweeps finding nothing were what held the
-	// enrollment lanes back. The transaction checks again under its lock.
+	// has lapsed (a goroutine dump of a 50,000-agent bring-up caught such
+	// a sweep waiting for the gate, two lanes of enrollments queued behind
+	// it). A plain read (nodes_state) asks first; the transaction checks
+	// again under its lock.
 	var due bool
 	if err := s.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM nodes WHERE state = ? AND lease_expires_at < ?)`,
 		string(fleet.StateReady), dbtime.Norm(now)).Scan(&due).Error; err != nil {

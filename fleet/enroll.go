@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"regexp"
 	"time"
 
@@ -53,12 +54,23 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	}
 	var n Node
 	var settled []Command
-	err = s.store.Tx(OnNode(ctx, req.NodeID), func(tx Tx) error {
+	// The queue bound (Settings.EnrollQueueTimeout) is a deadline on the
+	// write's context: the store does not run a request whose context
+	// ended while it queued, and once running a request is not cut short.
+	queued, cancel := context.WithTimeout(ctx, s.settings.EnrollQueueTimeout)
+	defer cancel()
+	err = s.store.Tx(OnNode(queued, req.NodeID), func(tx Tx) error {
 		var err error
 		n, settled, err = s.enrollTx(ctx, tx, req, claims, facts, disk, values, now)
 		return err
 	})
 	if err != nil {
+		// Statements run without the caller's context, so a deadline
+		// here is the queue bound's alone.
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			s.metrics.EnrollmentsShed.Inc()
+			return api.EnrollResponse{}, ErrEnrollmentShed
+		}
 		return api.EnrollResponse{}, err
 	}
 	s.leases.forget(n.ID)

@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -318,6 +320,54 @@ func TestEnrollConcurrentAcrossReplicas(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, int64(1), node.FencingToken, "exactly one fencing bump")
 	})
+}
+
+// TestEnrollShedPastTheQueueBound: an enrollment that waited for its
+// turn to write longer than the bound is answered overloaded with
+// nothing redeemed, so the agent's retry enrolls (a retry of one that
+// committed with its answer lost would be enrollment_spent).
+func TestEnrollShedPastTheQueueBound(t *testing.T) {
+	const bound = 50 * time.Millisecond
+	each(t, func(t *testing.T, b *bundle) {
+		boot := b.invite(t, fleet.Invite{})
+		// A batch on the node's lane that holds it until told.
+		running, release := make(chan struct{}), make(chan struct{})
+		busy := make(chan error, 1)
+		go func() {
+			busy <- b.store.Tx(fleet.OnNode(ctx, boot.NodeID), func(fleet.Tx) error {
+				close(running)
+				<-release
+				return nil
+			})
+		}()
+		<-running
+		shed := make(chan error, 1)
+		go func() {
+			_, err := b.svc.Enroll(ctx, enrollReq(boot, b.clock.Now()))
+			shed <- err
+		}()
+		testwait.For(t, "the enrollment queued behind the batch", time.Minute, func() bool { return b.store.GroupStats().Queued == 1 })
+		queuedAt := time.Now()
+		testwait.For(t, "the enrollment's bound passed while it queued", time.Minute, func() bool { return time.Since(queuedAt) > 2*bound })
+		close(release)
+		require.NoError(t, <-busy)
+		err := <-shed
+		requireCode(t, err, fleet.ErrEnrollmentShed)
+		var e *errcode.Error
+		require.ErrorAs(t, err, &e)
+		require.Equal(t, errcode.Overloaded, e.Code)
+		require.NotContains(t, err.Error(), boot.EnrollmentToken)
+		require.EqualValues(t, 1, testutil.ToFloat64(b.metrics.EnrollmentsShed))
+
+		n, err := b.svc.Node(ctx, boot.NodeID)
+		require.NoError(t, err)
+		require.Equal(t, fleet.StateEnrolling, n.State, "nothing was redeemed")
+		require.Zero(t, n.FencingToken)
+		// The agent's retry, on a replica with the default bound.
+		resp, err := setup(t, b.db).svc.Enroll(ctx, enrollReq(boot, b.clock.Now()))
+		require.NoError(t, err)
+		require.Equal(t, int64(1), resp.FencingToken)
+	}, func(s *fleet.Settings) { s.EnrollQueueTimeout = bound })
 }
 
 func TestReinvite(t *testing.T) {

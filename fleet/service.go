@@ -69,6 +69,14 @@ type Settings struct {
 	// (sessionCache). Default 100,000 (two per agent across a renewal at
 	// 50,000 agents; about 25 MB); negative: every request verifies.
 	SessionCacheMaxTokens int
+	// EnrollQueueTimeout bounds how long an enrollment may wait for its
+	// turn to write. One that waited longer is not run: it is answered
+	// ErrEnrollmentShed (503 overloaded, Retry-After) with its token still
+	// unspent. The bound sits well under the agent's 30 s request
+	// timeout, so under overload an agent hears "retry" from the server
+	// rather than giving up on an enrollment that may still commit — the
+	// one way its token could be spent with the answer lost. Default 10 s.
+	EnrollQueueTimeout time.Duration
 }
 
 func (s *Settings) defaults() {
@@ -87,6 +95,7 @@ func (s *Settings) defaults() {
 	def(&s.SweepInterval, 5*time.Second)
 	def(&s.FallbackPoll, 5*time.Second)
 	def(&s.NodeCacheTTL, 10*time.Second)
+	def(&s.EnrollQueueTimeout, 10*time.Second)
 	if s.MaxPollBatch <= 0 {
 		s.MaxPollBatch = 100
 	}

@@ -260,4 +260,5 @@ var (
 	ErrOperationConflict    = errcode.New(errcode.OperationConflict, "operation id was used for a different command")
 	ErrCommandNotFound      = errcode.New(errcode.NotFound, "no such command")
 	ErrDraining             = errcode.New(errcode.Draining, "control plane is shutting down; retry shortly")
+	ErrEnrollmentShed       = errcode.New(errcode.Overloaded, "too many enrollments at once; retry shortly (nothing was redeemed)")
 )

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -33,6 +35,11 @@ func (h *handler) enroll(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := h.Fleet.Enroll(r.Context(), req)
 	if err != nil {
+		if errors.Is(err, fleet.ErrEnrollmentShed) {
+			// Spread the retries of a shed wave over a few seconds rather
+			// than send them all back at once.
+			w.Header().Set("Retry-After", strconv.Itoa(1+rand.IntN(5)))
+		}
 		writeError(w, r, err)
 		return
 	}

@@ -33,6 +33,7 @@ type Metrics struct {
 	PollRenewals         prometheus.Counter
 	CommandsIssued       prometheus.Counter
 	CommandsSettled      *prometheus.CounterVec
+	EnrollmentsShed      prometheus.Counter
 	LeaseSweeps          prometheus.Counter
 	NodesMarkedLost      prometheus.Counter
 	HeartbeatsFlushed    prometheus.Counter
@@ -133,6 +134,9 @@ func New(pending func() float64) *Metrics {
 		CommandsSettled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_commands_settled_total", Help: "Commands settled by state.",
 		}, []string{"state"}),
+		EnrollmentsShed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_enrollments_shed_total", Help: "Enrollments answered 503 overloaded, unredeemed, because they waited longer than the enrollment queue bound for their turn to write.",
+		}),
 		LeaseSweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_lease_sweeps_total", Help: "Lease sweeps run by this replica.",
 		}),
@@ -197,7 +201,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled, m.EnrollmentsShed,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -10,12 +10,12 @@ import (
 // n lanes.
 var LaneOf = laneOf
 
-// QueuedExclusive answers how many requests wait in the store's exclusive
-// lane for the next batch.
 // GateWaiting answers how many lane batches wait for the exclusive lane
 // now.
 func GateWaiting(s *FleetStore) int { return int(s.group.gateWaiting.Load()) }
 
+// QueuedExclusive answers how many requests wait in the store's exclusive
+// lane for the next batch.
 func QueuedExclusive(s *FleetStore) int {
 	l := s.group.excl
 	l.mu.Lock()

@@ -77,6 +77,7 @@ type groupCommit struct {
 
 	running     atomic.Int64 // batches running now
 	gateWaiting atomic.Int64 // lane batches waiting to take the gate now
+	queued      atomic.Int64 // requests waiting for a batch now
 	stats       groupCounters
 }
 
@@ -106,6 +107,8 @@ type GroupStats struct {
 	// LaneGateWait how long lane batches waited for them to finish, summed
 	// over the lanes.
 	Exclusive, LaneGateWait time.Duration
+	// Queued is how many requests wait for a batch now, over every lane.
+	Queued int64
 }
 
 // GroupStats answers the group commit's counters.
@@ -113,7 +116,8 @@ func (s *FleetStore) GroupStats() GroupStats {
 	g := s.group
 	return GroupStats{Lanes: len(g.lanes), Batches: g.stats.batches.Load(), MaxRunning: g.stats.maxRunning.Load(),
 		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load(), Reruns: g.stats.reruns.Load(),
-		Exclusive: time.Duration(g.stats.exclusive.Load()), LaneGateWait: time.Duration(g.stats.laneWait.Load())}
+		Exclusive: time.Duration(g.stats.exclusive.Load()), LaneGateWait: time.Duration(g.stats.laneWait.Load()),
+		Queued: g.queued.Load()}
 }
 
 // lane is one queue of batches, run one at a time.
@@ -198,6 +202,7 @@ func (g *groupCommit) do(ctx context.Context, fn func(fleet.Tx) error) error {
 func (l *lane) enqueue(ctx context.Context, r *groupReq) {
 	l.mu.Lock()
 	l.pending = append(l.pending, r)
+	l.g.queued.Add(1)
 	leader := !l.flushing
 	l.flushing = true
 	l.mu.Unlock()
@@ -221,6 +226,7 @@ func (l *lane) runNext(ctx context.Context) {
 	n := min(len(l.pending), maxBatch)
 	batch := append([]*groupReq(nil), l.pending[:n]...)
 	l.pending = l.pending[n:]
+	l.g.queued.Add(-int64(n))
 	l.mu.Unlock()
 
 	// A request whose caller gave up while it queued (a client that timed

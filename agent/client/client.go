@@ -42,6 +42,7 @@ const (
 	CodeFenced               = "fenced"
 	CodeDraining             = "draining"
 	CodeUnavailable          = "unavailable"
+	CodeOverloaded           = "overloaded"
 	CodeRateLimited          = "rate_limited"
 	CodeInvalidJSON          = "invalid_json"
 	CodeValidationFailed     = "validation_failed"

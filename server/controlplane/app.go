@@ -115,7 +115,11 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "nodeward_write_lane_gate_wait_seconds_total",
 			Help: "Time per-node write lanes' batches waited for exclusive batches to finish, summed over the lanes (PostgreSQL).",
-		}, func() float64 { return a.fleetStore.GroupStats().LaneGateWait.Seconds() }))
+		}, func() float64 { return a.fleetStore.GroupStats().LaneGateWait.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nodeward_write_queued_requests",
+			Help: "Write requests waiting for their batch now, over every lane (an enrollment that waits past the enrollment queue bound is shed).",
+		}, func() float64 { return float64(a.fleetStore.GroupStats().Queued) }))
 	if db.Dialect == models.SQLite {
 		a.Metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "nodeward_sqlite_checkpoint_frames_total",

@@ -56,6 +56,10 @@ type Config struct {
 	// OnWindow, when set, runs at the start (begin) and the end of the
 	// issue window (the -replicas runs sample the server processes).
 	OnWindow func(ctx context.Context, begin bool)
+	// OnPhase, when set, runs as each step of the bring-up ends
+	// ("invitations", "enrollments", "first polls held"), so the -replicas
+	// runs can say what held the servers back in which step.
+	OnPhase func(ctx context.Context, phase string)
 	// P99Target is the issue→receipt p99 (ms) above which the report
 	// names the tail's causes (0: never).
 	P99Target float64
@@ -415,14 +419,21 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 	}
 	up.invitesPS = float64(len(up.boots)) / time.Since(start).Seconds()
 	logf("invited %d nodes (%.0f/s)", len(up.boots), up.invitesPS)
+	phase := func(name string) {
+		if cfg.OnPhase != nil {
+			cfg.OnPhase(ctx, name)
+		}
+	}
+	phase("invitations")
 
 	// Workers, each enrolling and then holding its share of the agents.
 	start = time.Now()
-	up.workers, err = startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait, SpreadPolls: !cfg.PollsTogether,
+	up.workers, err = startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait, SpreadPolls: !cfg.PollsTogether, PollOnEnroll: true,
 		Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()}, up.boots, cfg.AgentsPerWorker)
 	if err != nil {
 		return up, err
 	}
+	var shed, retried int64
 	for i, w := range up.workers {
 		var m workerMsg
 		if err := w.read(&m); err != nil {
@@ -432,9 +443,12 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 			return up, fmt.Errorf("worker %d: %d enrollments failed: %s", i, m.Failed, m.Error)
 		}
 		up.enrolled += m.Enrolled
+		shed += m.EnrollsShed
+		retried += m.EnrollRetries
 	}
 	up.enrollPS = float64(up.enrolled) / time.Since(start).Seconds()
-	logf("%d workers enrolled %d agents (%.0f/s)", len(up.workers), up.enrolled, up.enrollPS)
+	logf("%d workers enrolled %d agents (%.0f/s; tried again: %d shed, %d after another failure)", len(up.workers), up.enrolled, up.enrollPS, shed, retried)
+	phase("enrollments")
 
 	// Wait until every agent holds its long-poll.
 	deadline := time.Now().Add(2 * time.Minute)
@@ -446,6 +460,7 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 		}
 		up.held = int(m["nodeward_open_long_polls"])
 		if up.held >= need {
+			phase("first polls held")
 			return up, nil
 		}
 		if time.Now().After(deadline) {

@@ -27,6 +27,12 @@ func runDeliverProcs(ctx context.Context, cfg Config, replicas int) (Report, err
 	whole := cl.begin() // the replicas since their start, told when the run fails
 	cfg.PGStatURL = cl.SchemaURL
 	cfg.URL, cfg.Token, cfg.Replicas, cfg.DatabaseURL, cfg.PGBench = urls[0], cl.Token, urls[1:], "", false
+	step := whole
+	cfg.OnPhase = func(ctx context.Context, phase string) {
+		fmt.Fprintf(cfg.Log, "loadtest: the replicas during the bring-up's %s:\n", phase)
+		printReplicaStats(cfg.Log, step.end(ctx))
+		step = cl.begin()
+	}
 	var mu sync.Mutex
 	var win *replicaWindow
 	var stats []ReplicaStat

@@ -34,20 +34,25 @@ type EnrollConfig struct {
 
 // EnrollReport is what an enroll run measured.
 type EnrollReport struct {
-	Date        string        `json:"date"`
-	Database    string        `json:"database"`
-	Server      string        `json:"server"` // in-process or binary
-	Agents      int           `json:"agents"`
-	Workers     int           `json:"workers"`
-	Concurrency int           `json:"concurrency"`
-	InvitesPS   float64       `json:"invites_per_s"`
-	Enrolled    int           `json:"enrolled"`
-	Failed      int           `json:"failed"`
-	FirstErr    string        `json:"first_error,omitempty"`
-	Seconds     float64       `json:"seconds"`
-	EnrollPS    float64       `json:"enrollments_per_s"`
-	Latency     enrollLatency `json:"latency_ms"`
-	Servers     []ReplicaStat `json:"replicas,omitempty"`
+	Date        string  `json:"date"`
+	Database    string  `json:"database"`
+	Server      string  `json:"server"` // in-process or binary
+	Agents      int     `json:"agents"`
+	Workers     int     `json:"workers"`
+	Concurrency int     `json:"concurrency"`
+	InvitesPS   float64 `json:"invites_per_s"`
+	Enrolled    int     `json:"enrolled"`
+	Failed      int     `json:"failed"`
+	// Enrollments tried again, as the real agent does: after a 503
+	// overloaded (shed: nothing redeemed) and after another transient
+	// failure (a timeout, a 5xx).
+	Shed     int64         `json:"enrollments_shed"`
+	Retried  int64         `json:"enrollments_retried"`
+	FirstErr string        `json:"first_error,omitempty"`
+	Seconds  float64       `json:"seconds"`
+	EnrollPS float64       `json:"enrollments_per_s"`
+	Latency  enrollLatency `json:"latency_ms"`
+	Servers  []ReplicaStat `json:"replicas,omitempty"`
 }
 
 type enrollLatency struct {
@@ -146,6 +151,8 @@ func RunEnroll(ctx context.Context, cfg EnrollConfig) (rep EnrollReport, err err
 		}
 		rep.Enrolled += m.Enrolled
 		rep.Failed += m.Failed
+		rep.Shed += m.EnrollsShed
+		rep.Retried += m.EnrollRetries
 		if rep.FirstErr == "" {
 			rep.FirstErr = m.Error
 		}
@@ -166,6 +173,9 @@ func printEnrollReport(w io.Writer, r EnrollReport) {
 	fmt.Fprintf(w, "invitations              %d at %.0f/s\n", r.Agents, r.InvitesPS)
 	fmt.Fprintf(w, "enrolled                 %d in %.2fs = %.0f/s (%d workers, %d concurrent), %d failed\n",
 		r.Enrolled, r.Seconds, r.EnrollPS, r.Workers, r.Concurrency, r.Failed)
+	if r.Shed+r.Retried > 0 {
+		fmt.Fprintf(w, "tried again              %d shed (503 overloaded), %d after another failure\n", r.Shed, r.Retried)
+	}
 	if r.FirstErr != "" {
 		fmt.Fprintf(w, "first error              %s\n", r.FirstErr)
 	}

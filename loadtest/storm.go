@@ -214,7 +214,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 		return rep, err
 	}
 	wcfg := Config{WorkerCommand: cfg.WorkerCommand, Log: cfg.Log, Replicas: urls[1:]}
-	ws, err := startWorkers(wcfg, workerJob{URL: urls[0], Wait: cfg.Wait, Enrollers: 16, Track: true,
+	ws, err := startWorkers(wcfg, workerJob{URL: urls[0], Wait: cfg.Wait, Enrollers: 16, Track: true, PollOnEnroll: true,
 		Progress: 100 * time.Millisecond, BackoffBase: cfg.BackoffBase, BackoffMax: cfg.BackoffMax, StopBy: time.Now().Add(cfg.Recover + 15*time.Minute).UnixNano()}, boots, cfg.AgentsPerWorker)
 	defer stopWorkers(ws)
 	if err != nil {

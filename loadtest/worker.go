@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -72,6 +73,13 @@ type workerJob struct {
 	// one placed before it measures an idle fleet (issue 13: the hold
 	// run's p99 of 2.1 s against 19.6 ms in-process was that placement).
 	SpreadPolls bool `json:"spread_polls,omitempty"`
+	// PollOnEnroll starts each agent's long-poll as soon as its own
+	// enrollment answers, as the real agent does. Without it the worker
+	// enrolls all its agents first (the enroll scenario, which measures
+	// enrollment alone): over thousands of agents that lets the first
+	// leases lapse before their first poll and then opens every poll at
+	// once, a bring-up no real fleet has.
+	PollOnEnroll bool `json:"poll_on_enroll,omitempty"`
 }
 
 // firstPollWait is an agent's first poll wait when the fleet's polls are
@@ -92,7 +100,11 @@ type workerMsg struct {
 	Enrolled    int     `json:"enrolled,omitempty"`
 	Failed      int     `json:"failed,omitempty"`
 	Error       string  `json:"error,omitempty"`
-	EnrollLatUS []int64 `json:"enroll_lat_us,omitempty"` // one enrollment's round trip
+	EnrollLatUS []int64 `json:"enroll_lat_us,omitempty"` // one enrollment's round trip, retries included
+	// Enrollments tried again: after a 503 overloaded (shed) and after
+	// any other transient failure (a timeout, a 5xx).
+	EnrollsShed   int64 `json:"enrolls_shed,omitempty"`
+	EnrollRetries int64 `json:"enroll_retries,omitempty"`
 	// progress (and done): distinct operations whose settlement was
 	// acknowledged (Track).
 	SettledDistinct int64 `json:"settled_distinct,omitempty"`
@@ -153,8 +165,18 @@ func workerMain(stdin io.Reader, stdout io.Writer) error {
 	}()
 
 	w := newAgentPool(job)
-	enrolled, failed, firstErr := w.enrollAll(ctx)
-	msg := workerMsg{Type: "enrolled", Enrolled: len(enrolled), Failed: failed, EnrollLatUS: w.enrollLat}
+	var wg sync.WaitGroup
+	poll := func(c *client.Client) {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run(ctx, c) }()
+	}
+	var onEnrolled func(*client.Client)
+	if job.PollOnEnroll {
+		onEnrolled = poll
+	}
+	enrolled, failed, firstErr := w.enrollAll(ctx, onEnrolled)
+	msg := workerMsg{Type: "enrolled", Enrolled: len(enrolled), Failed: failed, EnrollLatUS: w.enrollLat,
+		EnrollsShed: w.enrollsShed.Load(), EnrollRetries: w.enrollRetries.Load()}
 	if firstErr != nil {
 		msg.Error = firstErr.Error()
 	}
@@ -178,10 +200,10 @@ func workerMain(stdin io.Reader, stdout io.Writer) error {
 			}
 		}()
 	}
-	var wg sync.WaitGroup
-	for _, c := range enrolled {
-		wg.Add(1)
-		go func() { defer wg.Done(); w.run(ctx, c) }()
+	if !job.PollOnEnroll {
+		for _, c := range enrolled {
+			poll(c)
+		}
 	}
 	<-ctx.Done()
 	wg.Wait()
@@ -204,6 +226,9 @@ type agentPool struct {
 	// is when the last report was acknowledged (Unix nanoseconds).
 	configsReceived, configsReported, lastConfig atomic.Int64
 	settledDistinct, redelivered, afterSettle    atomic.Int64
+	// enrollments answered 503 overloaded (shed) and other failures
+	// retried (timeouts, 5xx): each retried as the real agent does.
+	enrollsShed, enrollRetries atomic.Int64
 
 	mu         sync.Mutex // guards the following
 	firstError string
@@ -253,8 +278,9 @@ func loadFacts() api.Facts {
 		Capabilities: core.Capabilities}
 }
 
-// enrollAll enrolls every agent of the job, a few at a time.
-func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error) {
+// enrollAll enrolls every agent of the job, a few at a time, calling
+// onEnrolled (when set) with each agent as soon as its enrollment answers.
+func (w *agentPool) enrollAll(ctx context.Context, onEnrolled func(*client.Client)) ([]*client.Client, int, error) {
 	n := max(1, w.job.Enrollers)
 	sem := make(chan struct{}, n)
 	var mu sync.Mutex
@@ -274,8 +300,7 @@ func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error
 			} else if err == nil {
 				var resp *api.EnrollResponse
 				t0 := time.Now()
-				resp, err = c.Enroll(ctx, api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
-					EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts()})
+				resp, err = w.enroll(ctx, c, boot)
 				if err == nil {
 					c.SetSessionToken(resp.SessionToken)
 					lat := time.Since(t0).Microseconds()
@@ -294,10 +319,47 @@ func (w *agentPool) enrollAll(ctx context.Context) ([]*client.Client, int, error
 				return
 			}
 			out = append(out, c)
+			if onEnrolled != nil {
+				onEnrolled(c)
+			}
 		}()
 	}
 	wg.Wait()
 	return out, failed, firstErr
+}
+
+// enroll redeems one agent's bootstrap, retrying what the real agent
+// retries (agent/core enroll: a timeout, a 5xx, a 429) with its backoff —
+// 1 s doubling to 30 s, each delay drawn from [ceiling/2, ceiling), at
+// least the Retry-After asked — until a refusal or ctx's end. The latency
+// recorded is the whole of it, retries included.
+func (w *agentPool) enroll(ctx context.Context, c *client.Client, boot api.Bootstrap) (*api.EnrollResponse, error) {
+	req := api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
+		EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts()}
+	ceiling := time.Second
+	for {
+		resp, err := c.Enroll(ctx, req)
+		if err == nil || ctx.Err() != nil {
+			return resp, err
+		}
+		var ce *client.Error
+		if errors.As(err, &ce) && ce.Status/100 == 4 && ce.Status != http.StatusTooManyRequests {
+			return nil, err
+		}
+		if client.CodeOf(err) == client.CodeOverloaded {
+			w.enrollsShed.Add(1)
+		} else {
+			w.enrollRetries.Add(1)
+		}
+		d := ceiling/2 + time.Duration(rand.Int64N(int64(ceiling/2)))
+		if ce != nil && ce.RetryAfter > d {
+			d = ce.RetryAfter
+		}
+		ceiling = min(2*ceiling, 30*time.Second)
+		if !sleepCtx(ctx, d) {
+			return nil, err
+		}
+	}
 }
 
 // lostConnectionRetryMax mirrors agent/core's: while the server's

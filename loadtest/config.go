@@ -129,7 +129,7 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 	defer admin.tr.CloseIdleConnections()
 
 	run := randomHex(4)
-	up, err := bringUp(ctx, cfg.Config, admin, baseURL, run, time.Now().Add(cfg.Drain+10*time.Minute), logf)
+	up, err := bringUp(ctx, cfg.Config, admin, baseURL, run, logf)
 	defer stopWorkers(up.workers)
 	rep.Workers, rep.Enrolled, rep.Held = len(up.workers), up.enrolled, up.held
 	if err != nil {

@@ -241,8 +241,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	rep.FanOut = cfg.FanOut
 
 	run := randomHex(4)
-	hardStop := time.Now().Add(cfg.Duration + cfg.Drain + 10*time.Minute)
-	up, err := bringUp(ctx, cfg, admin, baseURL, run, hardStop, logf)
+	up, err := bringUp(ctx, cfg, admin, baseURL, run, logf)
 	defer stopWorkers(up.workers)
 	rep.InvitesPS, rep.Workers, rep.Enrolled, rep.EnrollPS, rep.Held = up.invitesPS, len(up.workers), up.enrolled, up.enrollPS, up.held
 	if err != nil {
@@ -412,7 +411,7 @@ type fleetUp struct {
 // bringUp invites cfg.Agents nodes through the admin API, starts the
 // workers that enroll them, and waits until every agent holds its
 // long-poll.
-func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run string, hardStop time.Time, logf func(string, ...any)) (up fleetUp, err error) {
+func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run string, logf func(string, ...any)) (up fleetUp, err error) {
 	start := time.Now()
 	if up.boots, err = admin.inviteAll(ctx, run, cfg.Agents); err != nil {
 		return up, err
@@ -426,8 +425,11 @@ func bringUp(ctx context.Context, cfg Config, admin *adminClient, baseURL, run s
 	}
 	phase("invitations")
 
-	// Workers, each enrolling and then holding its share of the agents.
+	// Workers, each enrolling and then holding its share of the agents,
+	// stop by themselves past the enrollments' time (counted from here:
+	// 50,000 invitations alone take minutes), the window and the drain.
 	start = time.Now()
+	hardStop := start.Add(cfg.Duration + cfg.Drain + 20*time.Minute)
 	up.workers, err = startWorkers(cfg, workerJob{URL: baseURL, CACertificatePEM: cfg.CACertificatePEM, Wait: cfg.Wait, SpreadPolls: !cfg.PollsTogether, PollOnEnroll: true,
 		Heartbeat: cfg.Heartbeat, Enrollers: 16, StopBy: hardStop.UnixNano()}, up.boots, cfg.AgentsPerWorker)
 	if err != nil {
@@ -641,7 +643,7 @@ func (a *adminClient) inviteAll(ctx context.Context, run string, n int) ([]api.B
 	var firstErr error
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for range min(n, 16) {
+	for range min(n, 48) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -3,6 +3,7 @@ package models_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -31,7 +32,7 @@ func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
 		require.NoError(t, db.Exec(stmt).Error, stmt)
 	}
 
-	done, err := db.MaintainTables(ctx)
+	done, err := db.MaintainTables(ctx, 0)
 	require.NoError(t, err)
 	got := map[string]bool{}
 	for _, m := range done {
@@ -49,7 +50,7 @@ func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
 	require.Equal(t, 1, vacuumed)
 
 	require.NoError(t, db.Exec("SELECT pg_stat_force_next_flush()").Error)
-	again, err := db.MaintainTables(ctx)
+	again, err := db.MaintainTables(ctx, 0)
 	require.NoError(t, err)
 	for _, m := range again {
 		// The churned table may be vacuumed again: another session's open
@@ -64,7 +65,55 @@ func TestMaintainTablesDoesNothingOnSQLite(t *testing.T) {
 	off, err := db.AutovacuumOff(context.Background())
 	require.NoError(t, err)
 	require.False(t, off)
-	done, err := db.MaintainTables(context.Background())
+	done, err := db.MaintainTables(context.Background(), 0)
 	require.NoError(t, err)
 	require.Empty(t, done)
+}
+
+// TestPostgresMaintainTablesOnceANaptimeOneReplicaAtATime: like
+// autovacuum, a table is maintained at most once per naptime however fast
+// it changes, and while one replica maintains the schema the others leave
+// it alone.
+func TestPostgresMaintainTablesOnceANaptimeOneReplicaAtATime(t *testing.T) {
+	ctx := context.Background()
+	opts := dbtest.Options(t, models.Postgres)
+	opts.MaxOpenConns = 1
+	open := func() *models.DB {
+		db, err := models.Open(ctx, opts)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	db, other := open(), open()
+	require.NoError(t, db.Migrate(ctx))
+	grow := func() {
+		for _, stmt := range []string{
+			"INSERT INTO probe_busy SELECT g FROM generate_series(1, 2000) g",
+			"SELECT pg_stat_force_next_flush()",
+		} {
+			require.NoError(t, db.Exec(stmt).Error, stmt)
+		}
+	}
+	maintained := func(naptime time.Duration) bool {
+		done, err := db.MaintainTables(ctx, naptime)
+		require.NoError(t, err)
+		for _, m := range done {
+			if m.Table == "probe_busy" {
+				return true
+			}
+		}
+		return false
+	}
+	require.NoError(t, db.Exec("CREATE TABLE probe_busy (id int)").Error)
+	grow()
+
+	const lock = "hashtextextended('nodeward.maintain.' || current_schema(), 0)"
+	require.NoError(t, other.Exec("SELECT pg_advisory_lock("+lock+")").Error)
+	require.False(t, maintained(0), "another replica is maintaining the schema")
+	require.NoError(t, other.Exec("SELECT pg_advisory_unlock("+lock+")").Error)
+	require.True(t, maintained(0))
+
+	grow()
+	require.False(t, maintained(time.Hour), "analyzed less than a naptime ago")
+	require.True(t, maintained(0), "past its naptime")
 }

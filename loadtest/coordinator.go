@@ -643,7 +643,7 @@ func (a *adminClient) inviteAll(ctx context.Context, run string, n int) ([]api.B
 	var firstErr error
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for range min(n, 48) {
+	for range min(n, 16) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -116,4 +117,37 @@ func TestPostgresMaintainTablesOnceANaptimeOneReplicaAtATime(t *testing.T) {
 	grow()
 	require.False(t, maintained(time.Hour), "analyzed less than a naptime ago")
 	require.True(t, maintained(0), "past its naptime")
+}
+
+// TestPostgresMaintainTablesAnalyzesATableThatOutgrewItsStatistics: within
+// its naptime, a table that grew several times over since the planner last
+// counted it is analyzed anyway.
+func TestPostgresMaintainTablesAnalyzesATableThatOutgrewItsStatistics(t *testing.T) {
+	ctx := context.Background()
+	db := openOneConnection(t)
+	insert := func(n int) {
+		for _, stmt := range []string{
+			"INSERT INTO probe_filling SELECT g FROM generate_series(1, " + strconv.Itoa(n) + ") g",
+			"SELECT pg_stat_force_next_flush()",
+		} {
+			require.NoError(t, db.Exec(stmt).Error, stmt)
+		}
+	}
+	analyzed := func() bool {
+		done, err := db.MaintainTables(ctx, time.Hour)
+		require.NoError(t, err)
+		for _, m := range done {
+			if m.Table == "probe_filling" {
+				return true
+			}
+		}
+		return false
+	}
+	require.NoError(t, db.Exec("CREATE TABLE probe_filling (id int)").Error)
+	insert(1000)
+	require.True(t, analyzed(), "never maintained")
+	insert(500)
+	require.False(t, analyzed(), "grew by half within its naptime: left alone")
+	insert(5000)
+	require.True(t, analyzed(), "grew over four times past what the planner counted")
 }

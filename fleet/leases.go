@@ -91,14 +91,20 @@ func mergeRenewal(old, r LeaseRenewal) LeaseRenewal {
 // once and this is asked anew; it does not wait for the commit.
 //
 // The margin is what a node held poll after poll may take between one
-// poll's end and the next's arrival and still never go lost (the sweeper
-// marks a node lost only once its lease has ended). With the defaults (a
-// 90 s lease, the agent's 25 s wait) a held poll renews every third
-// arrival, ~75 s, where renewing when the last renewal was a third of the
-// lease old renewed every second, ~50 s; a 60 s wait renews on every
-// arrival, as the lease must (a third of the lease plus 60 s would leave
-// nothing). A poll that does not wait (wait 0) renews once its lease is
-// down to two thirds, as before: when its agent asks next is unknown.
+// poll's end and the next's arrival, plus what the renewal may take to be
+// written, and still never go lost (the sweeper marks a node lost only
+// once its lease has ended). With the defaults (a 90 s lease, the agent's
+// 25 s wait) a held poll renews every second arrival, ~50 s, with 40 s of
+// the lease left when it asks; a 60 s wait renews on every arrival, as the
+// lease must. A poll that does not wait (wait 0) renews once its lease is
+// down to two thirds: when its agent asks next is unknown.
+//
+// A margin of a ninth (10 s) renewed every third arrival instead, with
+// 15 s left: a third fewer writes, but under overload (a 50,000-agent
+// bring-up on two cores, answers and commits seconds late) 25,000 leases
+// lapsed, and each lapse — a sweep write, a notification, a node read on
+// the next poll — added to the load that made the next one late
+// (BENCHMARKS.md, tenth sitting).
 func (b *leaseBatcher) touch(nodeID string, wait time.Duration) bool {
 	now := b.now()
 	horizon := wait + leaseMargin(b.settings.Lease)
@@ -118,10 +124,10 @@ func (b *leaseBatcher) touch(nodeID string, wait time.Duration) bool {
 }
 
 // leaseMargin is how much of a lease a held poll's renewal keeps beyond
-// the poll's wait: a ninth of the lease (10 s of the default 90 s). It is
+// the poll's wait: a third of the lease (30 s of the default 90 s). It is
 // the server's coalesced renewal, not the agent's heartbeat, whose facts
 // come at least every third of the lease (DECISIONS.md §8).
-func leaseMargin(lease time.Duration) time.Duration { return lease / 9 }
+func leaseMargin(lease time.Duration) time.Duration { return lease / 3 }
 
 // forget drops the coalescing memory for a node (re-enrolled or retired).
 func (b *leaseBatcher) forget(nodeID string) {

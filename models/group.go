@@ -236,14 +236,7 @@ func (l *lane) runNext(ctx context.Context) {
 	// its token unspent for the agent's retry — and a saturated store
 	// spends nothing on answers nobody reads. A request already running
 	// finishes (WithoutCancel): its outcome is the commit's.
-	batch = slices.DeleteFunc(batch, func(r *groupReq) bool {
-		if err := r.ctx.Err(); err != nil {
-			r.err = err
-			close(r.done)
-			return true
-		}
-		return false
-	})
+	batch = dropEnded(batch)
 	if len(batch) > 0 {
 		l.g.runBatch(context.WithoutCancel(ctx), l, batch)
 	}
@@ -255,6 +248,19 @@ func (l *lane) runNext(ctx context.Context) {
 		l.flushing = false
 	}
 	l.mu.Unlock()
+}
+
+// dropEnded answers the batch without the requests whose caller's context
+// ended, answering each of those its context's error: nothing of them ran.
+func dropEnded(batch []*groupReq) []*groupReq {
+	return slices.DeleteFunc(batch, func(r *groupReq) bool {
+		if err := r.ctx.Err(); err != nil {
+			r.err = err
+			close(r.done)
+			return true
+		}
+		return false
+	})
 }
 
 // runBatch runs a lane's batch, then the requests of it that must run
@@ -303,6 +309,13 @@ func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) 
 			g.stats.exclusive.Add(int64(time.Since(heldFrom)))
 			g.gate.Unlock()
 		}
+	}
+	// The gate may have held the batch back for long (the exclusive lane
+	// runs alone): requests whose caller gave up meanwhile, or whose queue
+	// bound passed (an enrollment's), are not run either.
+	if batch = dropEnded(batch); len(batch) == 0 {
+		unlock()
+		return nil
 	}
 	n := g.running.Add(1)
 	for {

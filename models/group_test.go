@@ -665,3 +665,45 @@ func TestGroupCommitSkipsRequestsWhoseCallerGaveUp(t *testing.T) {
 		require.EqualValues(t, 1, dbtest.Count(t, db.DB, &models.NodeAudit{}, "action = ?", "kept"))
 	})
 }
+
+// TestGroupCommitSkipsRequestsWhoseCallerGaveUpAtTheGate: a lane batch
+// held at the gate by an exclusive one does not run the requests whose
+// caller gave up meanwhile (an enrollment past its queue bound is one),
+// and runs the others. Postgres: SQLite has no lanes.
+func TestGroupCommitSkipsRequestsWhoseCallerGaveUpAtTheGate(t *testing.T) {
+	db := dbtest.Open(t, models.Postgres)
+	s := models.NewFleetStore(db, "r1", nil)
+	ids := nodesInLanes("gate", 1)
+	insert(t, s, sampleNode(ids[0], "rent-gate", 1))
+	held, release := make(chan struct{}), make(chan struct{})
+	exclusiveDone := make(chan error, 1)
+	go func() {
+		exclusiveDone <- s.Tx(ctx, func(fleet.Tx) error {
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	<-held
+	gaveUp, cancel := context.WithCancel(ctx)
+	var ran atomic.Bool
+	skipped := make(chan error, 1)
+	go func() {
+		skipped <- s.Tx(fleet.OnNode(gaveUp, ids[0]), func(tx fleet.Tx) error {
+			ran.Store(true)
+			return tx.AppendAudit(ctx, fleet.AuditEntry{At: t0, Actor: "test", Action: "gave.up", NodeID: ids[0]})
+		})
+	}()
+	testwait.For(t, "the lane batch to wait at the gate", testwait.Patience, func() bool { return models.GateWaiting(s) == 1 })
+	cancel()
+	close(release)
+	require.NoError(t, <-exclusiveDone)
+	require.ErrorIs(t, <-skipped, context.Canceled)
+	require.False(t, ran.Load(), "the request whose caller gave up at the gate never ran")
+	require.Zero(t, dbtest.Count(t, db.DB, &models.NodeAudit{}, "action = ?", "gave.up"))
+	// The lane runs on.
+	require.NoError(t, s.Tx(fleet.OnNode(ctx, ids[0]), func(tx fleet.Tx) error {
+		return tx.AppendAudit(ctx, fleet.AuditEntry{At: t0, Actor: "test", Action: "kept", NodeID: ids[0]})
+	}))
+	require.EqualValues(t, 1, dbtest.Count(t, db.DB, &models.NodeAudit{}, "action = ?", "kept"))
+}

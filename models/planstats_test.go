@@ -71,6 +71,31 @@ func TestMaintainTablesDoesNothingOnSQLite(t *testing.T) {
 	require.Empty(t, done)
 }
 
+// addProbeRows inserts n rows into a probe table and flushes the session's
+// statistics, so pg_stat_user_tables counts them at once.
+func addProbeRows(t *testing.T, db *models.DB, table string, n int) {
+	t.Helper()
+	for _, stmt := range []string{
+		"INSERT INTO " + table + " SELECT g FROM generate_series(1, " + strconv.Itoa(n) + ") g",
+		"SELECT pg_stat_force_next_flush()",
+	} {
+		require.NoError(t, db.Exec(stmt).Error, stmt)
+	}
+}
+
+// maintainedProbe runs MaintainTables and answers whether it did the table.
+func maintainedProbe(t *testing.T, db *models.DB, table string, naptime time.Duration) bool {
+	t.Helper()
+	done, err := db.MaintainTables(context.Background(), naptime)
+	require.NoError(t, err)
+	for _, m := range done {
+		if m.Table == table {
+			return true
+		}
+	}
+	return false
+}
+
 // TestPostgresMaintainTablesOnceANaptimeOneReplicaAtATime: like
 // autovacuum, a table is maintained at most once per naptime however fast
 // it changes, and while one replica maintains the schema the others leave
@@ -87,24 +112,8 @@ func TestPostgresMaintainTablesOnceANaptimeOneReplicaAtATime(t *testing.T) {
 	}
 	db, other := open(), open()
 	require.NoError(t, db.Migrate(ctx))
-	grow := func() {
-		for _, stmt := range []string{
-			"INSERT INTO probe_busy SELECT g FROM generate_series(1, 2000) g",
-			"SELECT pg_stat_force_next_flush()",
-		} {
-			require.NoError(t, db.Exec(stmt).Error, stmt)
-		}
-	}
-	maintained := func(naptime time.Duration) bool {
-		done, err := db.MaintainTables(ctx, naptime)
-		require.NoError(t, err)
-		for _, m := range done {
-			if m.Table == "probe_busy" {
-				return true
-			}
-		}
-		return false
-	}
+	grow := func() { addProbeRows(t, db, "probe_busy", 2000) }
+	maintained := func(naptime time.Duration) bool { return maintainedProbe(t, db, "probe_busy", naptime) }
 	require.NoError(t, db.Exec("CREATE TABLE probe_busy (id int)").Error)
 	grow()
 
@@ -123,26 +132,9 @@ func TestPostgresMaintainTablesOnceANaptimeOneReplicaAtATime(t *testing.T) {
 // its naptime, a table that grew several times over since the planner last
 // counted it is analyzed anyway.
 func TestPostgresMaintainTablesAnalyzesATableThatOutgrewItsStatistics(t *testing.T) {
-	ctx := context.Background()
 	db := openOneConnection(t)
-	insert := func(n int) {
-		for _, stmt := range []string{
-			"INSERT INTO probe_filling SELECT g FROM generate_series(1, " + strconv.Itoa(n) + ") g",
-			"SELECT pg_stat_force_next_flush()",
-		} {
-			require.NoError(t, db.Exec(stmt).Error, stmt)
-		}
-	}
-	analyzed := func() bool {
-		done, err := db.MaintainTables(ctx, time.Hour)
-		require.NoError(t, err)
-		for _, m := range done {
-			if m.Table == "probe_filling" {
-				return true
-			}
-		}
-		return false
-	}
+	insert := func(n int) { addProbeRows(t, db, "probe_filling", n) }
+	analyzed := func() bool { return maintainedProbe(t, db, "probe_filling", time.Hour) }
 	require.NoError(t, db.Exec("CREATE TABLE probe_filling (id int)").Error)
 	insert(1000)
 	require.True(t, analyzed(), "never maintained")

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"regexp"
@@ -27,6 +28,14 @@ const (
 // A retired node is refused before either (DECISIONS.md §6). Redemption, the
 // fencing-token bump, the lease, the agent's account of unacknowledged
 // results and the fate of unsettled commands are one transaction.
+//
+// An enrollment's answer can be lost after it committed (a timeout, a
+// dropped connection). Its agent then retries with the same token and the
+// nonce it sent before; within Settings.EnrollRetryWindow of the
+// enrollment, while no later one superseded it, that retry is answered a
+// fresh session at the same fencing token, with nothing refenced or
+// redelivered. Anybody else — no nonce, another nonce, too late — is
+// still refused enrollment_spent.
 func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.EnrollResponse, error) {
 	now := s.clock()
 	if err := validateEnroll(req); err != nil {
@@ -54,6 +63,7 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	}
 	var n Node
 	var settled []Command
+	var again bool
 	// The queue bound (Settings.EnrollQueueTimeout) is a deadline on the
 	// write's context: the store does not run a request whose context
 	// ended while it queued, and once running a request is not cut short.
@@ -61,7 +71,7 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 	defer cancel()
 	err = s.store.Tx(OnNode(queued, req.NodeID), func(tx Tx) error {
 		var err error
-		n, settled, err = s.enrollTx(ctx, tx, req, claims, facts, disk, values, now)
+		n, settled, again, err = s.enrollTx(ctx, tx, req, claims, facts, disk, values, now)
 		return err
 	})
 	if err != nil {
@@ -73,7 +83,11 @@ func (s *Service) Enroll(ctx context.Context, req api.EnrollRequest) (api.Enroll
 		}
 		return api.EnrollResponse{}, err
 	}
-	s.leases.forget(n.ID)
+	if again {
+		s.metrics.EnrollmentsAnsweredAgain.Inc()
+	} else {
+		s.leases.forget(n.ID)
+	}
 	for _, c := range settled {
 		s.metrics.CommandsSettled.WithLabelValues(string(c.State)).Inc()
 	}
@@ -113,20 +127,27 @@ func (s *Service) signerDoor(req api.EnrollRequest) (enrollClaims, error) {
 // agent's own account of its results (DECISIONS.md §1), a new fencing token
 // (which ends every older session), the fate of unsettled commands, then
 // the audit entry and notifications. It answers the enrolled node and every
-// command it settled.
+// command it settled. For its own agent's retry (again) it takes the
+// agent's account of its results again (settling is idempotent) and audits
+// the retry, and changes nothing else.
 func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims,
-	facts json.RawMessage, disk Disk, values []string, now time.Time) (Node, []Command, error) {
-	n, err := storeDoor(ctx, tx, req, c, now)
+	facts json.RawMessage, disk Disk, values []string, now time.Time) (n Node, settled []Command, again bool, err error) {
+	n, again, err = s.storeDoor(ctx, tx, req, c, now)
 	if err != nil {
-		return Node{}, nil, err
+		return Node{}, nil, false, err
 	}
-	settled, err := s.settleUnacknowledged(ctx, tx, n.ID, req.UnacknowledgedResults, values, now)
-	if err != nil {
-		return Node{}, nil, err
+	if settled, err = s.settleUnacknowledged(ctx, tx, n.ID, req.UnacknowledgedResults, values, now); err != nil {
+		return Node{}, nil, false, err
+	}
+	if again {
+		err = tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + n.ID, Action: "node.enroll_retry", NodeID: n.ID,
+			Detail: map[string]any{"fencing_token": n.FencingToken, "invitation_id": c.ID, "enrolled_at": n.EnrolledAt,
+				"results_settled": len(settled)}})
+		return n, settled, true, err
 	}
 	first := n.FencingToken == 0
 	if n, err = s.refence(ctx, tx, n, req, facts, disk, now); err != nil {
-		return Node{}, nil, err
+		return Node{}, nil, false, err
 	}
 	var fate pendingFate
 	// A node's first enrollment has no commands to decide: commands are
@@ -135,24 +156,24 @@ func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c 
 	// delivered: no session exists at fencing 0. The read is skipped.
 	if !first {
 		if fate, err = settlePendingUnderNewFence(ctx, tx, n, now); err != nil {
-			return Node{}, nil, err
+			return Node{}, nil, false, err
 		}
 	}
 	settled = append(settled, fate.unknown...)
 	if err := tx.AppendAudit(ctx, AuditEntry{At: now, Actor: "node:" + n.ID, Action: "node.enroll", NodeID: n.ID,
 		Detail: map[string]any{"fencing_token": n.FencingToken, "agent_version": req.AgentVersion, "invitation_id": c.ID,
 			"results_settled": len(req.UnacknowledgedResults), "redelivered": fate.redelivered, "outcome_unknown": len(fate.unknown)}}); err != nil {
-		return Node{}, nil, err
+		return Node{}, nil, false, err
 	}
 	if err := tx.Notify(ctx, Notification{Kind: NotifyNode, NodeID: n.ID}); err != nil {
-		return Node{}, nil, err
+		return Node{}, nil, false, err
 	}
 	if fate.redelivered > 0 {
 		if err := tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID}); err != nil {
-			return Node{}, nil, err
+			return Node{}, nil, false, err
 		}
 	}
-	return n, settled, nil
+	return n, settled, false, nil
 }
 
 // storeDoor is the second door: the node, locked, must not be retired, and
@@ -160,37 +181,55 @@ func (s *Service) enrollTx(ctx context.Context, tx Tx, req api.EnrollRequest, c 
 // redeems the invitation: of two concurrent redemptions only one passes.
 // The redemption is tried first, in the statement that locks the node; the
 // invitation is read only to name a refusal, and a refusal undoes the
-// transaction (the redemption with it).
-func storeDoor(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims, now time.Time) (Node, error) {
+// transaction (the redemption with it). A redeemed invitation presented
+// again by the agent that redeemed it (answersAgain) passes with again set.
+func (s *Service) storeDoor(ctx context.Context, tx Tx, req api.EnrollRequest, c enrollClaims, now time.Time) (n Node, again bool, err error) {
 	d := digest(req.EnrollmentToken)
 	n, redeemed, err := tx.RedeemInvitation(ctx, req.NodeID, c.ID, d, now)
 	if isNoRows(err) {
-		return Node{}, ErrEnrollmentInvalid
+		return Node{}, false, ErrEnrollmentInvalid
 	}
 	if err != nil {
-		return Node{}, err
+		return Node{}, false, err
 	}
 	if n.State == StateRetired {
-		return Node{}, ErrNodeRetired
+		return Node{}, false, ErrNodeRetired
 	}
 	if redeemed {
-		return n, nil
+		return n, false, nil
 	}
 	inv, err := tx.Invitation(ctx, c.ID)
 	if isNoRows(err) || (err == nil && (inv.NodeID != n.ID || inv.TokenDigest != d)) {
-		return Node{}, ErrEnrollmentInvalid
+		return Node{}, false, ErrEnrollmentInvalid
 	}
 	if err != nil {
-		return Node{}, err
+		return Node{}, false, err
 	}
 	switch inv.State {
 	case InvitationSuperseded:
-		return Node{}, ErrEnrollmentSuperseded
+		return Node{}, false, ErrEnrollmentSuperseded
 	case InvitationRevoked:
-		return Node{}, ErrNodeRetired
+		return Node{}, false, ErrNodeRetired
 	}
 	// Redeemed, by an earlier enrollment or a concurrent one that won.
-	return Node{}, ErrEnrollmentSpent
+	if s.answersAgain(n, req.EnrollmentNonce, now) {
+		return n, true, nil
+	}
+	return Node{}, false, ErrEnrollmentSpent
+}
+
+// answersAgain reports whether n's latest enrollment, recent enough, carried
+// nonce. The nonce is the agent's own random value, sent only to the
+// server over the enrollment's own connection and kept in the agent's
+// state directory beside the session it is for, so whoever presents it
+// again is that agent: answering it a session gives nobody standing they
+// did not already have. A later enrollment replaces the digest, so only the
+// current fencing token is ever answered again.
+func (s *Service) answersAgain(n Node, nonce string, now time.Time) bool {
+	if nonce == "" || n.EnrollNonceDigest == "" || n.EnrolledAt == nil || now.Sub(*n.EnrolledAt) > s.settings.EnrollRetryWindow {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(digest(nonce)), []byte(n.EnrollNonceDigest)) == 1
 }
 
 // settleUnacknowledged takes the agent's own account of results it never
@@ -240,6 +279,10 @@ func (s *Service) refence(ctx context.Context, tx Tx, n Node, req api.EnrollRequ
 	observed := dbtime.Norm(req.Facts.ObservedAt)
 	n.FactsObservedAt, n.FactsReceivedAt = &observed, &now
 	n.Disk = disk
+	n.EnrollNonceDigest = ""
+	if req.EnrollmentNonce != "" {
+		n.EnrollNonceDigest = digest(req.EnrollmentNonce)
+	}
 	n.UpdatedAt = now
 	return n, tx.UpdateNode(ctx, n)
 }
@@ -300,6 +343,8 @@ func validateEnroll(req api.EnrollRequest) error {
 	v.Check(req.EnrollmentToken != "", "enrollment_token", "required")
 	v.Check(len(req.EnrollmentToken) <= 4096, "enrollment_token", "too long")
 	v.Check(len(req.AgentVersion) <= 128, "agent_version", "at most 128 characters")
+	v.Check(req.EnrollmentNonce == "" || noncePattern.MatchString(req.EnrollmentNonce), "enrollment_nonce",
+		"22-128 characters of letters, digits, '-' or '_' (at least 128 random bits, base64url)")
 	v.Check(len(req.UnacknowledgedResults) <= MaxEventBatch, "unacknowledged_results", "at most %d", MaxEventBatch)
 	for _, r := range req.UnacknowledgedResults {
 		if !idPattern.MatchString(r.OperationID) {
@@ -327,6 +372,8 @@ func validateFacts(v *errcode.Validation, field string, f api.Facts) {
 		}
 	}
 }
+
+var noncePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{22,128}$`)
 
 var capabilityPattern = regexp.MustCompile(`^[a-z][a-z0-9_]*\.v[0-9]+$`)
 

@@ -322,10 +322,128 @@ func TestEnrollConcurrentAcrossReplicas(t *testing.T) {
 	})
 }
 
+// TestEnrollRetriedByItsOwnAgent: an enrollment that committed but whose
+// answer was lost is answered again to the agent that sent it (same token,
+// same nonce), at the same fencing token; everyone else still finds the
+// token spent.
+func TestEnrollRetriedByItsOwnAgent(t *testing.T) {
+	const nonce = "c2FtZS1hZ2VudC1zYW1lLW5vbmNlLTAx"
+	withNonce := func(boot api.Bootstrap, at time.Time, nonce string) api.EnrollRequest {
+		req := enrollReq(boot, at)
+		req.EnrollmentNonce = nonce
+		return req
+	}
+	each(t, func(t *testing.T, b *bundle) {
+		t.Run("SameNonceIsAnsweredAtTheSameFencingToken", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			first, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			require.NoError(t, err)
+			before := testutil.ToFloat64(b.metrics.EnrollmentsAnsweredAgain)
+			b.clock.Advance(40 * time.Second) // the agent's timeout and a backoff
+			again, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			require.NoError(t, err)
+			require.Equal(t, first.FencingToken, again.FencingToken)
+			require.Equal(t, b.clock.Now().Add(30*time.Minute), again.SessionExpiresAt, "a fresh session")
+			for _, tok := range []string{first.SessionToken, again.SessionToken} {
+				sess, err := b.svc.Authenticate(ctx, tok, fleet.DoorAsk)
+				require.NoError(t, err, "neither session is fenced")
+				require.Equal(t, first.FencingToken, sess.Fencing)
+			}
+			require.Equal(t, before+1, testutil.ToFloat64(b.metrics.EnrollmentsAnsweredAgain))
+			n, err := b.svc.Node(ctx, boot.NodeID)
+			require.NoError(t, err)
+			require.Equal(t, int64(1), n.FencingToken, "no second bump")
+			require.Equal(t, b.clock.Now().Add(-40*time.Second), *n.EnrolledAt, "the enrollment is the first one")
+			audit, err := b.svc.Audit(ctx, boot.NodeID, 0)
+			require.NoError(t, err)
+			require.Equal(t, "node.enroll_retry", audit[0].Action)
+			require.Equal(t, "node.enroll", audit[1].Action)
+		})
+		t.Run("AnotherOrNoNonceIsSpent", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			_, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			require.NoError(t, err)
+			_, err = b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), "c2FtZS1hZ2VudC1zYW1lLW5vbmNlLTAy"))
+			requireCode(t, err, fleet.ErrEnrollmentSpent)
+			_, err = b.svc.Enroll(ctx, enrollReq(boot, b.clock.Now()))
+			requireCode(t, err, fleet.ErrEnrollmentSpent)
+		})
+		t.Run("AnEnrollmentWithoutANonceIsNeverAnsweredAgain", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			b.enroll(t, boot)
+			_, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			requireCode(t, err, fleet.ErrEnrollmentSpent)
+		})
+		t.Run("PastTheWindowIsSpent", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			_, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			require.NoError(t, err)
+			b.clock.Advance(10*time.Minute + time.Second)
+			_, err = b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			requireCode(t, err, fleet.ErrEnrollmentSpent)
+		})
+		t.Run("ALaterEnrollmentEndsIt", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			_, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			require.NoError(t, err)
+			through := b.clock.Now().Add(time.Hour)
+			fresh, err := b.svc.Reinvite(ctx, "a", boot.NodeID, &through)
+			require.NoError(t, err)
+			second, err := b.svc.Enroll(ctx, withNonce(fresh, b.clock.Now(), "YW5vdGhlci1tYWNoaW5lLWFub3RoZXItbm9uY2U"))
+			require.NoError(t, err)
+			require.Equal(t, int64(2), second.FencingToken)
+			_, err = b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			requireCode(t, err, fleet.ErrEnrollmentSpent)
+		})
+		t.Run("RetiredIsRetired", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			_, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			require.NoError(t, err)
+			_, err = b.svc.Retire(ctx, "a", boot.NodeID, "")
+			require.NoError(t, err)
+			_, err = b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+			requireCode(t, err, fleet.ErrNodeRetired)
+		})
+		t.Run("MalformedNonceIsValidationFailed", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			for _, bad := range []string{"short", strings.Repeat("a", 129), "has spaces in it, twenty-two+"} {
+				_, err := b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), bad))
+				var e *errcode.Error
+				require.ErrorAs(t, err, &e, bad)
+				require.Equal(t, errcode.ValidationFailed, e.Code)
+				require.Equal(t, "enrollment_nonce", e.Fields[0].Field)
+			}
+			b.enroll(t, boot) // nothing was redeemed
+		})
+		t.Run("ConcurrentAttemptsOfOneAgentAllAnswerOneFencingToken", func(t *testing.T) {
+			boot := b.invite(t, fleet.Invite{})
+			const n = 8
+			var wg sync.WaitGroup
+			resps := make([]api.EnrollResponse, n)
+			errs := make([]error, n)
+			start := make(chan struct{})
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					resps[i], errs[i] = b.svc.Enroll(ctx, withNonce(boot, b.clock.Now(), nonce))
+				}()
+			}
+			close(start)
+			wg.Wait()
+			for i := range n {
+				require.NoError(t, errs[i])
+				require.Equal(t, int64(1), resps[i].FencingToken)
+			}
+		})
+	})
+}
+
 // TestEnrollShedPastTheQueueBound: an enrollment that waited for its
 // turn to write longer than the bound is answered overloaded with
-// nothing redeemed, so the agent's retry enrolls (a retry of one that
-// committed with its answer lost would be enrollment_spent).
+// nothing redeemed, so the agent's retry enrolls (any agent's, nonce or
+// not: nothing was spent).
 func TestEnrollShedPastTheQueueBound(t *testing.T) {
 	const bound = 50 * time.Millisecond
 	each(t, func(t *testing.T, b *bundle) {

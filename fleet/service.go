@@ -77,6 +77,11 @@ type Settings struct {
 	// rather than giving up on an enrollment that may still commit — the
 	// one way its token could be spent with the answer lost. Default 10 s.
 	EnrollQueueTimeout time.Duration
+	// EnrollRetryWindow is how long after an enrollment its own agent may
+	// redeem the same token again, with the same nonce, and be answered
+	// a session at the same fencing token: the answer to an enrollment
+	// that committed but never reached the agent. Default 10 minutes.
+	EnrollRetryWindow time.Duration
 }
 
 func (s *Settings) defaults() {
@@ -96,6 +101,7 @@ func (s *Settings) defaults() {
 	def(&s.FallbackPoll, 5*time.Second)
 	def(&s.NodeCacheTTL, 10*time.Second)
 	def(&s.EnrollQueueTimeout, 10*time.Second)
+	def(&s.EnrollRetryWindow, 10*time.Minute)
 	if s.MaxPollBatch <= 0 {
 		s.MaxPollBatch = 100
 	}

@@ -141,6 +141,10 @@ type Node struct {
 	FactsObservedAt *time.Time
 	FactsReceivedAt *time.Time
 	Disk            Disk
+	// EnrollNonceDigest is the digest of the nonce the agent sent with
+	// its latest enrollment ("" when it sent none): proof, on a retry,
+	// that the retrying agent is the one that enrolled.
+	EnrollNonceDigest string
 	// PriceMicros is the shadow price in micro-USD per hour; nil is
 	// unpriced (never offered).
 	PriceMicros *int64

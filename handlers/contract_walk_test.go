@@ -62,12 +62,18 @@ func TestContractWalk(t *testing.T) {
 		free := int64(10 << 30)
 		facts := api.Facts{Hostname: "h1", OS: "linux", Arch: "amd64", CPUs: 2, MemoryBytes: 1 << 30,
 			DiskFreeBytes: &free, AgentVersion: "0.0.0-test", Runtimes: []string{"process"}, ObservedAt: now}
-		enr, err := ac.Enroll(ctx, api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
-			EnrollmentToken: boot.EnrollmentToken, AgentVersion: "0.0.0-test", Facts: facts})
+		enrollReq := api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
+			EnrollmentToken: boot.EnrollmentToken, AgentVersion: "0.0.0-test", Facts: facts,
+			EnrollmentNonce: "Y29udHJhY3Qtd2Fsay1ub25jZS0wMQ"}
+		enr, err := ac.Enroll(ctx, enrollReq)
 		require.NoError(t, err)
+		// The agent's retry of an answer it never read: answered again.
+		again2, err := ac.Enroll(ctx, enrollReq)
+		require.NoError(t, err)
+		require.Equal(t, enr.FencingToken, again2.FencingToken)
 		ac.SetSessionToken(enr.SessionToken)
-		_, err = ac.Enroll(ctx, api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
-			EnrollmentToken: boot.EnrollmentToken, AgentVersion: "0.0.0-test", Facts: facts})
+		enrollReq.EnrollmentNonce = ""
+		_, err = ac.Enroll(ctx, enrollReq)
 		require.Equal(t, "enrollment_spent", client.CodeOf(err))
 		_, err = ac.Renew(ctx)
 		require.NoError(t, err)

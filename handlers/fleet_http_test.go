@@ -55,6 +55,8 @@ func TestNodesHTTP(t *testing.T) {
 		s.Admin(t, "POST", "/api/v1/nodes/node-http-1/reinvite", map[string]any{"redeemable_through": time.Now().Add(30 * time.Minute).UTC().Format(time.RFC3339)}, http.StatusOK, &again)
 		require.Equal(t, boot.EnrollmentToken, again.EnrollmentToken, "still good through the wait: handed back unchanged")
 
+		s.Problem(t, "POST", "/agent/v1/enroll", api.EnrollRequest{NodeID: boot.NodeID, Generation: 1, EnrollmentToken: boot.EnrollmentToken,
+			AgentVersion: "0.0.0-test", Facts: agentFacts(), EnrollmentNonce: "too-short"}, "", 422, "validation_failed")
 		var enrolled api.EnrollResponse
 		s.JSON(t, "POST", "/agent/v1/enroll", api.EnrollRequest{NodeID: boot.NodeID, Generation: 1, EnrollmentToken: boot.EnrollmentToken,
 			AgentVersion: "0.0.0-test", Facts: agentFacts()}, "", http.StatusOK, &enrolled)

@@ -331,11 +331,14 @@ func (w *agentPool) enrollAll(ctx context.Context, onEnrolled func(*client.Clien
 // enroll redeems one agent's bootstrap, retrying what the real agent
 // retries (agent/core enroll: a timeout, a 5xx, a 429) with its backoff —
 // 1 s doubling to 30 s, each delay drawn from [ceiling/2, ceiling), at
-// least the Retry-After asked — until a refusal or ctx's end. The latency
-// recorded is the whole of it, retries included.
+// least the Retry-After asked — until a refusal or ctx's end. Like the
+// agent, every attempt carries one nonce, so an attempt that committed with
+// its answer lost is answered again on retry. The latency recorded is the
+// whole of it, retries included.
 func (w *agentPool) enroll(ctx context.Context, c *client.Client, boot api.Bootstrap) (*api.EnrollResponse, error) {
 	req := api.EnrollRequest{NodeID: boot.NodeID, Generation: boot.Generation,
-		EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts()}
+		EnrollmentToken: boot.EnrollmentToken, AgentVersion: "loadtest", Facts: loadFacts(),
+		EnrollmentNonce: fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())}
 	ceiling := time.Second
 	for {
 		resp, err := c.Enroll(ctx, req)

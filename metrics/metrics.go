@@ -29,14 +29,15 @@ type Metrics struct {
 	NodesWarmed      prometheus.Counter
 	// SessionVerifications counts agent session tokens accepted by their
 	// signature or by the replica's memory of having verified them.
-	SessionVerifications *prometheus.CounterVec
-	PollRenewals         prometheus.Counter
-	CommandsIssued       prometheus.Counter
-	CommandsSettled      *prometheus.CounterVec
-	EnrollmentsShed      prometheus.Counter
-	LeaseSweeps          prometheus.Counter
-	NodesMarkedLost      prometheus.Counter
-	HeartbeatsFlushed    prometheus.Counter
+	SessionVerifications     *prometheus.CounterVec
+	PollRenewals             prometheus.Counter
+	CommandsIssued           prometheus.Counter
+	CommandsSettled          *prometheus.CounterVec
+	EnrollmentsShed          prometheus.Counter
+	EnrollmentsAnsweredAgain prometheus.Counter
+	LeaseSweeps              prometheus.Counter
+	NodesMarkedLost          prometheus.Counter
+	HeartbeatsFlushed        prometheus.Counter
 
 	// Ledger.
 	OperationsSubmitted *prometheus.CounterVec
@@ -137,6 +138,9 @@ func New(pending func() float64) *Metrics {
 		EnrollmentsShed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_enrollments_shed_total", Help: "Enrollments answered 503 overloaded, unredeemed, because they waited longer than the enrollment queue bound for their turn to write.",
 		}),
+		EnrollmentsAnsweredAgain: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_enrollments_answered_again_total", Help: "Enrollments retried by the agent that redeemed the token (same nonce, within the retry window) and answered again at the same fencing token.",
+		}),
 		LeaseSweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_lease_sweeps_total", Help: "Lease sweeps run by this replica.",
 		}),
@@ -201,7 +205,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled, m.EnrollmentsShed,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled, m.EnrollmentsShed, m.EnrollmentsAnsweredAgain,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -26,6 +26,7 @@ type Node struct {
 	BillingIntervalSeconds *int64
 	EligibleClasses        string
 	AvailableUntil         *time.Time
+	EnrollNonceDigest      string
 }
 
 // Invitation is a row of invitations: an enrollment token's claims and

@@ -138,9 +138,10 @@ func nodeFromRow(r Node) fleet.Node {
 		EnrolledAt: dbtime.NormPtr(r.EnrolledAt), LeaseExpiresAt: dbtime.NormPtr(r.LeaseExpiresAt), LastHeartbeatAt: dbtime.NormPtr(r.LastHeartbeatAt),
 		RetiredAt: dbtime.NormPtr(r.RetiredAt), AgentVersion: r.AgentVersion,
 		FactsObservedAt: dbtime.NormPtr(r.FactsObservedAt), FactsReceivedAt: dbtime.NormPtr(r.FactsReceivedAt),
-		Disk:        fleet.Disk{State: r.DiskState, FreeBytes: r.DiskFreeBytes, ObservedAt: dbtime.NormPtr(r.DiskObservedAt)},
-		PriceMicros: r.PriceMicros,
-		Purchase:    fleet.Purchase{BillingIntervalSeconds: r.BillingIntervalSeconds, AvailableUntil: dbtime.NormPtr(r.AvailableUntil)},
+		Disk:              fleet.Disk{State: r.DiskState, FreeBytes: r.DiskFreeBytes, ObservedAt: dbtime.NormPtr(r.DiskObservedAt)},
+		PriceMicros:       r.PriceMicros,
+		Purchase:          fleet.Purchase{BillingIntervalSeconds: r.BillingIntervalSeconds, AvailableUntil: dbtime.NormPtr(r.AvailableUntil)},
+		EnrollNonceDigest: r.EnrollNonceDigest,
 	}
 	if r.Facts != nil {
 		n.Facts = json.RawMessage(*r.Facts)
@@ -164,6 +165,7 @@ func rowFromNode(n fleet.Node) Node {
 		DiskState: n.Disk.State, DiskFreeBytes: n.Disk.FreeBytes, DiskObservedAt: dbtime.NormPtr(n.Disk.ObservedAt),
 		PriceMicros: n.PriceMicros, BillingIntervalSeconds: n.Purchase.BillingIntervalSeconds,
 		EligibleClasses: string(cj), AvailableUntil: dbtime.NormPtr(n.Purchase.AvailableUntil),
+		EnrollNonceDigest: n.EnrollNonceDigest,
 	}
 	if r.DiskState == "" {
 		r.DiskState = fleet.DiskNeverReported

@@ -132,7 +132,8 @@ func (c *commandScan) row() Command {
 // them.
 const nodeColumns = `id, rental_id, generation, state, fencing_token, created_at, updated_at, enrolled_at,
 	lease_expires_at, last_heartbeat_at, retired_at, agent_version, facts, facts_observed_at, facts_received_at,
-	disk_state, disk_free_bytes, disk_observed_at, price_micros, billing_interval_seconds, eligible_classes, available_until`
+	disk_state, disk_free_bytes, disk_observed_at, price_micros, billing_interval_seconds, eligible_classes, available_until,
+	enroll_nonce_digest`
 
 // nodeScan receives a row's nodeColumns.
 type nodeScan struct {
@@ -149,7 +150,7 @@ func (s *nodeScan) dest(extra ...any) []any {
 	return append([]any{&n.ID, &n.RentalID, &n.Generation, &n.State, &n.FencingToken, &n.CreatedAt, &n.UpdatedAt,
 		&s.enrolledAt, &s.leaseExpiresAt, &s.lastHeartbeatAt, &s.retiredAt, &n.AgentVersion, &s.facts,
 		&s.factsObservedAt, &s.factsReceivedAt, &n.DiskState, &s.diskFreeBytes, &s.diskObservedAt, &s.priceMicros,
-		&s.billingIntervalSeconds, &n.EligibleClasses, &s.availableUntil}, extra...)
+		&s.billingIntervalSeconds, &n.EligibleClasses, &s.availableUntil, &n.EnrollNonceDigest}, extra...)
 }
 
 func (s *nodeScan) row() Node {

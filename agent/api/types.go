@@ -74,6 +74,11 @@ type EnrollRequest struct {
 	AgentVersion          string   `json:"agent_version"`
 	Facts                 Facts    `json:"facts"`
 	UnacknowledgedResults []Result `json:"unacknowledged_results,omitempty"`
+	// EnrollmentNonce is a random value the agent chooses once per
+	// bootstrap and sends with every attempt to redeem it. A retry whose
+	// earlier attempt was redeemed but whose answer was lost is answered
+	// again (same fencing token) instead of enrollment_spent.
+	EnrollmentNonce string `json:"enrollment_nonce,omitempty"`
 }
 
 // EnrollResponse answers a successful enrollment.

@@ -48,7 +48,9 @@ package core
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -381,8 +383,10 @@ func (a *Agent) newClient(url, ca string) (*client.Client, error) {
 }
 
 // enroll redeems the bootstrap. Transient failures are retried with backoff;
-// a refusal is final. (An enrollment whose answer was lost in transit cannot
-// be retried: the token is spent. That node needs a reinvite.)
+// a refusal is final. Every attempt carries the bootstrap's nonce
+// (enrollNonce), so an attempt that the server committed but whose answer
+// was lost in transit is answered again on retry, at the same fencing
+// token, rather than refused enrollment_spent.
 func (a *Agent) enroll(ctx context.Context, b *api.Bootstrap) error {
 	if b.NodeID == "" || b.EnrollmentToken == "" || b.ControlPlaneURL == "" {
 		return errors.New("bootstrap: node_id, enrollment_token and control_plane_url are required")
@@ -394,8 +398,13 @@ func (a *Agent) enroll(ctx context.Context, b *api.Bootstrap) error {
 	if err != nil {
 		return err
 	}
+	nonce, err := a.enrollNonce(b)
+	if err != nil {
+		return err
+	}
 	owed := a.store.UnackedResults()
 	req := api.EnrollRequest{
+		EnrollmentNonce:       nonce,
 		NodeID:                b.NodeID,
 		Generation:            b.Generation,
 		EnrollmentToken:       b.EnrollmentToken,
@@ -456,6 +465,7 @@ func (a *Agent) enroll(ctx context.Context, b *api.Bootstrap) error {
 		a.log.Error("acknowledge results settled by enrollment", "err", err)
 	}
 	_ = removeIfExists(a.store.Path("fatal.json"))
+	_ = removeIfExists(a.store.Path(nonceFile))
 	c.SetSessionToken(sess.SessionToken)
 	a.mu.Lock()
 	a.c, a.sess = c, sess
@@ -465,6 +475,38 @@ func (a *Agent) enroll(ctx context.Context, b *api.Bootstrap) error {
 		"session_ttl_seconds", sess.SessionTTLSeconds, "heartbeat_seconds", sess.HeartbeatSeconds,
 		"lease_seconds", sess.LeaseSeconds, "results_settled_at_enroll", len(owed))
 	return nil
+}
+
+// nonceFile keeps the enrollment nonce of the bootstrap being redeemed.
+const nonceFile = "enroll_nonce.json"
+
+// nonceRecord is the enrollment nonce of one bootstrap's token.
+type nonceRecord struct {
+	EnrollmentTokenSHA256 string `json:"enrollment_token_sha256"`
+	Nonce                 string `json:"nonce"`
+}
+
+// enrollNonce answers the nonce every attempt to redeem b carries: the one
+// kept in the state dir for b's token, else a new random one, kept (synced)
+// before any attempt uses it, so that the agent restarted in the middle of
+// an enrollment retries with the nonce the server may already hold. It is
+// removed once the session is stored.
+func (a *Agent) enrollNonce(b *api.Bootstrap) (string, error) {
+	path := a.store.Path(nonceFile)
+	want := tokenDigest(b.EnrollmentToken)
+	var rec nonceRecord
+	if err := state.ReadJSON(path, &rec); err == nil && rec.EnrollmentTokenSHA256 == want && rec.Nonce != "" {
+		return rec.Nonce, nil
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("enrollment nonce: %w", err)
+	}
+	rec = nonceRecord{EnrollmentTokenSHA256: want, Nonce: base64.RawURLEncoding.EncodeToString(raw[:])}
+	if err := state.WriteJSONAtomic(path, rec, a.store.Durable()); err != nil {
+		return "", fmt.Errorf("store enrollment nonce: %w", err)
+	}
+	return rec.Nonce, nil
 }
 
 // terminal maps a refusal that ends the agent's run to ErrRetired or a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"math"
 	"net/http"
@@ -204,6 +205,54 @@ func TestAgent(t *testing.T) {
 		if err := b.stop(); err != nil {
 			t.Fatalf("clean stop returned %v", err)
 		}
+	})
+
+	t.Run("LostEnrollAnswerIsRetriedWithItsNonce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.enrollCuts = 1 })
+		b.start(b.cp.bootstrap())
+		b.eventually("enrolled after the lost answer", 100*time.Millisecond, func() bool { return b.agent.Stats().Enrollments == 1 })
+		b.cp.with(func() {
+			if len(b.cp.enrolls) != 1 || len(b.cp.enrollTries) != 2 {
+				t.Fatalf("committed %d of %d attempts", len(b.cp.enrolls), len(b.cp.enrollTries))
+			}
+			if n := b.cp.enrollTries[0].EnrollmentNonce; len(n) < 22 || b.cp.enrollTries[1].EnrollmentNonce != n {
+				t.Fatalf("nonces %q then %q", n, b.cp.enrollTries[1].EnrollmentNonce)
+			}
+		})
+		if s := b.agent.Session(); s.FencingToken != 1 {
+			t.Fatalf("fencing token %d", s.FencingToken)
+		}
+		b.eventually("a poll on the session", 0, func() bool { return b.agent.Stats().Polls > 0 })
+		if _, err := os.Stat(b.store.Path(nonceFile)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("nonce kept after the session was stored: %v", err)
+		}
+	})
+
+	t.Run("RestartMidEnrollmentKeepsItsNonce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// Every attempt committed first is cut: the agent never learns it
+		// enrolled before it is stopped.
+		b.cp.with(func() { b.cp.enrollCuts = 1 << 30 })
+		bs := b.cp.bootstrap()
+		b.start(bs)
+		b.eventually("the first attempt", 0, func() bool {
+			var n int
+			b.cp.with(func() { n = len(b.cp.enrollTries) })
+			return n > 0
+		})
+		b.stop()
+		b.cp.with(func() { b.cp.enrollCuts = 0 })
+		b.start(bs)
+		b.eventually("enrolled after the restart", 100*time.Millisecond, func() bool { return b.agent.Stats().Enrollments == 1 })
+		b.cp.with(func() {
+			tries := b.cp.enrollTries
+			if len(b.cp.enrolls) != 1 || tries[len(tries)-1].EnrollmentNonce != tries[0].EnrollmentNonce {
+				t.Fatalf("%d enrollments; first nonce %q, last %q", len(b.cp.enrolls), tries[0].EnrollmentNonce, tries[len(tries)-1].EnrollmentNonce)
+			}
+		})
 	})
 
 	t.Run("DuplicateRedeliveryAnsweredDuplicate", func(t *testing.T) {

@@ -112,7 +112,10 @@ type fakeCP struct {
 	wake         chan struct{}
 	pollScript   []func(http.ResponseWriter) // answers for the next polls, in order
 	eventsDown   int                         // answer 503 to this many events posts
-	enrolls      []api.EnrollRequest
+	enrolls      []api.EnrollRequest         // enrollments committed
+	enrollTries  []api.EnrollRequest         // every enroll request
+	enrollNonce  string                      // the nonce the committed enrollment carried
+	enrollCuts   int                         // cut this many committed enrollments' answers
 	renews       int
 	activePolls  int         // poll handlers running now
 	pollTimes    []time.Time // fake-clock time of each poll
@@ -202,6 +205,8 @@ func (cp *fakeCP) enroll(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
+	cp.enrollTries = append(cp.enrollTries, req)
+	again := cp.spent && req.EnrollmentNonce != "" && req.EnrollmentNonce == cp.enrollNonce
 	switch {
 	case cp.retired:
 		problem(w, 410, "node_retired")
@@ -209,17 +214,29 @@ func (cp *fakeCP) enroll(w http.ResponseWriter, r *http.Request) {
 	case req.EnrollmentToken != cp.enrollToken:
 		problem(w, 401, "enrollment_invalid")
 		return
-	case cp.spent:
+	case cp.spent && !again:
 		problem(w, 409, "enrollment_spent")
 		return
 	}
+	if again { // the server's answer to its own agent's retry: same fencing
+		writeJSON(w, api.EnrollResponse{NodeID: req.NodeID, SessionToken: fmt.Sprintf("session-%d", cp.fencing),
+			SessionExpiresAt: cp.clk.Now().Add(time.Duration(cp.ttl) * time.Second), SessionTTLSeconds: cp.ttl,
+			FencingToken: cp.fencing, LeaseSeconds: 90, HeartbeatSeconds: cp.heartbeatSec})
+		return
+	}
 	cp.spent = true
+	cp.enrollNonce = req.EnrollmentNonce
 	cp.fencing++
 	cp.cfgLast = nil // a fencing bump makes the configuration due again
 	cp.enrolls = append(cp.enrolls, req)
 	cp.results = append(cp.results, req.UnacknowledgedResults...)
 	tok := fmt.Sprintf("session-%d", cp.fencing)
 	cp.tokens[tok] = cp.fencing
+	if cp.enrollCuts > 0 {
+		cp.enrollCuts--
+		cutAnswer(w)
+		return
+	}
 	writeJSON(w, api.EnrollResponse{NodeID: req.NodeID, SessionToken: tok, SessionExpiresAt: cp.clk.Now().Add(time.Duration(cp.ttl) * time.Second),
 		SessionTTLSeconds: cp.ttl, FencingToken: cp.fencing, LeaseSeconds: 90, HeartbeatSeconds: cp.heartbeatSec})
 }

@@ -66,7 +66,7 @@ func TestDueMemo(t *testing.T) {
 		m.put("n", m.begin("n"), 1, true, false)
 		m.put("n", m.begin("n"), 1, false, false)
 		require.False(t, m.quiet("n", 1))
-		require.Zero(t, m.size(), "a busy node takes no room")
+		require.Zero(t, m.count(), "a busy node takes no room")
 	})
 	t.Run("ForgetDuringRead", func(t *testing.T) {
 		m := newMemo()
@@ -121,14 +121,14 @@ func TestDueMemo(t *testing.T) {
 			m.put(id, m.begin(id), 1, true, false)
 		}
 		require.Zero(t, m.begin("x"), "full of fresh entries: not kept")
-		require.Equal(t, 3, m.size())
+		require.Equal(t, 3, m.count())
 		require.NotZero(t, m.begin("1"), "a node already known is read anew in place")
 		clk.advance(5 * time.Minute)
 		tok := m.begin("x")
 		require.NotZero(t, tok, "expired entries pruned to make room")
 		m.put("x", tok, 1, true, false)
 		require.True(t, m.quiet("x", 1))
-		require.Equal(t, 1, m.size())
+		require.Equal(t, 1, m.count())
 	})
 	t.Run("Disabled", func(t *testing.T) {
 		m := newDueMemo(-1, 10, true, clk.now)
@@ -204,9 +204,10 @@ func TestDueMemoConcurrent(t *testing.T) {
 			continue
 		}
 		quiet++
-		m.mu.Lock()
-		tok := m.entries[id].token
-		m.mu.Unlock()
+		sh := m.shard(id)
+		sh.mu.Lock()
+		tok := sh.entries[id].token
+		sh.mu.Unlock()
 		require.Equal(t, version[n], seen[tok], "node %d kept a read older than its last write", n)
 	}
 	// Reads after the last write of each node are kept: the check above

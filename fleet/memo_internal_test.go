@@ -1,6 +1,11 @@
 package fleet
 
 import (
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,7 +41,7 @@ func TestMemoFallback(t *testing.T) {
 	require.False(t, ok, "void once notifications may be missed")
 
 	m.put("n", m.begin("n"), "x", false)
-	require.Zero(t, m.size(), "a read not kept takes no room")
+	require.Zero(t, m.count(), "a read not kept takes no room")
 
 	off := newMemo[string](-1, 10*time.Second, 10, false, clk.now)
 	require.Zero(t, off.begin("n"), "disabled: nothing kept, down or up")
@@ -96,8 +101,82 @@ func TestMemoWarm(t *testing.T) {
 	full.fill("x", "warm")
 	full.fill("y", "warm")
 	full.endWarm()
-	require.Equal(t, 1, full.size(), "bounded like any read")
+	require.Equal(t, 1, full.count(), "bounded like any read")
 
 	down := newMemo[string](5*time.Minute, 0, 10, false, clk.now)
 	require.False(t, down.beginWarm(), "nothing would be kept while notifications may be missed")
+}
+
+// TestMemoWarmConcurrent: writes (a version bump, then the node's forget)
+// race a warm-up's read and fills across the memo's shards (run with
+// -race). Once every write is announced, whatever the warm-up left known
+// is what the store holds: a fill a forget overlapped is never kept.
+func TestMemoWarmConcurrent(t *testing.T) {
+	clk := &memoClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	for round := range 20 {
+		m := newMemo[int](time.Hour, 0, 1000, true, clk.now)
+		const nodes = 200
+		var mu sync.Mutex
+		version := make([]int, nodes)
+		var writers sync.WaitGroup
+		start := make(chan struct{})
+		for w := range 4 {
+			writers.Add(1)
+			go func() {
+				defer writers.Done()
+				<-start
+				for i := range 300 {
+					n := (w*7 + i*13 + round) % nodes
+					mu.Lock()
+					version[n]++
+					mu.Unlock()
+					m.forget(strconv.Itoa(n))
+				}
+			}()
+		}
+		require.True(t, m.beginWarm())
+		close(start)
+		mu.Lock()
+		snapshot := slices.Clone(version) // the warm-up's read
+		mu.Unlock()
+		for n, v := range snapshot {
+			m.fill(strconv.Itoa(n), v)
+			if n%16 == 0 {
+				runtime.Gosched()
+			}
+		}
+		m.endWarm()
+		writers.Wait()
+		for n := range nodes {
+			if v, ok := m.get(strconv.Itoa(n)); ok {
+				require.Equal(t, version[n], v, "round %d: node %d kept a fill older than its last write", round, n)
+			}
+		}
+	}
+}
+
+// BenchmarkMemoParallel: the session doors' pattern (a lookup, a read's
+// begin and put on a miss) from many goroutines over many nodes.
+func BenchmarkMemoParallel(b *testing.B) {
+	m := newMemo[int](time.Hour, 10*time.Second, 1<<20, true, time.Now)
+	const nodes = 50_000
+	ids := make([]string, nodes)
+	for i := range ids {
+		ids[i] = "node-" + strconv.Itoa(i)
+	}
+	b.SetParallelism(256)
+	var seq atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(seq.Add(7919))
+		for pb.Next() {
+			id := ids[i%nodes]
+			if _, ok := m.get(id); !ok || i%50 == 0 {
+				m.put(id, m.begin(id), i, true)
+			}
+			if i%100 == 0 {
+				m.forget(id)
+			}
+			i += 31
+		}
+	})
 }

@@ -32,18 +32,28 @@
 // there the collector's cost is throughput (measured at saturation, a
 // percent near 30 cost the server a tenth of a core), and the policy
 // only lowers it again, a quarter at a time, once the server is quiet.
+// So does a period in which the machine's CPUs were busy (over
+// MachineBusyShare, from /proc/stat on Linux), whoever used them: several
+// replicas and their database on one host each look quiet on their own
+// while every cycle one collector adds is taken from the others (a
+// 50,000-agent run on two cores held three replicas at GC percent 25, each
+// at a quarter of a core, the machine at 100 %). A host with a CPU quota
+// of its own (a container) is not seen this way; there only the process's
+// share counts.
 //
 // An operator's explicit GOGC or GOMEMLIMIT wins: the policy then does
 // nothing. NODEWARD_MEMORY_POLICY=off turns it off.
 package memorypolicy
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"math"
 	"os"
 	"runtime/debug"
 	"runtime/metrics"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -71,6 +81,10 @@ type Sample struct {
 	BusyCPU    float64
 	TotalCPU   float64
 	ProcessCPU float64
+	// MachineBusy and MachineTotal are the machine's cumulative CPU time,
+	// all processes, busy and in all (any unit; 0 where unknown).
+	MachineBusy  float64
+	MachineTotal float64
 }
 
 // gcShare is the collector's share of the process's CPU capacity between
@@ -102,6 +116,9 @@ type Settings struct {
 	// A busy server's collector costs throughput, and its headroom is
 	// what it works in; the policy is for servers that mostly hold.
 	BusyShare float64
+	// MachineBusyShare: a period in which the machine's CPUs were busier
+	// than this share puts the default percent back at once too (0.75).
+	MachineBusyShare float64
 }
 
 func (s Settings) withDefaults() Settings {
@@ -122,6 +139,9 @@ func (s Settings) withDefaults() Settings {
 	}
 	if s.BusyShare == 0 {
 		s.BusyShare = 0.25
+	}
+	if s.MachineBusyShare == 0 {
+		s.MachineBusyShare = 0.75
 	}
 	return s
 }
@@ -176,6 +196,9 @@ func (c *Controller) Decide(s Sample) int {
 	busy := false
 	if c.primed && s.TotalCPU > c.last.TotalCPU {
 		busy = s.ProcessCPU > c.last.ProcessCPU && (s.ProcessCPU-c.last.ProcessCPU)/(s.TotalCPU-c.last.TotalCPU) > c.s.BusyShare
+		if total := s.MachineTotal - c.last.MachineTotal; total > 0 && (s.MachineBusy-c.last.MachineBusy)/total > c.s.MachineBusyShare {
+			busy = true
+		}
 		share := gcShare(c.last, s)
 		// What the default would have cost over the same period, moved a
 		// quarter of the way towards each new reading: collections are
@@ -332,8 +355,10 @@ func ReadRuntime() Sample {
 		}
 		return 0
 	}
+	busy, total := machineCPU()
 	return Sample{LiveHeap: u(0), Stacks: u(1), Globals: u(2),
-		GCCPU: f(3) + f(4) + f(5), TotalCPU: f(6), BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU()}
+		GCCPU: f(3) + f(4) + f(5), TotalCPU: f(6), BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU(),
+		MachineBusy: busy, MachineTotal: total}
 }
 
 // GCCPUSeconds is the CPU the collector has spent in this process, in the
@@ -341,3 +366,22 @@ func ReadRuntime() Sample {
 // mark workers left out). It counts wall time a P spent, so it runs high
 // where other processes take the cores.
 func GCCPUSeconds() float64 { return ReadRuntime().GCCPU }
+
+// parseProcStat reads the aggregate "cpu" line of /proc/stat.
+func parseProcStat(b []byte) (busy, total float64) {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := bytes.Fields(line)
+	if len(f) < 9 || string(f[0]) != "cpu" {
+		return 0, 0
+	}
+	var v [8]float64 // user nice system idle iowait irq softirq steal
+	for i := range v {
+		n, err := strconv.ParseUint(string(f[i+1]), 10, 64)
+		if err != nil {
+			return 0, 0
+		}
+		v[i] = float64(n)
+	}
+	busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+	return busy, busy + v[3] + v[4]
+}

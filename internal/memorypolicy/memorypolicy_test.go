@@ -129,6 +129,52 @@ func TestControllerStepsBackWhenBusy(t *testing.T) {
 	}
 }
 
+// TestControllerStepsBackWhenTheMachineIsBusy: a quiet process on a
+// machine whose CPUs are busy (other replicas, the database) gets the
+// default percent back at once; on a machine with room it goes on
+// lowering it, and where the machine's CPU is unknown only its own share
+// counts.
+func TestControllerStepsBackWhenTheMachineIsBusy(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		busy, total float64 // the machine's CPU ticks over the period
+		prev, want  int
+	}{
+		{"machine at 100 %: the default at once", 2000, 2000, 25, 100},
+		{"machine at 80 %: the default", 1600, 2000, 33, 100},
+		{"machine at 75 %, the bound: lowered", 1500, 2000, 33, 25},
+		{"machine at 30 %: lowered", 600, 2000, 33, 25},
+		{"machine unknown: lowered", 0, 0, 33, 25},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := primedAt(tc.prev)
+			c.last = Sample{MachineBusy: 1000, MachineTotal: 1000}
+			if tc.total == 0 {
+				c.last = Sample{}
+			}
+			// A process at a tenth of its capacity: quiet on its own.
+			s := Sample{LiveHeap: 280 * mib, Stacks: 130 * mib, TotalCPU: 10, ProcessCPU: 1,
+				MachineBusy: c.last.MachineBusy + tc.busy, MachineTotal: c.last.MachineTotal + tc.total}
+			if got := c.Decide(s); got != tc.want {
+				t.Fatalf("machine %.0f of %.0f ticks busy at %d: GC percent %d, want %d", tc.busy, tc.total, tc.prev, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestParseProcStat reads the aggregate line of /proc/stat.
+func TestParseProcStat(t *testing.T) {
+	busy, total := parseProcStat([]byte("cpu  100 5 50 800 20 3 2 10 0 0\ncpu0 50 2 25 400 10 1 1 5 0 0\n"))
+	if busy != 170 || total != 990 {
+		t.Fatalf("busy %v total %v, want 170 and 990", busy, total)
+	}
+	for _, bad := range []string{"", "intr 1 2 3", "cpu 1 2 x 4 5 6 7 8"} {
+		if b, tot := parseProcStat([]byte(bad)); b != 0 || tot != 0 {
+			t.Fatalf("%q read as %v of %v", bad, b, tot)
+		}
+	}
+}
+
 // TestControllerSequences walks the controller through periods (live
 // heap, stacks, the collector's share since the last) from its start.
 func TestControllerSequences(t *testing.T) {

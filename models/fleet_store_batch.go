@@ -159,8 +159,10 @@ func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, 
 	// every replica sweeps every few seconds, and nearly always nothing
 	// has lapsed (a goroutine dump of a 50,000-agent bring-up caught such
 	// a sweep waiting for the gate, two lanes of enrollments queued behind
-	// it). A plain read (nodes_state) asks first; the transaction checks
-	// again under its lock.
+	// it). A plain read asks first; the transaction checks again under
+	// its lock. No index holds the lease, so that a renewal stays a
+	// heap-only update (migration 00023): the read goes over the ready
+	// nodes, about 6 ms at 50,000 on Postgres, once a sweep interval.
 	var due bool
 	if err := s.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM nodes WHERE state = ? AND lease_expires_at < ?)`,
 		string(fleet.StateReady), dbtime.Norm(now)).Scan(&due).Error; err != nil {

@@ -80,9 +80,28 @@ func (s *FleetStore) renewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 		t := tx.(*fleetTx)
 		g := t.db(ctx)
 		changed = 0
-		for _, r := range batch {
+		for i := 0; i < len(batch); i++ {
+			r := batch[i]
 			if err := t.stray(r.NodeID); err != nil {
 				return err
+			}
+			if t.dialect == Postgres && r.Facts == nil {
+				// A run of renewals without facts (held polls' and plain
+				// heartbeats': nearly every batch whole) is one statement.
+				j := i + 1
+				for j < len(batch) && batch[j].Facts == nil {
+					if err := t.stray(batch[j].NodeID); err != nil {
+						return err
+					}
+					j++
+				}
+				n, err := renewRun(g, batch[i:j])
+				if err != nil {
+					return err
+				}
+				changed += n
+				i = j - 1
+				continue
 			}
 			until := dbtime.Norm(r.Until)
 			if r.HeartbeatAt == nil && r.Facts == nil {
@@ -138,6 +157,49 @@ func (s *FleetStore) renewLeases(ctx context.Context, batch []fleet.LeaseRenewal
 	})
 	return changed, err
 }
+
+// renewRun writes a run of renewals without facts, sorted by node id, in
+// one statement (Postgres): a round trip for the run instead of one per
+// node. It locks the rows in node id order first (the materialized CTE:
+// LockRows runs above its Sort), so the run keeps the batch's lock order;
+// the change is renewLeaseSQL's, with the heartbeat's time where there is
+// one. A node named twice keeps the later lease and heartbeat.
+func renewRun(g *gorm.DB, run []fleet.LeaseRenewal) (int, error) {
+	ids := make([]string, 0, len(run))
+	until := make([]time.Time, 0, len(run))
+	beats := make([]*time.Time, 0, len(run))
+	for _, r := range run {
+		u := dbtime.Norm(r.Until)
+		var hb *time.Time
+		if r.HeartbeatAt != nil {
+			t := dbtime.Norm(*r.HeartbeatAt)
+			hb = &t
+		}
+		if k := len(ids) - 1; k >= 0 && ids[k] == r.NodeID {
+			if u.After(until[k]) {
+				until[k] = u
+			}
+			if hb != nil && (beats[k] == nil || hb.After(*beats[k])) {
+				beats[k] = hb
+			}
+			continue
+		}
+		ids, until, beats = append(ids, r.NodeID), append(until, u), append(beats, hb)
+	}
+	n, err := execRows(g, renewRunSQL, ids, until, beats, string(fleet.StateEnrolling),
+		string(fleet.StateReady), string(fleet.StateLost), string(fleet.StateLost), string(fleet.StateReady))
+	return int(n), err
+}
+
+// renewRunSQL is renewRun's statement: arrays of node ids, leases and
+// heartbeat times (NULL: none).
+var renewRunSQL = numbered(`WITH v AS (SELECT * FROM unnest(?::text[], ?::timestamptz[], ?::timestamptz[]) AS v(id, until, heartbeat_at)),
+	locked AS MATERIALIZED (SELECT n.id FROM nodes n JOIN v ON v.id = n.id WHERE n.state <> ? ORDER BY n.id FOR UPDATE OF n)
+	UPDATE nodes SET
+	lease_expires_at = CASE WHEN nodes.state IN (?, ?) AND (nodes.lease_expires_at IS NULL OR nodes.lease_expires_at < v.until) THEN v.until ELSE nodes.lease_expires_at END,
+	state = CASE WHEN nodes.state = ? THEN ? ELSE nodes.state END,
+	last_heartbeat_at = COALESCE(v.heartbeat_at, nodes.last_heartbeat_at)
+	FROM v WHERE nodes.id = v.id AND nodes.id IN (SELECT id FROM locked)`)
 
 // renewLeaseSQL is RenewLeases' change for a renewal without heartbeat or
 // facts: a lease only grows, and only for a live node; a lost node becomes

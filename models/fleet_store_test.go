@@ -513,6 +513,16 @@ func TestFleetStoreLeases(t *testing.T) {
 		_, err = s.RenewLeases(ctx, []fleet.LeaseRenewal{{NodeID: "ready", Until: t0}})
 		require.NoError(t, err)
 		require.Equal(t, until, *state("ready").LeaseExpiresAt)
+		// A node named twice in a batch keeps the later lease and
+		// heartbeat; a renewal without a heartbeat keeps the last one.
+		later := until.Add(time.Minute)
+		_, err = s.RenewLeases(ctx, []fleet.LeaseRenewal{{NodeID: "ready", Until: later, HeartbeatAt: tp(t0.Add(time.Minute))},
+			{NodeID: "ready", Until: until}, {NodeID: "lost", Until: later}})
+		require.NoError(t, err)
+		require.Equal(t, later, *state("ready").LeaseExpiresAt)
+		require.Equal(t, t0.Add(time.Minute), *state("ready").LastHeartbeatAt)
+		require.Equal(t, later, *state("lost").LeaseExpiresAt)
+		require.Equal(t, t0, *state("lost").LastHeartbeatAt, "no heartbeat: the last one stays")
 
 		counts, err := s.CountNodesByState(ctx)
 		require.NoError(t, err)

@@ -171,8 +171,8 @@ func TestPostgresWriteCounters(t *testing.T) {
 	// trip or a commit to a hot path fails here. The batch steps ran once,
 	// so they allow for a background loop's statement or two.
 	ceilings := map[string]struct{ commits, rtrips int64 }{
-		"submit POST /api/v1/nodes/{id}/commands":                    {2, 6},
-		"submit POST /api/v1/operations (node.prepare_image)":        {2, 6},
+		"submit POST /api/v1/nodes/{id}/commands":                    {1, 3},
+		"submit POST /api/v1/operations (node.prepare_image)":        {1, 3},
 		"claim GET /agent/v1/commands (1 due)":                       {2, 5},
 		"settle POST /agent/v1/results (1 result)":                   {1, 3},
 		"poll GET /agent/v1/commands (nothing due)":                  {1, 1},

@@ -3,6 +3,8 @@ package ledger_test
 import (
 	"encoding/json"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,5 +334,44 @@ func TestCommandSubmitConcurrentSameRequestIsOneOperation(t *testing.T) {
 		submitAtOnce(t, b, sub)
 		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Operation{}, "request_id = ?", sub.RequestID))
 		require.Equal(t, int64(1), dbtest.Count(t, b.db.DB, &models.Command{}, "node_id = ?", node))
+	})
+}
+
+// The per-node quota is exact under concurrent submits from two replicas.
+// On Postgres the count rides the command's insert (models: issueSQL), and
+// an insert that waited for the node's lock while the other replica's
+// batch held it must still count what that batch committed.
+func TestNodeQuotaHoldsAcrossReplicas(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		other := newLedger(t, b.db, b.tk, b.clock)
+		node, _ := b.readyNode(t)
+		quota := b.svc.Settings().NodeQuota
+		const submitters, per = 32, 4 // 128 attempts, half through each replica
+		var created, refused atomic.Int64
+		var wg sync.WaitGroup
+		for i := range submitters {
+			svc := b.svc
+			if i%2 == 1 {
+				svc = other.svc
+			}
+			wg.Go(func() {
+				for range per {
+					_, _, err := svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindNodePrepareImage,
+						Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: node}}, Operation: json.RawMessage(prepare)})
+					switch {
+					case err == nil:
+						created.Add(1)
+					case errcode.Of(err) == errcode.QuotaExceeded:
+						refused.Add(1)
+					default:
+						t.Errorf("submit: %v", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, int64(quota), created.Load(), "operations recorded")
+		require.Equal(t, int64(submitters*per-quota), refused.Load(), "quota refusals")
+		require.Equal(t, int64(quota), dbtest.Count(t, b.db.DB, &models.Command{}, "node_id = ?", node))
 	})
 }

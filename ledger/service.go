@@ -368,6 +368,9 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 			return err
 		}
 		if kind.Record != nil {
+			if nodeQuotaApplies(kind, op) {
+				tx.ExpectNodeCount(op.TargetID, op.ID, s.kinds.QuotaExempt())
+			}
 			// The node's long-poll is woken by what Record writes;
 			// nothing here waits on the operation yet.
 			recorded, err := kind.Record(ctx, tx, op)

@@ -184,6 +184,11 @@ type Tx interface {
 	// CountOpenForNode counts operations not yet ended that target the
 	// node, other than kinds in except.
 	CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error)
+	// ExpectNodeCount announces that once the transaction's next write for
+	// the node has locked it (the command of operation operationID), the
+	// caller will ask CountOpenForNode(nodeID, except): a store may answer
+	// that count from the write itself instead of a statement of its own.
+	ExpectNodeCount(nodeID, operationID string, except []string)
 	// CountOpenForNodes is CountOpenForNode for many nodes in one
 	// statement: node id → count (absent: 0).
 	CountOpenForNodes(ctx context.Context, nodeIDs []string, except []string) (map[string]int, error)

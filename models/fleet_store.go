@@ -674,21 +674,33 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	// The command's operation, when the ledger kept it back for this
 	// statement (later.go), is inserted by it too, with its events.
 	// Sent around GORM (sqlpath.go), scanned by hand.
-	query, args := issueSQL(-1), []any(nil)
+	// The ledger's quota count, when it asked ahead (ExpectNodeCount),
+	// rides along too.
+	count := t.later.countFor(c.OperationID)
+	if count != nil && count.node != c.NodeID {
+		count = nil
+	}
+	events := -1
+	var args []any
 	kept := t.later.take(c.OperationID)
 	if kept != nil {
 		args = operationArgs(*kept.op, kept.events)
-		query = issueSQL(len(kept.events))
+		events = len(kept.events)
 	}
+	query := issueSQL(events, count != nil)
 	row := rowFromCommand(c)
 	var node nodeScan
 	var inserted, found bool
-	var opSeq sql.NullInt64
-	err := eachRow(t.db(ctx), query, append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt,
-		row.State, t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady)),
+	var opSeq, others sql.NullInt64
+	args = append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt,
+		row.State, t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady))
+	if count != nil {
+		args = append(args, c.OperationID, count.except)
+	}
+	err := eachRow(t.db(ctx), query, args,
 		func(rows *sql.Rows) error {
 			found = true
-			return rows.Scan(node.dest(&inserted, &opSeq)...)
+			return rows.Scan(node.dest(&inserted, &opSeq, &others)...)
 		})
 	switch {
 	case kept != nil && isDuplicate(err):
@@ -708,24 +720,39 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	n := nodeFromRow(node.row())
 	if inserted {
 		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
+		if count != nil && others.Valid {
+			// The count leaves the operation out (the migration says
+			// why); it exists, recorded now or before this statement.
+			count.answered, count.n = true, int(others.Int64)+1
+		}
 	}
 	return n, inserted, nil
 }
 
 // issueSQL is IssueToNode's statement on Postgres, with the insert of a
-// kept-back operation with that many events when events is not negative.
+// kept-back operation with that many events when events is not negative,
+// and with the node's quota count when counted.
 // Its arguments: the operation's (operationArgs), if any, then the node, the command's id, kind, payload, digest,
 // issued_at and state, the channel, the notification's payload less the
-// node, the ready state. It answers the locked node's nodeColumns, whether
-// the command was inserted and the operation's seq (NULL with no
-// operation); no row for no node. Built once per number of events.
-func issueSQL(events int) string {
-	if q, ok := issueStatements.Load(events); ok {
+// node, the ready state; when counted, the operation's id and the exempt
+// kinds. It answers the locked node's nodeColumns, whether
+// the command was inserted, the operation's seq (NULL with no
+// operation) and the count of the node's other open operations (NULL when
+// not counted); no row for no node. Built once per shape.
+func issueSQL(events int, counted bool) string {
+	key := issueShape{events, counted}
+	if q, ok := issueStatements.Load(key); ok {
 		return q.(string)
 	}
 	withOp, selectOp := "", ", NULL AS op_seq"
 	if events >= 0 {
 		withOp, selectOp = operationSQL(events)+",", ", (SELECT seq FROM op) AS op_seq"
+	}
+	// The count is a function of the locked row's id, so it runs once
+	// the lock is held, in a snapshot of its own (migration 00024).
+	selectCount := ", NULL::bigint AS open_others"
+	if counted {
+		selectCount = ", nodeward_open_for_node(n.id, ?, ?::text[]) AS open_others"
 	}
 	q := numbered(`WITH ` + withOp + ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR UPDATE),
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
@@ -733,13 +760,18 @@ func issueSQL(events int) string {
 			CROSS JOIN LATERAL (SELECT pg_notify(?, ? || n.id)) AS note
 			WHERE n.state = ?
 			RETURNING 1)
-		SELECT ` + nodeColumns + `, EXISTS (SELECT 1 FROM ins) AS inserted` + selectOp + ` FROM n`)
-	issueStatements.Store(events, q)
+		SELECT ` + nodeColumns + `, EXISTS (SELECT 1 FROM ins) AS inserted` + selectOp + selectCount + ` FROM n`)
+	issueStatements.Store(key, q)
 	return q
 }
 
-// issueStatements holds issueSQL's statements by number of events (-1:
-// no operation).
+// issueShape names one of issueSQL's statements.
+type issueShape struct {
+	events  int // -1: no operation
+	counted bool
+}
+
+// issueStatements holds issueSQL's statements by shape.
 var issueStatements sync.Map
 
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {

@@ -1,6 +1,7 @@
 package models
 
 import (
+	"slices"
 	"strings"
 
 	"gorm.io/gorm"
@@ -18,10 +19,60 @@ import (
 // transaction's work (group.go), so the order of the writes is kept.
 
 // later is an operation whose insert waits for the transaction's next
-// statement.
+// statement, and a node quota count that statement may answer.
 type later struct {
 	op     *ledger.Operation
 	events []ledger.Event
+	// count is the quota count the ledger expects to ask once the
+	// command's insert has locked its node (ExpectNodeCount): the insert
+	// answers it (issueSQL), and it holds until the next statement.
+	count *nodeCount
+}
+
+// nodeCount is a per-node quota count asked ahead (ExpectNodeCount) and,
+// once answered, the answer: the node's open operations, the one named
+// among them.
+type nodeCount struct {
+	node, operation string
+	except          []string
+	answered        bool
+	n               int
+}
+
+// expectCount asks the next issue of operation's command to node to count
+// the node's open operations too.
+func (l *later) expectCount(node, operation string, except []string) {
+	if l != nil {
+		l.count = &nodeCount{node: node, operation: operation, except: except}
+	}
+}
+
+// countFor answers the count asked for the issue of operation's command,
+// still unanswered, if any.
+func (l *later) countFor(operation string) *nodeCount {
+	if l == nil || l.count == nil || l.count.answered || l.count.operation != operation {
+		return nil
+	}
+	return l.count
+}
+
+// counted answers the count a statement answered, when it was asked for
+// this node and these exempt kinds and no statement has run since.
+func (l *later) counted(node string, except []string) (int, bool) {
+	if l == nil || l.count == nil || !l.count.answered || l.count.node != node || !slices.Equal(l.count.except, except) {
+		return 0, false
+	}
+	n := l.count.n
+	l.count = nil
+	return n, true
+}
+
+// statementSent forgets an answered count: the statement about to run
+// may change what it counted.
+func (l *later) statementSent() {
+	if l != nil && l.count != nil && l.count.answered {
+		l.count = nil
+	}
 }
 
 // laterKind reports the kinds whose Record issues their command first
@@ -69,6 +120,7 @@ func (l *later) send(g *gorm.DB) error {
 // sendFirst sends the operation kept back before a statement built on g:
 // a failure is that statement's error.
 func (l *later) sendFirst(g *gorm.DB) *gorm.DB {
+	l.statementSent()
 	if err := l.send(g); err != nil {
 		g = g.Session(&gorm.Session{})
 		_ = g.AddError(err)

@@ -421,7 +421,18 @@ func (t *ledgerTx) UpdateOperation(ctx context.Context, op ledger.Operation) err
 	).Updates(&row).Error
 }
 
+// ExpectNodeCount: on Postgres the command's insert counts too (issueSQL);
+// SQLite counts with a statement of its own, in-process.
+func (t *ledgerTx) ExpectNodeCount(nodeID, operationID string, except []string) {
+	if t.r.dialect == Postgres {
+		t.r.later.expectCount(nodeID, operationID, except)
+	}
+}
+
 func (t *ledgerTx) CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error) {
+	if n, ok := t.r.later.counted(nodeID, except); ok {
+		return n, nil
+	}
 	var n int64
 	if t.r.dialect == Postgres {
 		// The submit's quota count: sent around GORM (sqlpath.go).

@@ -324,7 +324,9 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	}
 	c.NodeID, c.FencingToken = n.ID, n.FencingToken
 	s.metrics.CommandsIssued.Inc()
-	return c, nil // IssueToNode notified the node
+	// IssueToNode notified the node; a poll held here may be handed the
+	// command as this transaction commits.
+	return s.claimForHeldPoll(ctx, tx, n, c)
 }
 
 // IssueManyTx records many commands (a fan-out's release) inside the
@@ -498,13 +500,33 @@ func (s *Service) PollFor(ctx context.Context, sess Session, req PollRequest) (P
 		why := <-w.ch
 		offstack.Run(func() { done = s.pollNext(ctx, sess, req.Wait, &out, w, &timers, why) })
 	}
+	if late := w.finish(); len(late) > 0 {
+		offstack.Run(func() { s.answerLate(ctx, sess, &out, late) })
+	}
 	return out.answer, out.err
+}
+
+// answerLate adds to a poll's answer the commands handed to it while it
+// was answering otherwise (its deadline, another claim); an answer that
+// is an error, or full, makes them due again instead.
+func (s *Service) answerLate(ctx context.Context, sess Session, out *pollStep, late []Command) {
+	room := s.settings.MaxPollBatch - len(out.answer.Commands)
+	if out.err != nil {
+		room = 0
+	}
+	room = max(0, min(room, len(late)))
+	out.answer.Commands = append(out.answer.Commands, late[:room]...)
+	if rest := late[room:]; len(rest) > 0 {
+		if err := s.Release(context.WithoutCancel(ctx), sess, rest); err != nil {
+			s.log.Warn("release commands handed to a poll that had answered", "err", err)
+		}
+	}
 }
 
 // pollStart registers a poll's waiter, asks for its lease's renewal and
 // arms its deadline and end.
 func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, out *pollStep, timers *pollTimers) (*waiter, error) {
-	w, err := s.hub.subscribe(sess.NodeID, req.Remote)
+	w, err := s.hub.subscribe(sess, req.Remote, req.Resume)
 	if err != nil {
 		return nil, err
 	}
@@ -526,6 +548,14 @@ func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, 
 // pollNext handles a wake-up (none on arrival), then looks again; it
 // reports whether the poll is answered, else arms what it waits for.
 func (s *Service) pollNext(ctx context.Context, sess Session, wait time.Duration, out *pollStep, w *waiter, t *pollTimers, why wake) bool {
+	if why == wakeHanded {
+		// Claimed for this poll by the transaction that recorded them
+		// (claimForHeldPoll): answered as a claim's would be.
+		if cmds := w.take(); len(cmds) > 0 {
+			out.answer, out.err = PollAnswer{Commands: cmds}, nil
+			return true
+		}
+	}
 	if why != 0 && s.pollWoken(ctx, sess, why, out) {
 		return true
 	}

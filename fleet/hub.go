@@ -19,6 +19,7 @@ const (
 	wakeFallback wake = iota + 1 // the notifier is down: look again (counted as source "poll")
 	wakeWork                     // new work may be due
 	wakeIssued                   // this replica just recorded a command for the node
+	wakeHanded                   // commands were claimed for this poll and handed to it (waiter.hand)
 	wakeRecheck                  // the node's record changed: re-check the session
 	wakeDrain                    // the server is shutting down
 	wakeDeadline                 // the poll's wait is over
@@ -30,11 +31,66 @@ type waiter struct {
 	nodeID string
 	remote string
 	since  time.Time
-	ch     chan wake // buffered: a wake never blocks the waker
+	// fencing is the poll's session's fencing token; resuming: the poll
+	// takes what was delivered before it as due (PollRequest.Resume).
+	fencing  int64
+	resuming bool
+	ch       chan wake // buffered: a wake never blocks the waker
 	// sending serialises senders (the hub, and the poll's own timers and
 	// context, which send outside the hub's lock), so a stronger reason
 	// taken out to be compared is always put back.
 	sending sync.Mutex
+
+	handMu sync.Mutex // guards the following
+	// answered: the poll has taken its answer; nothing more is handed.
+	answered bool
+	// handed are commands claimed for this poll by the transaction that
+	// recorded them (Service.claimForHeldPoll), committed, not yet taken.
+	handed []Command
+}
+
+// hand gives the poll commands claimed for it, unless it has taken its
+// answer already (false: the caller makes them due again).
+func (w *waiter) hand(cmds []Command) bool {
+	w.handMu.Lock()
+	if w.answered {
+		w.handMu.Unlock()
+		return false
+	}
+	w.handed = append(w.handed, cmds...)
+	w.handMu.Unlock()
+	send(w, wakeHanded)
+	return true
+}
+
+// finish ends what the poll may be handed and answers what it was handed
+// and has not taken.
+func (w *waiter) finish() []Command {
+	w.handMu.Lock()
+	defer w.handMu.Unlock()
+	w.answered = true
+	out := w.handed
+	w.handed = nil
+	return out
+}
+
+// take answers the commands handed to the poll, if any, as its answer:
+// nothing more is handed after them.
+func (w *waiter) take() []Command {
+	w.handMu.Lock()
+	defer w.handMu.Unlock()
+	out := w.handed
+	if len(out) > 0 {
+		w.answered, w.handed = true, nil
+	}
+	return out
+}
+
+// takeable reports whether commands may be claimed for the poll now.
+func (w *waiter) takeable() bool {
+	w.handMu.Lock()
+	defer w.handMu.Unlock()
+	return !w.answered
 }
 
 // Hub tracks the long-polls this replica holds and wakes them. It holds no
@@ -70,9 +126,10 @@ func newHub(m *metrics.Metrics, now func() time.Time) *Hub {
 	return &Hub{metrics: m, now: now, byNode: map[string]map[*waiter]struct{}{}, present: map[string]*presence{}}
 }
 
-// subscribe registers a long-poll for node; ErrDraining once draining.
-func (h *Hub) subscribe(nodeID, remote string) (*waiter, error) {
-	w := &waiter{nodeID: nodeID, remote: remote, since: h.now().UTC(), ch: make(chan wake, 1)}
+// subscribe registers a long-poll of sess; ErrDraining once draining.
+func (h *Hub) subscribe(sess Session, remote string, resuming bool) (*waiter, error) {
+	nodeID := sess.NodeID
+	w := &waiter{nodeID: nodeID, remote: remote, since: h.now().UTC(), fencing: sess.Fencing, resuming: resuming, ch: make(chan wake, 1)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.draining {
@@ -194,6 +251,19 @@ func (h *Hub) Held() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.count
+}
+
+// heldAt answers a long-poll this replica holds for node at fencing that
+// may be handed commands (not resuming, not answered), or nil.
+func (h *Hub) heldAt(nodeID string, fencing int64) *waiter {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for w := range h.byNode[nodeID] {
+		if w.fencing == fencing && !w.resuming && w.takeable() {
+			return w
+		}
+	}
+	return nil
 }
 
 // HeldFor answers how many long-polls this replica holds for node.

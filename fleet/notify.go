@@ -38,13 +38,25 @@ const (
 	// (auth.TokenSubject, HostSubject, SessionSubject) were revoked; the
 	// fleet ignores it; the administrators' service drops what it cached.
 	NotifyCredentials NotificationKind = "a"
+	// NotifyHanded: the transaction that recorded a command for node
+	// NodeID also claimed it for a long-poll this replica holds
+	// (Service.claimForHeldPoll); once committed, the commands are handed
+	// to that poll. It stands in for the command's NotifyIssued here and
+	// is never sent to others (Local).
+	NotifyHanded NotificationKind = "h"
 )
 
 // Notification is one change other replicas must hear about.
 type Notification struct {
 	Kind   NotificationKind
 	NodeID string
+	// handoff is a NotifyHanded's poll and commands.
+	handoff *handoff
 }
+
+// Local reports a notification this replica alone acts on: a store never
+// sends it to the others.
+func (n Notification) Local() bool { return n.Kind == NotifyHanded || n.Kind == NotifyChildEnded }
 
 // Encode renders the notification as a NOTIFY payload stamped with the
 // sending replica, so a replica can skip its own.

@@ -233,14 +233,20 @@ func (s *Service) Hub() *Hub { return s.hub }
 // Deliver applies notifications: from this replica's own commits (source
 // "local") or from other replicas (source "notify").
 func (s *Service) Deliver(notes []Notification, source string) {
-	for _, n := range notes {
+	handed := handedIssues(notes)
+	for i, n := range notes {
 		switch n.Kind {
 		case NotifyCommands:
 			s.quiet.forget(n.NodeID)
 			s.hub.Wake(n.NodeID, source)
 		case NotifyIssued:
+			if handed[i] {
+				continue
+			}
 			s.quiet.forget(n.NodeID)
 			s.hub.WakeIssued(n.NodeID, source)
+		case NotifyHanded:
+			s.handOff(n.NodeID, n.handoff)
 		case NotifyNode:
 			s.quiet.forget(n.NodeID)
 			s.cache.forget(n.NodeID)

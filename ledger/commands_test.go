@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -373,5 +375,106 @@ func TestNodeQuotaHoldsAcrossReplicas(t *testing.T) {
 		require.Equal(t, int64(quota), created.Load(), "operations recorded")
 		require.Equal(t, int64(submitters*per-quota), refused.Load(), "quota refusals")
 		require.Equal(t, int64(quota), dbtest.Count(t, b.db.DB, &models.Command{}, "node_id = ?", node))
+	})
+}
+
+// heldPoll starts a long-poll of sess and answers what it returns, once
+// the hub holds it.
+func (b *bundle) heldPoll(t *testing.T, pollCtx context.Context, sess fleet.Session) <-chan pollAnswer {
+	t.Helper()
+	held := b.fleet.Hub().HeldFor(sess.NodeID)
+	got := make(chan pollAnswer, 1)
+	go func() {
+		cmds, err := b.fleet.Poll(pollCtx, sess, 30*time.Second, "test")
+		got <- pollAnswer{cmds, err}
+	}()
+	require.Eventually(t, func() bool { return b.fleet.Hub().HeldFor(sess.NodeID) > held }, 10*time.Second, time.Millisecond)
+	return got
+}
+
+type pollAnswer struct {
+	cmds []fleet.Command
+	err  error
+}
+
+func receive(t *testing.T, got <-chan pollAnswer) pollAnswer {
+	t.Helper()
+	select {
+	case a := <-got:
+		return a
+	case <-time.After(20 * time.Second):
+		t.Fatal("the long-poll was not answered")
+		return pollAnswer{}
+	}
+}
+
+// A command submitted while its node's agent holds a long-poll on this
+// replica is claimed for that poll by the submitting transaction and
+// handed to it on commit: the submit answers the operation running, and
+// the poll runs no claim (nor read) of its own.
+func TestCommandHandedToTheHeldPoll(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, sess := b.readyNode(t)
+		require.Empty(t, b.poll(t, sess)) // the read that finds the node quiet
+		reads, direct := testutil.ToFloat64(b.metrics.PollStoreQueries), testutil.ToFloat64(b.metrics.PollDirectClaims)
+
+		got := b.heldPoll(t, ctx, sess)
+		op := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+		require.Equal(t, ledger.StateRunning, op.State, "answered as it stands: delivered")
+		require.NotNil(t, op.AcceptedAt)
+		a := receive(t, got)
+		require.NoError(t, a.err)
+		require.Len(t, a.cmds, 1)
+		require.Equal(t, op.ID, a.cmds[0].OperationID)
+		require.Equal(t, 1, a.cmds[0].DeliveryCount)
+		require.Equal(t, 1.0, testutil.ToFloat64(b.metrics.PollHandoffs))
+		require.Equal(t, reads, testutil.ToFloat64(b.metrics.PollStoreQueries), "the held poll read nothing")
+		require.Equal(t, direct, testutil.ToFloat64(b.metrics.PollDirectClaims), "the held poll claimed nothing")
+		stored, err := b.store.Operation(ctx, op.ID)
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateRunning, stored.State)
+		require.Equal(t, []string{"submitted", "running"}, eventTypes(t, b, op.ID))
+		require.Empty(t, b.poll(t, sess), "delivered once, not again within the visibility timeout")
+
+		settled, err := b.fleet.Settle(ctx, sess, []api.Result{{OperationID: op.ID, Applied: true}})
+		require.NoError(t, err)
+		require.Equal(t, "applied", settled[0].State)
+		done, err := b.store.Operation(ctx, op.ID)
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateSucceeded, done.State)
+	})
+}
+
+// A poll that took another answer before the submitting transaction's
+// commit handed it the command (here: its agent left) is handed nothing:
+// the command is released, due again at once, and the next poll gets it.
+func TestCommandHandedToAPollThatLeftIsReleased(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		node, sess := b.readyNode(t)
+		require.Empty(t, b.poll(t, sess))
+		pollCtx, leave := context.WithCancel(ctx)
+		got := b.heldPoll(t, pollCtx, sess)
+		var left pollAnswer
+		b.fstore.SetOnCommit(func(notes []fleet.Notification) {
+			for _, n := range notes {
+				if n.Kind == fleet.NotifyHanded {
+					leave() // the agent goes away between the commit and the hand-off
+					left = receive(t, got)
+				}
+			}
+			b.fleet.Deliver(notes, "local")
+		})
+		op := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+		require.ErrorIs(t, left.err, context.Canceled)
+		require.Empty(t, left.cmds)
+		require.Equal(t, 0.0, testutil.ToFloat64(b.metrics.PollHandoffs))
+
+		var again []fleet.Command
+		require.Eventually(t, func() bool {
+			again = b.poll(t, sess)
+			return len(again) > 0
+		}, 10*time.Second, 5*time.Millisecond, "released and due again")
+		require.Equal(t, op.ID, again[0].OperationID)
+		require.Equal(t, 2, again[0].DeliveryCount)
 	})
 }

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/fleet"
@@ -73,6 +74,25 @@ func CommandEnd(c fleet.Command) (CommandEnding, bool) {
 	return CommandEnding{}, false
 }
 
+// recordCommand records a command kind's command (fleet.IssueTx). One the
+// same transaction claimed for the node's held long-poll is accepted
+// already (acceptedAtRecord).
+func recordCommand(ctx context.Context, tx Tx, f *fleet.Service, in fleet.IssueCommand) (any, error) {
+	c, err := f.IssueTx(ctx, tx.Fleet(), in)
+	if err != nil || c.DeliveryCount == 0 || c.LastDeliveredAt == nil {
+		return c, err
+	}
+	return acceptedAtRecord{at: *c.LastDeliveredAt, recorded: c}, nil
+}
+
+// acceptedAtRecord is what a Record answers when its command was delivered
+// in the recording transaction: the operation is running since at, and
+// the submit answers it so.
+type acceptedAtRecord struct {
+	at       time.Time
+	recorded any
+}
+
 // CommandKindsOf are the command kinds, carried out through f.
 func CommandKindsOf(f *fleet.Service) []*Kind {
 	var out []*Kind
@@ -89,7 +109,7 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 				return fleet.ValidateCommand(agentKind, d.Operation)
 			},
 			Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
-				return f.IssueTx(ctx, tx.Fleet(), fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
+				return recordCommand(ctx, tx, f, fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
 					Kind: agentKind, Payload: op.Operation})
 			},
 			RecordMany: func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error) {

@@ -52,7 +52,7 @@ func DiagnoseKinds(f *fleet.Service) []*Kind {
 			return v.Err()
 		},
 		Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
-			return f.IssueTx(ctx, tx.Fleet(), fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
+			return recordCommand(ctx, tx, f, fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
 				Kind: api.KindDiagnose, Payload: op.Operation})
 		},
 	}, {

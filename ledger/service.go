@@ -383,6 +383,12 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 				// answer it as it stands.
 				op, recorded = e.op, e.recorded
 			}
+			if a, ok := recorded.(acceptedAtRecord); ok {
+				// Claimed for the node's held long-poll in this
+				// transaction (fleet.claimForHeldPoll).
+				at := a.at
+				op.State, op.AcceptedAt, op.UpdatedAt, recorded = StateRunning, &at, at, a.recorded
+			}
 			op.Recorded = recorded
 			return s.checkNodeQuota(ctx, tx, kind, op, true)
 		}

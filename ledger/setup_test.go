@@ -174,7 +174,7 @@ func newLedgerAs(t *testing.T, db *models.DB, tk *testKinds, c *clock, wrap func
 	t.Helper()
 	b := &bundle{db: db, clock: c, metrics: metrics.New(nil), tk: tk, wrap: wrap, replica: replica}
 	b.fstore = models.NewFleetStore(db, b.replica, nil)
-	b.fleet = fleet.New(fleet.Options{Store: b.fstore, Keys: keys.NewRing(bytes.Repeat([]byte{7}, 32)), Now: c.Now,
+	b.fleet = fleet.New(fleet.Options{Store: b.fstore, Keys: keys.NewRing(bytes.Repeat([]byte{7}, 32)), Now: c.Now, Metrics: b.metrics,
 		Settings: fleet.Settings{PublicURL: "https://cp.example", ReplicaID: b.replica}, Logger: slog.New(slog.DiscardHandler)})
 	b.store = models.NewLedgerStore(b.fstore)
 	st := ledger.Settings{FallbackPoll: 50 * time.Millisecond, SingleProcess: false}

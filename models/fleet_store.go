@@ -113,6 +113,15 @@ func dup(err error) error {
 }
 
 func (r fleetReader) db(ctx context.Context) *gorm.DB {
+	r.later.statementSent()
+	return r.dbKeepingCount(ctx)
+}
+
+// dbKeepingCount is db for a statement that leaves the number of open
+// operations of every node as it was (a claim: pending commands
+// delivered, their operations running), so a quota count answered before
+// it (later.go) still holds.
+func (r fleetReader) dbKeepingCount(ctx context.Context) *gorm.DB {
 	g := r.g
 	if !r.batched {
 		g = g.WithContext(ctx)
@@ -850,7 +859,7 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 		var opRunning, duePending bool
 		var dueConfig int64
 		dest := r.dest(&opRunning, &duePending, &dueConfig)
-		err := eachRow(t.db(ctx), claimSQL, append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica), d.NodeID,
+		err := eachRow(t.dbKeepingCount(ctx), claimSQL, append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica), d.NodeID,
 			d.Fencing, d.Fencing, dbtime.Norm(d.RedeliverBefore), d.NodeID),
 			func(rows *sql.Rows) error {
 				if err := rows.Scan(dest...); err != nil {
@@ -940,7 +949,7 @@ func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
 
 func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {
 	*t.notes = append(*t.notes, n)
-	if t.dialect == Postgres {
+	if t.dialect == Postgres && !n.Local() {
 		// Delivered to the other replicas when (and only if) the
 		// transaction commits: sent with the batch (group.go flushNotes).
 		*t.pg = append(*t.pg, n.Encode(t.store.replica))

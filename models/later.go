@@ -120,7 +120,6 @@ func (l *later) send(g *gorm.DB) error {
 // sendFirst sends the operation kept back before a statement built on g:
 // a failure is that statement's error.
 func (l *later) sendFirst(g *gorm.DB) *gorm.DB {
-	l.statementSent()
 	if err := l.send(g); err != nil {
 		g = g.Session(&gorm.Session{})
 		_ = g.AddError(err)

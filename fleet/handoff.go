@@ -1,0 +1,108 @@
+package fleet
+
+import (
+	"context"
+)
+
+// A command recorded for a node whose agent holds a long-poll on this
+// replica is claimed for that poll by the transaction that records it,
+// and handed to the poll once that transaction commits: the poll answers
+// at once, without a claim transaction of its own. That is one
+// transaction (on an idle store, one commit and its round trips) fewer
+// per command, and one commit fewer between the submit and the agent's
+// receipt.
+//
+// Nothing is delivered that is not durable first: the claim commits with
+// the command. A poll that took another answer before the hand-off (its
+// deadline, its agent gone, a claim of its own) is not handed anything;
+// the commands are released (due again at once, announced), as an answer
+// that could not be written is, and at worst the visibility timeout
+// brings them back.
+
+// handoff is what a committed claim hands to a poll (NotifyHanded).
+type handoff struct {
+	w    *waiter
+	cmds []Command
+	// token is the due memo's, taken before the claim; fencing the poll's.
+	token   uint64
+	fencing int64
+}
+
+// claimForHeldPoll claims, inside the transaction that recorded c for the
+// locked, ready node n, what is due for a long-poll this replica holds at
+// n's fencing token — when the node was quiet before (the due memo: no
+// other command pending, no configuration due or riding), so the claim
+// answers the poll whole. It answers c as claimed, or unchanged when no
+// poll qualifies.
+func (s *Service) claimForHeldPoll(ctx context.Context, tx Tx, n Node, c Command) (Command, error) {
+	w := s.hub.heldAt(n.ID, n.FencingToken)
+	if w == nil || !s.quiet.quiet(n.ID, n.FencingToken) {
+		return c, nil
+	}
+	token := s.quiet.begin(n.ID)
+	now := s.clock()
+	_, cmds, err := tx.ClaimDue(ctx, Due{NodeID: n.ID, Fencing: n.FencingToken,
+		RedeliverBefore: now.Add(-s.settings.VisibilityTimeout), Now: now, Limit: s.settings.MaxPollBatch})
+	if err != nil || len(cmds) == 0 {
+		return c, err
+	}
+	for _, d := range cmds {
+		if d.OperationID == c.OperationID {
+			c = d
+		}
+	}
+	return c, tx.Notify(ctx, Notification{Kind: NotifyHanded, NodeID: n.ID,
+		handoff: &handoff{w: w, cmds: cmds, token: token, fencing: n.FencingToken}})
+}
+
+// handOff gives a committed claim's commands to its poll; a poll that has
+// answered already gets nothing, and the commands are released.
+func (s *Service) handOff(nodeID string, h *handoff) {
+	if h.w.hand(h.cmds) {
+		// Delivered, awaiting the agent's settlement.
+		s.quiet.put(nodeID, h.token, h.fencing, false, true)
+		s.metrics.PollHandoffs.Inc()
+		now := s.clock()
+		for _, c := range h.cmds {
+			if c.DeliveryCount == 1 {
+				s.metrics.DeliveryLatency.Observe(now.Sub(c.IssuedAt).Seconds())
+			} else {
+				s.metrics.Redeliveries.Inc()
+			}
+		}
+		return
+	}
+	s.quiet.forget(nodeID)
+	sess := Session{NodeID: nodeID, Fencing: h.fencing}
+	// Not on the committing goroutine: Release is a transaction of its own.
+	go func() {
+		if err := s.Release(context.Background(), sess, h.cmds); err != nil {
+			s.log.Warn("release commands claimed for a poll that had answered", "node_id", nodeID, "err", err)
+		}
+	}()
+}
+
+// handedIssues marks, in notes, each NotifyIssued whose command a
+// NotifyHanded after it (the same request's: its claim came right after
+// the insert) hands to the node's poll: the hand-off answers that poll,
+// so the wake-up and the memo's forget are not needed, and the forget
+// would void the memo's record that the node awaits the settlement.
+// It answers nil when notes hand nothing over.
+func handedIssues(notes []Notification) map[int]bool {
+	var skip map[int]bool
+	for i, n := range notes {
+		if n.Kind != NotifyHanded {
+			continue
+		}
+		for j := i - 1; j >= 0; j-- {
+			if notes[j].Kind == NotifyIssued && notes[j].NodeID == n.NodeID {
+				if skip == nil {
+					skip = map[int]bool{}
+				}
+				skip[j] = true
+				break
+			}
+		}
+	}
+	return skip
+}

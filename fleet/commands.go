@@ -526,7 +526,7 @@ func (s *Service) answerLate(ctx context.Context, sess Session, out *pollStep, l
 // pollStart registers a poll's waiter, asks for its lease's renewal and
 // arms its deadline and end.
 func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, out *pollStep, timers *pollTimers) (*waiter, error) {
-	w, err := s.hub.subscribe(sess, req.Remote, req.Resume)
+	w, err := s.hub.subscribe(sess, req.Remote)
 	if err != nil {
 		return nil, err
 	}

@@ -32,8 +32,9 @@ type handoff struct {
 // locked, ready node n, what is due for a long-poll this replica holds at
 // n's fencing token — when the node was quiet before (the due memo: no
 // other command pending, no configuration due or riding), so the claim
-// answers the poll whole. It answers c as claimed, or unchanged when no
-// poll qualifies.
+// answers the poll whole. A resuming poll qualifies too: with nothing
+// pending before this command, its arrival makes nothing due again. It
+// answers c as claimed, or unchanged when no poll qualifies.
 func (s *Service) claimForHeldPoll(ctx context.Context, tx Tx, n Node, c Command) (Command, error) {
 	w := s.hub.heldAt(n.ID, n.FencingToken)
 	if w == nil || !s.quiet.quiet(n.ID, n.FencingToken) {

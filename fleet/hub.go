@@ -31,11 +31,9 @@ type waiter struct {
 	nodeID string
 	remote string
 	since  time.Time
-	// fencing is the poll's session's fencing token; resuming: the poll
-	// takes what was delivered before it as due (PollRequest.Resume).
-	fencing  int64
-	resuming bool
-	ch       chan wake // buffered: a wake never blocks the waker
+	// fencing is the poll's session's fencing token.
+	fencing int64
+	ch      chan wake // buffered: a wake never blocks the waker
 	// sending serialises senders (the hub, and the poll's own timers and
 	// context, which send outside the hub's lock), so a stronger reason
 	// taken out to be compared is always put back.
@@ -127,9 +125,9 @@ func newHub(m *metrics.Metrics, now func() time.Time) *Hub {
 }
 
 // subscribe registers a long-poll of sess; ErrDraining once draining.
-func (h *Hub) subscribe(sess Session, remote string, resuming bool) (*waiter, error) {
+func (h *Hub) subscribe(sess Session, remote string) (*waiter, error) {
 	nodeID := sess.NodeID
-	w := &waiter{nodeID: nodeID, remote: remote, since: h.now().UTC(), fencing: sess.Fencing, resuming: resuming, ch: make(chan wake, 1)}
+	w := &waiter{nodeID: nodeID, remote: remote, since: h.now().UTC(), fencing: sess.Fencing, ch: make(chan wake, 1)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.draining {
@@ -254,12 +252,12 @@ func (h *Hub) Held() int {
 }
 
 // heldAt answers a long-poll this replica holds for node at fencing that
-// may be handed commands (not resuming, not answered), or nil.
+// may be handed commands (not answered yet), or nil.
 func (h *Hub) heldAt(nodeID string, fencing int64) *waiter {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for w := range h.byNode[nodeID] {
-		if w.fencing == fencing && !w.resuming && w.takeable() {
+		if w.fencing == fencing && w.takeable() {
 			return w
 		}
 	}

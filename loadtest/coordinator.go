@@ -161,6 +161,11 @@ type Report struct {
 	Heartbeats                         int64   `json:"heartbeats"`
 	HeartbeatsPS                       float64 `json:"heartbeats_per_s"`
 	RenewalsFlushed                    float64 `json:"renewals_flushed"`
+	// PollHandoffs counts the polls answered with commands the submitting
+	// transaction claimed for them; PollDirectClaims those that claimed
+	// after a wake-up by a command this replica recorded.
+	PollHandoffs     float64 `json:"long_poll_handoffs"`
+	PollDirectClaims float64 `json:"long_poll_direct_claims"`
 	// PollsAnswered counts the long-polls the server answered over the
 	// issue window; PollsEmpty those of them not carrying a first delivery
 	// (answered at their deadline: the fleet re-polling). PollsTogether
@@ -346,6 +351,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	const settledApplied = `nodeward_commands_settled_total{state="applied"}`
 	rep.SettledPS = (after[settledApplied] - before[settledApplied]) / window
 	rep.RenewalsFlushed = after["nodeward_lease_renewals_flushed_total"] - before["nodeward_lease_renewals_flushed_total"]
+	rep.PollHandoffs = after["nodeward_long_poll_handoffs_total"] - before["nodeward_long_poll_handoffs_total"]
+	rep.PollDirectClaims = after["nodeward_long_poll_direct_claims_total"] - before["nodeward_long_poll_direct_claims_total"]
 	rep.PollsAnswered, rep.PollsEmpty = pollsAnswered(before, after)
 	rep.PollsTogether = cfg.PollsTogether
 	logf("issued %d (%.0f/s, %d errors); settled %.0f/s during the window; draining", issued, rep.IssuedPS, issueErrs, rep.SettledPS)

@@ -332,6 +332,9 @@ func printPolls(w io.Writer, r Report) {
 	}
 	fmt.Fprintf(w, "polls answered           %.0f in the window (%.0f/s), %.0f of them empty; first polls %s\n",
 		r.PollsAnswered, r.PollsAnswered/max(r.Seconds, 1e-9), r.PollsEmpty, spread)
+	if r.PollHandoffs+r.PollDirectClaims > 0 {
+		fmt.Fprintf(w, "polls with commands      %.0f handed them by the submit, %.0f claimed after its wake-up\n", r.PollHandoffs, r.PollDirectClaims)
+	}
 }
 
 func printHoldReport(w io.Writer, r HoldReport) {

@@ -80,6 +80,25 @@ func TestPostgresWriteCounters(t *testing.T) {
 		measure("settle POST /agent/v1/results (1 result)", func() { settle(id) })
 		measure("poll GET /agent/v1/commands (nothing due)", func() { poll(0) })
 	}
+	// A submit while the agent holds a long-poll: the submitting
+	// transaction claims the command for the poll, which answers without
+	// a claim of its own (fleet.claimForHeldPoll).
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("wh-%d", i)
+		held := make(chan api.CommandsResponse, 1)
+		go func() {
+			var polled api.CommandsResponse
+			s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=20", nil, sess.SessionToken, http.StatusOK, &polled)
+			held <- polled
+		}()
+		require.Eventually(t, func() bool { return s.App.Fleet.Hub().HeldFor(boot.NodeID) == 1 }, 10*time.Second, time.Millisecond)
+		measure("submit to a held poll, and its answer (handed over)", func() {
+			s.Admin(t, http.MethodPost, wrapper, map[string]any{"kind": "prepare_image", "operation_id": id,
+				"payload": map[string]any{"image": "busybox"}}, http.StatusCreated, nil)
+			require.Len(t, (<-held).Commands, 1)
+		})
+		settle(id)
+	}
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("wo-%d", i)
 		measure("submit POST /api/v1/operations (node.prepare_image)", func() {
@@ -174,6 +193,7 @@ func TestPostgresWriteCounters(t *testing.T) {
 		"submit POST /api/v1/nodes/{id}/commands":                    {1, 3},
 		"submit POST /api/v1/operations (node.prepare_image)":        {1, 3},
 		"claim GET /agent/v1/commands (1 due)":                       {2, 5},
+		"submit to a held poll, and its answer (handed over)":        {1, 4},
 		"settle POST /agent/v1/results (1 result)":                   {1, 3},
 		"poll GET /agent/v1/commands (nothing due)":                  {1, 1},
 		fmt.Sprintf("settle POST /agent/v1/results (%d results)", n): {3, 7},

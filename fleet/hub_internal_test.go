@@ -53,3 +53,61 @@ func TestWakeEndNeverLostConcurrently(t *testing.T) {
 		require.Equal(t, wakeGone, <-w.ch)
 	}
 }
+
+// TestHandedCommandsReachOneAnswerOrComeBack: commands handed to a poll
+// are either in its answer (taken on their wake-up, or added when it
+// answers for another reason) or refused to the hander, who releases
+// them — never both, never neither, however the hand-off and the answer
+// race.
+func TestHandedCommandsReachOneAnswerOrComeBack(t *testing.T) {
+	cmd := func(id string) []Command { return []Command{{OperationID: id}} }
+	t.Run("taken on its wake-up", func(t *testing.T) {
+		w := &waiter{ch: make(chan wake, 1)}
+		require.True(t, w.hand(cmd("a")))
+		require.Equal(t, wakeHanded, <-w.ch)
+		require.Len(t, w.take(), 1)
+		require.False(t, w.hand(cmd("b")), "the poll has its answer")
+		require.Empty(t, w.finish())
+	})
+	t.Run("added to an answer for another reason", func(t *testing.T) {
+		w := &waiter{ch: make(chan wake, 1)}
+		require.True(t, w.hand(cmd("a")))
+		send(w, wakeDeadline)
+		require.Equal(t, wakeDeadline, <-w.ch, "the stronger wake-up is read first")
+		require.Len(t, w.finish(), 1)
+	})
+	t.Run("nothing to take keeps the poll open", func(t *testing.T) {
+		w := &waiter{ch: make(chan wake, 1)}
+		require.Empty(t, w.take())
+		require.True(t, w.takeable())
+		require.True(t, w.hand(cmd("a")))
+	})
+	t.Run("concurrently", func(t *testing.T) {
+		for range 200 {
+			w := &waiter{ch: make(chan wake, 1)}
+			const n = 8
+			var answered, refused []Command
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					c := cmd(string(rune('a' + i)))
+					if !w.hand(c) {
+						mu.Lock()
+						refused = append(refused, c...)
+						mu.Unlock()
+					}
+				})
+			}
+			answered = append(answered, w.take()...)
+			wg.Wait()
+			answered = append(answered, w.finish()...)
+			require.Len(t, append(answered, refused...), n)
+			seen := map[string]bool{}
+			for _, c := range append(answered, refused...) {
+				require.False(t, seen[c.OperationID], "%s twice", c.OperationID)
+				seen[c.OperationID] = true
+			}
+		}
+	})
+}

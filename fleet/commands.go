@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -510,6 +511,11 @@ func (s *Service) PollFor(ctx context.Context, sess Session, req PollRequest) (P
 // was answering otherwise (its deadline, another claim); an answer that
 // is an error, or full, makes them due again instead.
 func (s *Service) answerLate(ctx context.Context, sess Session, out *pollStep, late []Command) {
+	// The poll's own claim may have taken one of them too (a resuming
+	// poll's arrival in the clock's same tick as the hand-off's claim).
+	late = slices.DeleteFunc(late, func(c Command) bool {
+		return slices.ContainsFunc(out.answer.Commands, func(a Command) bool { return a.OperationID == c.OperationID })
+	})
 	room := s.settings.MaxPollBatch - len(out.answer.Commands)
 	if out.err != nil {
 		room = 0
@@ -526,18 +532,20 @@ func (s *Service) answerLate(ctx context.Context, sess Session, out *pollStep, l
 // pollStart registers a poll's waiter, asks for its lease's renewal and
 // arms its deadline and end.
 func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, out *pollStep, timers *pollTimers) (*waiter, error) {
+	if req.Resume {
+		// Fixed at arrival: a delivery this poll's own wait overlaps (another
+		// connection of the node's, say) was not lost, so is not resent —
+		// nor one handed to this very poll, which the hub offers it only
+		// from here on (subscribe).
+		out.resumeAt = s.clock()
+		s.metrics.PollResumes.Inc()
+	}
 	w, err := s.hub.subscribe(sess, req.Remote)
 	if err != nil {
 		return nil, err
 	}
 	if s.leases.touch(sess.NodeID, req.Wait) {
 		s.metrics.PollRenewals.Inc()
-	}
-	if req.Resume {
-		// Fixed at arrival: a delivery this poll's own wait overlaps (another
-		// connection of the node's, say) was not lost, so is not resent.
-		out.resumeAt = s.clock()
-		s.metrics.PollResumes.Inc()
 	}
 	if req.Wait > 0 {
 		timers.arm(ctx, w, req.Wait)

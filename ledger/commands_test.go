@@ -379,14 +379,14 @@ func TestNodeQuotaHoldsAcrossReplicas(t *testing.T) {
 }
 
 // heldPoll starts a long-poll of sess and answers what it returns, once
-// the hub holds it.
-func (b *bundle) heldPoll(t *testing.T, pollCtx context.Context, sess fleet.Session) <-chan pollAnswer {
+// the hub holds it; resume: the poll asks to resume (an agent's first).
+func (b *bundle) heldPoll(t *testing.T, pollCtx context.Context, sess fleet.Session, resume ...bool) <-chan pollAnswer {
 	t.Helper()
 	held := b.fleet.Hub().HeldFor(sess.NodeID)
 	got := make(chan pollAnswer, 1)
 	go func() {
-		cmds, err := b.fleet.Poll(pollCtx, sess, 30*time.Second, "test")
-		got <- pollAnswer{cmds, err}
+		a, err := b.fleet.PollFor(pollCtx, sess, fleet.PollRequest{Wait: 30 * time.Second, Remote: "test", Resume: len(resume) > 0 && resume[0]})
+		got <- pollAnswer{a.Commands, err}
 	}()
 	require.Eventually(t, func() bool { return b.fleet.Hub().HeldFor(sess.NodeID) > held }, 10*time.Second, time.Millisecond)
 	return got
@@ -414,35 +414,45 @@ func receive(t *testing.T, got <-chan pollAnswer) pollAnswer {
 // the poll runs no claim (nor read) of its own.
 func TestCommandHandedToTheHeldPoll(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
-		node, sess := b.readyNode(t)
-		require.Empty(t, b.poll(t, sess)) // the read that finds the node quiet
-		reads, direct := testutil.ToFloat64(b.metrics.PollStoreQueries), testutil.ToFloat64(b.metrics.PollDirectClaims)
-
-		got := b.heldPoll(t, ctx, sess)
-		op := b.command(t, node, ledger.KindNodePrepareImage, prepare)
-		require.Equal(t, ledger.StateRunning, op.State, "answered as it stands: delivered")
-		require.NotNil(t, op.AcceptedAt)
-		a := receive(t, got)
-		require.NoError(t, a.err)
-		require.Len(t, a.cmds, 1)
-		require.Equal(t, op.ID, a.cmds[0].OperationID)
-		require.Equal(t, 1, a.cmds[0].DeliveryCount)
-		require.Equal(t, 1.0, testutil.ToFloat64(b.metrics.PollHandoffs))
-		require.Equal(t, reads, testutil.ToFloat64(b.metrics.PollStoreQueries), "the held poll read nothing")
-		require.Equal(t, direct, testutil.ToFloat64(b.metrics.PollDirectClaims), "the held poll claimed nothing")
-		stored, err := b.store.Operation(ctx, op.ID)
-		require.NoError(t, err)
-		require.Equal(t, ledger.StateRunning, stored.State)
-		require.Equal(t, []string{"submitted", "running"}, eventTypes(t, b, op.ID))
-		require.Empty(t, b.poll(t, sess), "delivered once, not again within the visibility timeout")
-
-		settled, err := b.fleet.Settle(ctx, sess, []api.Result{{OperationID: op.ID, Applied: true}})
-		require.NoError(t, err)
-		require.Equal(t, "applied", settled[0].State)
-		done, err := b.store.Operation(ctx, op.ID)
-		require.NoError(t, err)
-		require.Equal(t, ledger.StateSucceeded, done.State)
+		for _, resume := range []bool{false, true} {
+			t.Run(map[bool]string{false: "Plain", true: "Resuming"}[resume], func(t *testing.T) {
+				handedToTheHeldPoll(t, b, resume)
+			})
+		}
 	})
+}
+
+func handedToTheHeldPoll(t *testing.T, b *bundle, resume bool) {
+	t.Helper()
+	node, sess := b.readyNode(t)
+	require.Empty(t, b.poll(t, sess)) // the read that finds the node quiet
+	reads, direct := testutil.ToFloat64(b.metrics.PollStoreQueries), testutil.ToFloat64(b.metrics.PollDirectClaims)
+	handoffs := testutil.ToFloat64(b.metrics.PollHandoffs)
+
+	got := b.heldPoll(t, ctx, sess, resume)
+	op := b.command(t, node, ledger.KindNodePrepareImage, prepare)
+	require.Equal(t, ledger.StateRunning, op.State, "answered as it stands: delivered")
+	require.NotNil(t, op.AcceptedAt)
+	a := receive(t, got)
+	require.NoError(t, a.err)
+	require.Len(t, a.cmds, 1)
+	require.Equal(t, op.ID, a.cmds[0].OperationID)
+	require.Equal(t, 1, a.cmds[0].DeliveryCount)
+	require.Equal(t, handoffs+1, testutil.ToFloat64(b.metrics.PollHandoffs))
+	require.Equal(t, reads, testutil.ToFloat64(b.metrics.PollStoreQueries), "the held poll read nothing")
+	require.Equal(t, direct, testutil.ToFloat64(b.metrics.PollDirectClaims), "the held poll claimed nothing")
+	stored, err := b.store.Operation(ctx, op.ID)
+	require.NoError(t, err)
+	require.Equal(t, ledger.StateRunning, stored.State)
+	require.Equal(t, []string{"submitted", "running"}, eventTypes(t, b, op.ID))
+	require.Empty(t, b.poll(t, sess), "delivered once, not again within the visibility timeout")
+
+	settled, err := b.fleet.Settle(ctx, sess, []api.Result{{OperationID: op.ID, Applied: true}})
+	require.NoError(t, err)
+	require.Equal(t, "applied", settled[0].State)
+	done, err := b.store.Operation(ctx, op.ID)
+	require.NoError(t, err)
+	require.Equal(t, ledger.StateSucceeded, done.State)
 }
 
 // A poll that took another answer before the submitting transaction's

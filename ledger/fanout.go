@@ -577,9 +577,7 @@ func (s *Service) release(ctx context.Context, tx Tx, ch Operation, now time.Tim
 		if err != nil {
 			return err
 		}
-		if e, ok := recorded.(changedAtRecord); ok {
-			after = e.op // ended or running at once
-		}
+		after, _ = asRecorded(ch, recorded) // ended or running at once, or as it was
 		return s.checkNodeQuota(ctx, tx, kind, ch, true)
 	})
 	var coded *errcode.Error

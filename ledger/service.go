@@ -377,24 +377,30 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 			if err != nil {
 				return err
 			}
-			if e, ok := recorded.(changedAtRecord); ok {
-				// Ended at once (an unchanged configuration already
-				// applied) or running at once (already delivered):
-				// answer it as it stands.
-				op, recorded = e.op, e.recorded
-			}
-			if a, ok := recorded.(acceptedAtRecord); ok {
-				// Claimed for the node's held long-poll in this
-				// transaction (fleet.claimForHeldPoll).
-				at := a.at
-				op.State, op.AcceptedAt, op.UpdatedAt, recorded = StateRunning, &at, at, a.recorded
-			}
+			op, recorded = asRecorded(op, recorded)
 			op.Recorded = recorded
 			return s.checkNodeQuota(ctx, tx, kind, op, true)
 		}
 		return tx.NotifyDispatch(ctx, op.ID)
 	})
 	return op, err
+}
+
+// asRecorded answers op as its kind's Record left it, and what Record
+// recorded: ended at once (an unchanged configuration already applied),
+// running at once (already delivered; a command claimed for the node's
+// held long-poll in the recording transaction, fleet.claimForHeldPoll),
+// or as it was.
+func asRecorded(op Operation, recorded any) (Operation, any) {
+	switch r := recorded.(type) {
+	case changedAtRecord:
+		return r.op, r.recorded
+	case acceptedAtRecord:
+		at := r.at
+		op.State, op.AcceptedAt, op.UpdatedAt = StateRunning, &at, at
+		return op, r.recorded
+	}
+	return op, recorded
 }
 
 // submitRoute routes a submission that records a command (or a

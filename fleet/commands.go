@@ -763,6 +763,13 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 	if err != nil {
 		return DueWork{}, nil, err
 	}
+	s.observeDeliveries(cmds, now)
+	return work, cmds, nil
+}
+
+// observeDeliveries counts commands delivered at now: a first delivery's
+// latency since its issue, or a redelivery.
+func (s *Service) observeDeliveries(cmds []Command, now time.Time) {
 	for _, c := range cmds {
 		if c.DeliveryCount == 1 {
 			s.metrics.DeliveryLatency.Observe(now.Sub(c.IssuedAt).Seconds())
@@ -770,7 +777,6 @@ func (s *Service) claim(ctx context.Context, sess Session, resumeAt time.Time, m
 			s.metrics.Redeliveries.Inc()
 		}
 	}
-	return work, cmds, nil
 }
 
 // Release makes commands a poll claimed due again at once: the answer that

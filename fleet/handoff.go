@@ -63,14 +63,7 @@ func (s *Service) handOff(nodeID string, h *handoff) {
 		// Delivered, awaiting the agent's settlement.
 		s.quiet.put(nodeID, h.token, h.fencing, false, true)
 		s.metrics.PollHandoffs.Inc()
-		now := s.clock()
-		for _, c := range h.cmds {
-			if c.DeliveryCount == 1 {
-				s.metrics.DeliveryLatency.Observe(now.Sub(c.IssuedAt).Seconds())
-			} else {
-				s.metrics.Redeliveries.Inc()
-			}
-		}
+		s.observeDeliveries(h.cmds, s.clock())
 		return
 	}
 	s.quiet.forget(nodeID)

@@ -14,6 +14,7 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
 	"github.com/nodeward/nodeward/internal/sqlcount"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/server/controlplane"
 )
@@ -91,7 +92,7 @@ func TestPostgresWriteCounters(t *testing.T) {
 			s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=20", nil, sess.SessionToken, http.StatusOK, &polled)
 			held <- polled
 		}()
-		require.Eventually(t, func() bool { return s.App.Fleet.Hub().HeldFor(boot.NodeID) == 1 }, 10*time.Second, time.Millisecond)
+		testwait.For(t, "the poll held", testwait.Patience, func() bool { return s.App.Fleet.Hub().HeldFor(boot.NodeID) == 1 })
 		measure("submit to a held poll, and its answer (handed over)", func() {
 			s.Admin(t, http.MethodPost, wrapper, map[string]any{"kind": "prepare_image", "operation_id": id,
 				"payload": map[string]any{"image": "busybox"}}, http.StatusCreated, nil)

@@ -15,6 +15,7 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
@@ -388,7 +389,7 @@ func (b *bundle) heldPoll(t *testing.T, pollCtx context.Context, sess fleet.Sess
 		a, err := b.fleet.PollFor(pollCtx, sess, fleet.PollRequest{Wait: 30 * time.Second, Remote: "test", Resume: len(resume) > 0 && resume[0]})
 		got <- pollAnswer{a.Commands, err}
 	}()
-	require.Eventually(t, func() bool { return b.fleet.Hub().HeldFor(sess.NodeID) > held }, 10*time.Second, time.Millisecond)
+	testwait.For(t, "the poll held", testwait.Patience, func() bool { return b.fleet.Hub().HeldFor(sess.NodeID) > held })
 	return got
 }
 
@@ -402,7 +403,7 @@ func receive(t *testing.T, got <-chan pollAnswer) pollAnswer {
 	select {
 	case a := <-got:
 		return a
-	case <-time.After(20 * time.Second):
+	case <-time.After(testwait.Patience):
 		t.Fatal("the long-poll was not answered")
 		return pollAnswer{}
 	}
@@ -480,10 +481,10 @@ func TestCommandHandedToAPollThatLeftIsReleased(t *testing.T) {
 		require.Equal(t, 0.0, testutil.ToFloat64(b.metrics.PollHandoffs))
 
 		var again []fleet.Command
-		require.Eventually(t, func() bool {
+		testwait.For(t, "the command released and due again", testwait.Patience, func() bool {
 			again = b.poll(t, sess)
 			return len(again) > 0
-		}, 10*time.Second, 5*time.Millisecond, "released and due again")
+		})
 		require.Equal(t, op.ID, again[0].OperationID)
 		require.Equal(t, 2, again[0].DeliveryCount)
 	})

@@ -387,6 +387,7 @@ func (s *Service) IssueManyTx(ctx context.Context, tx Tx, ins []IssueCommand, ad
 		cs = append(cs, Command{OperationID: ins[i].OperationID, NodeID: n.ID, Kind: ins[i].Kind, Payload: payloads[i],
 			PayloadDigest: digests[i], FencingToken: n.FencingToken, IssuedAt: now, State: CommandPending})
 	}
+	handed := s.handToHeldPolls(cs, now)
 	if err := tx.InsertCommands(ctx, cs); err != nil {
 		if errors.Is(err, ErrDuplicate) {
 			return nil, ErrOperationConflict
@@ -394,9 +395,14 @@ func (s *Service) IssueManyTx(ctx context.Context, tx Tx, ins []IssueCommand, ad
 		return nil, err
 	}
 	s.metrics.CommandsIssued.Add(float64(len(cs)))
-	for _, c := range cs {
+	for i, c := range cs {
 		if err := tx.Notify(ctx, Notification{Kind: NotifyIssued, NodeID: c.NodeID}); err != nil {
 			return nil, err
+		}
+		if h := handed[i]; h != nil {
+			if err := tx.Notify(ctx, Notification{Kind: NotifyHanded, NodeID: c.NodeID, handoff: h}); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return refused, nil

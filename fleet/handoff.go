@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"time"
 )
 
 // A command recorded for a node whose agent holds a long-poll on this
@@ -54,6 +55,45 @@ func (s *Service) claimForHeldPoll(ctx context.Context, tx Tx, n Node, c Command
 	}
 	return c, tx.Notify(ctx, Notification{Kind: NotifyHanded, NodeID: n.ID,
 		handoff: &handoff{w: w, cmds: cmds, token: token, fencing: n.FencingToken}})
+}
+
+// handToHeldPolls marks, among commands about to be inserted together (a
+// fan-out's release, IssueManyTx), each one whose agent holds a long-poll
+// on this replica at the command's fencing token, whose node was quiet
+// (the due memo) and has no other command among them, as delivered to
+// that poll at now. Inserted so, it needs no claim: the insert is its
+// first delivery (the store marks its operation running, as a claim's
+// first delivery does), and the poll is handed it once the transaction
+// commits. It answers the hand-offs by index into cs.
+//
+// The memo is a hint here, not a guard, as in claimForHeldPoll: were the
+// node not quiet after all (another command pending, a configuration
+// due), the poll answers this command alone and the memo says the node
+// awaits a settlement, so its next poll reads and claims the rest.
+func (s *Service) handToHeldPolls(cs []Command, now time.Time) map[int]*handoff {
+	var handed map[int]*handoff
+	perNode := make(map[string]int, len(cs))
+	for _, c := range cs {
+		perNode[c.NodeID]++
+	}
+	for i := range cs {
+		c := &cs[i]
+		if perNode[c.NodeID] != 1 {
+			continue
+		}
+		w := s.hub.heldAt(c.NodeID, c.FencingToken)
+		if w == nil || !s.quiet.quiet(c.NodeID, c.FencingToken) {
+			continue
+		}
+		token := s.quiet.begin(c.NodeID)
+		fencing, at := c.FencingToken, now
+		c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = &fencing, &at, &at, 1
+		if handed == nil {
+			handed = map[int]*handoff{}
+		}
+		handed[i] = &handoff{w: w, cmds: []Command{*c}, token: token, fencing: fencing}
+	}
+	return handed
 }
 
 // handOff gives a committed claim's commands to its poll; a poll that has

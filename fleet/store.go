@@ -250,7 +250,10 @@ type Tx interface {
 	// exists.
 	InsertCommand(ctx context.Context, c Command) error
 	// InsertCommands adds many commands in multi-row statements;
-	// ErrDuplicate when an operation id is taken.
+	// ErrDuplicate when an operation id is taken. A command inserted
+	// delivered (DeliveryCount 1: handed to a held poll as it is
+	// recorded) has its operation marked running, with its event and
+	// announcement, as ClaimDue marks a first delivery.
 	InsertCommands(ctx context.Context, cs []Command) error
 	// LockCommand answers the command locked, or ErrNoRows.
 	LockCommand(ctx context.Context, operationID string) (Command, error)

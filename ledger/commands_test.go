@@ -489,3 +489,57 @@ func TestCommandHandedToAPollThatLeftIsReleased(t *testing.T) {
 		require.Equal(t, 2, again[0].DeliveryCount)
 	})
 }
+
+// A fan-out's children whose agents hold long-polls here are recorded
+// delivered to those polls (fleet: handToHeldPolls): each poll is handed
+// its child's command, reads and claims nothing, and the child is running
+// from the transaction that recorded it. A child whose node holds no
+// poll is recorded undelivered, for the node's next poll to claim.
+func TestFanOutChildrenHandedToHeldPolls(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		ids, sessions := b.readyNodes(t, 4)
+		idle := ids[3] // holds no poll
+		polls := map[string]<-chan pollAnswer{}
+		for _, id := range ids[:3] {
+			require.Empty(t, b.poll(t, sessions[id])) // the read that finds the node quiet
+			polls[id] = b.heldPoll(t, ctx, sessions[id])
+		}
+		reads, direct := testutil.ToFloat64(b.metrics.PollStoreQueries), testutil.ToFloat64(b.metrics.PollDirectClaims)
+		handoffs := testutil.ToFloat64(b.metrics.PollHandoffs)
+
+		parent := b.fanOutCommand(t, ids)
+		byNode := map[string]ledger.Operation{}
+		for _, ch := range b.children(t, parent.ID) {
+			byNode[ch.TargetID] = ch
+		}
+		for _, id := range ids[:3] {
+			a := receive(t, polls[id])
+			require.NoError(t, a.err)
+			require.Len(t, a.cmds, 1)
+			require.Equal(t, byNode[id].ID, a.cmds[0].OperationID)
+			require.Equal(t, 1, a.cmds[0].DeliveryCount)
+			require.Equal(t, []string{"submitted", "released", "running"}, eventTypes(t, b, a.cmds[0].OperationID))
+			ch, err := b.store.Operation(ctx, a.cmds[0].OperationID)
+			require.NoError(t, err)
+			require.Equal(t, ledger.StateRunning, ch.State)
+			require.NotNil(t, ch.AcceptedAt)
+		}
+		require.Equal(t, handoffs+3, testutil.ToFloat64(b.metrics.PollHandoffs))
+		require.Equal(t, reads, testutil.ToFloat64(b.metrics.PollStoreQueries), "the held polls read nothing")
+		require.Equal(t, direct, testutil.ToFloat64(b.metrics.PollDirectClaims), "the held polls claimed nothing")
+		for _, id := range ids[:3] {
+			require.Empty(t, b.poll(t, sessions[id]), "delivered once, not again within the visibility timeout")
+			b.settle(t, sessions[id], api.Result{OperationID: byNode[id].ID, Applied: true})
+		}
+
+		c, err := b.fleet.Command(ctx, byNode[idle].ID)
+		require.NoError(t, err)
+		require.Equal(t, 0, c.DeliveryCount, "no poll held: recorded undelivered")
+		require.Equal(t, ledger.StatePending, b.op(t, byNode[idle].ID).State)
+
+		b.settleAll(t, parent.ID, sessions)
+		done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+		require.Equal(t, &ledger.Counts{Total: 4, Succeeded: 4}, done.Counts)
+	})
+}

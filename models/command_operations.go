@@ -26,8 +26,9 @@ import (
 // its own tests do) changes nothing here.
 
 // mirrorFirstDeliveries marks the operations of commands delivered for the
-// first time as running (accepted on channel long_poll). SQLite only:
-// Postgres does it in ClaimDue's own statement.
+// first time as running (accepted on channel long_poll): SQLite's claims,
+// and commands inserted delivered (InsertCommands) on either dialect.
+// Postgres's claims do it in ClaimDue's own statement.
 func (t *fleetTx) mirrorFirstDeliveries(ctx context.Context, cmds []fleet.Command, now time.Time) error {
 	var ids []string
 	for _, c := range cmds {
@@ -52,7 +53,12 @@ func (t *fleetTx) mirrorFirstDeliveries(ctx context.Context, cmds []fleet.Comman
 	if err := appendEvents(t.db(ctx), events); err != nil {
 		return err
 	}
-	t.noteOperations(running)
+	// Announced on every replica (on Postgres with the commit's batch).
+	for _, id := range running {
+		if err := t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: id}); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

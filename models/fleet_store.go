@@ -793,10 +793,17 @@ func (t *fleetTx) InsertCommands(ctx context.Context, cs []fleet.Command) error 
 		return nil
 	}
 	rows := make([]Command, len(cs))
+	var delivered []fleet.Command
 	for i, c := range cs {
 		rows[i] = rowFromCommand(c)
+		if c.DeliveryCount == 1 && c.LastDeliveredAt != nil {
+			delivered = append(delivered, c)
+		}
 	}
-	return dup(t.db(ctx).CreateInBatches(&rows, 500).Error)
+	if err := dup(t.db(ctx).CreateInBatches(&rows, 500).Error); err != nil || len(delivered) == 0 {
+		return err
+	}
+	return t.mirrorFirstDeliveries(ctx, delivered, *delivered[0].LastDeliveredAt)
 }
 
 func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Command, error) {

@@ -492,9 +492,10 @@ func nodeQuotaApplies(k *Kind, op Operation) bool {
 }
 
 // checkNodeQuota refuses an operation past its target node's quota. A kind
-// that records a command counts after recording it (recorded true): the
-// command locked the node's row, which serialises submissions to the node
-// without a lock of the ledger's own.
+// that records a command counts after recording it (recorded true); the
+// store's count serialises the counts of one node's quota (on Postgres it
+// takes the lock LockKey("node:"+id) takes), so the submissions to a node
+// are counted one after the other.
 func (s *Service) checkNodeQuota(ctx context.Context, tx Tx, k *Kind, op Operation, recorded bool) error {
 	nodeID := op.TargetID
 	if !nodeQuotaApplies(k, op) {

@@ -182,7 +182,10 @@ type Tx interface {
 	// UpdateOperation writes every mutable field of op.
 	UpdateOperation(ctx context.Context, op Operation) error
 	// CountOpenForNode counts operations not yet ended that target the
-	// node, other than kinds in except.
+	// node, other than kinds in except. It first takes the lock
+	// LockKey("node:"+nodeID) takes, held until the transaction ends, so
+	// two transactions' counts of one node never overlap: the later sees
+	// what the earlier recorded.
 	CountOpenForNode(ctx context.Context, nodeID string, except []string) (int, error)
 	// ExpectNodeCount announces that once the transaction's next write for
 	// the node has locked it (the command of operation operationID), the

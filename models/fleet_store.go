@@ -578,7 +578,7 @@ func (t *fleetTx) RedeemInvitation(ctx context.Context, nodeID, invitationID, to
 	}
 	if t.dialect == Postgres {
 		var rows []redeemedRow
-		err := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
+		err := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR KEY SHARE),
 			inv AS (
 				UPDATE invitations SET state = ?, redeemed_at = ?
 				WHERE id = ? AND node_id IN (SELECT id FROM n) AND token_digest = ? AND state = ?
@@ -680,6 +680,10 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	// locked row, so it happens only for a ready node and carries the
 	// fencing token it has under the lock; the notification goes with the
 	// inserted row (delivered when, and only if, the transaction commits).
+	// The lock is FOR KEY SHARE: enrollment, retirement and the sweep
+	// (FOR UPDATE) wait for it and it for them, but lease renewals (FOR NO
+	// KEY UPDATE) and other submits do not. Submits to one node are
+	// ordered by the quota count's own lock instead (migration 00025).
 	// The command's operation, when the ledger kept it back for this
 	// statement (later.go), is inserted by it too, with its events.
 	// Sent around GORM (sqlpath.go), scanned by hand.
@@ -758,12 +762,13 @@ func issueSQL(events int, counted bool) string {
 		withOp, selectOp = operationSQL(events)+",", ", (SELECT seq FROM op) AS op_seq"
 	}
 	// The count is a function of the locked row's id, so it runs once
-	// the lock is held, in a snapshot of its own (migration 00024).
+	// the lock is held, under the node's quota lock, in a snapshot of its
+	// own (migrations 00024, 00025).
 	selectCount := ", NULL::bigint AS open_others"
 	if counted {
 		selectCount = ", nodeward_open_for_node(n.id, ?, ?::text[]) AS open_others"
 	}
-	q := numbered(`WITH ` + withOp + ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR UPDATE),
+	q := numbered(`WITH ` + withOp + ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR KEY SHARE),
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
 			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n
 			CROSS JOIN LATERAL (SELECT pg_notify(?, ? || n.id)) AS note

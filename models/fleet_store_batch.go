@@ -192,9 +192,12 @@ func renewRun(g *gorm.DB, run []fleet.LeaseRenewal) (int, error) {
 }
 
 // renewRunSQL is renewRun's statement: arrays of node ids, leases and
-// heartbeat times (NULL: none).
+// heartbeat times (NULL: none). Its rows are locked in id order FOR NO
+// KEY UPDATE, the lock its UPDATE takes anyway: it does not wait for a
+// command's submit (FOR KEY SHARE, IssueToNode) nor for the foreign-key
+// checks of rows that name the node, which FOR UPDATE did.
 var renewRunSQL = numbered(`WITH v AS (SELECT * FROM unnest(?::text[], ?::timestamptz[], ?::timestamptz[]) AS v(id, until, heartbeat_at)),
-	locked AS MATERIALIZED (SELECT n.id FROM nodes n JOIN v ON v.id = n.id WHERE n.state <> ? ORDER BY n.id FOR UPDATE OF n)
+	locked AS MATERIALIZED (SELECT n.id FROM nodes n JOIN v ON v.id = n.id WHERE n.state <> ? ORDER BY n.id FOR NO KEY UPDATE OF n)
 	UPDATE nodes SET
 	lease_expires_at = CASE WHEN nodes.state IN (?, ?) AND (nodes.lease_expires_at IS NULL OR nodes.lease_expires_at < v.until) THEN v.until ELSE nodes.lease_expires_at END,
 	state = CASE WHEN nodes.state = ? THEN ? ELSE nodes.state END,

@@ -932,3 +932,70 @@ func BenchmarkRenewLeasesFleet(b *testing.B) {
 	b.ReportMetric(float64(hot1-hot0)/math.Max(float64(upd1-upd0), 1), "HOT-share")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n/1e3, "µs/renewal")
 }
+
+// A command's submit locks its node FOR KEY SHARE: another replica's
+// lease renewal of that node does not wait for it (nor it for the
+// renewal), while a transaction that changes the node's state or fencing
+// token (LockNode: enrollment, retirement) still waits for the submit to
+// end, and then sees its command.
+func TestPostgresSubmitAndRenewalDoNotWaitForEachOther(t *testing.T) {
+	db := dbtest.Open(t, models.Postgres)
+	issuer, renewer := models.NewFleetStore(db, "r1", nil), models.NewFleetStore(db, "r2", nil)
+	n := sampleNode("busy", "rent-busy", 1)
+	n.State, n.LeaseExpiresAt = fleet.StateReady, tp(t0.Add(time.Minute))
+	insert(t, issuer, n)
+
+	held, release, submitted := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		submitted <- issuer.Tx(ctx, func(tx fleet.Tx) error {
+			_, inserted, err := tx.IssueToNode(ctx, fleet.Command{OperationID: "busy-1", NodeID: "busy", Kind: "prepare_image",
+				Payload: json.RawMessage(`{}`), PayloadDigest: "d", IssuedAt: t0, State: fleet.CommandPending})
+			if err == nil && !inserted {
+				err = errors.New("not inserted")
+			}
+			close(held)
+			<-release
+			return err
+		})
+	}()
+	<-held
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	defer letGo() // a failure below lets the submit end
+	type renewal struct {
+		n   int
+		err error
+	}
+	renewedc := make(chan renewal, 1)
+	go func() {
+		n, err := renewer.RenewLeases(ctx, []fleet.LeaseRenewal{{NodeID: "busy", Until: t0.Add(2 * time.Minute)}})
+		renewedc <- renewal{n, err}
+	}()
+	select {
+	case r := <-renewedc:
+		require.NoError(t, r.err)
+		require.Equal(t, 1, r.n)
+	case <-time.After(testwait.Patience):
+		t.Fatal("the renewal waited for the open submit")
+	}
+
+	var enrolled atomic.Bool
+	var pending int64
+	locked := make(chan error, 1)
+	go func() {
+		locked <- renewer.Tx(ctx, func(tx fleet.Tx) error {
+			if _, err := tx.LockNode(ctx, "busy"); err != nil {
+				return err
+			}
+			enrolled.Store(true)
+			cmds, err := tx.Commands(ctx, "busy", fleet.CommandPending, 0)
+			pending = int64(len(cmds))
+			return err
+		})
+	}()
+	require.Never(t, enrolled.Load, 300*time.Millisecond, 10*time.Millisecond, "a state change did not wait for the submit")
+	letGo()
+	require.NoError(t, <-submitted)
+	require.NoError(t, <-locked)
+	require.Equal(t, int64(1), pending, "the state change saw the command")
+}

@@ -1,6 +1,7 @@
 package models
 
 import (
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -53,10 +54,16 @@ func (q LedgerStatements) Events(operationID string, after int64, limit int) Sta
 	return q.build(func(g *gorm.DB) *gorm.DB { return eventsQuery(g, operationID, after, limit).Find(&[]OperationEvent{}) })
 }
 
-// CountOpenForNode is the per-node quota count.
+// CountOpenForNode is the per-node quota count (on Postgres, the query
+// the store's function runs under the node's quota lock).
 func (q LedgerStatements) CountOpenForNode(nodeID string, except []string) Statement {
 	if q.dialect == Postgres {
-		return countOpenForNodeStatement(nodeID, except)
+		// The kinds as an array literal: the plan tool binds text.
+		quoted := make([]string, len(except))
+		for i, k := range except {
+			quoted[i] = `"` + k + `"`
+		}
+		return Statement{SQL: openForNodeFunctionSQL, Args: []any{nodeID, "", "{" + strings.Join(quoted, ",") + "}"}}
 	}
 	var n int64
 	return q.build(func(g *gorm.DB) *gorm.DB { return openForNodeQuery(g, nodeID, except).Count(&n) })

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -435,40 +434,30 @@ func (t *ledgerTx) CountOpenForNode(ctx context.Context, nodeID string, except [
 	}
 	var n int64
 	if t.r.dialect == Postgres {
-		// The submit's quota count: sent around GORM (sqlpath.go).
-		st := countOpenForNodeStatement(nodeID, except)
-		err := eachRow(t.r.db(ctx), st.SQL, st.Args, func(rows *sql.Rows) error { return rows.Scan(&n) })
+		// The count the submit's command insert takes (issueSQL), on its
+		// own: it takes the node's quota lock first (migration 00025).
+		// Sent around GORM (sqlpath.go).
+		if except == nil {
+			except = []string{}
+		}
+		err := eachRow(t.r.db(ctx), countOpenForNodeSQL, []any{nodeID, except}, func(rows *sql.Rows) error { return rows.Scan(&n) })
 		return int(n), err
 	}
 	err := openForNodeQuery(t.r.db(ctx), nodeID, except).Count(&n).Error
 	return int(n), err
 }
 
-// countOpenForNodeStatement is openForNodeQuery's count on Postgres, as
-// GORM would have written it (so the plans and statistics stay those of
-// the same statement), built once per number of exempt kinds.
-func countOpenForNodeStatement(nodeID string, except []string) Statement {
-	args := make([]any, 0, 2+len(except))
-	args = append(args, nodeID, ledger.TargetNode)
-	for _, k := range except {
-		args = append(args, k)
-	}
-	if q, ok := countOpenForNodeSQL.Load(len(except)); ok {
-		return Statement{SQL: q.(string), Args: args}
-	}
-	q := `SELECT count(*) FROM "operations" WHERE target_id = ? AND terminal = FALSE AND target_kind = ?`
-	if len(except) > 0 {
-		q = `SELECT count(*) FROM "operations" WHERE (target_id = ? AND terminal = FALSE AND target_kind = ?) AND kind NOT IN (` +
-			strings.TrimSuffix(strings.Repeat("?,", len(except)), ",") + `)`
-	}
-	q = numbered(q)
-	countOpenForNodeSQL.Store(len(except), q)
-	return Statement{SQL: q, Args: args}
-}
+// countOpenForNodeSQL is CountOpenForNode's statement on Postgres: no
+// operation left out (none has the empty id).
+var countOpenForNodeSQL = numbered(`SELECT nodeward_open_for_node(?, '', ?::text[])`)
 
-// countOpenForNodeSQL holds countOpenForNodeStatement's text by number of
-// exempt kinds.
-var countOpenForNodeSQL sync.Map
+// openForNodeFunctionSQL is the count nodeward_open_for_node runs once it
+// holds the node's quota lock (migrations 00024, 00025), with its
+// parameters numbered: the node, the operation left out, the exempt
+// kinds. The query-plan tool explains it (LedgerStatements).
+const openForNodeFunctionSQL = `SELECT count(*) FROM operations
+		WHERE target_id = $1 AND terminal = FALSE AND target_kind = 'node'
+			AND id <> $2 AND kind <> ALL ($3::text[])`
 
 func (t *ledgerTx) CountOpenForNodes(ctx context.Context, nodeIDs []string, except []string) (map[string]int, error) {
 	var rows []struct {

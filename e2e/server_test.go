@@ -149,6 +149,8 @@ func TestTwoReplicas(t *testing.T) {
 		return false
 	})
 
+	directBefore := metric(t, b, "nodeward_long_poll_direct_claims_total")
+	readsBefore := metric(t, b, "nodeward_long_poll_store_queries_total")
 	issue(t, a, boot.NodeID, "cross-replica-1")
 	got := awaitPoll(t, held)
 	if got.err != nil || len(got.resp.Commands) != 1 || got.resp.Commands[0].OperationID != "cross-replica-1" {
@@ -159,6 +161,14 @@ func TestTwoReplicas(t *testing.T) {
 	}
 	if n := metric(t, b, `nodeward_long_poll_wakeups_total{source="poll"}`); n != pollBefore {
 		t.Fatalf("B fell back to polling (%v -> %v) although notifications flow", pollBefore, n)
+	}
+	// Woken by a command another replica recorded, B's poll claims it at
+	// once, without reading first.
+	if n := metric(t, b, "nodeward_long_poll_direct_claims_total"); n != directBefore+1 {
+		t.Fatalf("B's poll did not claim directly (direct claims %v -> %v)", directBefore, n)
+	}
+	if n := metric(t, b, "nodeward_long_poll_store_queries_total"); n != readsBefore {
+		t.Fatalf("B's poll read before it claimed (store queries %v -> %v)", readsBefore, n)
 	}
 
 	// Results reported to A settle a command B delivered.

@@ -12,10 +12,11 @@ type NotificationKind string
 const (
 	// NotifyCommands: the node has new work; wake its long-poll.
 	NotifyCommands NotificationKind = "c"
-	// NotifyIssued: NotifyCommands for a command this replica's commit
-	// just recorded: its long-polls go straight to the claim, skipping the
-	// read that would only confirm it. It travels to other replicas as
-	// NotifyCommands (Encode): they have not seen the commit, so they read.
+	// NotifyIssued: NotifyCommands for a command a commit just recorded:
+	// the node's long-polls go straight to the claim, skipping the read
+	// that would only confirm it — on the replica that recorded it and on
+	// the others alike, since a notification reaches them only once the
+	// commit is visible.
 	NotifyIssued NotificationKind = "i"
 	// NotifyNode: the node's record changed (fencing token, state,
 	// capabilities); drop cached copies (nodeCache), and end its
@@ -61,11 +62,7 @@ func (n Notification) Local() bool { return n.Kind == NotifyHanded || n.Kind == 
 // Encode renders the notification as a NOTIFY payload stamped with the
 // sending replica, so a replica can skip its own.
 func (n Notification) Encode(replica string) string {
-	kind := n.Kind
-	if kind == NotifyIssued {
-		kind = NotifyCommands
-	}
-	return string(kind) + ":" + replica + ":" + n.NodeID
+	return string(n.Kind) + ":" + replica + ":" + n.NodeID
 }
 
 // DecodeNotification parses a payload made by Encode.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	neturl "net/url"
+	"sort"
 	"sync"
 	"time"
 
@@ -59,15 +60,26 @@ type TailCause struct {
 	// The write path: the share of the window exclusive batches held every
 	// lane back (summed over replicas; on SQLite the writer's busy share),
 	// and the lanes' wait behind them.
-	WriteExclusiveShare float64  `json:"write_exclusive_share"`
-	LaneGateWaitMS      float64  `json:"write_lane_gate_wait_ms"`
-	PGSamples           int      `json:"pg_samples,omitempty"`
-	PGLockWaits         float64  `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
-	PGLWLockWaits       float64  `json:"pg_lwlock_waiting_backends_avg,omitempty"`
-	PGWALWaits          float64  `json:"pg_wal_waiting_backends_avg,omitempty"` // WAL write/fsync: the commit's flush
-	PGActive            float64  `json:"pg_active_backends_avg,omitempty"`
-	PGLockWaitShare     float64  `json:"pg_lock_wait_share,omitempty"` // samples with any backend waiting on a lock
-	Causes              []string `json:"causes,omitempty"`
+	WriteExclusiveShare float64 `json:"write_exclusive_share"`
+	LaneGateWaitMS      float64 `json:"write_lane_gate_wait_ms"`
+	PGSamples           int     `json:"pg_samples,omitempty"`
+	PGLockWaits         float64 `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
+	PGLWLockWaits       float64 `json:"pg_lwlock_waiting_backends_avg,omitempty"`
+	PGWALWaits          float64 `json:"pg_wal_waiting_backends_avg,omitempty"` // WAL write/fsync: the commit's flush
+	PGActive            float64 `json:"pg_active_backends_avg,omitempty"`
+	PGLockWaitShare     float64 `json:"pg_lock_wait_share,omitempty"` // samples with any backend waiting on a lock
+	// PGLockWaiters names who waited on a lock, most often first: the
+	// lock's kind and the waiting statement's start, with the average
+	// number of backends waiting so.
+	PGLockWaiters []LockWaiter `json:"pg_lock_waiters,omitempty"`
+	Causes        []string     `json:"causes,omitempty"`
+}
+
+// LockWaiter is one kind of lock wait seen over the window.
+type LockWaiter struct {
+	Lock      string  `json:"lock"`      // pg_stat_activity.wait_event: transactionid, tuple, advisory, …
+	Statement string  `json:"statement"` // the waiting statement's first words
+	Backends  float64 `json:"backends_avg"`
 }
 
 // tailProbe samples Postgres over the window.
@@ -81,6 +93,7 @@ type tailProbe struct {
 	mu                        sync.Mutex
 	samples, lockSamples      int
 	lock, lwlock, wal, active float64
+	waiters                   map[[2]string]int
 }
 
 // startTailProbe starts sampling the backends of the server's schema on
@@ -127,6 +140,9 @@ FROM pg_stat_activity WHERE application_name = ? AND pid <> pg_backend_pid()`, a
 				}
 				p.mu.Unlock()
 			}
+			if err == nil && row.Lock > 0 {
+				p.sampleWaiters(ctx, app)
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -135,6 +151,26 @@ FROM pg_stat_activity WHERE application_name = ? AND pid <> pg_backend_pid()`, a
 		}
 	}()
 	return p
+}
+
+// sampleWaiters counts the backends waiting on a lock now by the lock's
+// kind and the statement's first words.
+func (p *tailProbe) sampleWaiters(ctx context.Context, app string) {
+	var rows []struct{ Event, Statement string }
+	err := p.db.WithContext(ctx).Raw(`SELECT wait_event AS event,
+  left(regexp_replace(query, '\s+', ' ', 'g'), 60) AS statement
+FROM pg_stat_activity WHERE application_name = ? AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'`, app).Scan(&rows).Error
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.waiters == nil {
+		p.waiters = map[[2]string]int{}
+	}
+	for _, r := range rows {
+		p.waiters[[2]string{r.Event, r.Statement}]++
+	}
 }
 
 // stop ends the sampling (at the window's end); finish calls it too.
@@ -178,6 +214,16 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 		tc.PGSamples = p.samples
 		tc.PGLockWaits, tc.PGLWLockWaits, tc.PGWALWaits, tc.PGActive = p.lock/n, p.lwlock/n, p.wal/n, p.active/n
 		tc.PGLockWaitShare = float64(p.lockSamples) / n
+		for k, c := range p.waiters {
+			tc.PGLockWaiters = append(tc.PGLockWaiters, LockWaiter{Lock: k[0], Statement: k[1], Backends: float64(c) / n})
+		}
+		sort.Slice(tc.PGLockWaiters, func(i, j int) bool {
+			a, b := tc.PGLockWaiters[i], tc.PGLockWaiters[j]
+			if a.Backends != b.Backends {
+				return a.Backends > b.Backends
+			}
+			return a.Lock+a.Statement < b.Lock+b.Statement
+		})
 	}
 	p.mu.Unlock()
 	if tc.Exceeded {
@@ -199,7 +245,15 @@ func tailCauses(tc TailCause, rep *Report) []string {
 		out = append(out, fmt.Sprintf("CPU: the machine was %.0f%% busy (%.2f cores outside the tool and its workers): requests queued for a core", 100*tc.MachineBus, rep.CPU.Rest))
 	}
 	if tc.PGLockWaitShare >= 0.05 {
-		out = append(out, fmt.Sprintf("lock waits: a backend waited on a row or transaction lock in %.0f%% of the samples (%.2f waiting on average)", 100*tc.PGLockWaitShare, tc.PGLockWaits))
+		c := fmt.Sprintf("lock waits: a backend waited on a row or transaction lock in %.0f%% of the samples (%.2f waiting on average)", 100*tc.PGLockWaitShare, tc.PGLockWaits)
+		for i, w := range tc.PGLockWaiters[:min(3, len(tc.PGLockWaiters))] {
+			sep := "; most: "
+			if i > 0 {
+				sep = ", "
+			}
+			c += fmt.Sprintf("%s%.2f on %s in %q", sep, w.Backends, w.Lock, w.Statement)
+		}
+		out = append(out, c)
 	}
 	if tc.PGWALWaits >= 0.5 {
 		out = append(out, fmt.Sprintf("commit flush: %.2f backends waiting on WAL write/fsync on average", tc.PGWALWaits))

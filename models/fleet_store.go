@@ -706,7 +706,7 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	var inserted, found bool
 	var opSeq, others sql.NullInt64
 	args = append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt,
-		row.State, t.store.channel, fleet.Notification{Kind: fleet.NotifyCommands}.Encode(t.store.replica), string(fleet.StateReady))
+		row.State, t.store.channel, fleet.Notification{Kind: fleet.NotifyIssued}.Encode(t.store.replica), string(fleet.StateReady))
 	if count != nil {
 		args = append(args, c.OperationID, count.except)
 	}

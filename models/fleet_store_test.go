@@ -875,7 +875,7 @@ func TestFleetStoreIssueToNode(t *testing.T) {
 			require.True(t, inserted)
 			testwait.For(t, "the other replica to hear both", testwait.Patience, func() bool { return other.state().twice == 1 })
 			require.Equal(t, sinkState{ok: true, ups: 1, resyncs: 1, heard: 1, twice: 1}, other.state(), "the ready node's only")
-			require.Equal(t, 2, other.kind(fleet.NotifyCommands), "other replicas hear NotifyCommands, never the local NotifyIssued")
+			require.Equal(t, 2, other.kind(fleet.NotifyIssued), "other replicas hear NotifyIssued too: their polls claim at once")
 		}
 	})
 }

@@ -238,9 +238,9 @@ type Tx interface {
 	// nothing; it answers whether it stored o.
 	InsertWorkloadOutput(ctx context.Context, o WorkloadOutput) (bool, error)
 
-	// IssueToNode locks the node against changes of its state and
-	// fencing token (enrollment, retirement, the sweep; not against
-	// lease renewals, nor other submits) and, only when it is
+	// IssueToNode locks the node against enrollment and retirement (not
+	// against lease renewals and the lease sweep, nor other submits) and,
+	// only when it is
 	// ready, inserts c at the node's fencing token (c.FencingToken is
 	// ignored), and then notifies the node's long-poll (NotifyCommands,
 	// on every replica once the transaction commits): one statement where

@@ -578,7 +578,7 @@ func (t *fleetTx) RedeemInvitation(ctx context.Context, nodeID, invitationID, to
 	}
 	if t.dialect == Postgres {
 		var rows []redeemedRow
-		err := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR KEY SHARE),
+		err := t.db(ctx).Raw(`WITH n AS (SELECT * FROM nodes WHERE id = ? FOR UPDATE),
 			inv AS (
 				UPDATE invitations SET state = ?, redeemed_at = ?
 				WHERE id = ? AND node_id IN (SELECT id FROM n) AND token_digest = ? AND state = ?
@@ -680,9 +680,12 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	// locked row, so it happens only for a ready node and carries the
 	// fencing token it has under the lock; the notification goes with the
 	// inserted row (delivered when, and only if, the transaction commits).
-	// The lock is FOR KEY SHARE: enrollment, retirement and the sweep
-	// (FOR UPDATE) wait for it and it for them, but lease renewals (FOR NO
-	// KEY UPDATE) and other submits do not. Submits to one node are
+	// The lock is FOR KEY SHARE: enrollment and retirement (FOR UPDATE)
+	// wait for it and it for them, so the command carries the fencing
+	// token the node has when it commits; lease renewals and the lease
+	// sweep (FOR NO KEY UPDATE) and other submits do not. A node the sweep
+	// marks lost meanwhile keeps the command, as it would had the submit
+	// come a moment earlier. Submits to one node are
 	// ordered by the quota count's own lock instead (migration 00025).
 	// The command's operation, when the ledger kept it back for this
 	// statement (later.go), is inserted by it too, with its events.

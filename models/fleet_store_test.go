@@ -979,23 +979,54 @@ func TestPostgresSubmitAndRenewalDoNotWaitForEachOther(t *testing.T) {
 		t.Fatal("the renewal waited for the open submit")
 	}
 
-	var enrolled atomic.Bool
-	var pending int64
-	locked := make(chan error, 1)
-	go func() {
-		locked <- renewer.Tx(ctx, func(tx fleet.Tx) error {
-			if _, err := tx.LockNode(ctx, "busy"); err != nil {
-				return err
+	// The two doors that change a node's standing: retirement's lock and
+	// enrollment's redemption (from other stores: transactions of their
+	// own, as other replicas run them).
+	inv := fleet.Invitation{ID: "busy-inv", NodeID: "busy", Generation: 1, TokenDigest: "d", IssuedAt: t0,
+		ExpiresAt: t0.Add(time.Hour), State: fleet.InvitationOutstanding}
+	require.NoError(t, renewer.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertInvitation(ctx, inv) }))
+	doors := map[string]func(tx fleet.Tx) error{
+		"retirement's LockNode": func(tx fleet.Tx) error { _, err := tx.LockNode(ctx, "busy"); return err },
+		"enrollment's RedeemInvitation": func(tx fleet.Tx) error {
+			_, ok, err := tx.RedeemInvitation(ctx, "busy", "busy-inv", "d", t0)
+			if err == nil && !ok {
+				err = errors.New("not redeemed")
 			}
-			enrolled.Store(true)
-			cmds, err := tx.Commands(ctx, "busy", fleet.CommandPending, 0)
-			pending = int64(len(cmds))
 			return err
-		})
-	}()
-	require.Never(t, enrolled.Load, 300*time.Millisecond, 10*time.Millisecond, "a state change did not wait for the submit")
+		},
+	}
+	type door struct {
+		passed  atomic.Bool
+		pending int
+		done    chan error
+	}
+	waiting := map[string]*door{}
+	for name, lock := range doors {
+		d := &door{done: make(chan error, 1)}
+		waiting[name] = d
+		go func() {
+			d.done <- models.NewFleetStore(db, "r-"+name, nil).Tx(ctx, func(tx fleet.Tx) error {
+				if err := lock(tx); err != nil {
+					return err
+				}
+				d.passed.Store(true)
+				cmds, err := tx.Commands(ctx, "busy", fleet.CommandPending, 0)
+				if err != nil {
+					return err
+				}
+				d.pending = len(cmds)
+				return errors.New("rolled back") // leave the node as it was for the other door
+			})
+		}()
+	}
+	require.Never(t, func() bool {
+		return waiting["retirement's LockNode"].passed.Load() || waiting["enrollment's RedeemInvitation"].passed.Load()
+	},
+		300*time.Millisecond, 10*time.Millisecond, "a change of the node's standing did not wait for the submit")
 	letGo()
 	require.NoError(t, <-submitted)
-	require.NoError(t, <-locked)
-	require.Equal(t, int64(1), pending, "the state change saw the command")
+	for name, d := range waiting {
+		require.EqualError(t, <-d.done, "rolled back", name)
+		require.Equal(t, 1, d.pending, "%s saw the command", name)
+	}
 }

@@ -19,6 +19,17 @@ import (
 	"github.com/nodeward/nodeward/server/controlplane"
 )
 
+// startCounted starts a Postgres-backed server whose every database
+// statement, round trip and COMMIT the answered counter sees.
+func startCounted(t *testing.T) (*apitest.Server, *sqlcount.Counter) {
+	t.Helper()
+	counter := &sqlcount.Counter{}
+	s := apitest.Start(t, apitest.WithDialect(models.Postgres), apitest.WithConfig(func(c *controlplane.Config) {
+		c.WrapDBConnector = func(k driver.Connector) driver.Connector { return counter.Wrap(k) }
+	}))
+	return s, counter
+}
+
 // TestPostgresWriteCounters counts, on Postgres, what each step of a node
 // command costs the database: commits (what pg_stat_database.xact_commit
 // counts: COMMITs and statements run outside a transaction) and round
@@ -30,10 +41,7 @@ import (
 // trip to a hot path fails here.
 func TestPostgresWriteCounters(t *testing.T) {
 	t.Parallel()
-	counter := &sqlcount.Counter{}
-	s := apitest.Start(t, apitest.WithDialect(models.Postgres), apitest.WithConfig(func(c *controlplane.Config) {
-		c.WrapDBConnector = func(k driver.Connector) driver.Connector { return counter.Wrap(k) }
-	}))
+	s, counter := startCounted(t)
 	boot, sess := inviteAndEnroll(t, s)
 	const n = 15
 
@@ -231,10 +239,7 @@ func median(runs []sqlcount.Counts) sqlcount.Counts {
 // The sequential figures are ceilings, like TestPostgresWriteCounters.
 func TestPostgresEnrollCounters(t *testing.T) {
 	t.Parallel()
-	counter := &sqlcount.Counter{}
-	s := apitest.Start(t, apitest.WithDialect(models.Postgres), apitest.WithConfig(func(c *controlplane.Config) {
-		c.WrapDBConnector = func(k driver.Connector) driver.Connector { return counter.Wrap(k) }
-	}))
+	s, counter := startCounted(t)
 	const n = 15
 	invite := func() api.Bootstrap {
 		var boot api.Bootstrap
@@ -332,10 +337,7 @@ func TestPostgresEnrollCounters(t *testing.T) {
 // figure.
 func TestPostgresWriteCountersFleet(t *testing.T) {
 	t.Parallel()
-	counter := &sqlcount.Counter{}
-	s := apitest.Start(t, apitest.WithDialect(models.Postgres), apitest.WithConfig(func(c *controlplane.Config) {
-		c.WrapDBConnector = func(k driver.Connector) driver.Connector { return counter.Wrap(k) }
-	}))
+	s, counter := startCounted(t)
 	const n = 50
 	type agent struct {
 		node string
@@ -429,10 +431,7 @@ func TestPostgresWriteCountersFleet(t *testing.T) {
 // are the creation and release's alone.
 func TestPostgresWriteCountersFleetHeldPolls(t *testing.T) {
 	t.Parallel()
-	counter := &sqlcount.Counter{}
-	s := apitest.Start(t, apitest.WithDialect(models.Postgres), apitest.WithConfig(func(c *controlplane.Config) {
-		c.WrapDBConnector = func(k driver.Connector) driver.Connector { return counter.Wrap(k) }
-	}))
+	s, counter := startCounted(t)
 	const n = 50
 	tokens := make([]string, n)
 	targets := make([]any, n)

@@ -45,6 +45,12 @@ type Settings struct {
 	EventsKeptFor     time.Duration // default 7 days
 	PruneInterval     time.Duration // default 1 h
 	PruneBatch        int           // rows per prune statement; default 1000
+	// Recheck is how often waiters and watches re-read their operation
+	// while notifications flow, when other replicas share the store: a
+	// replica announces an operation's start and end on the command path
+	// after its commit, and one that dies between the two never does;
+	// default 10 s.
+	Recheck time.Duration
 	// AdvanceInterval is the shortest time between two advances of one
 	// fan-out parent on a replica, unless its ends make one urgent
 	// (advance.go); default DefaultAdvanceInterval.
@@ -73,6 +79,7 @@ func (s *Settings) defaults() {
 	}
 	def(&s.OwnerLease, 15*time.Second)
 	def(&s.FallbackPoll, 2*time.Second)
+	def(&s.Recheck, 10*time.Second)
 	def(&s.OperationsKeptFor, 90*24*time.Hour)
 	def(&s.EventsKeptFor, 7*24*time.Hour)
 	def(&s.PruneInterval, time.Hour)
@@ -154,6 +161,7 @@ type Service struct {
 	draining     bool
 	drained      chan struct{} // closed on Drain
 	notifyHealth bool
+	crossReplica bool
 
 	checkPrincipal func(ctx context.Context, tx Tx, p Principal) error
 	secrets        *secrets.Service
@@ -188,6 +196,7 @@ func New(o Options) *Service {
 		heard:        map[string]struct{}{},
 		drained:      make(chan struct{}),
 		notifyHealth: !o.CrossReplica,
+		crossReplica: o.CrossReplica,
 
 		checkPrincipal: o.CheckPrincipal,
 		secrets:        o.Secrets,
@@ -723,10 +732,6 @@ func (s *Service) Wait(ctx context.Context, id string, wait time.Duration) (Oper
 		if err != nil || op.Terminal() {
 			return op, err
 		}
-		var fallback <-chan time.Time
-		if !s.notifierOK() {
-			fallback = time.After(s.settings.FallbackPoll)
-		}
 		select {
 		case <-ctx.Done():
 			return op, nil
@@ -734,10 +739,23 @@ func (s *Service) Wait(ctx context.Context, id string, wait time.Duration) (Oper
 			return op, nil
 		case <-s.drained:
 			return op, nil
-		case <-fallback:
+		case <-s.recheck():
 		case <-ch:
 		}
 	}
+}
+
+// recheck answers when a waiter re-reads its operation unless told
+// sooner: FallbackPoll while notifications may be missed, Recheck while
+// they flow from other replicas, never for a lone replica (nil).
+func (s *Service) recheck() <-chan time.Time {
+	switch {
+	case !s.notifierOK():
+		return time.After(s.settings.FallbackPoll)
+	case s.crossReplica:
+		return time.After(s.settings.Recheck)
+	}
+	return nil
 }
 
 // Watch calls fn with the operation's events as they are recorded, from
@@ -775,16 +793,12 @@ func (s *Service) Watch(ctx context.Context, p Principal, id string, after int64
 		if op.Terminal() {
 			return nil
 		}
-		var fallback <-chan time.Time
-		if !s.notifierOK() {
-			fallback = time.After(s.settings.FallbackPoll)
-		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-s.drained:
 			return ErrDraining
-		case <-fallback:
+		case <-s.recheck():
 		case <-ch:
 		}
 	}

@@ -20,9 +20,9 @@ import (
 // here keep its operation in step, inside the transactions delivery and
 // settlement already run: a first delivery makes the operation running,
 // a settlement (or a refusal by retirement or re-enrollment) ends it, each
-// with its event, and on Postgres in the same statement as the event and
-// the cross-replica notification, so the ledger adds no round trip to the
-// command path. A command with no operation (issued by the fleet alone, as
+// with its event, on Postgres in the same statement, so the ledger adds no
+// round trip to the command path; the other replicas hear of it after the
+// commit (noteOperations). A command with no operation (issued by the fleet alone, as
 // its own tests do) changes nothing here.
 
 // mirrorFirstDeliveries marks the operations of commands delivered for the
@@ -53,12 +53,7 @@ func (t *fleetTx) mirrorFirstDeliveries(ctx context.Context, cmds []fleet.Comman
 	if err := appendEvents(t.db(ctx), events); err != nil {
 		return err
 	}
-	// Announced on every replica (on Postgres with the commit's batch).
-	for _, id := range running {
-		if err := t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: id}); err != nil {
-			return err
-		}
-	}
+	t.noteOperations(running)
 	return nil
 }
 
@@ -88,11 +83,11 @@ func (t *fleetTx) mirrorCommandEnd(ctx context.Context, c fleet.Command) error {
 				WHERE id = ? AND terminal = FALSE RETURNING id, parent_id),
 			ev AS (
 				INSERT INTO operation_events (operation_id, type, at, data)
-				SELECT op.id, ?, ?, ? FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
+				SELECT op.id, ?, ?, ? FROM op
 				RETURNING operation_id)
 			SELECT op.id, op.parent_id FROM op JOIN ev ON ev.operation_id = op.id`,
 			string(end.State), rawp(end.Result), code, msg, retryable, at, at, c.OperationID,
-			string(end.State), at, string(data), t.store.channel, notifyPrefix(t.store.replica)).Scan(&ended).Error
+			string(end.State), at, string(data)).Scan(&ended).Error
 		if err != nil {
 			return err
 		}
@@ -123,18 +118,17 @@ type endedOperation struct {
 	ParentID *string
 }
 
-// notifyPrefix is fleet.Notification.Encode's payload for an operation,
-// less the id the statement appends.
-func notifyPrefix(replica string) string {
-	return fleet.Notification{Kind: fleet.NotifyOperation}.Encode(replica)
-}
-
-// noteOperations hands this replica's own waiters the operations that
-// changed, once the transaction commits (Postgres announced them to the
-// other replicas in the statement itself).
+// noteOperations announces the operations that started or ended on the
+// command path once the transaction commits: to this replica's own waiters
+// at once, to the other replicas' through the announcer, after the commit
+// rather than inside it (announce.go says why).
 func (t *fleetTx) noteOperations(ids []string) {
 	for _, id := range ids {
-		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: id})
+		n := fleet.Notification{Kind: fleet.NotifyOperation, NodeID: id}
+		*t.notes = append(*t.notes, n)
+		if t.store.announcer != nil {
+			*t.after = append(*t.after, n.Encode(t.store.replica))
+		}
 	}
 }
 
@@ -244,7 +238,7 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 		return len(left) == 1 && left[0], err
 	}
 	args := append(cmdArgs, endArgs...)
-	args = append(args, t.store.channel, notifyPrefix(t.store.replica), nodeID)
+	args = append(args, nodeID)
 	var rows []struct {
 		endedOperation `gorm:"embedded"`
 		PendingLeft    bool
@@ -258,7 +252,7 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 			RETURNING o.id, o.parent_id, e.state, e.at, e.data),
 		ev AS (
 			INSERT INTO operation_events (operation_id, type, at, data)
-			SELECT op.id, op.state, op.at, op.data FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
+			SELECT op.id, op.state, op.at, op.data FROM op
 			RETURNING 1),
 		l AS (`+leftSQL+`)
 		SELECT op.id, op.parent_id, l.pending_left FROM l LEFT JOIN op ON TRUE`, args...).Scan(&rows).Error
@@ -282,7 +276,7 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 // SettlePending implements fleet.Tx. On Postgres one statement (its
 // lists as VALUES rows, sent by queryRows) locks the commands in
 // operation id order, settles those still pending on the node, ends their
-// operations with their events and announcements, and answers what it
+// operations with their events, and answers what it
 // found of each and whether the node has another pending command: the
 // lock and the settlement of Settle in one round trip. SQLite locks, then
 // settles, as LockCommands and SettleCommands do.
@@ -303,8 +297,8 @@ func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time
 		ids[i], states[i], codes[i], messages[i] = s.OperationID, string(s.State), strp(s.FailureCode), strp(s.FailureMessage)
 		e.add(s, at)
 	}
-	args := make([]any, 0, 4+4*len(ss)+8*len(e.ids))
-	args = append(args, nodeID, at, t.store.channel, notifyPrefix(t.store.replica))
+	args := make([]any, 0, 2+4*len(ss)+8*len(e.ids))
+	args = append(args, nodeID, at)
 	for i := range ss {
 		args = append(args, ids[i], states[i], codes[i], messages[i])
 	}
@@ -352,8 +346,8 @@ func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time
 // endings of their operations: for each settlement one with no kind and
 // one per command kind whose ending differs from it (ledger.CommandEnd
 // depends on the kind: whether a refusal is retryable); the command's kind
-// picks its row. $1 is the node, $2 the time, $3 and $4 the announcement's
-// channel and prefix, then v's rows (4 values each), then e's (8 each).
+// picks its row. $1 is the node, $2 the time, then v's rows (4 values
+// each), then e's (8 each).
 //
 // The lists are VALUES rows, not arrays: the planner then knows how many
 // rows each has, so every join is an index lookup and the statement has
@@ -384,7 +378,7 @@ func settlePendingSQL(n, m int) string {
 		return q.(string)
 	}
 	var b strings.Builder
-	next := 5
+	next := 3
 	param := func(cast string) {
 		fmt.Fprintf(&b, "CAST($%d AS %s)", next, cast)
 		next++
@@ -443,7 +437,7 @@ func settlePendingSQL(n, m int) string {
 		RETURNING o.id, o.parent_id, ended.state, ended.data),
 	ev AS (
 		INSERT INTO operation_events (operation_id, type, at, data)
-		SELECT op.id, op.state, $2, op.data FROM op CROSS JOIN LATERAL (SELECT pg_notify($3, $4 || op.id)) AS n
+		SELECT op.id, op.state, $2, op.data FROM op
 		RETURNING 1),
 	p AS (
 		SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND state = 'pending'

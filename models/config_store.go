@@ -240,8 +240,8 @@ func (t *fleetTx) SaveNodeConfig(ctx context.Context, c fleet.NodeConfig) error 
 // MarkConfigDelivered implements fleet.Tx. A delivery (revision > 0) also
 // makes the node's pending configure operations running — accepted on
 // channel long_poll, like a command's first delivery — with their events:
-// on Postgres in the same statement as the delivery mark (and the
-// cross-replica notification), on SQLite in the same transaction. Only the
+// on Postgres in the same statement as the delivery mark, on SQLite in
+// the same transaction; announced as noteOperations says. Only the
 // first delivery finds them pending, so a redelivery writes no more.
 func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error {
 	const mark = `UPDATE node_configs SET delivered_fencing = ?, delivered_revision = ?, delivered_at = ? WHERE node_id = ?`
@@ -257,11 +257,10 @@ func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencin
 			ev AS (
 				INSERT INTO operation_events (operation_id, type, at, data)
 				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
-				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
 				RETURNING operation_id)
 			SELECT operation_id FROM ev`,
 			fencing, revision, at, nodeID, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure,
-			at, t.store.channel, notifyPrefix(t.store.replica)).Scan(&running).Error
+			at).Scan(&running).Error
 		if err != nil {
 			return err
 		}

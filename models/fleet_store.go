@@ -28,6 +28,9 @@ type FleetStore struct {
 	channel  string
 	onCommit func([]fleet.Notification)
 	group    *groupCommit
+	// announcer sends the notifications that may follow their commit
+	// (Postgres; nil on SQLite).
+	announcer *announcer
 }
 
 var _ fleet.Store = (*FleetStore)(nil)
@@ -39,6 +42,9 @@ func NewFleetStore(db *DB, replica string, onCommit func([]fleet.Notification)) 
 	s := &FleetStore{fleetReader: fleetReader{g: db.DB, dialect: db.Dialect}, db: db, replica: replica,
 		channel: NotifyChannel(db), onCommit: onCommit}
 	s.group = newGroupCommit(s, db.writeLanes)
+	if db.Dialect == Postgres {
+		s.announcer = newAnnouncer(db.DB, s.channel)
+	}
 	return s
 }
 
@@ -90,6 +96,9 @@ type fleetTx struct {
 	// pg collects the payloads to announce to the other replicas
 	// (Postgres); the group commit sends them with the commit.
 	pg *[]string
+	// after collects the payloads the announcer sends once the
+	// transaction has committed (Postgres; see announce.go).
+	after *[]string
 	// audit collects the node audit rows; the group commit writes them
 	// with the batch (group.go flushAudit).
 	audit *[]NodeAudit
@@ -863,7 +872,7 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 		// One statement claims the commands (two polls of one node, an old
 		// connection not yet gone, never claim the same command twice within
 		// the visibility timeout: SKIP LOCKED), marks the operations of
-		// first deliveries running, with their events and notifications,
+		// first deliveries running, with their events,
 		// and answers what DueWork would have (read in the statement's
 		// snapshot, before the claim): a row per claimed command, or one
 		// with no command when nothing was due. Sent around GORM
@@ -874,7 +883,7 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 		var opRunning, duePending bool
 		var dueConfig int64
 		dest := r.dest(&opRunning, &duePending, &dueConfig)
-		err := eachRow(t.dbKeepingCount(ctx), claimSQL, append(args, now, now, now, t.store.channel, notifyPrefix(t.store.replica), d.NodeID,
+		err := eachRow(t.dbKeepingCount(ctx), claimSQL, append(args, now, now, now, d.NodeID,
 			d.Fencing, d.Fencing, dbtime.Norm(d.RedeliverBefore), d.NodeID),
 			func(rows *sql.Rows) error {
 				if err := rows.Scan(dest...); err != nil {
@@ -940,7 +949,6 @@ var claimSQL = numbered(`WITH claimed AS (` + claim + ` FOR UPDATE SKIP LOCKED) 
 			ev AS (
 				INSERT INTO operation_events (operation_id, type, at, data)
 				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
-				CROSS JOIN LATERAL (SELECT pg_notify(?, ? || ops.id)) AS n
 				RETURNING operation_id),
 			due AS (SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending') AS pending,
 				` + dueConfigSQL + ` AS config)

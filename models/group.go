@@ -63,7 +63,8 @@ import (
 // SQLite has one writer: one lane, the exclusive one, takes everything.
 //
 // Postgres: the batch's cross-replica notifications go out in one
-// statement just before its commit (see flushNotes).
+// statement just before its commit (see flushNotes); those that may follow
+// the commit go to the announcer once it has committed (announce.go).
 type groupCommit struct {
 	store *FleetStore
 	// lanes are the per-node lanes (none on SQLite or with one lane);
@@ -142,6 +143,9 @@ type groupReq struct {
 	// pg are the payloads of this request's notifications to announce to
 	// the other replicas (Postgres), sent with the batch's commit.
 	pg []string
+	// after are the payloads the announcer sends once the batch has
+	// committed (Postgres; see announce.go).
+	after []string
 	// audit are this request's node audit rows, written with the batch
 	// (flushAudit).
 	audit []NodeAudit
@@ -392,9 +396,9 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 	single := len(batch) == 1
 	return s.db.Tx(ctx, func(tx *gorm.DB) error {
 		for _, r := range batch {
-			r.notes, r.pg, r.audit, r.err, r.strayed = nil, nil, nil, nil, false
+			r.notes, r.pg, r.after, r.audit, r.err, r.strayed = nil, nil, nil, nil, nil, false
 			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single, later: &later{}}, store: s,
-				notes: &r.notes, pg: &r.pg, audit: &r.audit}
+				notes: &r.notes, pg: &r.pg, after: &r.after, audit: &r.audit}
 			fn := func() error {
 				if err := r.fn(t); err != nil {
 					return err
@@ -429,7 +433,7 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 				if err == nil {
 					err = errStrayed
 				}
-				r.err, r.notes, r.pg, r.audit = err, nil, nil, nil
+				r.err, r.notes, r.pg, r.after, r.audit = err, nil, nil, nil, nil
 				if rerr := tx.RollbackTo(sp).Error; rerr != nil {
 					return rerr
 				}
@@ -448,6 +452,7 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 func (g *groupCommit) outcome(batch []*groupReq, single bool, err error) ([]*groupReq, func()) {
 	s := g.store
 	var notes []fleet.Notification
+	var after []string
 	var again []*groupReq
 	for _, r := range batch {
 		if err != nil && r.err == nil {
@@ -455,6 +460,7 @@ func (g *groupCommit) outcome(batch []*groupReq, single bool, err error) ([]*gro
 		}
 		if r.err == nil {
 			notes = append(notes, r.notes...)
+			after = append(after, r.after...)
 		} else if (single || err == nil) && (r.strayed || lockConflict(r.err) && r.tries < maxTries) {
 			again = append(again, r)
 		}
@@ -463,6 +469,7 @@ func (g *groupCommit) outcome(batch []*groupReq, single bool, err error) ([]*gro
 		if len(notes) > 0 && s.onCommit != nil {
 			s.onCommit(notes)
 		}
+		s.announcer.add(after...)
 		for _, r := range batch {
 			if !contains(again, r) {
 				close(r.done)

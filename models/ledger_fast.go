@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
-	"time"
 
 	"gorm.io/gorm"
 	"modernc.org/sqlite"
@@ -98,25 +97,14 @@ func insertOperationStatement(g *gorm.DB, op ledger.Operation, events []ledger.E
 	return seq[0], nil
 }
 
-// dispatchWindow is the longest another replica's dispatcher may wait to
-// hear that work was submitted here.
-const dispatchWindow = 2 * time.Millisecond
-
-// pokeReplicas tells the other replicas that work may be claimable, at
-// most once per dispatchWindow however many submits there were: a NOTIFY
-// per submit would serialise every submitting commit on Postgres's one
-// notification queue lock. This replica's own dispatcher was told at once.
+// pokeReplicas tells the other replicas that work may be claimable, in
+// the announcer's next statement however many submits there were (the
+// payload names no operation: it only wakes dispatchers, which also
+// poll): a NOTIFY in each submit would serialise every submitting commit
+// on Postgres's one notification queue lock. This replica's own
+// dispatcher was told at once.
 func (s *LedgerStore) pokeReplicas() {
-	if !s.poking.CompareAndSwap(false, true) {
-		return // a poke is on its way and will cover this submit
-	}
-	time.AfterFunc(dispatchWindow, func() {
-		s.poking.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		// The payload names no operation: it only wakes dispatchers.
-		_ = s.fleet.db.WithContext(ctx).Exec("SELECT pg_notify(?, ?)", s.fleet.channel, dispatchPrefix(s.fleet.replica)).Error
-	})
+	s.fleet.announcer.add(dispatchPrefix(s.fleet.replica))
 }
 
 // dispatchPrefix is the notification payload announcing a claimable
@@ -182,7 +170,7 @@ func (s *LedgerStore) Finish(ctx context.Context, replica string, ends []ledger.
 		values = append(values, "(CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS text), CAST(? AS boolean), CAST(? AS timestamptz), CAST(? AS text))")
 		args = append(args, e.OperationID, r.State, r.Result, r.ErrorCode, r.ErrorMessage, r.ErrorRetryable, r.FinishedAt, endData(e))
 	}
-	args = append(args, replica, s.fleet.channel, notifyPrefix(s.fleet.replica))
+	args = append(args, replica)
 	err := s.fleet.db.WithContext(ctx).Raw(`WITH v (id, state, result, code, message, retryable, at, data) AS (VALUES `+strings.Join(values, ", ")+`),
 		op AS (
 			UPDATE operations o SET state = v.state, terminal = TRUE, result = v.result, error_code = v.code,
@@ -191,12 +179,15 @@ func (s *LedgerStore) Finish(ctx context.Context, replica string, ends []ledger.
 			RETURNING o.id, o.kind, o.parent_id, v.state, v.at, v.data),
 		ev AS (
 			INSERT INTO operation_events (operation_id, type, at, data)
-			SELECT op.id, op.state, op.at, op.data FROM op CROSS JOIN LATERAL (SELECT pg_notify(?, ? || op.id)) AS n
+			SELECT op.id, op.state, op.at, op.data FROM op
 			RETURNING 1)
 		SELECT op.id, op.kind, op.parent_id FROM op`, args...).Scan(&rows).Error
 	if err == nil {
 		note()
 		s.announce(notes)
+		for _, r := range rows {
+			s.fleet.announcer.add(fleet.Notification{Kind: fleet.NotifyOperation, NodeID: r.ID}.Encode(s.fleet.replica))
+		}
 	}
 	return ended(rows, err)
 }

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -24,8 +23,7 @@ import (
 // transactions are the fleet store's (group-committed on both dialects), so an
 // operation and the fleet change it makes commit together.
 type LedgerStore struct {
-	fleet  *FleetStore
-	poking atomic.Bool // a cross-replica dispatch notification is scheduled
+	fleet *FleetStore
 }
 
 var _ ledger.Store = (*LedgerStore)(nil)

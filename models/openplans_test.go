@@ -71,7 +71,7 @@ func TestPostgresSettlementGenericPlan(t *testing.T) {
 	require.NoError(t, db.Exec(`UPDATE commands SET state = 'pending' WHERE operation_id <> 'op-1'`).Error)
 	for _, nm := range [][2]int{{1, 1}, {1, 2}, {3, 3}} {
 		n, m := nm[0], nm[1]
-		args := []any{"node-7", "2026-12-01T00:00:00Z", "nodeward", "o:r1:"}
+		args := []any{"node-7", "2026-12-01T00:00:00Z"}
 		for i := 0; i < n; i++ {
 			args = append(args, fmt.Sprintf("op-%d", 7+100*i), "applied", "", "")
 		}

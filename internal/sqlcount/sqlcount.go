@@ -26,6 +26,12 @@ type Counts struct {
 	// AutoCommits are statements sent outside a transaction: each is a
 	// transaction of its own, committed by the server.
 	AutoCommits int64
+	// Notifies are statements sent outside a transaction that only notify
+	// (SELECT pg_notify(…)), counted apart from the others: the server
+	// commits each as a transaction, but it writes no WAL and flushes
+	// nothing, and the requests whose changes it announces answered
+	// without waiting for it (models' announcer).
+	Notifies int64
 }
 
 // RoundTrips is every exchange with the server: statements, BEGINs,
@@ -40,18 +46,18 @@ func (c Counts) Transactions() int64 { return c.Commits + c.AutoCommits }
 // Sub answers c − o.
 func (c Counts) Sub(o Counts) Counts {
 	return Counts{Statements: c.Statements - o.Statements, Begins: c.Begins - o.Begins, Commits: c.Commits - o.Commits,
-		Rollbacks: c.Rollbacks - o.Rollbacks, AutoCommits: c.AutoCommits - o.AutoCommits}
+		Rollbacks: c.Rollbacks - o.Rollbacks, AutoCommits: c.AutoCommits - o.AutoCommits, Notifies: c.Notifies - o.Notifies}
 }
 
 // Add answers c + o.
 func (c Counts) Add(o Counts) Counts {
 	return Counts{Statements: c.Statements + o.Statements, Begins: c.Begins + o.Begins, Commits: c.Commits + o.Commits,
-		Rollbacks: c.Rollbacks + o.Rollbacks, AutoCommits: c.AutoCommits + o.AutoCommits}
+		Rollbacks: c.Rollbacks + o.Rollbacks, AutoCommits: c.AutoCommits + o.AutoCommits, Notifies: c.Notifies + o.Notifies}
 }
 
 // Counter counts the exchanges of every connection it wraps.
 type Counter struct {
-	statements, begins, commits, rollbacks, auto atomic.Int64
+	statements, begins, commits, rollbacks, auto, notifies atomic.Int64
 
 	mu    sync.Mutex
 	bySQL map[string]int64 // statement text (first line, trimmed) → count
@@ -60,7 +66,7 @@ type Counter struct {
 // Snapshot answers the counts so far.
 func (c *Counter) Snapshot() Counts {
 	return Counts{Statements: c.statements.Load(), Begins: c.begins.Load(), Commits: c.commits.Load(),
-		Rollbacks: c.rollbacks.Load(), AutoCommits: c.auto.Load()}
+		Rollbacks: c.rollbacks.Load(), AutoCommits: c.auto.Load(), Notifies: c.notifies.Load()}
 }
 
 // Texts answers how often each statement was sent since the last call,
@@ -90,11 +96,16 @@ type TextCount struct {
 }
 
 func (c *Counter) statement(query string, inTx bool) {
-	c.statements.Add(1)
-	if !inTx {
-		c.auto.Add(1)
-	}
 	q := strings.Join(strings.Fields(query), " ")
+	switch {
+	case !inTx && strings.HasPrefix(q, "SELECT pg_notify("):
+		c.notifies.Add(1)
+	case !inTx:
+		c.statements.Add(1)
+		c.auto.Add(1)
+	default:
+		c.statements.Add(1)
+	}
 	if len(q) > 90 {
 		q = q[:90]
 	}

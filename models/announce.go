@@ -1,0 +1,120 @@
+package models
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// announceWindow is how long the announcer gathers payloads before it
+// sends them: the longest another replica waits, beyond the commit, to
+// hear what the payloads announce.
+const announceWindow = 2 * time.Millisecond
+
+// announcer sends the other replicas (Postgres) notifications that wake
+// only waiters with a fallback of their own — an operation that started or
+// ended (ledger waiters and watches re-check, ledger.Settings.Recheck), a
+// dispatcher that may find work (it polls) — after the transactions that
+// made them have committed, gathered over announceWindow into one
+// statement of its own.
+//
+// Why not inside the writing transaction, as the delivery and fencing
+// notifications are: Postgres serialises every committing transaction that
+// notified on one lock (the notification queue's), held through that
+// transaction's WAL flush. A transaction that only notifies writes no WAL
+// of its own and flushes nothing, so it holds the lock for a moment. On
+// the command path the claim and the settlement notify only for the
+// operation's waiters; sent here, their commits take no such lock.
+//
+// What it costs: a process that dies between a commit and the send never
+// announces that commit; the waiters elsewhere see it at their next
+// re-check instead. Nothing is lost, since every waiter reads the
+// committed state and no delivery depends on these notifications.
+type announcer struct {
+	db      *gorm.DB
+	channel string
+
+	mu      sync.Mutex
+	queued  []string
+	sending bool // a sender goroutine runs; it takes what is queued
+
+	stats announceCounters
+}
+
+type announceCounters struct {
+	statements, payloads, failures atomic.Int64
+}
+
+// AnnounceStats are the announcer's counters since the store was made.
+type AnnounceStats struct {
+	// Statements is how many notify statements were sent, Payloads how
+	// many notifications they carried, Failures how many statements
+	// failed (their notifications were dropped: the waiters' re-check
+	// covers them).
+	Statements, Payloads, Failures int64
+}
+
+func newAnnouncer(db *gorm.DB, channel string) *announcer {
+	return &announcer{db: db, channel: channel}
+}
+
+// add queues payloads to be sent within announceWindow. Call it only once
+// what they announce has committed. A nil announcer (SQLite: one process)
+// drops them.
+func (a *announcer) add(payloads ...string) {
+	if a == nil || len(payloads) == 0 {
+		return
+	}
+	a.mu.Lock()
+	a.queued = append(a.queued, payloads...)
+	start := !a.sending
+	a.sending = true
+	a.mu.Unlock()
+	if start {
+		go a.send()
+	}
+}
+
+// send sends what is queued, a window's worth per statement, until nothing
+// is: one sender at a time, so a slow database holds payloads back rather
+// than piling up senders.
+func (a *announcer) send() {
+	for {
+		time.Sleep(announceWindow)
+		a.mu.Lock()
+		batch := a.queued
+		a.queued = nil
+		if len(batch) == 0 {
+			a.sending = false
+			a.mu.Unlock()
+			return
+		}
+		a.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// One parameter however many payloads. Postgres folds identical
+		// payloads of one transaction into one notification.
+		_, err := execRows(a.db.WithContext(ctx), announceSQL, a.channel, batch)
+		cancel()
+		a.stats.statements.Add(1)
+		a.stats.payloads.Add(int64(len(batch)))
+		if err != nil {
+			a.stats.failures.Add(1)
+		}
+	}
+}
+
+// announceSQL sends its second parameter's payloads on its first's
+// channel. Sent around GORM (sqlpath.go), which would expand the list.
+var announceSQL = numbered(`SELECT pg_notify(?, p) FROM unnest(?::text[]) AS p`)
+
+// AnnounceStats answers the announcer's counters (zero on SQLite).
+func (s *FleetStore) AnnounceStats() AnnounceStats {
+	if s.announcer == nil {
+		return AnnounceStats{}
+	}
+	c := &s.announcer.stats
+	return AnnounceStats{Statements: c.statements.Load(), Payloads: c.payloads.Load(), Failures: c.failures.Load()}
+}

@@ -59,6 +59,22 @@ type Notification struct {
 // sends it to the others.
 func (n Notification) Local() bool { return n.Kind == NotifyHanded || n.Kind == NotifyChildEnded }
 
+// MayFollowCommit reports a notification that only wakes readers which
+// read the committed state themselves: a store may send it to the other
+// replicas after the commit that made it instead of inside it. Were it
+// lost (the sender died in between), nothing is lost but time: the other
+// replicas resync when they see the sender gone (Service.watchPeers),
+// and their polls and waiters read again at their own fallbacks. What
+// voids what a replica knows — a node's fencing or state, revoked
+// credentials — is never sent so.
+func (n Notification) MayFollowCommit() bool {
+	switch n.Kind {
+	case NotifyCommands, NotifyIssued, NotifyOperation, NotifyDispatch:
+		return true
+	}
+	return false
+}
+
 // Encode renders the notification as a NOTIFY payload stamped with the
 // sending replica, so a replica can skip its own.
 func (n Notification) Encode(replica string) string {

@@ -158,6 +158,10 @@ type Service struct {
 	// rewarm asks warmLoop for a warm-up (the notifier came back).
 	rewarm   chan struct{}
 	warmPage int
+	// crossReplica: other replicas may share the store; peers is what
+	// publishLoop last saw of them (watchPeers).
+	crossReplica bool
+	peers        map[string]time.Time
 }
 
 // Options builds a Service.
@@ -206,6 +210,7 @@ func New(o Options) *Service {
 		enrollSigner:    keys.NewSigner(o.Keys, keys.LabelNodeEnrollment, "nodeward-enroll", "enroll+jwt", o.Now),
 		sessionSigner:   keys.NewSigner(o.Keys, keys.LabelNodeSession, "nodeward-node", "node+jwt", o.Now),
 		notifierHealthy: !o.CrossReplica,
+		crossReplica:    o.CrossReplica,
 		rewarm:          make(chan struct{}, 1),
 		warmPage:        defaultWarmPage,
 	}
@@ -367,6 +372,9 @@ func (s *Service) publishLoop(ctx context.Context) {
 		}
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("publish live sessions", "err", err)
+		}
+		if s.crossReplica {
+			s.watchPeers(ctx, now)
 		}
 		select {
 		case <-ctx.Done():

@@ -110,6 +110,9 @@ type Store interface {
 	// ListSessions answers the long-polls of every replica that published
 	// since freshAfter; none answers an empty list.
 	ListSessions(ctx context.Context, freshAfter time.Time) ([]LiveSession, error)
+	// Replicas answers every replica's row: when it started and when it
+	// last published or touched it.
+	Replicas(ctx context.Context) ([]ReplicaBeat, error)
 }
 
 // Reader is the read half of the store, usable in and out of a transaction.
@@ -341,6 +344,13 @@ type SettleFound struct {
 	State       CommandState
 	FailureCode string
 	Settled     bool
+}
+
+// ReplicaBeat is a replica's start and latest heartbeat, as it stored
+// them (its own clock).
+type ReplicaBeat struct {
+	ID                     string
+	StartedAt, HeartbeatAt time.Time
 }
 
 // LiveSession is one long-poll held now.

@@ -45,8 +45,8 @@ func (s *Service) Run(ctx context.Context) {
 
 // dispatch claims pending local operations whenever a slot is free and
 // something may be claimable: on a wake-up (a submit here or on another
-// replica, a run ending) or, while notifications may be missed, on the
-// fallback poll.
+// replica, a run ending) or on the fallback poll (recheck: a submit on
+// another replica is announced after its commit, and may never be).
 func (s *Service) dispatch(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -87,16 +87,12 @@ func (s *Service) dispatch(ctx context.Context) {
 				continue // there may be more
 			}
 		}
-		var fallback <-chan time.Time
-		if !s.notifierOK() {
-			fallback = time.After(s.settings.FallbackPoll)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.wake:
 			s.metrics.LedgerWakeups.WithLabelValues("wake").Inc()
-		case <-fallback:
+		case <-s.recheck():
 			s.metrics.LedgerWakeups.WithLabelValues("poll").Inc()
 		}
 	}

@@ -45,11 +45,11 @@ type Settings struct {
 	EventsKeptFor     time.Duration // default 7 days
 	PruneInterval     time.Duration // default 1 h
 	PruneBatch        int           // rows per prune statement; default 1000
-	// Recheck is how often waiters and watches re-read their operation
-	// while notifications flow, when other replicas share the store: a
-	// replica announces an operation's start and end on the command path
-	// after its commit, and one that dies between the two never does;
-	// default 10 s.
+	// Recheck is how often waiters, watches and the dispatcher read
+	// again while notifications flow, when other replicas share the
+	// store: a replica announces operations that started, ended or may
+	// be claimed after its commit, and one that dies between the two
+	// never does; default 10 s.
 	Recheck time.Duration
 	// AdvanceInterval is the shortest time between two advances of one
 	// fan-out parent on a replica, unless its ends make one urgent
@@ -745,7 +745,7 @@ func (s *Service) Wait(ctx context.Context, id string, wait time.Duration) (Oper
 	}
 }
 
-// recheck answers when a waiter re-reads its operation unless told
+// recheck answers when a waiter or the dispatcher reads again unless told
 // sooner: FallbackPoll while notifications may be missed, Recheck while
 // they flow from other replicas, never for a lone replica (nil).
 func (s *Service) recheck() <-chan time.Time {

@@ -26,6 +26,7 @@ type Metrics struct {
 	PollReadsSkipped prometheus.Counter
 	PollDirectClaims prometheus.Counter
 	PollHandoffs     prometheus.Counter
+	PeerResyncs      prometheus.Counter
 	NodeLookups      *prometheus.CounterVec
 	NodesWarmed      prometheus.Counter
 	// SessionVerifications counts agent session tokens accepted by their
@@ -121,6 +122,9 @@ func New(pending func() float64) *Metrics {
 		PollHandoffs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_long_poll_handoffs_total", Help: "Long-polls answered with commands claimed for them by the transaction that recorded the commands (the poll ran no claim of its own).",
 		}),
+		PeerResyncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeward_peer_resyncs_total", Help: "Times this replica dropped what it knew of the nodes and woke every long-poll because another replica's heartbeat lapsed or it restarted: what that replica committed but had not yet announced is read instead.",
+		}),
 		NodeLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_node_lookups_total", Help: "Node records (fencing token, retired, capabilities) the agent doors and capability checks needed, answered from this replica's node cache (result=hit) or by a database read (result=store).",
 		}, []string{"result"}),
@@ -209,7 +213,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.PollHandoffs, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled, m.EnrollmentsShed, m.EnrollmentsAnsweredAgain,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.PollHandoffs, m.PeerResyncs, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled, m.EnrollmentsShed, m.EnrollmentsAnsweredAgain,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

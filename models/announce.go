@@ -14,25 +14,27 @@ import (
 // hear what the payloads announce.
 const announceWindow = 2 * time.Millisecond
 
-// announcer sends the other replicas (Postgres) notifications that wake
-// only waiters with a fallback of their own — an operation that started or
-// ended (ledger waiters and watches re-check, ledger.Settings.Recheck), a
-// dispatcher that may find work (it polls) — after the transactions that
-// made them have committed, gathered over announceWindow into one
-// statement of its own.
+// announcer sends the other replicas (Postgres) the notifications that may
+// follow their commit (fleet.Notification.MayFollowCommit: work due for a
+// node, an operation that started or ended, work to dispatch) once the
+// transactions that made them have committed, gathered over announceWindow
+// into one statement of its own.
 //
-// Why not inside the writing transaction, as the delivery and fencing
-// notifications are: Postgres serialises every committing transaction that
-// notified on one lock (the notification queue's), held through that
-// transaction's WAL flush. A transaction that only notifies writes no WAL
-// of its own and flushes nothing, so it holds the lock for a moment. On
-// the command path the claim and the settlement notify only for the
-// operation's waiters; sent here, their commits take no such lock.
+// Why not inside the writing transaction, as fencing and revocations are:
+// Postgres serialises every committing transaction that notified on one
+// lock (the notification queue's), held through that transaction's WAL
+// flush, so every submit, claim and settlement commit of every replica
+// queued behind the others' flushes (measured: most of the lock waits of
+// three replicas at saturation). A transaction that only notifies writes
+// no WAL of its own and flushes nothing, so it holds the lock for a
+// moment.
 //
-// What it costs: a process that dies between a commit and the send never
-// announces that commit; the waiters elsewhere see it at their next
-// re-check instead. Nothing is lost, since every waiter reads the
-// committed state and no delivery depends on these notifications.
+// What it costs: up to announceWindow more before another replica hears;
+// and a process that dies between a commit and the send never announces
+// that commit. Nothing is lost, since every reader reads the committed
+// state: the other replicas resync once they see the dead one's heartbeat
+// lapse (fleet's peer watch), and ledger waiters re-check on their own
+// (ledger.Settings.Recheck).
 type announcer struct {
 	db      *gorm.DB
 	channel string
@@ -93,16 +95,37 @@ func (a *announcer) send() {
 			return
 		}
 		a.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		// One parameter however many payloads. Postgres folds identical
-		// payloads of one transaction into one notification.
-		_, err := execRows(a.db.WithContext(ctx), announceSQL, a.channel, batch)
-		cancel()
-		a.stats.statements.Add(1)
-		a.stats.payloads.Add(int64(len(batch)))
-		if err != nil {
-			a.stats.failures.Add(1)
-		}
+		a.sendBatch(batch)
+	}
+}
+
+// sendBatch sends payloads in one statement. One parameter however many
+// payloads; Postgres folds identical payloads of one transaction into one
+// notification.
+func (a *announcer) sendBatch(batch []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := execRows(a.db.WithContext(ctx), announceSQL, a.channel, batch)
+	a.stats.statements.Add(1)
+	a.stats.payloads.Add(int64(len(batch)))
+	if err != nil {
+		a.stats.failures.Add(1)
+	}
+}
+
+// Flush sends at once what the announcer holds (a replica shutting down
+// announces what it committed before it closes the database).
+func (s *FleetStore) Flush() {
+	a := s.announcer
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	batch := a.queued
+	a.queued = nil
+	a.mu.Unlock()
+	if len(batch) > 0 {
+		a.sendBatch(batch)
 	}
 }
 

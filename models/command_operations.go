@@ -120,15 +120,10 @@ type endedOperation struct {
 
 // noteOperations announces the operations that started or ended on the
 // command path once the transaction commits: to this replica's own waiters
-// at once, to the other replicas' through the announcer, after the commit
-// rather than inside it (announce.go says why).
+// at once, to the other replicas' through the announcer (Notify).
 func (t *fleetTx) noteOperations(ids []string) {
 	for _, id := range ids {
-		n := fleet.Notification{Kind: fleet.NotifyOperation, NodeID: id}
-		*t.notes = append(*t.notes, n)
-		if t.store.announcer != nil {
-			*t.after = append(*t.after, n.Encode(t.store.replica))
-		}
+		_ = t.Notify(context.Background(), fleet.Notification{Kind: fleet.NotifyOperation, NodeID: id})
 	}
 }
 

@@ -684,11 +684,11 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	if err := t.stray(c.NodeID); err != nil {
 		return fleet.Node{}, false, err
 	}
-	// The lock, the insert and the other replicas' notification in one
-	// round trip (the submit path's hot statement): the insert reads the
-	// locked row, so it happens only for a ready node and carries the
-	// fencing token it has under the lock; the notification goes with the
-	// inserted row (delivered when, and only if, the transaction commits).
+	// The lock and the insert in one round trip (the submit path's hot
+	// statement): the insert reads the locked row, so it happens only for
+	// a ready node and carries the fencing token it has under the lock.
+	// The other replicas hear of it once the transaction has committed
+	// (Notify: NotifyIssued may follow the commit).
 	// The lock is FOR KEY SHARE: enrollment and retirement (FOR UPDATE)
 	// wait for it and it for them, so the command carries the fencing
 	// token the node has when it commits; lease renewals and the lease
@@ -718,7 +718,7 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	var inserted, found bool
 	var opSeq, others sql.NullInt64
 	args = append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt,
-		row.State, t.store.channel, fleet.Notification{Kind: fleet.NotifyIssued}.Encode(t.store.replica), string(fleet.StateReady))
+		row.State, string(fleet.StateReady))
 	if count != nil {
 		args = append(args, c.OperationID, count.except)
 	}
@@ -744,7 +744,7 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	}
 	n := nodeFromRow(node.row())
 	if inserted {
-		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
+		_ = t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
 		if count != nil && others.Valid {
 			// The count leaves the operation out (the migration says
 			// why); it exists, recorded now or before this statement.
@@ -758,8 +758,7 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 // kept-back operation with that many events when events is not negative,
 // and with the node's quota count when counted.
 // Its arguments: the operation's (operationArgs), if any, then the node, the command's id, kind, payload, digest,
-// issued_at and state, the channel, the notification's payload less the
-// node, the ready state; when counted, the operation's id and the exempt
+// issued_at and state, the ready state; when counted, the operation's id and the exempt
 // kinds. It answers the locked node's nodeColumns, whether
 // the command was inserted, the operation's seq (NULL with no
 // operation) and the count of the node's other open operations (NULL when
@@ -783,7 +782,6 @@ func issueSQL(events int, counted bool) string {
 	q := numbered(`WITH ` + withOp + ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR KEY SHARE),
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
 			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n
-			CROSS JOIN LATERAL (SELECT pg_notify(?, ? || n.id)) AS note
 			WHERE n.state = ?
 			RETURNING 1)
 		SELECT ` + nodeColumns + `, EXISTS (SELECT 1 FROM ins) AS inserted` + selectOp + selectCount + ` FROM n`)
@@ -972,7 +970,13 @@ func (t *fleetTx) AppendAudit(ctx context.Context, e fleet.AuditEntry) error {
 
 func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {
 	*t.notes = append(*t.notes, n)
-	if t.dialect == Postgres && !n.Local() {
+	switch {
+	case t.dialect != Postgres || n.Local():
+	case n.MayFollowCommit():
+		// Sent to the other replicas once the transaction has committed
+		// (announce.go says why).
+		*t.after = append(*t.after, n.Encode(t.store.replica))
+	default:
 		// Delivered to the other replicas when (and only if) the
 		// transaction commits: sent with the batch (group.go flushNotes).
 		*t.pg = append(*t.pg, n.Encode(t.store.replica))

@@ -368,6 +368,19 @@ func (s *FleetStore) TouchReplica(ctx context.Context, replica string, now time.
 	return touched, err
 }
 
+// Replicas implements fleet.Store; it leaves the session lists out.
+func (s *FleetStore) Replicas(ctx context.Context) ([]fleet.ReplicaBeat, error) {
+	var rows []Replica
+	if err := s.db.WithContext(ctx).Select("id", "started_at", "heartbeat_at").Order("id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.ReplicaBeat, len(rows))
+	for i, r := range rows {
+		out[i] = fleet.ReplicaBeat{ID: r.ID, StartedAt: r.StartedAt, HeartbeatAt: r.HeartbeatAt}
+	}
+	return out, nil
+}
+
 // ListSessions merges the sessions of every replica fresh since freshAfter.
 func (s *FleetStore) ListSessions(ctx context.Context, freshAfter time.Time) ([]fleet.LiveSession, error) {
 	var rows []Replica

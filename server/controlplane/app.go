@@ -278,8 +278,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	return a, nil
 }
 
-// Close releases the database.
-func (a *App) Close() error { return a.DB.Close() }
+// Close sends the notifications still held back, then releases the
+// database.
+func (a *App) Close() error {
+	a.fleetStore.Flush()
+	return a.DB.Close()
+}
 
 // Serve answers on ln until ctx ends, then drains: it refuses new work,
 // answers held long-polls at once, and waits at most the shutdown grace for

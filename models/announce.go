@@ -9,16 +9,13 @@ import (
 	"gorm.io/gorm"
 )
 
-// announceWindow is how long the announcer gathers payloads before it
-// sends them: the longest another replica waits, beyond the commit, to
-// hear what the payloads announce.
-const announceWindow = 2 * time.Millisecond
-
 // announcer sends the other replicas (Postgres) the notifications that may
 // follow their commit (fleet.Notification.MayFollowCommit: work due for a
 // node, an operation that started or ended, work to dispatch) once the
-// transactions that made them have committed, gathered over announceWindow
-// into one statement of its own.
+// transactions that made them have committed, in a statement of its own:
+// at once when none is on its way, else with whatever else committed
+// meanwhile in the next (one statement in flight at a time, so the
+// batches grow with the load and add no wait when it is light).
 //
 // Why not inside the writing transaction, as fencing and revocations are:
 // Postgres serialises every committing transaction that notified on one
@@ -29,9 +26,9 @@ const announceWindow = 2 * time.Millisecond
 // no WAL of its own and flushes nothing, so it holds the lock for a
 // moment.
 //
-// What it costs: up to announceWindow more before another replica hears;
-// and a process that dies between a commit and the send never announces
-// that commit. Nothing is lost, since every reader reads the committed
+// What it costs: a round trip more before another replica hears; and a
+// process that dies between a commit and the send never announces that
+// commit. Nothing is lost, since every reader reads the committed
 // state: the other replicas resync once they see the dead one's heartbeat
 // lapse (fleet's peer watch), and ledger waiters re-check on their own
 // (ledger.Settings.Recheck).
@@ -63,8 +60,8 @@ func newAnnouncer(db *gorm.DB, channel string) *announcer {
 	return &announcer{db: db, channel: channel}
 }
 
-// add queues payloads to be sent within announceWindow. Call it only once
-// what they announce has committed. A nil announcer (SQLite: one process)
+// add queues payloads to be sent, at once or right after the statement on
+// its way. Call it only once what they announce has committed. A nil announcer (SQLite: one process)
 // drops them.
 func (a *announcer) add(payloads ...string) {
 	if a == nil || len(payloads) == 0 {
@@ -80,12 +77,11 @@ func (a *announcer) add(payloads ...string) {
 	}
 }
 
-// send sends what is queued, a window's worth per statement, until nothing
-// is: one sender at a time, so a slow database holds payloads back rather
-// than piling up senders.
+// send sends what is queued, all of it per statement, until nothing is:
+// one sender at a time, so a slow database gathers payloads into fewer
+// statements rather than piling up senders.
 func (a *announcer) send() {
 	for {
-		time.Sleep(announceWindow)
 		a.mu.Lock()
 		batch := a.queued
 		a.queued = nil

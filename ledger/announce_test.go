@@ -103,7 +103,9 @@ func TestCommandOperationChangesReachOtherReplicas(t *testing.T) {
 		require.Equal(t, ledger.StateSucceeded, ended(t, got).State, "the waiter on the other replica woke on the end")
 		testwait.For(t, "the start and the end heard", testwait.Patience, func() bool { n, _ := sink.heard(op.ID); return n >= 2 })
 		after := a.fstore.AnnounceStats()
-		require.Equal(t, int64(2), after.Payloads-before.Payloads, "the start and the end, announced after their commits")
+		// The start and the end, announced after their commits (with the
+		// node's own wake-ups: work due, NotifyIssued and NotifyCommands).
+		require.GreaterOrEqual(t, after.Payloads-before.Payloads, int64(2))
 		require.Zero(t, after.Failures)
 		n, _ := sink.heard(op.ID)
 		require.Equal(t, 2, n, "each heard once: their transactions notified nobody")

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/fleet"
 )
 
 // announcer sends the other replicas (Postgres) the notifications that may
@@ -35,6 +37,9 @@ import (
 type announcer struct {
 	db      *gorm.DB
 	channel string
+	// resync is this replica's NotifyResync payload: what replaces a
+	// batch that could not be sent.
+	resync string
 
 	mu      sync.Mutex
 	queued  []string
@@ -51,18 +56,17 @@ type announceCounters struct {
 type AnnounceStats struct {
 	// Statements is how many notify statements were sent, Payloads how
 	// many notifications they carried, Failures how many statements
-	// failed (their notifications were dropped: the waiters' re-check
-	// covers them).
+	// failed (a failed batch is replaced by a resync: send).
 	Statements, Payloads, Failures int64
 }
 
-func newAnnouncer(db *gorm.DB, channel string) *announcer {
-	return &announcer{db: db, channel: channel}
+func newAnnouncer(db *gorm.DB, channel, replica string) *announcer {
+	return &announcer{db: db, channel: channel, resync: fleet.Notification{Kind: fleet.NotifyResync}.Encode(replica)}
 }
 
 // add queues payloads to be sent, at once or right after the statement on
-// its way. Call it only once what they announce has committed. A nil announcer (SQLite: one process)
-// drops them.
+// its way. Call it only once what they announce has committed. A nil
+// announcer (SQLite: one process) drops them.
 func (a *announcer) add(payloads ...string) {
 	if a == nil || len(payloads) == 0 {
 		return
@@ -79,8 +83,12 @@ func (a *announcer) add(payloads ...string) {
 
 // send sends what is queued, all of it per statement, until nothing is:
 // one sender at a time, so a slow database gathers payloads into fewer
-// statements rather than piling up senders.
+// statements rather than piling up senders. A batch that fails may never
+// arrive, and its sender is alive, so no peer watch covers it: the other
+// replicas are told to resync instead (drop what they know, read again),
+// retried with backoff until the database takes it.
 func (a *announcer) send() {
+	var backoff time.Duration
 	for {
 		a.mu.Lock()
 		batch := a.queued
@@ -91,14 +99,23 @@ func (a *announcer) send() {
 			return
 		}
 		a.mu.Unlock()
-		a.sendBatch(batch)
+		if a.sendBatch(batch) == nil {
+			backoff = 0
+			continue
+		}
+		backoff = min(max(2*backoff, 50*time.Millisecond), 5*time.Second)
+		time.Sleep(backoff)
+		a.mu.Lock()
+		// The resync covers the failed batch, and whatever it is sent with.
+		a.queued = append(a.queued, a.resync)
+		a.mu.Unlock()
 	}
 }
 
 // sendBatch sends payloads in one statement. One parameter however many
 // payloads; Postgres folds identical payloads of one transaction into one
 // notification.
-func (a *announcer) sendBatch(batch []string) {
+func (a *announcer) sendBatch(batch []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := execRows(a.db.WithContext(ctx), announceSQL, a.channel, batch)
@@ -107,6 +124,7 @@ func (a *announcer) sendBatch(batch []string) {
 	if err != nil {
 		a.stats.failures.Add(1)
 	}
+	return err
 }
 
 // Flush sends at once what the announcer holds (a replica shutting down
@@ -121,7 +139,7 @@ func (s *FleetStore) Flush() {
 	a.queued = nil
 	a.mu.Unlock()
 	if len(batch) > 0 {
-		a.sendBatch(batch)
+		_ = a.sendBatch(batch) // shutting down: the others' peer watch covers a failure
 	}
 }
 

@@ -69,3 +69,7 @@ func NodeCommandsStatement(db *DB, nodeID string, state string, limit int, launc
 // PoolAsked answers how many statements asked the Postgres pool's fair
 // queue for a connection.
 func PoolAsked(db *DB) int64 { return db.DB.ConnPool.(*fairPool).asked.Load() }
+
+// Announce hands payloads to the store's announcer, as a committed
+// transaction does.
+func Announce(s *FleetStore, payloads ...string) { s.announcer.add(payloads...) }

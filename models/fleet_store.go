@@ -43,7 +43,7 @@ func NewFleetStore(db *DB, replica string, onCommit func([]fleet.Notification)) 
 		channel: NotifyChannel(db), onCommit: onCommit}
 	s.group = newGroupCommit(s, db.writeLanes)
 	if db.Dialect == Postgres {
-		s.announcer = newAnnouncer(db.DB, s.channel)
+		s.announcer = newAnnouncer(db.DB, s.channel, replica)
 	}
 	return s
 }

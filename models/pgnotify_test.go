@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -365,4 +366,29 @@ func TestListenerDeliversEveryNotificationWhileProbing(t *testing.T) {
 	accepted, _ := proxy.counts()
 	require.Equal(t, sinkState{ok: true, ups: 1, resyncs: 1, heard: bursts * each}, sink.state(), "each once, no reconnection")
 	require.Equal(t, 1, accepted)
+}
+
+// TestAnnouncerReplacesAFailedBatchWithAResync (Postgres): notifications
+// the announcer could not send (here a payload over Postgres's 8,000-byte
+// limit fails the statement) may never arrive, and their sender is alive,
+// so the other replicas are told to resync instead; what is announced
+// afterwards arrives as usual.
+func TestAnnouncerReplacesAFailedBatchWithAResync(t *testing.T) {
+	dbtest.Dialects(t) // under CI a missing Postgres fails, never skips
+	db := dbtest.Open(t, models.Postgres)
+	sink := newListenSink()
+	runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "listener", Sink: sink})
+	testwait.For(t, "the listener to listen", testwait.Patience, func() bool { return sink.state().ok })
+	resyncs := sink.state().resyncs
+
+	s := models.NewFleetStore(db, "sender", nil)
+	tooLong := strings.Repeat("x", 9000)
+	models.Announce(s, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: tooLong}.Encode("sender"))
+	testwait.For(t, "the resync heard", testwait.Patience, func() bool { return sink.state().resyncs > resyncs })
+	require.Equal(t, int64(1), s.AnnounceStats().Failures)
+	require.False(t, sink.has(tooLong))
+
+	models.Announce(s, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: "n-after"}.Encode("sender"))
+	testwait.For(t, "the next announcement heard", testwait.Patience, func() bool { return sink.has("n-after") })
+	require.Equal(t, int64(1), s.AnnounceStats().Failures)
 }

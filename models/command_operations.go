@@ -22,8 +22,8 @@ import (
 // a settlement (or a refusal by retirement or re-enrollment) ends it, each
 // with its event, on Postgres in the same statement, so the ledger adds no
 // round trip to the command path; the other replicas hear of it after the
-// commit (noteOperations). A command with no operation (issued by the fleet alone, as
-// its own tests do) changes nothing here.
+// commit (noteOperations). A command with no operation (issued by the
+// fleet alone, as its own tests do) changes nothing here.
 
 // mirrorFirstDeliveries marks the operations of commands delivered for the
 // first time as running (accepted on channel long_poll): SQLite's claims,
@@ -271,9 +271,9 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 // SettlePending implements fleet.Tx. On Postgres one statement (its
 // lists as VALUES rows, sent by queryRows) locks the commands in
 // operation id order, settles those still pending on the node, ends their
-// operations with their events, and answers what it
-// found of each and whether the node has another pending command: the
-// lock and the settlement of Settle in one round trip. SQLite locks, then
+// operations with their events, and answers what it found of each and
+// whether the node has another pending command: the lock and the
+// settlement of Settle in one round trip. SQLite locks, then
 // settles, as LockCommands and SettleCommands do.
 func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time, ss []fleet.Settlement) ([]fleet.SettleFound, bool, error) {
 	if len(ss) == 0 {

@@ -25,6 +25,8 @@ import (
 type laneWatch struct {
 	ledger.Store
 	fail atomic.Bool
+	// failed counts the transactions fail failed.
+	failed atomic.Int64
 	// failUnrecorded fails Tx.Unrecorded (a resumed recording's read).
 	failUnrecorded atomic.Bool
 
@@ -67,6 +69,7 @@ func (t laneWatchTx) Unrecorded(ctx context.Context, parentID string, kinds []st
 
 func (t laneWatchTx) LockOperations(ctx context.Context, ids []string) ([]ledger.Operation, error) {
 	if t.routed && t.s.fail.Load() {
+		t.s.failed.Add(1)
 		return nil, errInjected
 	}
 	ops, err := t.Tx.LockOperations(ctx, ids)
@@ -99,7 +102,11 @@ func (b *bundle) cutShort(t *testing.T, w *laneWatch, n int) (ledger.Operation, 
 	t.Helper()
 	ids, sessions := b.readyNodes(t, n)
 	w.fail.Store(true)
+	failed := w.failed.Load()
 	parent := b.fanOutCommand(t, ids)
+	// The recording has failed (on a busy machine it may not have begun
+	// when the children exist), and nothing was recorded meanwhile.
+	require.Eventually(t, func() bool { return w.failed.Load() > failed }, waitLong, tick)
 	require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
 	w.fail.Store(false)
 	return parent, ids, sessions

@@ -300,8 +300,17 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	if err != nil {
 		return Command{}, err
 	}
+	now := s.clock()
 	c := Command{OperationID: in.OperationID, NodeID: in.NodeID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
-		IssuedAt: s.clock(), State: CommandPending}
+		IssuedAt: now, State: CommandPending}
+	// A poll this replica holds for a quiet node is handed the command: it
+	// is recorded delivered to that poll, when the node still has the
+	// poll's fencing token under the lock (handoff.go).
+	h := s.pollToHand(in.NodeID)
+	if h != nil {
+		fencing := h.fencing
+		c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = &fencing, &now, &now, 1
+	}
 	// The node is locked and the command recorded in one statement, only
 	// if the node is ready; a refusal below (capability) is rolled back
 	// with the caller's transaction, as every refusal of IssueTx is.
@@ -325,9 +334,14 @@ func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command,
 	}
 	c.NodeID, c.FencingToken = n.ID, n.FencingToken
 	s.metrics.CommandsIssued.Inc()
-	// IssueToNode notified the node; a poll held here may be handed the
-	// command as this transaction commits.
-	return s.claimForHeldPoll(ctx, tx, n, c)
+	if h == nil || h.fencing != n.FencingToken {
+		// Recorded pending (the node re-enrolled since the poll came):
+		// IssueToNode notified the node's polls.
+		c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = nil, nil, nil, 0
+		return c, nil
+	}
+	h.cmds = []Command{c}
+	return c, tx.Notify(ctx, Notification{Kind: NotifyHanded, NodeID: n.ID, handoff: h})
 }
 
 // IssueManyTx records many commands (a fan-out's release) inside the
@@ -564,7 +578,7 @@ func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, 
 func (s *Service) pollNext(ctx context.Context, sess Session, wait time.Duration, out *pollStep, w *waiter, t *pollTimers, why wake) bool {
 	if why == wakeHanded {
 		// Claimed for this poll by the transaction that recorded them
-		// (claimForHeldPoll): answered as a claim's would be.
+		// (pollToHand): answered as a claim's would be.
 		if cmds := w.take(); len(cmds) > 0 {
 			out.answer, out.err = PollAnswer{Commands: cmds}, nil
 			return true

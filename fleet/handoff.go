@@ -6,55 +6,50 @@ import (
 )
 
 // A command recorded for a node whose agent holds a long-poll on this
-// replica is claimed for that poll by the transaction that records it,
+// replica is recorded delivered to that poll by the statement that records
+// it (as a claim's first delivery would leave it, its operation running),
 // and handed to the poll once that transaction commits: the poll answers
-// at once, without a claim transaction of its own. That is one
-// transaction (on an idle store, one commit and its round trips) fewer
-// per command, and one commit fewer between the submit and the agent's
-// receipt.
+// at once, without a claim of its own. That is one transaction (on an
+// idle store, one commit and its round trips) fewer per command, one
+// commit fewer between the submit and the agent's receipt, and no claim
+// statement in the submit's.
 //
-// Nothing is delivered that is not durable first: the claim commits with
-// the command. A poll that took another answer before the hand-off (its
+// Nothing is delivered that is not durable first: the delivery commits
+// with the command. A poll that took another answer before the hand-off (its
 // deadline, its agent gone, a claim of its own) is not handed anything;
 // the commands are released (due again at once, announced), as an answer
 // that could not be written is, and at worst the visibility timeout
 // brings them back.
 
-// handoff is what a committed claim hands to a poll (NotifyHanded).
+// handoff is what a committed recording hands to a poll (NotifyHanded).
 type handoff struct {
 	w    *waiter
 	cmds []Command
-	// token is the due memo's, taken before the claim; fencing the poll's.
+	// token is the due memo's, taken before the recording; fencing the poll's.
 	token   uint64
 	fencing int64
 }
 
-// claimForHeldPoll claims, inside the transaction that recorded c for the
-// locked, ready node n, what is due for a long-poll this replica holds at
-// n's fencing token — when the node was quiet before (the due memo: no
-// other command pending, no configuration due or riding), so the claim
-// answers the poll whole. A resuming poll qualifies too: with nothing
-// pending before this command, its arrival makes nothing due again. It
-// answers c as claimed, or unchanged when no poll qualifies.
-func (s *Service) claimForHeldPoll(ctx context.Context, tx Tx, n Node, c Command) (Command, error) {
-	w := s.hub.heldAt(n.ID, n.FencingToken)
-	if w == nil || !s.quiet.quiet(n.ID, n.FencingToken) {
-		return c, nil
+// pollToHand answers the hand-off of a command about to be recorded for
+// node to the long-poll this replica holds for it, when the node was quiet
+// before (the due memo: no other command pending, no configuration due or
+// riding), so the command answers the poll whole; nil when there is none.
+// A resuming poll qualifies too: with nothing pending before this command,
+// its arrival makes nothing due again. The command is recorded delivered
+// to the poll's fencing token only if the node still has that token under
+// the recording's lock (IssueToNode), so a poll of a superseded session is
+// never handed anything.
+//
+// The memo is a hint here, not a guard, as in handToHeldPolls: were the
+// node not quiet after all, the poll answers this command alone and the
+// memo says the node awaits a settlement, so its next poll reads and
+// claims the rest.
+func (s *Service) pollToHand(nodeID string) *handoff {
+	w, fencing := s.hub.held(nodeID)
+	if w == nil || !s.quiet.quiet(nodeID, fencing) {
+		return nil
 	}
-	token := s.quiet.begin(n.ID)
-	now := s.clock()
-	_, cmds, err := tx.ClaimDue(ctx, Due{NodeID: n.ID, Fencing: n.FencingToken,
-		RedeliverBefore: now.Add(-s.settings.VisibilityTimeout), Now: now, Limit: s.settings.MaxPollBatch})
-	if err != nil || len(cmds) == 0 {
-		return c, err
-	}
-	for _, d := range cmds {
-		if d.OperationID == c.OperationID {
-			c = d
-		}
-	}
-	return c, tx.Notify(ctx, Notification{Kind: NotifyHanded, NodeID: n.ID,
-		handoff: &handoff{w: w, cmds: cmds, token: token, fencing: n.FencingToken}})
+	return &handoff{w: w, token: s.quiet.begin(nodeID), fencing: fencing}
 }
 
 // handToHeldPolls marks, among commands about to be inserted together (a
@@ -66,7 +61,7 @@ func (s *Service) claimForHeldPoll(ctx context.Context, tx Tx, n Node, c Command
 // first delivery does), and the poll is handed it once the transaction
 // commits. It answers the hand-offs by index into cs.
 //
-// The memo is a hint here, not a guard, as in claimForHeldPoll: were the
+// The memo is a hint here, not a guard: were the
 // node not quiet after all (another command pending, a configuration
 // due), the poll answers this command alone and the memo says the node
 // awaits a settlement, so its next poll reads and claims the rest.
@@ -81,12 +76,12 @@ func (s *Service) handToHeldPolls(cs []Command, now time.Time) map[int]*handoff 
 		if perNode[c.NodeID] != 1 {
 			continue
 		}
-		w := s.hub.heldAt(c.NodeID, c.FencingToken)
-		if w == nil || !s.quiet.quiet(c.NodeID, c.FencingToken) {
+		w, fencing := s.hub.held(c.NodeID)
+		if w == nil || fencing != c.FencingToken || !s.quiet.quiet(c.NodeID, fencing) {
 			continue
 		}
 		token := s.quiet.begin(c.NodeID)
-		fencing, at := c.FencingToken, now
+		at := now
 		c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = &fencing, &at, &at, 1
 		if handed == nil {
 			handed = map[int]*handoff{}
@@ -96,7 +91,7 @@ func (s *Service) handToHeldPolls(cs []Command, now time.Time) map[int]*handoff 
 	return handed
 }
 
-// handOff gives a committed claim's commands to its poll; a poll that has
+// handOff gives a committed recording's commands to its poll; a poll that has
 // answered already gets nothing, and the commands are released.
 func (s *Service) handOff(nodeID string, h *handoff) {
 	if h.w.hand(h.cmds) {
@@ -117,7 +112,7 @@ func (s *Service) handOff(nodeID string, h *handoff) {
 }
 
 // handedIssues marks, in notes, each NotifyIssued whose command a
-// NotifyHanded after it (the same request's: its claim came right after
+// NotifyHanded after it (the same request's: its hand-off came right after
 // the insert) hands to the node's poll: the hand-off answers that poll,
 // so the wake-up and the memo's forget are not needed, and the forget
 // would void the memo's record that the node awaits the settlement.

@@ -43,7 +43,7 @@ type waiter struct {
 	// answered: the poll has taken its answer; nothing more is handed.
 	answered bool
 	// handed are commands claimed for this poll by the transaction that
-	// recorded them (Service.claimForHeldPoll), committed, not yet taken.
+	// recorded them (Service.pollToHand), committed, not yet taken.
 	handed []Command
 }
 
@@ -251,17 +251,22 @@ func (h *Hub) Held() int {
 	return h.count
 }
 
-// heldAt answers a long-poll this replica holds for node at fencing that
-// may be handed commands (not answered yet), or nil.
-func (h *Hub) heldAt(nodeID string, fencing int64) *waiter {
+// held answers a long-poll this replica holds for node that may be handed
+// commands, and its fencing token: of the newest session when an old one's
+// poll is still held too; nil when none.
+func (h *Hub) held(nodeID string) (*waiter, int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	var out *waiter
 	for w := range h.byNode[nodeID] {
-		if w.fencing == fencing && w.takeable() {
-			return w
+		if w.takeable() && (out == nil || w.fencing > out.fencing) {
+			out = w
 		}
 	}
-	return nil
+	if out == nil {
+		return nil, 0
+	}
+	return out, out.fencing
 }
 
 // HeldFor answers how many long-polls this replica holds for node.

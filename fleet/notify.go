@@ -40,8 +40,8 @@ const (
 	// fleet ignores it; the administrators' service drops what it cached.
 	NotifyCredentials NotificationKind = "a"
 	// NotifyHanded: the transaction that recorded a command for node
-	// NodeID also claimed it for a long-poll this replica holds
-	// (Service.claimForHeldPoll); once committed, the commands are handed
+	// NodeID recorded it delivered to a long-poll this replica holds
+	// (Service.pollToHand, handToHeldPolls); once committed, the commands are handed
 	// to that poll. It stands in for the command's NotifyIssued here and
 	// is never sent to others (Local).
 	NotifyHanded NotificationKind = "h"

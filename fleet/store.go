@@ -250,6 +250,13 @@ type Tx interface {
 	// the dialect allows. It answers the node as locked and whether c was
 	// inserted; ErrNoRows when the node does not exist, ErrDuplicate when
 	// c's operation id exists.
+	//
+	// A c marked delivered (DeliveryCount 1, DeliveredFencing: handed to a
+	// poll held at that token as it is recorded) is inserted so, its
+	// operation running with its event and announcement as a claim's first
+	// delivery leaves it, only if the node has that fencing token under
+	// the lock; otherwise it is inserted pending. The node answered tells
+	// which.
 	IssueToNode(ctx context.Context, c Command) (Node, bool, error)
 	// InsertCommand adds a command; ErrDuplicate when its operation id
 	// exists.

@@ -410,9 +410,9 @@ func receive(t *testing.T, got <-chan pollAnswer) pollAnswer {
 }
 
 // A command submitted while its node's agent holds a long-poll on this
-// replica is claimed for that poll by the submitting transaction and
-// handed to it on commit: the submit answers the operation running, and
-// the poll runs no claim (nor read) of its own.
+// replica is recorded delivered to that poll by the submitting transaction
+// and handed to it on commit: the submit answers the operation running,
+// and the poll runs no claim (nor read) of its own.
 func TestCommandHandedToTheHeldPoll(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
 		for _, resume := range []bool{false, true} {

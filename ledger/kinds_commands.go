@@ -75,8 +75,8 @@ func CommandEnd(c fleet.Command) (CommandEnding, bool) {
 }
 
 // recordCommand records a command kind's command (fleet.IssueTx). One the
-// same transaction claimed for the node's held long-poll is accepted
-// already (acceptedAtRecord).
+// same transaction recorded delivered to the node's held long-poll is
+// accepted already (acceptedAtRecord).
 func recordCommand(ctx context.Context, tx Tx, f *fleet.Service, in fleet.IssueCommand) (any, error) {
 	c, err := f.IssueTx(ctx, tx.Fleet(), in)
 	if err != nil || c.DeliveryCount == 0 || c.LastDeliveredAt == nil {

@@ -397,8 +397,8 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 
 // asRecorded answers op as its kind's Record left it, and what Record
 // recorded: ended at once (an unchanged configuration already applied),
-// running at once (already delivered; a command claimed for the node's
-// held long-poll in the recording transaction, fleet.claimForHeldPoll),
+// running at once (already delivered; a command recorded delivered to the
+// node's held long-poll, fleet.Service.IssueTx),
 // or as it was.
 func asRecorded(op Operation, recorded any) (Operation, any) {
 	switch r := recorded.(type) {

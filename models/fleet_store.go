@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -123,14 +124,6 @@ func dup(err error) error {
 
 func (r fleetReader) db(ctx context.Context) *gorm.DB {
 	r.later.statementSent()
-	return r.dbKeepingCount(ctx)
-}
-
-// dbKeepingCount is db for a statement that leaves the number of open
-// operations of every node as it was (a claim: pending commands
-// delivered, their operations running), so a quota count answered before
-// it (later.go) still holds.
-func (r fleetReader) dbKeepingCount(ctx context.Context) *gorm.DB {
 	g := r.g
 	if !r.batched {
 		g = g.WithContext(ctx)
@@ -669,6 +662,7 @@ func (t *fleetTx) InsertWorkloadOutput(ctx context.Context, o fleet.WorkloadOutp
 }
 
 func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node, bool, error) {
+	handing := c.DeliveryCount == 1 && c.DeliveredFencing != nil
 	if t.dialect != Postgres {
 		// SQLite runs statements in-process: two cost no round trip.
 		n, err := t.LockNode(ctx, c.NodeID)
@@ -676,53 +670,103 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 			return n, false, err
 		}
 		c.FencingToken = n.FencingToken
+		handed := handing && *c.DeliveredFencing == n.FencingToken
+		if !handed {
+			c = undelivered(c)
+		}
 		if err := t.InsertCommand(ctx, c); err != nil {
 			return n, false, err
+		}
+		if handed {
+			if err := t.mirrorFirstDeliveries(ctx, []fleet.Command{c}, *c.FirstDeliveredAt); err != nil {
+				return n, false, err
+			}
 		}
 		return n, true, t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
 	}
 	if err := t.stray(c.NodeID); err != nil {
 		return fleet.Node{}, false, err
 	}
-	// The lock and the insert in one round trip (the submit path's hot
-	// statement): the insert reads the locked row, so it happens only for
-	// a ready node and carries the fencing token it has under the lock.
-	// The other replicas hear of it once the transaction has committed
-	// (Notify: NotifyIssued may follow the commit).
-	// The lock is FOR KEY SHARE: enrollment and retirement (FOR UPDATE)
-	// wait for it and it for them, so the command carries the fencing
-	// token the node has when it commits; lease renewals and the lease
-	// sweep (FOR NO KEY UPDATE) and other submits do not. A node the sweep
-	// marks lost meanwhile keeps the command, as it would had the submit
-	// come a moment earlier. Submits to one node are
-	// ordered by the quota count's own lock instead (migration 00025).
 	// The command's operation, when the ledger kept it back for this
-	// statement (later.go), is inserted by it too, with its events.
-	// Sent around GORM (sqlpath.go), scanned by hand.
-	// The ledger's quota count, when it asked ahead (ExpectNodeCount),
-	// rides along too.
+	// statement (later.go), is inserted by it too, with its events; the
+	// ledger's quota count, when it asked ahead (ExpectNodeCount), rides
+	// along.
 	count := t.later.countFor(c.OperationID)
 	if count != nil && count.node != c.NodeID {
 		count = nil
 	}
-	events := -1
-	var args []any
 	kept := t.later.take(c.OperationID)
-	if kept != nil {
-		args = operationArgs(*kept.op, kept.events)
-		events = len(kept.events)
+	if handing {
+		// Handed to a poll held at DeliveredFencing: recorded delivered
+		// only if the node is ready at that token under the lock, which
+		// is nearly always; else nothing is written and the command is
+		// recorded pending below (the node re-enrolled since the poll
+		// came, or is not ready and is refused).
+		n, inserted, err := t.issue(ctx, c, kept, count, true)
+		if err != nil || inserted {
+			return n, inserted, err
+		}
+		c = undelivered(c)
 	}
-	query := issueSQL(events, count != nil)
+	return t.issue(ctx, c, kept, count, false)
+}
+
+// undelivered is c recorded as never delivered.
+func undelivered(c fleet.Command) fleet.Command {
+	c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = nil, nil, nil, 0
+	return c
+}
+
+// issue runs IssueToNode's statement on Postgres (issueSQL): the lock and
+// the insert in one round trip, the submit path's hot statement. The
+// insert reads the locked row, so it happens only for a ready node (and,
+// handed, only at the poll's fencing token) and carries the fencing token
+// the node has under the lock. The other replicas hear of it once the
+// transaction has committed (Notify: NotifyIssued may follow the commit).
+//
+// The lock is FOR KEY SHARE: enrollment and retirement (FOR UPDATE) wait
+// for it and it for them, so the command carries the fencing token the
+// node has when it commits; lease renewals and the lease sweep (FOR NO KEY
+// UPDATE) and other submits do not. A node the sweep marks lost meanwhile
+// keeps the command, as it would had the submit come a moment earlier.
+// Submits to one node are ordered by the quota count's own lock instead
+// (migration 00025). Sent around GORM (sqlpath.go), scanned by hand.
+func (t *fleetTx) issue(ctx context.Context, c fleet.Command, kept *later, count *nodeCount, handed bool) (fleet.Node, bool, error) {
+	events := -1
+	var opValues, evArgs []any
+	if kept != nil {
+		op, evs := *kept.op, kept.events
+		if handed {
+			// Inserted as a claim's first delivery leaves it: running,
+			// accepted on the long poll, with its event.
+			at := *c.FirstDeliveredAt
+			op.State, op.AcceptedAt, op.UpdatedAt = ledger.StateRunning, &at, at
+			evs = append(slices.Clip(evs), ledger.Event{Type: ledger.EventRunning, At: at, Data: json.RawMessage(`{"channel":"long_poll"}`)})
+		}
+		opValues, evArgs = operationValues(rowFromOperation(op)), eventArgs(evs)
+		events = len(evs)
+	}
 	row := rowFromCommand(c)
-	var node nodeScan
-	var inserted, found bool
-	var opSeq, others sql.NullInt64
-	args = append(args, c.NodeID, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt,
-		row.State, string(fleet.StateReady))
+	ready := string(fleet.StateReady)
+	var args []any
+	if handed {
+		args = append(args, c.NodeID)
+		if kept != nil {
+			args = append(append(append(args, opValues...), ready, *c.DeliveredFencing), evArgs...)
+		}
+		args = append(args, row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State,
+			row.FirstDeliveredAt, row.LastDeliveredAt, ready, *c.DeliveredFencing)
+	} else {
+		args = append(append(opValues, evArgs...), c.NodeID,
+			row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State, ready)
+	}
 	if count != nil {
 		args = append(args, c.OperationID, count.except)
 	}
-	err := eachRow(t.db(ctx), query, args,
+	var node nodeScan
+	var inserted, found bool
+	var opSeq, others sql.NullInt64
+	err := eachRow(t.db(ctx), issueSQL(issueShape{events, count != nil, handed}), args,
 		func(rows *sql.Rows) error {
 			found = true
 			return rows.Scan(node.dest(&inserted, &opSeq, &others)...)
@@ -739,53 +783,90 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	case !found:
 		return fleet.Node{}, false, fleet.ErrNoRows
 	}
+	n := nodeFromRow(node.row())
+	if !inserted {
+		return n, false, nil
+	}
 	if kept != nil && opSeq.Valid {
 		kept.op.Cursor = opSeq.Int64
 	}
-	n := nodeFromRow(node.row())
-	if inserted {
-		_ = t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
-		if count != nil && others.Valid {
-			// The count leaves the operation out (the migration says
-			// why); it exists, recorded now or before this statement.
-			count.answered, count.n = true, int(others.Int64)+1
+	_ = t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
+	if handed {
+		if kept != nil {
+			t.noteOperations([]string{c.OperationID})
+		} else if err := t.mirrorFirstDeliveries(ctx, []fleet.Command{c}, *c.FirstDeliveredAt); err != nil {
+			// The operation was recorded by a statement of its own
+			// before (or there is none): marked running by another.
+			return fleet.Node{}, false, err
 		}
 	}
-	return n, inserted, nil
+	if count != nil && others.Valid {
+		// The count leaves the operation out (the migration says
+		// why); it exists, recorded now or before this statement.
+		count.answered, count.n = true, int(others.Int64)+1
+	}
+	return n, true, nil
 }
 
-// issueSQL is IssueToNode's statement on Postgres, with the insert of a
-// kept-back operation with that many events when events is not negative,
-// and with the node's quota count when counted.
-// Its arguments: the operation's (operationArgs), if any, then the node, the command's id, kind, payload, digest,
-// issued_at and state, the ready state; when counted, the operation's id and the exempt
-// kinds. It answers the locked node's nodeColumns, whether
-// the command was inserted, the operation's seq (NULL with no
+// issueSQL is IssueToNode's statement on Postgres (issue), of one shape:
+// with the insert of a kept-back operation with that many events when
+// events is not negative, with the node's quota count when counted, and
+// handed (the command inserted delivered at the poll's fencing token, its
+// operation running) or not. It answers the locked node's nodeColumns,
+// whether the command was inserted, the operation's seq (NULL with no
 // operation) and the count of the node's other open operations (NULL when
 // not counted); no row for no node. Built once per shape.
-func issueSQL(events int, counted bool) string {
-	key := issueShape{events, counted}
-	if q, ok := issueStatements.Load(key); ok {
+//
+// Its arguments, unhanded: the operation's values and events'
+// (operationArgs), if any; the node; the command's id, kind, payload,
+// digest, issued_at and state; the ready state. Handed: the node; the
+// operation's values, the ready state, the fencing token and the events'
+// values, if any; the command's id, kind, payload, digest, issued_at,
+// state, first and last delivery times; the ready state and the fencing
+// token. Counted, then: the operation's id and the exempt kinds.
+//
+// Handed, the operation's insert reads the locked row as the command's
+// does, so the two are written together or not at all.
+func issueSQL(shape issueShape) string {
+	if q, ok := issueStatements.Load(shape); ok {
 		return q.(string)
 	}
+	lock := ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR KEY SHARE)`
 	withOp, selectOp := "", ", NULL AS op_seq"
-	if events >= 0 {
-		withOp, selectOp = operationSQL(events)+",", ", (SELECT seq FROM op) AS op_seq"
+	if shape.events >= 0 {
+		selectOp = ", (SELECT seq FROM op) AS op_seq"
 	}
 	// The count is a function of the locked row's id, so it runs once
 	// the lock is held, under the node's quota lock, in a snapshot of its
 	// own (migrations 00024, 00025).
 	selectCount := ", NULL::bigint AS open_others"
-	if counted {
+	if shape.counted {
 		selectCount = ", nodeward_open_for_node(n.id, ?, ?::text[]) AS open_others"
 	}
-	q := numbered(`WITH ` + withOp + ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR KEY SHARE),
+	var q string
+	if shape.handed {
+		if shape.events >= 0 {
+			withOp = "," + operationSelectSQL(shape.events, "n WHERE n.state = ? AND n.fencing_token = ?")
+		}
+		q = `WITH` + lock + withOp + `,
+		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state,
+				delivery_count, delivered_fencing, first_delivered_at, last_delivered_at)
+			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 1, n.fencing_token, ?, ? FROM n
+			WHERE n.state = ? AND n.fencing_token = ?
+			RETURNING 1)`
+	} else {
+		if shape.events >= 0 {
+			withOp = operationSQL(shape.events) + ","
+		}
+		q = `WITH ` + withOp + lock + `,
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
 			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n
 			WHERE n.state = ?
-			RETURNING 1)
+			RETURNING 1)`
+	}
+	q = numbered(q + `
 		SELECT ` + nodeColumns + `, EXISTS (SELECT 1 FROM ins) AS inserted` + selectOp + selectCount + ` FROM n`)
-	issueStatements.Store(key, q)
+	issueStatements.Store(shape, q)
 	return q
 }
 
@@ -793,6 +874,7 @@ func issueSQL(events int, counted bool) string {
 type issueShape struct {
 	events  int // -1: no operation
 	counted bool
+	handed  bool
 }
 
 // issueStatements holds issueSQL's statements by shape.
@@ -881,7 +963,7 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 		var opRunning, duePending bool
 		var dueConfig int64
 		dest := r.dest(&opRunning, &duePending, &dueConfig)
-		err := eachRow(t.dbKeepingCount(ctx), claimSQL, append(args, now, now, now, d.NodeID,
+		err := eachRow(t.db(ctx), claimSQL, append(args, now, now, now, d.NodeID,
 			d.Fencing, d.Fencing, dbtime.Norm(d.RedeliverBefore), d.NodeID),
 			func(rows *sql.Rows) error {
 				if err := rows.Scan(dest...); err != nil {

@@ -135,17 +135,31 @@ func operationCTE(op ledger.Operation, events []ledger.Event) (string, []any) {
 
 // operationSQL is operationCTE's text for an operation with n events.
 func operationSQL(n int) string {
-	sql := `op AS (
+	return `op AS (
 			INSERT INTO operations (` + operationColumns + `) VALUES (` + placeholders(operationValueCount) + `)
-			RETURNING seq, id)`
-	if n > 0 {
-		ev := make([]string, n)
-		for i := range ev {
-			ev[i] = "SELECT op.id, ?, CAST(? AS timestamptz), ? FROM op"
-		}
-		sql += `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(ev, " UNION ALL ") + ` RETURNING 1)`
+			RETURNING seq, id)` + eventsSQL(n)
+}
+
+// operationSelectSQL is operationSQL with the operation inserted by a
+// SELECT from from (a FROM clause, which may filter, with arguments of its
+// own after the operation's values and before the events'): nothing is
+// inserted when from answers no row.
+func operationSelectSQL(n int, from string) string {
+	return ` op AS (
+			INSERT INTO operations (` + operationColumns + `) SELECT ` + placeholders(operationValueCount) + ` FROM ` + from + `
+			RETURNING seq, id)` + eventsSQL(n)
+}
+
+// eventsSQL is the part of a WITH that inserts n events of op.
+func eventsSQL(n int) string {
+	if n == 0 {
+		return ""
 	}
-	return sql
+	ev := make([]string, n)
+	for i := range ev {
+		ev[i] = "SELECT op.id, ?, CAST(? AS timestamptz), ? FROM op"
+	}
+	return `, ev AS (INSERT INTO operation_events (operation_id, type, at, data) ` + strings.Join(ev, " UNION ALL ") + ` RETURNING 1)`
 }
 
 // operationValueCount is how many values operationValues answers.
@@ -153,7 +167,12 @@ var operationValueCount = len(operationValues(Operation{}))
 
 // operationArgs are operationSQL's arguments for op and its events.
 func operationArgs(op ledger.Operation, events []ledger.Event) []any {
-	args := operationValues(rowFromOperation(op))
+	return append(operationValues(rowFromOperation(op)), eventArgs(events)...)
+}
+
+// eventArgs are eventsSQL's arguments for events.
+func eventArgs(events []ledger.Event) []any {
+	var args []any
 	for _, e := range events {
 		data := string(e.Data)
 		if data == "" {

@@ -577,8 +577,8 @@ func (s *Service) pollStart(ctx context.Context, sess Session, req PollRequest, 
 // reports whether the poll is answered, else arms what it waits for.
 func (s *Service) pollNext(ctx context.Context, sess Session, wait time.Duration, out *pollStep, w *waiter, t *pollTimers, why wake) bool {
 	if why == wakeHanded {
-		// Claimed for this poll by the transaction that recorded them
-		// (pollToHand): answered as a claim's would be.
+		// Recorded delivered to this poll by the transaction that
+		// recorded them (pollToHand): answered as a claim's would be.
 		if cmds := w.take(); len(cmds) > 0 {
 			out.answer, out.err = PollAnswer{Commands: cmds}, nil
 			return true

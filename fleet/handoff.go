@@ -15,8 +15,8 @@ import (
 // statement in the submit's.
 //
 // Nothing is delivered that is not durable first: the delivery commits
-// with the command. A poll that took another answer before the hand-off (its
-// deadline, its agent gone, a claim of its own) is not handed anything;
+// with the command. A poll that took another answer before the hand-off
+// (its deadline, its agent gone, a claim of its own) is not handed anything;
 // the commands are released (due again at once, announced), as an answer
 // that could not be written is, and at worst the visibility timeout
 // brings them back.
@@ -61,10 +61,10 @@ func (s *Service) pollToHand(nodeID string) *handoff {
 // first delivery does), and the poll is handed it once the transaction
 // commits. It answers the hand-offs by index into cs.
 //
-// The memo is a hint here, not a guard: were the
-// node not quiet after all (another command pending, a configuration
-// due), the poll answers this command alone and the memo says the node
-// awaits a settlement, so its next poll reads and claims the rest.
+// The memo is a hint here, not a guard: were the node not quiet after all
+// (another command pending, a configuration due), the poll answers this
+// command alone and the memo says the node awaits a settlement, so its
+// next poll reads and claims the rest.
 func (s *Service) handToHeldPolls(cs []Command, now time.Time) map[int]*handoff {
 	var handed map[int]*handoff
 	perNode := make(map[string]int, len(cs))
@@ -91,8 +91,8 @@ func (s *Service) handToHeldPolls(cs []Command, now time.Time) map[int]*handoff 
 	return handed
 }
 
-// handOff gives a committed recording's commands to its poll; a poll that has
-// answered already gets nothing, and the commands are released.
+// handOff gives a committed recording's commands to its poll; a poll that
+// has answered already gets nothing, and the commands are released.
 func (s *Service) handOff(nodeID string, h *handoff) {
 	if h.w.hand(h.cmds) {
 		// Delivered, awaiting the agent's settlement.

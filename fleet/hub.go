@@ -42,8 +42,9 @@ type waiter struct {
 	handMu sync.Mutex // guards the following
 	// answered: the poll has taken its answer; nothing more is handed.
 	answered bool
-	// handed are commands claimed for this poll by the transaction that
-	// recorded them (Service.pollToHand), committed, not yet taken.
+	// handed are commands recorded delivered to this poll by the
+	// transaction that recorded them (Service.pollToHand), committed, not
+	// yet taken.
 	handed []Command
 }
 

@@ -98,6 +98,10 @@ func TestCommandOperationChangesReachOtherReplicas(t *testing.T) {
 		got := waitOn(b, op.ID)
 		before := a.fstore.AnnounceStats()
 		require.Len(t, a.poll(t, sess), 1)
+		// Heard before the end is announced: Postgres folds identical
+		// payloads of one statement into one notification, and the start
+		// and the end of one operation announce the same payload.
+		testwait.For(t, "the start heard", testwait.Patience, func() bool { n, _ := sink.heard(op.ID); return n >= 1 })
 		a.settle(t, sess, api.Result{OperationID: op.ID, Applied: true})
 
 		require.Equal(t, ledger.StateSucceeded, ended(t, got).State, "the waiter on the other replica woke on the end")

@@ -374,8 +374,14 @@ func TestListenerDeliversEveryNotificationWhileProbing(t *testing.T) {
 // so the other replicas are told to resync instead; what is announced
 // afterwards arrives as usual.
 func TestAnnouncerReplacesAFailedBatchWithAResync(t *testing.T) {
-	s, sink := announcing(t)
+	dbtest.Dialects(t) // under CI a missing Postgres fails, never skips
+	db := dbtest.Open(t, models.Postgres)
+	sink := newListenSink()
+	runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "listener", Sink: sink})
+	testwait.For(t, "the listener to listen", testwait.Patience, func() bool { return sink.state().ok })
 	resyncs := sink.state().resyncs
+
+	s := models.NewFleetStore(db, "sender", nil)
 	tooLong := strings.Repeat("x", 9000)
 	models.Announce(s, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: tooLong}.Encode("sender"))
 	testwait.For(t, "the resync heard", testwait.Patience, func() bool { return sink.state().resyncs > resyncs })
@@ -393,8 +399,14 @@ func TestAnnouncerReplacesAFailedBatchWithAResync(t *testing.T) {
 // every announcement as usual; a count that stays above zero resyncs
 // nobody again.
 func TestAnnouncerSendsNothingWhileAlone(t *testing.T) {
-	s, sink := announcing(t)
+	dbtest.Dialects(t) // under CI a missing Postgres fails, never skips
+	db := dbtest.Open(t, models.Postgres)
+	sink := newListenSink()
+	runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "listener", Sink: sink})
+	testwait.For(t, "the listener to listen", testwait.Patience, func() bool { return sink.state().ok })
 	resyncs := sink.state().resyncs
+
+	s := models.NewFleetStore(db, "sender", nil)
 	s.SetPeers(0)
 	alone := fleet.Notification{Kind: fleet.NotifyCommands, NodeID: "n-alone"}.Encode("sender")
 	models.Announce(s, alone, alone)
@@ -413,16 +425,4 @@ func TestAnnouncerSendsNothingWhileAlone(t *testing.T) {
 	testwait.For(t, "a later announcement heard", testwait.Patience, func() bool { return sink.has("n-later") })
 	require.Equal(t, resyncs+1, sink.state().resyncs, "one resync, when the first peer appeared")
 	require.Equal(t, int64(2), s.AnnounceStats().Unsent)
-}
-
-// announcing answers a store of replica "sender" on a Postgres database,
-// and what a listening replica of the same database hears.
-func announcing(t *testing.T) (*models.FleetStore, *listenSink) {
-	t.Helper()
-	dbtest.Dialects(t) // under CI a missing Postgres fails, never skips
-	db := dbtest.Open(t, models.Postgres)
-	sink := newListenSink()
-	runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "listener", Sink: sink})
-	testwait.For(t, "the listener to listen", testwait.Patience, func() bool { return sink.state().ok })
-	return models.NewFleetStore(db, "sender", nil), sink
 }

@@ -30,9 +30,6 @@ func (s *Service) watchPeers(ctx context.Context, now time.Time) {
 			fresh[r.ID] = r.StartedAt
 		}
 	}
-	// Alone, this replica's wake-ups reach nobody: the store stops sending
-	// them until a peer appears (and resyncs that one).
-	s.store.SetPeers(len(fresh))
 	var gone []string
 	for id, started := range s.peers {
 		if st, ok := fresh[id]; !ok || !st.Equal(started) {

@@ -113,12 +113,6 @@ type Store interface {
 	// Replicas answers every replica's row: when it started and when it
 	// last published or touched it.
 	Replicas(ctx context.Context) ([]ReplicaBeat, error)
-	// SetPeers tells the store how many other replicas are alive (the
-	// peer watch's count): with none, notifications that may follow their
-	// commit (Notification.MayFollowCommit) need not be sent, nobody being
-	// there to hear them; a replica that appears must then be sent a
-	// NotifyResync before anything else, since it missed them.
-	SetPeers(n int)
 }
 
 // Reader is the read half of the store, usable in and out of a transaction.

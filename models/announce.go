@@ -41,12 +41,6 @@ type announcer struct {
 	// batch that could not be sent.
 	resync string
 
-	// alone: no other replica is alive (SetPeers), so nobody would hear
-	// an announcement and none is sent. A single replica on Postgres
-	// otherwise sent ~0.75 notify statements per settled command, and its
-	// own listener read and dropped every notification.
-	alone atomic.Bool
-
 	mu      sync.Mutex
 	queued  []string
 	sending bool // a sender goroutine runs; it takes what is queued
@@ -55,17 +49,15 @@ type announcer struct {
 }
 
 type announceCounters struct {
-	statements, payloads, failures, unsent atomic.Int64
+	statements, payloads, failures atomic.Int64
 }
 
 // AnnounceStats are the announcer's counters since the store was made.
 type AnnounceStats struct {
 	// Statements is how many notify statements were sent, Payloads how
 	// many notifications they carried, Failures how many statements
-	// failed (a failed batch is replaced by a resync: send); Unsent how
-	// many notifications were not sent because no other replica was
-	// alive.
-	Statements, Payloads, Failures, Unsent int64
+	// failed (a failed batch is replaced by a resync: send).
+	Statements, Payloads, Failures int64
 }
 
 func newAnnouncer(db *gorm.DB, channel, replica string) *announcer {
@@ -77,10 +69,6 @@ func newAnnouncer(db *gorm.DB, channel, replica string) *announcer {
 // announcer (SQLite: one process) drops them.
 func (a *announcer) add(payloads ...string) {
 	if a == nil || len(payloads) == 0 {
-		return
-	}
-	if a.alone.Load() {
-		a.stats.unsent.Add(int64(len(payloads)))
 		return
 	}
 	a.mu.Lock()
@@ -139,26 +127,6 @@ func (a *announcer) sendBatch(batch []string) error {
 	return err
 }
 
-// SetPeers implements fleet.Store: n other replicas are alive (the peer
-// watch's count). With none, the announcer sends nothing. A replica that
-// arrives while this one thought itself alone is told to resync first:
-// what this one committed meanwhile was never announced. A commit whose
-// announcement was dropped was made before the flag turned, so before the
-// resync is queued, and the resync's readers see it.
-func (s *FleetStore) SetPeers(n int) {
-	a := s.announcer
-	if a == nil {
-		return
-	}
-	if n == 0 {
-		a.alone.Store(true)
-		return
-	}
-	if a.alone.Swap(false) {
-		a.add(a.resync)
-	}
-}
-
 // Flush sends at once what the announcer holds (a replica shutting down
 // announces what it committed before it closes the database).
 func (s *FleetStore) Flush() {
@@ -185,6 +153,5 @@ func (s *FleetStore) AnnounceStats() AnnounceStats {
 		return AnnounceStats{}
 	}
 	c := &s.announcer.stats
-	return AnnounceStats{Statements: c.statements.Load(), Payloads: c.payloads.Load(), Failures: c.failures.Load(),
-		Unsent: c.unsent.Load()}
+	return AnnounceStats{Statements: c.statements.Load(), Payloads: c.payloads.Load(), Failures: c.failures.Load()}
 }

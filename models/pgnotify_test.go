@@ -392,37 +392,3 @@ func TestAnnouncerReplacesAFailedBatchWithAResync(t *testing.T) {
 	testwait.For(t, "the next announcement heard", testwait.Patience, func() bool { return sink.has("n-after") })
 	require.Equal(t, int64(1), s.AnnounceStats().Failures)
 }
-
-// TestAnnouncerSendsNothingWhileAlone: with no other replica alive
-// (SetPeers 0) the announcer sends no statement; when one appears it is
-// sent a resync first — it missed what was not announced — and then
-// every announcement as usual; a count that stays above zero resyncs
-// nobody again.
-func TestAnnouncerSendsNothingWhileAlone(t *testing.T) {
-	dbtest.Dialects(t) // under CI a missing Postgres fails, never skips
-	db := dbtest.Open(t, models.Postgres)
-	sink := newListenSink()
-	runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "listener", Sink: sink})
-	testwait.For(t, "the listener to listen", testwait.Patience, func() bool { return sink.state().ok })
-	resyncs := sink.state().resyncs
-
-	s := models.NewFleetStore(db, "sender", nil)
-	s.SetPeers(0)
-	alone := fleet.Notification{Kind: fleet.NotifyCommands, NodeID: "n-alone"}.Encode("sender")
-	models.Announce(s, alone, alone)
-	st := s.AnnounceStats()
-	require.Zero(t, st.Statements, "nobody to hear it")
-	require.Equal(t, int64(2), st.Unsent)
-
-	s.SetPeers(1)
-	testwait.For(t, "the newcomer told to resync", testwait.Patience, func() bool { return sink.state().resyncs > resyncs })
-	require.False(t, sink.has("n-alone"), "sent before the resync, it would have arrived before it")
-	models.Announce(s, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: "n-after"}.Encode("sender"))
-	testwait.For(t, "the next announcement heard", testwait.Patience, func() bool { return sink.has("n-after") })
-
-	s.SetPeers(2)
-	models.Announce(s, fleet.Notification{Kind: fleet.NotifyCommands, NodeID: "n-later"}.Encode("sender"))
-	testwait.For(t, "a later announcement heard", testwait.Patience, func() bool { return sink.has("n-later") })
-	require.Equal(t, resyncs+1, sink.state().resyncs, "one resync, when the first peer appeared")
-	require.Equal(t, int64(2), s.AnnounceStats().Unsent)
-}

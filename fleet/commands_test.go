@@ -13,6 +13,8 @@ import (
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
 )
 
 func launch(op string) fleet.IssueCommand {
@@ -552,5 +554,63 @@ func TestLiveSessionsPresence(t *testing.T) {
 		live, err := b.svc.LiveSessions(ctx)
 		require.NoError(t, err)
 		require.Empty(t, live)
+	})
+}
+
+// TestLoneReplicaPublishesNoSessionList: only other replicas read a
+// replica's published session list, so a replica alone on its store
+// (SQLite) writes its heartbeat row without the list — rewriting a large
+// list every heartbeat held SQLite's one writer — and still answers its
+// own held polls; a replica that shares its store publishes them.
+func TestLoneReplicaPublishesNoSessionList(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		for _, shared := range []bool{false, true} {
+			name := map[bool]string{false: "lone", true: "shared"}[shared]
+			t.Run(name, func(t *testing.T) {
+				replica := "r-" + randomSuffix()
+				var b *bundle
+				if shared {
+					b = crossReplica(t, db, replica, true, nil)
+				} else {
+					b = setup(t, db, func(s *fleet.Settings) { s.ReplicaID = replica })
+				}
+				id, sess, _ := b.readyNode(t)
+				res := b.pollAsync(sess, time.Minute)
+				testwait.For(t, "poll held", testwait.Patience, func() bool { return b.svc.Hub().HeldFor(id) == 1 })
+				require.NoError(t, fleet.PublishSessions(b.svc, b.clock.Now()))
+
+				var published []string
+				all, err := b.store.ListSessions(ctx, b.clock.Now().Add(-time.Hour))
+				require.NoError(t, err)
+				for _, ls := range all {
+					if ls.NodeID == id {
+						published = append(published, ls.NodeID)
+					}
+				}
+				beats, err := b.store.Replicas(ctx)
+				require.NoError(t, err)
+				var beating bool
+				for _, rb := range beats {
+					beating = beating || rb.ID == replica
+				}
+				require.True(t, beating, "the replica's heartbeat row is written either way")
+				if shared {
+					require.Equal(t, []string{id}, published, "peers read a shared replica's held polls from its row")
+				} else {
+					require.Empty(t, published, "nobody else reads a lone replica's list")
+				}
+
+				live, err := b.svc.LiveSessions(ctx)
+				require.NoError(t, err)
+				var listed []string
+				for _, ls := range live {
+					listed = append(listed, ls.NodeID)
+				}
+				require.Contains(t, listed, id, "the replica lists its own held poll")
+
+				b.issue(t, id, launch("wake-"+name))
+				require.NoError(t, (<-res).err)
+			})
+		}
 	})
 }

@@ -350,27 +350,12 @@ const sessionsRepublish = time.Minute
 // heartbeat, so a large, steady fleet does not rewrite a large document
 // every few seconds.
 func (s *Service) publishLoop(ctx context.Context) {
-	started := s.now()
+	p := &sessionPublisher{started: s.now()}
 	t := time.NewTicker(sessionsFreshFor / 3)
 	defer t.Stop()
-	var published uint64
-	var publishedAt time.Time
-	first := true
 	for {
 		now := s.now()
-		sessions, version := s.hub.Sessions(s.settings.ReplicaID)
-		var err error
-		if first || version != published || now.Sub(publishedAt) >= sessionsRepublish {
-			if err = s.store.PublishSessions(ctx, s.settings.ReplicaID, started, now, sessions); err == nil {
-				first, published, publishedAt = false, version, now
-			}
-		} else {
-			var found bool
-			if found, err = s.store.TouchReplica(ctx, s.settings.ReplicaID, now); err == nil && !found {
-				first = true // the row went away (pruned): write it whole next time
-			}
-		}
-		if err != nil && ctx.Err() == nil {
+		if err := s.publishSessions(ctx, p, now); err != nil && ctx.Err() == nil {
 			s.log.Warn("publish live sessions", "err", err)
 		}
 		if s.crossReplica {
@@ -382,6 +367,41 @@ func (s *Service) publishLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// sessionPublisher is what publishLoop remembers of its last write.
+type sessionPublisher struct {
+	started     time.Time
+	written     bool // the row holds a list; false rewrites it whole
+	version     uint64
+	publishedAt time.Time
+}
+
+func (s *Service) publishSessions(ctx context.Context, p *sessionPublisher, now time.Time) error {
+	// Only other replicas read the published list (LiveSessions answers
+	// this one's from the hub). A store no other replica shares (SQLite:
+	// one process, DECISIONS.md §23) gets the row without it: SQLite
+	// rewrites a row whole, so each heartbeat of a row holding 15,000
+	// sessions rewrote the list's ~400 overflow pages and held the one
+	// writer for 50–90 ms, every command queued behind it (BENCHMARKS.md,
+	// sixteenth sitting).
+	var sessions []LiveSession
+	var version uint64
+	if s.crossReplica {
+		sessions, version = s.hub.Sessions(s.settings.ReplicaID)
+	}
+	if !p.written || version != p.version || now.Sub(p.publishedAt) >= sessionsRepublish {
+		if err := s.store.PublishSessions(ctx, s.settings.ReplicaID, p.started, now, sessions); err != nil {
+			return err
+		}
+		p.written, p.version, p.publishedAt = true, version, now
+		return nil
+	}
+	found, err := s.store.TouchReplica(ctx, s.settings.ReplicaID, now)
+	if err == nil && !found {
+		p.written = false // the row went away (pruned): write it whole next time
+	}
+	return err
 }
 
 // LiveSessions lists the nodes connected now on every replica (holding a

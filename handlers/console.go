@@ -15,7 +15,6 @@ import (
 
 	"github.com/a-h/templ"
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
@@ -253,7 +252,7 @@ func (h *handler) consoleNotFound(w http.ResponseWriter, r *http.Request) {
 }
 
 // newRequestID mints the request id a rendered form carries.
-func newRequestID() string { return "console:" + uuid.NewString() }
+func newRequestID() string { return "console:" + ledger.NewID() }
 
 // formRequestID is the form's request id; a missing or malformed one (a
 // hand-made request) gets a fresh one, so the submit still happens once.

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
@@ -52,7 +51,7 @@ func parseTime(v *errcode.Validation, field string, s *string) *time.Time {
 func (h *handler) submitAndWait(w http.ResponseWriter, r *http.Request, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, bool) {
 	requestID := r.Header.Get("Idempotency-Key")
 	if requestID == "" {
-		requestID = uuid.NewString()
+		requestID = ledger.NewID()
 	}
 	op, created, err := h.submitNodeOp(r, requestID, kind, targets, operation)
 	switch {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/errcode"
@@ -46,7 +45,7 @@ type issuedView struct {
 func idempotencyKey(r *http.Request) (string, error) {
 	k := r.Header.Get("Idempotency-Key")
 	if k == "" {
-		return uuid.NewString(), nil
+		return ledger.NewID(), nil
 	}
 	if !ledger.ValidRequestID(k) {
 		e := errcode.New(errcode.InvalidParameter, "Idempotency-Key: 1-128 characters of letters, digits, '.', '_', ':' or '-'")

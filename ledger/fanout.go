@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
 )
@@ -128,7 +126,7 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 				return err
 			}
 			ch := Operation{
-				ID: uuid.NewString(), RequestID: cur.ID + ":" + itoa(i), Digest: digest,
+				ID: NewID(), RequestID: cur.ID + ":" + itoa(i), Digest: digest,
 				PrincipalKind: cur.PrincipalKind, PrincipalID: cur.PrincipalID, PrincipalName: cur.PrincipalName,
 				PackageHostGeneration: cur.PackageHostGeneration,
 				Family:                ck.Family, Kind: ck.Name, State: StatePending, Channel: ChannelLocal,

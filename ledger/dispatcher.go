@@ -184,7 +184,7 @@ func (s *Service) execute(ctx context.Context, op Operation) {
 // together, or neither does and the end is recorded on its own.
 func (s *Service) executeTx(ctx, runCtx context.Context, kind *Kind, op Operation) {
 	var runErr error
-	err := s.store.Tx(ctx, func(tx Tx) error {
+	err := s.store.Tx(nodeRoute(ctx, op), func(tx Tx) error {
 		cur, err := tx.LockOperation(ctx, op.ID)
 		if err != nil {
 			return err

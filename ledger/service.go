@@ -357,7 +357,7 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 		err := s.store.Insert(ctx, &op, submitted)
 		return op, err
 	}
-	err := s.store.Tx(submitRoute(ctx, p, kind, op), func(tx Tx) error {
+	err := s.store.Tx(nodeRoute(ctx, op), func(tx Tx) error {
 		if s.checkPrincipal != nil {
 			if err := s.checkPrincipal(ctx, tx, p); err != nil {
 				return err
@@ -412,17 +412,21 @@ func asRecorded(op Operation, recorded any) (Operation, any) {
 	return op, recorded
 }
 
-// submitRoute routes a submission that records a command (or a
-// configuration) for one node to that node's write lane (fleet.TxRoute):
-// it locks that node's rows and, for a package host, its own row and quota
-// key (Shared), which lanes take in one order. Anything else runs unrouted.
-func submitRoute(ctx context.Context, p Principal, kind *Kind, op Operation) context.Context {
-	if kind.Record == nil || op.TargetKind != TargetNode || op.TargetID == "" {
+// nodeRoute routes a transaction on op's one target node — recording it
+// (a command, a configuration, an invitation), or running a node kind's
+// RunTx — to that node's write lane (fleet.TxRoute): it locks that node's
+// rows and, for a package host, its own row and quota key (Shared), which
+// lanes take in one order. One that then locks another lane's node (an
+// invitation retiring the rental's older generation) strays and runs again
+// alone in the exclusive lane. Anything else runs unrouted, in the
+// exclusive lane, which holds every other lane back while it runs.
+func nodeRoute(ctx context.Context, op Operation) context.Context {
+	if op.TargetKind != TargetNode || op.TargetID == "" {
 		return ctx
 	}
 	r := fleet.TxRoute{Node: op.TargetID}
-	if p.Kind == PrincipalPackageHost {
-		r.Shared = "principal:" + p.Key()
+	if op.PrincipalKind == PrincipalPackageHost {
+		r.Shared = "principal:" + string(op.PrincipalKind) + ":" + op.PrincipalID
 	}
 	return fleet.WithTxRoute(ctx, r)
 }

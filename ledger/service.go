@@ -426,7 +426,7 @@ func nodeRoute(ctx context.Context, op Operation) context.Context {
 	}
 	r := fleet.TxRoute{Node: op.TargetID}
 	if op.PrincipalKind == PrincipalPackageHost {
-		r.Shared = "principal:" + string(op.PrincipalKind) + ":" + op.PrincipalID
+		r.Shared = "principal:" + Principal{Kind: op.PrincipalKind, ID: op.PrincipalID}.Key()
 	}
 	return fleet.WithTxRoute(ctx, r)
 }

@@ -49,18 +49,20 @@ type advanceHint struct {
 	open           int  // children not yet ended
 	held           int  // of them, held back for a slot
 	maxConcurrency int
+	more           bool // it released its most (ReleasePerAdvance) with slots left for more
 }
 
 // advancing is one parent's coalescing state.
 type advancing struct {
-	queued   bool      // an advance is asked for
-	due      time.Time // when, if queued
-	waited   bool      // due was put off by the interval
-	running  bool      // an advance runs now
-	last     time.Time // when the last advance started
-	ends     int       // child-end notices since the last advance started
-	hint     advanceHint
-	lastSeen time.Time // for pruning idle entries
+	queued    bool      // an advance is asked for
+	due       time.Time // when, if queued
+	waited    bool      // due was put off by the interval
+	running   bool      // an advance runs now
+	last      time.Time // when the last advance started
+	ends      int       // child-end notices since the last advance started
+	hint      advanceHint
+	continued bool      // queued to release the next batch of held children
+	lastSeen  time.Time // for pruning idle entries
 }
 
 // urgent reports whether the ends heard since the last advance justify one
@@ -112,6 +114,22 @@ func (s *Service) ChildEnded(parentID string) {
 	p.ends++
 	p.lastSeen = now
 	s.scheduleLocked(p, now)
+	a.mu.Unlock()
+	a.signal()
+}
+
+// advanceAgain queues parentID's advance at once, to release the next
+// batch of its held children (advanceHint.more) after a sweep's advance.
+func (s *Service) advanceAgain(parentID string) {
+	a := s.adv
+	a.mu.Lock()
+	p := a.parents[parentID]
+	if p == nil {
+		p = &advancing{}
+		a.parents[parentID] = p
+	}
+	p.lastSeen = time.Now()
+	p.queued, p.due, p.waited, p.continued = true, p.lastSeen, false, true
 	a.mu.Unlock()
 	a.signal()
 }
@@ -181,9 +199,13 @@ func (s *Service) advanceLoop(ctx context.Context) {
 			p := a.parents[id]
 			p.running, p.queued, p.last, p.ends = true, false, time.Now(), 0
 			source := "prompt"
-			if p.waited {
+			switch {
+			case p.continued:
+				source = "continued"
+			case p.waited:
 				source = "interval"
 			}
+			p.continued = false
 			a.mu.Unlock()
 			s.metrics.FanOutAdvances.WithLabelValues(source).Inc()
 			wg.Add(1)
@@ -200,6 +222,10 @@ func (s *Service) advanceLoop(ctx context.Context) {
 					p.hint = hint
 				}
 				switch {
+				case err == nil && hint.more:
+					// Slots free and children held past what one
+					// advance releases: the next batch now.
+					p.queued, p.due, p.waited, p.continued = true, time.Now(), false, true
 				case hint.ended && !p.queued:
 					delete(a.parents, id)
 				case p.queued:

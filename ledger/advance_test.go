@@ -84,3 +84,26 @@ func TestFanOutAdvancesAcrossReplicas(t *testing.T) {
 		require.Less(t, advances, float64(n/4))
 	}, func(s *ledger.Settings) { s.AdvanceInterval = 500 * time.Millisecond })
 }
+
+// A fan-out with more held children than one advance releases
+// (ReleasePerAdvance) releases them batch after batch, each advance
+// queueing the next at once — not waiting for a child's end or the sweep —
+// so no single transaction takes every child's node lock (a fleet.configure
+// of 10,000 nodes ran Postgres's lock table out of memory in one).
+func TestFanOutReleasesHeldChildrenInBatches(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		parent := b.submit(t, admin, "test.fan", `{"children":20}`)
+		done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+		require.Equal(t, &ledger.Counts{Total: 20, Succeeded: 20}, done.Counts)
+		for _, ch := range b.children(t, parent.ID) {
+			require.Equal(t, int64(1), b.tk.count(ch.ID), "each child ran once")
+		}
+		// 20 held children, 3 a batch: 7 batches, the 6 after the first
+		// queued by the one before.
+		continued := testutil.ToFloat64(b.metrics.FanOutAdvances.WithLabelValues("continued"))
+		require.GreaterOrEqual(t, continued, float64(6), "each batch queued the next")
+		_, waited := b.advances()
+		require.Zero(t, waited, "no batch waited for the interval")
+	}, func(s *ledger.Settings) { s.AdvanceInterval, s.ReleasePerAdvance = time.Hour, 3 })
+}

@@ -367,11 +367,15 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 		}
 		maxConcurrency := maxConcurrencyOf(parent)
 		inFlight := byState[StatePending] + byState[StateRunning] - held
+		more := false
 		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil {
 			// The held children leave the held ones in one statement and
 			// their released events in one more; then each goes to its
-			// channel.
-			waiting, err := tx.ReleaseHeld(ctx, parentID, free, now)
+			// channel. At most ReleasePerAdvance of them: the rest in the
+			// next advance, at once (more).
+			batch := min(free, s.settings.ReleasePerAdvance)
+			more = batch < free && held > batch
+			waiting, err := tx.ReleaseHeld(ctx, parentID, batch, now)
 			if err != nil {
 				return err
 			}
@@ -389,7 +393,7 @@ func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, er
 			held -= foldReleased(byState, after)
 		}
 		counts := countsOf(byState)
-		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency}
+		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency, more: more}
 		changed := *parent.Counts != counts || letGo
 		parent.Counts = &counts
 		if counts.Pending > 0 {
@@ -611,8 +615,12 @@ func (s *Service) sweepParents(ctx context.Context) {
 	}
 	for _, id := range ids {
 		s.metrics.FanOutAdvances.WithLabelValues("sweep").Inc()
-		if _, err := s.advance(ctx, id); err != nil && ctx.Err() == nil {
+		hint, err := s.advance(ctx, id)
+		if err != nil && ctx.Err() == nil {
 			s.log.Error("ledger: advance fan-out", "operation_id", id, "err", err)
+		}
+		if hint.more {
+			s.advanceAgain(id) // the rest of its held children, off the sweep
 		}
 	}
 }

@@ -55,6 +55,15 @@ type Settings struct {
 	// fan-out parent on a replica, unless its ends make one urgent
 	// (advance.go); default DefaultAdvanceInterval.
 	AdvanceInterval time.Duration
+	// ReleasePerAdvance bounds the held children one advance releases in
+	// its transaction; a parent with more held and slots free is advanced
+	// again at once. Releasing a node kind's child takes that node's quota
+	// lock (an advisory lock on Postgres, kept to the transaction's end),
+	// and Postgres's lock table holds max_locks_per_transaction (64) times
+	// max_connections entries for all sessions together: a fleet.configure
+	// of 10,000 nodes released in one transaction ran out of it ("out of
+	// shared memory") and never advanced. Default 500.
+	ReleasePerAdvance int
 	// SingleProcess is true when no other replica can share the store
 	// (SQLite): everything left running at start is a dead process's.
 	SingleProcess bool
@@ -86,6 +95,9 @@ func (s *Settings) defaults() {
 	def(&s.AdvanceInterval, DefaultAdvanceInterval)
 	if s.PruneBatch <= 0 {
 		s.PruneBatch = 1000
+	}
+	if s.ReleasePerAdvance <= 0 {
+		s.ReleasePerAdvance = 500
 	}
 }
 

@@ -203,18 +203,10 @@ func holdBare(ctx context.Context, cfg HoldConfig, bin, certFile, keyFile, caPEM
 	if err != nil {
 		return side, err
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for side.Held < heldNeeded(cfg.Agents, cfg.PollsTogether) {
-		if time.Now().After(deadline) {
-			return side, fmt.Errorf("only %d of %d polls held after 2m", side.Held, cfg.Agents)
-		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
-			return side, ctx.Err()
-		}
-		side.Held, err = heldByWaiter(ctx, hc, url)
-		if err != nil {
-			return side, err
-		}
+	side.Held, err = waitHeld(ctx, heldNeeded(cfg.Agents, cfg.PollsTogether), 2*time.Minute, 200*time.Millisecond,
+		func(ctx context.Context) (int, error) { return heldByWaiter(ctx, hc, url) })
+	if err != nil {
+		return side, err
 	}
 	logf("bare waiter holds %d polls; sampling", side.Held)
 	sampleHold(ctx, cmd.Process.Pid, cfg, &side)
@@ -371,6 +363,35 @@ func rssParts(pid int) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// waitHeld asks count every interval until it answers at least need, and
+// answers the last count; it gives up after within. A count that fails is
+// asked again: with TLS, the bare waiter's count queues behind thousands of
+// handshakes while the fleet connects on a busy machine, and times out —
+// a slow answer, not a failed run.
+func waitHeld(ctx context.Context, need int, within, interval time.Duration, count func(context.Context) (int, error)) (int, error) {
+	deadline := time.Now().Add(within)
+	held := 0
+	var lastErr error
+	for held < need {
+		if time.Now().After(deadline) {
+			if lastErr != nil {
+				return held, fmt.Errorf("only %d of %d polls held after %s (the last count failed: %w)", held, need, within, lastErr)
+			}
+			return held, fmt.Errorf("only %d of %d polls held after %s", held, need, within)
+		}
+		if !sleepCtx(ctx, interval) {
+			return held, ctx.Err()
+		}
+		n, err := count(ctx)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		held, lastErr = n, nil
+	}
+	return held, nil
 }
 
 func heldByWaiter(ctx context.Context, hc *http.Client, url string) (int, error) {

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -58,5 +61,36 @@ func TestPollsAnswered(t *testing.T) {
 	after[delivered] = 2000
 	if _, e := pollsAnswered(before, after); e != 0 {
 		t.Fatalf("empty %v, want 0", e)
+	}
+}
+
+// The bare waiter's count of held polls can time out while the fleet
+// connects (TLS handshakes queue ahead of it): the hold run asks again
+// rather than fail, and gives up only at its deadline, naming why.
+func TestWaitHeldAsksAgainAfterAFailedCount(t *testing.T) {
+	ctx := context.Background()
+	answers := []error{errors.New("timeout awaiting headers"), errors.New("timeout awaiting headers"), nil}
+	asked := 0
+	held, err := waitHeld(ctx, 90, time.Minute, time.Millisecond, func(context.Context) (int, error) {
+		err := answers[min(asked, len(answers)-1)]
+		asked++
+		if err != nil {
+			return 0, err
+		}
+		return 95, nil
+	})
+	if err != nil || held != 95 || asked != 3 {
+		t.Fatalf("waitHeld = %d, %v after %d counts; want 95, nil after 3", held, err, asked)
+	}
+
+	_, err = waitHeld(ctx, 90, 20*time.Millisecond, time.Millisecond, func(context.Context) (int, error) {
+		return 0, errors.New("timeout awaiting headers")
+	})
+	if err == nil || !strings.Contains(err.Error(), "timeout awaiting headers") {
+		t.Fatalf("a count that never answers: %v; want the deadline's error naming the last failure", err)
+	}
+	_, err = waitHeld(ctx, 90, 20*time.Millisecond, time.Millisecond, func(context.Context) (int, error) { return 10, nil })
+	if err == nil || !strings.Contains(err.Error(), "only 10 of 90") {
+		t.Fatalf("too few held: %v; want the deadline's error with the count", err)
 	}
 }

@@ -189,7 +189,7 @@ func New(pending func() float64) *Metrics {
 		Name: "nodeward_fanout_child_end_notices_total", Help: "Notices that a fan-out parent's child ended, before coalescing.",
 	})
 	m.FanOutAdvances = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "nodeward_fanout_advances_total", Help: "Fan-out parent advances by source: prompt (at once), interval (put off to coalesce ends), sweep (periodic).",
+		Name: "nodeward_fanout_advances_total", Help: "Fan-out parent advances by source: prompt (at once), interval (put off to coalesce ends), sweep (periodic), continued (the next batch of held children).",
 	}, []string{"source"})
 	m.ConfigRevisions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "nodeward_config_revisions_total", Help: "Desired configuration revisions written (a changed document).",
@@ -206,7 +206,7 @@ func New(pending func() float64) *Metrics {
 	m.Wakeups.WithLabelValues("local")
 	m.Wakeups.WithLabelValues("notify")
 	m.Wakeups.WithLabelValues("poll")
-	for _, source := range []string{"prompt", "interval", "sweep"} {
+	for _, source := range []string{"prompt", "interval", "sweep", "continued"} {
 		m.FanOutAdvances.WithLabelValues(source)
 	}
 	m.Registry.MustRegister(

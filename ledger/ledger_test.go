@@ -366,6 +366,35 @@ func TestRecoveryOfThisReplicasEarlierProcess(t *testing.T) {
 	}, hour)
 }
 
+// TestTakeOverRecoversBeforeRun: TakeOver by itself, before any
+// dispatcher runs (the server calls it before it answers a request), hands
+// what an earlier process of this replica left running back to pending;
+// Run then runs it once more.
+func TestTakeOverRecoversBeforeRun(t *testing.T) {
+	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour }
+	each(t, func(t *testing.T, b *bundle) {
+		op := b.submit(t, admin, "test.level", `{}`)
+		claimed, err := b.store.Claim(ctx, "east/1111", b.clock.Now(), 1)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		require.NoError(t, b.store.RenewOwner(ctx, "east/1111", b.clock.Now().Add(time.Hour)))
+
+		next := newLedgerAs(t, b.db, b.tk, b.clock, nil, "east/3333", "east/", hour)
+		next.svc.TakeOver(ctx)
+		got, err := b.store.Operation(ctx, op.ID)
+		require.NoError(t, err)
+		require.Equal(t, ledger.StatePending, got.State, "recovered by TakeOver, before Run")
+		require.Empty(t, got.Owner)
+		require.Contains(t, eventTypes(t, next, op.ID), ledger.EventRecovered)
+		require.Zero(t, b.tk.count(op.ID), "nothing ran it yet")
+
+		next.start(t)
+		done := next.waitState(t, op.ID, ledger.StateSucceeded)
+		require.Equal(t, 2, done.Attempt)
+		require.Equal(t, int64(1), b.tk.count(op.ID))
+	}, hour)
+}
+
 // TestTwoReplicasNeverRunOneOperationTwice runs many operations through two
 // dispatchers sharing one database and counts executions.
 func TestTwoReplicasNeverRunOneOperationTwice(t *testing.T) {

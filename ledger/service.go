@@ -150,6 +150,8 @@ type Service struct {
 	log          *slog.Logger
 	metrics      *metrics.Metrics
 
+	tookOver sync.Once // TakeOver
+
 	wake chan struct{} // the dispatcher's: something may be claimable
 	adv  *advancer     // fan-out parents whose children ended
 	ends chan End      // runs that ended, for the finisher to record

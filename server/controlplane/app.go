@@ -311,6 +311,9 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 		ln = tls.NewListener(ln, srv.TLSConfig)
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	// Connections already wait in ln's backlog; recovery goes first, while
+	// it has the database to itself (ledger.Service.TakeOver).
+	a.Ledger.TakeOver(bgCtx)
 	a.startBackground(bgCtx)
 	stopSocket := a.serveSocket()
 	defer stopSocket()

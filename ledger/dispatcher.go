@@ -422,10 +422,17 @@ func (s *Service) expire(ctx context.Context) {
 // again; anything else ends failed `interrupted`, retryable.
 func (s *Service) recover(ctx context.Context, everyOtherOwner bool) {
 	now := s.clock()
+	started := time.Now()
 	leaseAt := now
 	if everyOtherOwner {
 		leaseAt = now.Add(100 * 365 * 24 * time.Hour) // no lease is current then
 	}
+	taken := 0
+	defer func() {
+		if taken > 0 {
+			s.log.Info("ledger: recovered what stopped processes left running", "operations", taken, "took", time.Since(started).String())
+		}
+	}()
 	for {
 		orphans, err := s.store.Orphans(ctx, s.replica, leaseAt, 100)
 		if err != nil {
@@ -439,6 +446,7 @@ func (s *Service) recover(ctx context.Context, everyOtherOwner bool) {
 				s.log.Error("ledger: recover", "operation_id", o.ID, "err", err)
 				return
 			}
+			taken++
 		}
 		if len(orphans) < 100 {
 			return

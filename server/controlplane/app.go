@@ -312,8 +312,9 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	// Connections already wait in ln's backlog; recovery goes first, while
-	// it has the database to itself (ledger.Service.TakeOver).
-	a.Ledger.TakeOver(bgCtx)
+	// it has the database to itself (ledger.Service.TakeOver). A stop
+	// asked meanwhile cuts it short: the next owner takes over the rest.
+	a.Ledger.TakeOver(ctx)
 	a.startBackground(bgCtx)
 	stopSocket := a.serveSocket()
 	defer stopSocket()

@@ -442,11 +442,14 @@ func (s *Service) recover(ctx context.Context, everyOtherOwner bool) {
 			return
 		}
 		for _, o := range orphans {
-			if err := s.recoverOne(ctx, o, now); err != nil && ctx.Err() == nil {
+			took, err := s.recoverOne(ctx, o, now)
+			if err != nil && ctx.Err() == nil {
 				s.log.Error("ledger: recover", "operation_id", o.ID, "err", err)
 				return
 			}
-			taken++
+			if took && err == nil {
+				taken++
+			}
 		}
 		if len(orphans) < 100 {
 			return
@@ -454,8 +457,11 @@ func (s *Service) recover(ctx context.Context, everyOtherOwner bool) {
 	}
 }
 
-func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) error {
-	return s.store.Tx(ctx, func(tx Tx) error {
+// recoverOne answers whether it was this call that recovered o (another
+// replica may have got there first).
+func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) (took bool, err error) {
+	err = s.store.Tx(ctx, func(tx Tx) error {
+		took = false
 		cur, err := tx.LockOperation(ctx, o.ID)
 		if err != nil {
 			return err
@@ -463,9 +469,11 @@ func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) er
 		if cur.State != StateRunning || cur.Owner != o.Owner {
 			return nil // someone else got there first
 		}
+		took = true
 		kind, ok := s.kinds.Kind(cur.Kind)
 		if ok && (kind.LevelTriggered || kind.RunTx != nil || kind.FanOut != nil) && cur.CancelRequestedAt == nil {
 			if !CanTransition(cur.State, StatePending) {
+				took = false
 				return nil
 			}
 			from := cur.Owner
@@ -489,6 +497,7 @@ func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) er
 			Message: "the control plane running it stopped before it ended; retry with a new request_id", Retryable: true}, now)
 		return err
 	})
+	return took, err
 }
 
 // pruneLoop deletes ended operations and old events past retention, in

@@ -93,9 +93,13 @@ func (s *Service) dispatch(ctx context.Context) {
 				wg.Add(1)
 				go func(op Operation) {
 					defer wg.Done()
-					defer func() { free <- struct{}{}; s.kick() }()
-					defer s.metrics.OperationsRunning.Dec()
-					s.execute(ctx, op)
+					then := s.execute(ctx, op)
+					s.metrics.OperationsRunning.Dec()
+					free <- struct{}{}
+					s.kick()
+					if then != nil {
+						then() // holding no slot: a fan-out's recording
+					}
 				}(op)
 			}
 			if len(ops) == n {
@@ -145,8 +149,10 @@ func (s *Service) kickAfter(d time.Duration) {
 	time.AfterFunc(d, s.kick)
 }
 
-// execute carries one claimed operation out and records how it ended.
-func (s *Service) execute(ctx context.Context, op Operation) {
+// execute carries one claimed operation out and records how it ended,
+// or answers what is left of it to run without a slot (then: a fan-out's
+// recording, executeFanOut).
+func (s *Service) execute(ctx context.Context, op Operation) (then func()) {
 	kind, ok := s.kinds.Kind(op.Kind)
 	if !ok {
 		s.mu.Lock()
@@ -155,7 +161,7 @@ func (s *Service) execute(ctx context.Context, op Operation) {
 		s.mu.Unlock()
 		// Recorded by a build that served it; this one cannot run it.
 		s.finish(ctx, op, StateFailed, nil, &Error{Code: "kind_not_served", Message: "this control plane does not serve kind " + op.Kind})
-		return
+		return nil
 	}
 	// The deadline is on the ledger's clock; the context counts it down on
 	// the process's.
@@ -186,13 +192,13 @@ func (s *Service) execute(ctx context.Context, op Operation) {
 	switch {
 	case kind.RunTx != nil:
 		s.executeTx(ctx, runCtx, kind, op)
-		return
+		return nil
 	case kind.FanOut != nil:
-		s.executeFanOut(ctx, runCtx, kind, op)
-		return
+		return s.executeFanOut(ctx, runCtx, kind, op)
 	}
 	result, err := kind.Run(runCtx, op)
 	s.finishRun(ctx, runCtx, op, result, err)
+	return nil
 }
 
 // executeTx runs a transactional kind: its effect and its end commit

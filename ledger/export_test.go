@@ -8,7 +8,11 @@ func (s *Service) ClaimForTest(ctx context.Context, n int) ([]Operation, error) 
 }
 
 // ExecuteForTest runs a claimed operation as the dispatcher does.
-func (s *Service) ExecuteForTest(ctx context.Context, op Operation) { s.execute(ctx, op) }
+func (s *Service) ExecuteForTest(ctx context.Context, op Operation) {
+	if then := s.execute(ctx, op); then != nil {
+		then()
+	}
+}
 
 // HeardForTest counts the changes kept for claimed runs not yet started.
 func (s *Service) HeardForTest() int {

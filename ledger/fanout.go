@@ -63,15 +63,30 @@ const CodeChildrenFailed = "children_failed"
 // command is recorded once, since every recorder locks the child and
 // looks for its command first (recordTx). A failed step 2 is resumed by
 // the parent's next advance on this replica.
-func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Operation) {
+//
+// Only step 1 runs in the dispatcher's slot. Steps 2 and 3 are answered
+// as record, for the dispatcher to run once it has freed the slot: they
+// wait in write lanes, beside whatever the fleet is writing, and a slot
+// held meanwhile is one the next fan-out cannot use — after a restart,
+// while 10,000 agents reconnect, the 16 slots held by recordings kept the
+// other fan-outs pending for seconds (BENCHMARKS.md, eighteenth sitting).
+// Recordings in flight are bounded apart (Service.recordSlots): when they
+// are all taken, step 1 keeps its slot until one frees, so a replica
+// claims no more fan-outs than it can record.
+func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Operation) (record func()) {
 	// While it runs, this replica's advances leave the recording to it.
 	s.mu.Lock()
 	s.recording[op.ID] = struct{}{}
 	s.mu.Unlock()
-	defer func() {
+	recorded := func() {
 		s.mu.Lock()
 		delete(s.recording, op.ID)
 		s.mu.Unlock()
+	}
+	defer func() {
+		if record == nil {
+			recorded()
+		}
 	}()
 	var released []Operation
 	recording, resuming := false, false
@@ -192,9 +207,26 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 	case err != nil:
 		s.finishRun(ctx, runCtx, op, nil, err)
 	case recording:
-		s.recordReleased(ctx, op.ID, released)
+		select {
+		case s.recordSlots <- struct{}{}:
+		case <-ctx.Done():
+			// Stopping: the parent stays owned, recovered like any orphan.
+			return nil
+		}
+		return func() {
+			defer func() { <-s.recordSlots }()
+			defer recorded()
+			s.recordReleased(ctx, op.ID, released)
+		}
 	}
+	return nil
 }
+
+// recordingsPerWorker sizes Service.recordSlots. A recording is mostly
+// waiting for its lanes' commits, so several per worker keep the lanes'
+// batches full; the bound keeps what they hold in memory (their released
+// children) to a few times what the workers hold.
+const recordingsPerWorker = 4
 
 // recordingHere reports whether this replica is recording the fan-out's
 // commands now.

@@ -30,6 +30,13 @@ type laneWatch struct {
 	// failUnrecorded fails Tx.Unrecorded (a resumed recording's read).
 	failUnrecorded atomic.Bool
 
+	// hold, when set, holds every transaction routed to a node at its
+	// start until it is closed (a recording waiting for its lanes); held
+	// counts those waiting now. Nothing of the transaction has run, so on
+	// SQLite too the one writer stays free meanwhile.
+	hold atomic.Pointer[chan struct{}]
+	held atomic.Int64
+
 	mu    sync.Mutex // guards the following
 	locks []laneLock
 }
@@ -44,6 +51,14 @@ var errInjected = errors.New("injected: the replica stopped")
 
 func (s *laneWatch) Tx(ctx context.Context, fn func(ledger.Tx) error) error {
 	route, routed := fleet.TxRouteOf(ctx)
+	if h := s.hold.Load(); h != nil && route.Node != "" {
+		s.held.Add(1)
+		select {
+		case <-*h:
+		case <-ctx.Done():
+		}
+		s.held.Add(-1)
+	}
 	return s.Store.Tx(ctx, func(tx ledger.Tx) error { return fn(laneWatchTx{tx, s, route, routed}) })
 }
 
@@ -187,6 +202,39 @@ func TestFanOutRecordsCommandsLaneByLane(t *testing.T) {
 			// end: none held every lane back.
 			require.Equal(t, exclusive, after.Exclusive, "a transaction of the fan-out ran in the exclusive lane")
 		}
+	})
+}
+
+// TestFanOutRecordingHoldsNoSlot: a fan-out whose commands wait for their
+// write lanes holds no dispatcher slot meanwhile — with one worker, an
+// operation submitted after it runs to its end while the recording still
+// waits — and the recording completes once the lanes take it.
+func TestFanOutRecordingHoldsNoSlot(t *testing.T) {
+	oneWorker := func(s *ledger.Settings) { s.Workers = 1 }
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		b, w := newLaneLedger(t, db, oneWorker)
+		b.start(t)
+		ids, sessions := b.readyNodes(t, 6)
+		lanes := map[int]bool{}
+		for _, id := range ids {
+			lanes[b.store.WriteLane(id)] = true
+		}
+		release := make(chan struct{})
+		w.hold.Store(&release)
+		parent := b.fanOutCommand(t, ids)
+		require.Eventually(t, func() bool { return w.held.Load() == int64(len(lanes)) }, waitLong, tick,
+			"the recording's lane transactions never started")
+
+		op := b.submit(t, admin, "test.noop", `{}`)
+		b.waitState(t, op.ID, ledger.StateSucceeded)
+		require.Zero(t, b.handedOut(t, parent.ID), "the recording went on while held")
+
+		w.hold.Store(nil)
+		close(release)
+		require.Eventually(t, func() bool { return b.handedOut(t, parent.ID) == int64(len(ids)) }, waitLong, tick)
+		b.settleAll(t, parent.ID, sessions)
+		done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+		require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
 	})
 }
 

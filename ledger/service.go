@@ -162,6 +162,9 @@ type Service struct {
 	// recording are the fan-outs whose commands this replica is recording
 	// now (executeFanOut): advance leaves their recording alone.
 	recording map[string]struct{}
+	// recordSlots bounds the fan-out recordings in flight, which hold no
+	// dispatcher slot (executeFanOut): recordingsPerWorker per worker.
+	recordSlots chan struct{}
 	// unstarted counts claims in flight and claimed runs not yet in
 	// running; while it is not zero, changes heard for operations not
 	// running here are kept in heard, so a run that registers after its
@@ -207,6 +210,7 @@ func New(o Options) *Service {
 		waiters:      map[string]map[chan struct{}]struct{}{},
 		running:      map[string]context.CancelFunc{},
 		recording:    map[string]struct{}{},
+		recordSlots:  make(chan struct{}, recordingsPerWorker*o.Settings.Workers),
 		heard:        map[string]struct{}{},
 		drained:      make(chan struct{}),
 		notifyHealth: !o.CrossReplica,

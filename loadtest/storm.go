@@ -114,6 +114,27 @@ type StormReport struct {
 	FirstErr      string  `json:"first_error,omitempty"`
 	// Servers are the replicas from the restart to the end of the wait.
 	Servers []ReplicaStat `json:"replicas"`
+	// Timeline samples the recovery every half second, from the restart
+	// until every agent held and every command settled: where the seconds
+	// went (agents back, commands recorded, commands settled).
+	Timeline []StormSample `json:"timeline,omitempty"`
+}
+
+// StormSample is the recovery at one moment after the restart, summed
+// over the replicas (a replica that does not answer counts nothing).
+type StormSample struct {
+	Seconds float64 `json:"t"`
+	// Resumed is the resuming polls the servers took since the restart
+	// (an agent's first after its failed one: the agents back); Held the
+	// polls held at that instant, which trails Resumed while commands are
+	// being answered.
+	Resumed int `json:"resumed"`
+	Held    int `json:"held"`
+	// Pending is the commands recorded and not settled
+	// (nodeward_pending_commands); Settled the burst's commands the agents
+	// have settled.
+	Pending int `json:"pending"`
+	Settled int `json:"settled"`
 }
 
 func (c *StormConfig) defaults() error {
@@ -281,9 +302,27 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 	}
 	rep.ReadySeconds = time.Since(restart).Seconds()
 	rep.AllHeldSeconds, rep.AllSettledSeconds = -1, -1
+	var nextSample time.Duration
 	_, _ = waitFor(ctx, cfg.Recover-time.Since(restart), func() bool {
-		if rep.AllHeldSeconds < 0 && heldOn(ctx, urls) >= cfg.Agents {
-			rep.AllHeldSeconds = time.Since(restart).Seconds()
+		since := time.Since(restart)
+		sampling := since >= nextSample
+		if rep.AllHeldSeconds < 0 || sampling {
+			var smp StormSample
+			for _, u := range urls {
+				if m, err := scrape(ctx, u); err == nil {
+					smp.Held += int(m["nodeward_open_long_polls"])
+					smp.Resumed += int(m["nodeward_long_poll_resumes_total"])
+					smp.Pending += int(m["nodeward_pending_commands"])
+				}
+			}
+			if rep.AllHeldSeconds < 0 && smp.Held >= cfg.Agents {
+				rep.AllHeldSeconds = time.Since(restart).Seconds()
+			}
+			if sampling {
+				smp.Seconds, smp.Settled = since.Seconds(), settled()
+				rep.Timeline = append(rep.Timeline, smp)
+				nextSample = since + 500*time.Millisecond
+			}
 		}
 		if rep.AllSettledSeconds < 0 && settled() >= rep.Issued {
 			rep.AllSettledSeconds = time.Since(restart).Seconds()
@@ -467,6 +506,12 @@ func printStormReport(w io.Writer, r StormReport) {
 		fmt.Fprintf(w, "first agent error        %s\n", r.FirstErr)
 	}
 	printReplicaStats(w, r.Servers)
+	if len(r.Timeline) > 0 {
+		fmt.Fprintf(w, "recovery                 t: resumed polls / held / commands pending / settled\n")
+		for _, smp := range r.Timeline {
+			fmt.Fprintf(w, "  %5.1fs  %6d / %6d / %6d / %6d\n", smp.Seconds, smp.Resumed, smp.Held, smp.Pending, smp.Settled)
+		}
+	}
 }
 
 func secondsOrNever(s float64) string {

@@ -33,6 +33,9 @@ const (
 // Numbered is numbered for the external tests.
 var Numbered = numbered
 
+// RenewRunSQL is the statement that renews a run of leases (Postgres).
+var RenewRunSQL = renewRunSQL
+
 // SettlePendingSQL is the settlement statement for n settlements and m
 // endings (Postgres).
 var SettlePendingSQL = settlePendingSQL

@@ -196,13 +196,21 @@ func renewRun(g *gorm.DB, run []fleet.LeaseRenewal) (int, error) {
 // KEY UPDATE, the lock its UPDATE takes anyway: it does not wait for a
 // command's submit (FOR KEY SHARE, IssueToNode) nor for the foreign-key
 // checks of rows that name the node, which FOR UPDATE did.
+//
+// The arrays are read once, into locked, which carries the values the
+// UPDATE writes. The generic plan a pooled connection switches to costs
+// an unnest of parameters at 10 rows: when the UPDATE joined the arrays
+// a second time, that plan rescanned them for every locked row — a
+// restarted replica's first renewals (every reconnecting agent's, 2,500
+// a lane) spent 1 s of CPU each on four lanes at once, and every write
+// queued behind them (BENCHMARKS.md, nineteenth sitting).
 var renewRunSQL = numbered(`WITH v AS (SELECT * FROM unnest(?::text[], ?::timestamptz[], ?::timestamptz[]) AS v(id, until, heartbeat_at)),
-	locked AS MATERIALIZED (SELECT n.id FROM nodes n JOIN v ON v.id = n.id WHERE n.state <> ? ORDER BY n.id FOR NO KEY UPDATE OF n)
+	locked AS MATERIALIZED (SELECT n.id, v.until, v.heartbeat_at FROM nodes n JOIN v ON v.id = n.id WHERE n.state <> ? ORDER BY n.id FOR NO KEY UPDATE OF n)
 	UPDATE nodes SET
-	lease_expires_at = CASE WHEN nodes.state IN (?, ?) AND (nodes.lease_expires_at IS NULL OR nodes.lease_expires_at < v.until) THEN v.until ELSE nodes.lease_expires_at END,
+	lease_expires_at = CASE WHEN nodes.state IN (?, ?) AND (nodes.lease_expires_at IS NULL OR nodes.lease_expires_at < l.until) THEN l.until ELSE nodes.lease_expires_at END,
 	state = CASE WHEN nodes.state = ? THEN ? ELSE nodes.state END,
-	last_heartbeat_at = COALESCE(v.heartbeat_at, nodes.last_heartbeat_at)
-	FROM v WHERE nodes.id = v.id AND nodes.id IN (SELECT id FROM locked)`)
+	last_heartbeat_at = COALESCE(l.heartbeat_at, nodes.last_heartbeat_at)
+	FROM locked l WHERE nodes.id = l.id`)
 
 // renewLeaseSQL is RenewLeases' change for a renewal without heartbeat or
 // facts: a lease only grows, and only for a live node; a lost node becomes

@@ -3,11 +3,14 @@ package models_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
@@ -177,4 +180,66 @@ func TestPostgresNodeCommandsGenericPlans(t *testing.T) {
 			require.ElementsMatch(t, c.want, p.indexes, "state %q, limit %d:\n%s", c.state, limit, p.text)
 		}
 	}
+}
+
+// TestPostgresLeaseRenewalGenericPlanIsLinear: renewing a run of leases
+// reads its arrays once, whatever plan it runs under. In the generic plan
+// (an unnest of parameters costed at 10 rows) the statement used to join
+// the arrays a second time, rescanning them for every locked node: 2,000
+// renewals compared ids four million times, a second of CPU — the first
+// renewals of a restarted replica's reconnecting fleet, on every lane.
+func TestPostgresLeaseRenewalGenericPlanIsLinear(t *testing.T) {
+	ctx := context.Background()
+	db := openOneConnection(t)
+	require.NoError(t, db.Exec(`INSERT INTO nodes (id, rental_id, generation, state, created_at, updated_at, lease_expires_at)
+		SELECT 'node-' || i, 'rent-' || i, 1, 'ready', now(), now(), now() FROM generate_series(1, 10000) AS i`).Error)
+	require.NoError(t, db.Exec("ANALYZE nodes").Error)
+	const renewals = 2000
+	ids, untils := make([]string, renewals), make([]string, renewals)
+	for i := range ids {
+		ids[i], untils[i] = fmt.Sprintf("node-%d", 2*i+1), "2030-01-01T00:00:00Z"
+	}
+	slices.Sort(ids)
+	nulls := strings.Repeat("NULL,", renewals-1) + "NULL"
+	exec := fmt.Sprintf("EXECUTE renew_q('{%s}', '{%s}', '{%s}', 'enrolling', 'ready', 'lost', 'lost', 'ready')",
+		strings.Join(ids, ","), strings.Join(untils, ","), nulls)
+
+	errRollBack := errors.New("roll back")
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, q := range []string{"SET LOCAL plan_cache_mode = force_generic_plan", "PREPARE renew_q AS " + models.RenewRunSQL} {
+			require.NoError(t, tx.Exec(q).Error, q)
+		}
+		var out string
+		require.NoError(t, tx.Raw("EXPLAIN (ANALYZE, FORMAT JSON) "+exec).Row().Scan(&out))
+		var root []struct{ Plan analyzedNode }
+		require.NoError(t, json.Unmarshal([]byte(out), &root))
+		removed, arrayScans := 0.0, 0.0
+		var walk func(n analyzedNode)
+		walk = func(n analyzedNode) {
+			removed += n.RemovedByJoinFilter * n.Loops
+			if n.NodeType == "Function Scan" {
+				arrayScans += n.Loops
+			}
+			for _, c := range n.Plans {
+				walk(c)
+			}
+		}
+		walk(root[0].Plan)
+		require.LessOrEqual(t, removed, float64(renewals), "the renewal compared every node with every renewal:\n%s", out)
+		require.Equal(t, 1.0, arrayScans, "the arrays were scanned more than once:\n%s", out)
+		var renewed int64
+		require.NoError(t, tx.Raw("SELECT count(*) FROM nodes WHERE lease_expires_at = '2030-01-01T00:00:00Z'").Row().Scan(&renewed))
+		require.EqualValues(t, renewals, renewed)
+		require.NoError(t, tx.Exec("DEALLOCATE renew_q").Error)
+		return errRollBack
+	})
+	require.ErrorIs(t, err, errRollBack)
+}
+
+// analyzedNode is a plan node of EXPLAIN ANALYZE's JSON.
+type analyzedNode struct {
+	NodeType            string         `json:"Node Type"`
+	Loops               float64        `json:"Actual Loops"`
+	RemovedByJoinFilter float64        `json:"Rows Removed by Join Filter"`
+	Plans               []analyzedNode `json:"Plans"`
 }

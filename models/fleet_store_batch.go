@@ -186,8 +186,8 @@ func renewRun(g *gorm.DB, run []fleet.LeaseRenewal) (int, error) {
 		}
 		ids, until, beats = append(ids, r.NodeID), append(until, u), append(beats, hb)
 	}
-	n, err := execRows(g, renewRunSQL, ids, until, beats, string(fleet.StateEnrolling),
-		string(fleet.StateReady), string(fleet.StateLost), string(fleet.StateLost), string(fleet.StateReady))
+	n, err := execRows(g, renewRunSQL, ids, until, beats, string(fleet.StateReady), string(fleet.StateLost),
+		string(fleet.StateLost), string(fleet.StateReady), string(fleet.StateEnrolling))
 	return int(n), err
 }
 
@@ -197,20 +197,27 @@ func renewRun(g *gorm.DB, run []fleet.LeaseRenewal) (int, error) {
 // command's submit (FOR KEY SHARE, IssueToNode) nor for the foreign-key
 // checks of rows that name the node, which FOR UPDATE did.
 //
-// The arrays are read once, into locked, which carries the values the
-// UPDATE writes. The generic plan a pooled connection switches to costs
-// an unnest of parameters at 10 rows: when the UPDATE joined the arrays
-// a second time, that plan rescanned them for every locked row — a
-// restarted replica's first renewals (every reconnecting agent's, 2,500
-// a lane) spent 1 s of CPU each on four lanes at once, and every write
-// queued behind them (BENCHMARKS.md, nineteenth sitting).
+// Its plan must stay linear whatever the planner believes, since a
+// restarted replica's first renewals (every reconnecting agent's, hundreds
+// to thousands a lane) run on every lane at once and every write queues
+// behind them. Two beliefs made it quadratic — a nested loop rescanning
+// the arrays for every node, 1–3 s of CPU a lane (BENCHMARKS.md,
+// nineteenth sitting):
+//   - the generic plan a pooled connection switches to costs an unnest
+//     of parameters at 10 rows: so the arrays are read once, into locked,
+//     which carries the values the UPDATE writes;
+//   - statistics taken while the nodes were enrolling (a fleet invited
+//     and enrolled within the minute before the restart) cost any
+//     "state <> 'enrolling'" filter on nodes at one row: so no join
+//     filters nodes by state; the UPDATE skips enrolling nodes by the
+//     state locked carries.
 var renewRunSQL = numbered(`WITH v AS (SELECT * FROM unnest(?::text[], ?::timestamptz[], ?::timestamptz[]) AS v(id, until, heartbeat_at)),
-	locked AS MATERIALIZED (SELECT n.id, v.until, v.heartbeat_at FROM nodes n JOIN v ON v.id = n.id WHERE n.state <> ? ORDER BY n.id FOR NO KEY UPDATE OF n)
+	locked AS MATERIALIZED (SELECT n.id, n.state, v.until, v.heartbeat_at FROM nodes n JOIN v ON v.id = n.id ORDER BY n.id FOR NO KEY UPDATE OF n)
 	UPDATE nodes SET
 	lease_expires_at = CASE WHEN nodes.state IN (?, ?) AND (nodes.lease_expires_at IS NULL OR nodes.lease_expires_at < l.until) THEN l.until ELSE nodes.lease_expires_at END,
 	state = CASE WHEN nodes.state = ? THEN ? ELSE nodes.state END,
 	last_heartbeat_at = COALESCE(l.heartbeat_at, nodes.last_heartbeat_at)
-	FROM locked l WHERE nodes.id = l.id`)
+	FROM locked l WHERE nodes.id = l.id AND l.state <> ?`)
 
 // renewLeaseSQL is RenewLeases' change for a renewal without heartbeat or
 // facts: a lease only grows, and only for a live node; a lost node becomes

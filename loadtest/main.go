@@ -72,6 +72,9 @@
 // and when every command of the burst was settled, and from the agents'
 // receipts by operation id the commands lost and applied twice (both must
 // be 0) and those redelivered before their settlement was acknowledged.
+// A timeline samples the recovery every half second (the resuming polls
+// the servers took, the polls held, the commands pending and settled),
+// so a slow recovery shows which of them it waited on.
 //
 //	go run ./loadtest -scenario storm -agents 10000 -commands 5000
 //	go run ./loadtest -scenario storm -db postgres -replicas 3 -agents 10000 -commands 5000 -signal term

@@ -263,6 +263,17 @@ func TestStormSmoke(t *testing.T) {
 	if len(rep.Servers) != 1 || rep.Servers[0].PID == 0 {
 		t.Fatalf("replicas after the restart: %+v; want the one restarted", rep.Servers)
 	}
+	// The timeline starts at the restart and only moves forward: time, the
+	// restarted replica's resuming polls and the settled commands.
+	if len(rep.Timeline) == 0 {
+		t.Fatal("no recovery timeline")
+	}
+	for i, smp := range rep.Timeline[1:] {
+		prev := rep.Timeline[i]
+		if smp.Seconds <= prev.Seconds || smp.Resumed < prev.Resumed || smp.Settled < prev.Settled || smp.Settled > rep.Issued {
+			t.Fatalf("timeline goes back or past the burst at sample %d: %+v after %+v", i+1, smp, prev)
+		}
+	}
 }
 
 // TestStormFanOutSmoke is TestStormSmoke with the burst as fleet.command

@@ -68,8 +68,9 @@ const CodeChildrenFailed = "children_failed"
 // as record, for the dispatcher to run once it has freed the slot: they
 // wait in write lanes, beside whatever the fleet is writing, and a slot
 // held meanwhile is one the next fan-out cannot use — after a restart,
-// while 10,000 agents reconnect, the 16 slots held by recordings kept the
-// other fan-outs pending for seconds (BENCHMARKS.md, eighteenth sitting).
+// while 10,000 agents reconnected, the 16 slots held by recordings kept
+// the other fan-outs pending for seconds (BENCHMARKS.md, eighteenth
+// sitting; the lanes were slow then for another reason, the nineteenth's).
 // Recordings in flight are bounded apart (Service.recordSlots): when they
 // are all taken, step 1 keeps its slot until one frees, so a replica
 // claims no more fan-outs than it can record.

@@ -368,16 +368,19 @@ func scrape(ctx context.Context, url string) (map[string]float64, error) {
 	return a.metrics(ctx)
 }
 
-// heldOn sums the long-polls held by every replica (a replica that does
-// not answer counts 0).
-func heldOn(ctx context.Context, urls []string) int {
-	n := 0
+// sampleServers sums, over every replica, the long-polls held now, the
+// resuming polls taken and the commands pending (a replica that does not
+// answer counts nothing); the storm's own fields are left to it.
+func sampleServers(ctx context.Context, urls []string) StormSample {
+	var smp StormSample
 	for _, u := range urls {
 		if m, err := scrape(ctx, u); err == nil {
-			n += int(m["nodeward_open_long_polls"])
+			smp.Held += int(m["nodeward_open_long_polls"])
+			smp.Resumed += int(m["nodeward_long_poll_resumes_total"])
+			smp.Pending += int(m["nodeward_pending_commands"])
 		}
 	}
-	return n
+	return smp
 }
 
 func printReplicaStats(w io.Writer, stats []ReplicaStat) {

@@ -262,7 +262,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 		}
 		return int(n)
 	}
-	if _, err := waitFor(ctx, 2*time.Minute, func() bool { return heldOn(ctx, urls) >= cfg.Agents }); err != nil {
+	if _, err := waitFor(ctx, 2*time.Minute, func() bool { return sampleServers(ctx, urls).Held >= cfg.Agents }); err != nil {
 		return rep, fmt.Errorf("holding %d agents: %w", cfg.Agents, err)
 	}
 	logf("%d agents hold their polls; issuing a burst of %d commands", cfg.Agents, cfg.Commands)
@@ -307,14 +307,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (rep StormReport, err error)
 		since := time.Since(restart)
 		sampling := since >= nextSample
 		if rep.AllHeldSeconds < 0 || sampling {
-			var smp StormSample
-			for _, u := range urls {
-				if m, err := scrape(ctx, u); err == nil {
-					smp.Held += int(m["nodeward_open_long_polls"])
-					smp.Resumed += int(m["nodeward_long_poll_resumes_total"])
-					smp.Pending += int(m["nodeward_pending_commands"])
-				}
-			}
+			smp := sampleServers(ctx, urls)
 			if rep.AllHeldSeconds < 0 && smp.Held >= cfg.Agents {
 				rep.AllHeldSeconds = time.Since(restart).Seconds()
 			}

@@ -43,16 +43,17 @@ type TailCause struct {
 	GCCPUSeconds float64 `json:"gc_cpu_seconds"`
 	GCPercent    float64 `json:"gc_percent"`
 	MachineBus   float64 `json:"machine_busy"`
-	// Batches during the window: lease renewal flushes and lease sweeps,
-	// long-poll store queries (a wake-up's read).
-	RenewalFlushes float64 `json:"lease_renewals_flushed"`
-	LeaseSweeps    float64 `json:"lease_sweeps"`
-	PollStoreReads float64 `json:"long_poll_store_queries"`
-	PollReadsSkip  float64 `json:"long_poll_due_reads_skipped"` // checks answered from the replica's knowledge that the node is quiet
-	NodeCacheHits  float64 `json:"node_lookups_hit"`            // agent requests' node checks answered from the replica's node cache
-	NodeReads      float64 `json:"node_lookups_store"`          // ... and by a read of the node
-	PollRenewals   float64 `json:"long_poll_lease_renewals"`    // renewals queued by arriving polls (the rest of the flushed ones are heartbeats)
-	Redeliveries   float64 `json:"redeliveries"`
+	// Batches during the window: lease renewals flushed (renewals, not
+	// their batches), lease sweeps, long-poll store queries (a wake-up's
+	// read).
+	RenewalsFlushed float64 `json:"lease_renewals_flushed"`
+	LeaseSweeps     float64 `json:"lease_sweeps"`
+	PollStoreReads  float64 `json:"long_poll_store_queries"`
+	PollReadsSkip   float64 `json:"long_poll_due_reads_skipped"` // checks answered from the replica's knowledge that the node is quiet
+	NodeCacheHits   float64 `json:"node_lookups_hit"`            // agent requests' node checks answered from the replica's node cache
+	NodeReads       float64 `json:"node_lookups_store"`          // ... and by a read of the node
+	PollRenewals    float64 `json:"long_poll_lease_renewals"`    // renewals queued by arriving polls (the rest of the flushed ones are heartbeats)
+	Redeliveries    float64 `json:"redeliveries"`
 	// The server's database pool (go_sql_*, db_name "pool"): waits for a
 	// connection over the window and their total time.
 	PoolWaits  float64 `json:"db_pool_waits"`
@@ -194,7 +195,7 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 		IssueSideP99MS: max(0, rep.SentP99-rep.IssuedP99), DeliverySideP99MS: rep.IssuedP99,
 		GCs: d("go_gc_duration_seconds_count"), GCPauseMS: 1000 * d("go_gc_duration_seconds_sum"),
 		GCMaxMS: 1000 * after[`go_gc_duration_seconds{quantile="1"}`], HeapMB: after["go_memstats_heap_alloc_bytes"] / (1 << 20),
-		MachineBus: rep.CPU.MachineBusy, RenewalFlushes: d("nodeward_lease_renewals_flushed_total"),
+		MachineBus: rep.CPU.MachineBusy, RenewalsFlushed: d("nodeward_lease_renewals_flushed_total"),
 		LeaseSweeps: d("nodeward_lease_sweeps_total"), PollStoreReads: d("nodeward_long_poll_store_queries_total"),
 		PollReadsSkip: d("nodeward_long_poll_due_reads_skipped_total"), PollRenewals: d("nodeward_long_poll_lease_renewals_total"),
 		NodeCacheHits: d(`nodeward_node_lookups_total{result="hit"}`), NodeReads: d(`nodeward_node_lookups_total{result="store"}`),
@@ -277,8 +278,8 @@ func tailCauses(tc TailCause, rep *Report) []string {
 	if tc.Redeliveries > 0 {
 		out = append(out, fmt.Sprintf("redeliveries: %.0f commands handed out again (their lease ran out, or a resuming poll asked)", tc.Redeliveries))
 	}
-	if tc.LeaseSweeps > 0 && tc.RenewalFlushes > 0 {
-		out = append(out, fmt.Sprintf("batches: %.0f lease sweeps and %.0f renewal flushes ran in the window", tc.LeaseSweeps, tc.RenewalFlushes))
+	if tc.LeaseSweeps > 0 && tc.RenewalsFlushed > 0 {
+		out = append(out, fmt.Sprintf("batches: %.0f lease sweeps ran and %.0f lease renewals were flushed in the window", tc.LeaseSweeps, tc.RenewalsFlushed))
 	}
 	return out
 }

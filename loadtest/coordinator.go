@@ -821,11 +821,31 @@ func (a *adminClient) metricsAll(ctx context.Context) (map[string]float64, error
 		if err != nil {
 			return nil, err
 		}
-		for k, v := range m {
-			out[k] += v
-		}
+		mergeReplicaMetrics(out, m)
 	}
 	return out, nil
+}
+
+// mergeReplicaMetrics adds a replica's scrape m into out: counters and
+// sizes add up over the replicas, but a setting or a quantile does not (a
+// sum of three GC percents or of three longest pauses describes no
+// process), so for those out keeps the highest replica's.
+func mergeReplicaMetrics(out, m map[string]float64) {
+	for k, v := range m {
+		if notAdditive(k) {
+			if old, ok := out[k]; !ok || v > old {
+				out[k] = v
+			}
+			continue
+		}
+		out[k] += v
+	}
+}
+
+// notAdditive names the series mergeReplicaMetrics takes the highest of.
+func notAdditive(k string) bool {
+	return k == "nodeward_gc_percent" || k == "nodeward_memory_policy_active" ||
+		strings.HasPrefix(k, "go_gc_duration_seconds{quantile=")
 }
 
 // metrics scrapes the server's /metrics into name{labels} → value.

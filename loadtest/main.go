@@ -306,7 +306,7 @@ func printReport(w io.Writer, r Report) {
 		fmt.Fprintf(w, "heartbeats               %d = %.0f/s\n", r.Heartbeats, r.HeartbeatsPS)
 	}
 	fmt.Fprintf(w, "lease renewals flushed   %.0f\n", r.RenewalsFlushed)
-	fmt.Fprintf(w, "server GC                %.0f cycles, %.2f CPU s in the window (%.1f%% of the cores), GC percent %.0f at its end\n",
+	fmt.Fprintf(w, "server GC                %.0f cycles, %.2f CPU s in the window (%.1f%% of the cores), GC percent %.0f at its end (the highest server's)\n",
 		r.Tail.GCs, r.Tail.GCCPUSeconds, 100*r.Tail.GCCPUSeconds/max(r.Seconds*r.CPU.Cores, 1e-9), r.Tail.GCPercent)
 	fmt.Fprintf(w, "cpu (cores of %.0f)       machine %.0f%% busy; this process %.2f, workers %.2f, rest (database, other) %.2f\n",
 		r.CPU.Cores, 100*r.CPU.MachineBusy, r.CPU.Self, r.CPU.Workers, r.CPU.Rest)

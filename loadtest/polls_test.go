@@ -94,3 +94,23 @@ func TestWaitHeldAsksAgainAfterAFailedCount(t *testing.T) {
 		t.Fatalf("too few held: %v; want the deadline's error with the count", err)
 	}
 }
+
+// TestMergeReplicaMetrics: over several replicas counters add up, while a
+// GC percent and a pause quantile are the highest replica's, not a sum
+// that no process had (three replicas once read "GC percent 193").
+func TestMergeReplicaMetrics(t *testing.T) {
+	out := map[string]float64{}
+	for _, m := range []map[string]float64{
+		{"nodeward_gc_percent": 100, `go_gc_duration_seconds{quantile="1"}`: 0.040, "nodeward_lease_renewals_flushed_total": 10},
+		{"nodeward_gc_percent": 43, `go_gc_duration_seconds{quantile="1"}`: 0.070, "nodeward_lease_renewals_flushed_total": 20},
+		{"nodeward_gc_percent": 50, `go_gc_duration_seconds{quantile="1"}`: 0.010, "nodeward_lease_renewals_flushed_total": 5},
+	} {
+		mergeReplicaMetrics(out, m)
+	}
+	for k, want := range map[string]float64{"nodeward_gc_percent": 100, `go_gc_duration_seconds{quantile="1"}`: 0.070,
+		"nodeward_lease_renewals_flushed_total": 35} {
+		if out[k] != want {
+			t.Errorf("%s = %v, want %v", k, out[k], want)
+		}
+	}
+}

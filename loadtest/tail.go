@@ -292,6 +292,6 @@ func printTail(w io.Writer, tc TailCause) {
 	for _, c := range tc.Causes {
 		fmt.Fprintf(w, "  - %s\n", c)
 	}
-	fmt.Fprintf(w, "  GC %.0f cycles, max pause %.2f ms, heap %.0f MB; postgres samples %d: lock %.2f, lwlock %.2f, WAL %.2f, active %.2f\n",
+	fmt.Fprintf(w, "  GC %.0f cycles, max pause %.2f ms, heap %.0f MB (all servers); postgres samples %d: lock %.2f, lwlock %.2f, WAL %.2f, active %.2f\n",
 		tc.GCs, tc.GCMaxMS, tc.HeapMB, tc.PGSamples, tc.PGLockWaits, tc.PGLWLockWaits, tc.PGWALWaits, tc.PGActive)
 }

@@ -30,8 +30,9 @@
 // A period in which the process was busy (over BusyShare of its CPU
 // capacity: serving load, not holding) puts the default back at once:
 // there the collector's cost is throughput (measured at saturation, a
-// percent near 30 cost the server a tenth of a core), and the policy
-// only lowers it again, a quarter at a time, once the server is quiet.
+// percent near 30 cost the server a tenth of a core) and the tail of the
+// requests its marking slows, and the policy only lowers it again, a
+// quarter at a time, once the server is quiet.
 // So does a period in which the machine's CPUs were busy (over
 // MachineBusyShare, from /proc/stat on Linux), whoever used them: several
 // replicas and their database on one host each look quiet on their own
@@ -51,6 +52,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
@@ -68,15 +70,19 @@ type Sample struct {
 	LiveHeap uint64 // bytes marked live by the last collection (/gc/heap/live)
 	Stacks   uint64 // goroutine stack bytes the collector scans (/gc/scan/stack)
 	Globals  uint64 // global bytes the collector scans (/gc/scan/globals)
-	// GCCPU, BusyCPU and TotalCPU are cumulative CPU seconds in the
-	// runtime's estimates (/cpu/classes): the collector's own work
-	// (assists, dedicated mark workers, pauses; idle mark workers are left
-	// out, they run on CPU nobody wanted), all the work the process's Ps
-	// did (the collector's included), and the capacity (GOMAXPROCS × wall
-	// time). The runtime counts a P's wall time, so on a machine where
-	// other processes take the cores its figures run high: the
-	// collector's share of the busy time is applied to ProcessCPU, the
-	// CPU the kernel counted for the process (user and system).
+	// GCCPU and BusyCPU are cumulative CPU seconds in the runtime's
+	// estimates (/cpu/classes): the collector's own work (assists,
+	// dedicated mark workers, pauses; idle mark workers are left out, they
+	// run on CPU nobody wanted) and all the work the process's Ps did (the
+	// collector's included). The runtime takes them only when a
+	// collection ends, so between two samples they say what the
+	// collections that ended between them cost, over however long those
+	// cycles took, and nothing when none ended. They also count a P's wall
+	// time, so on a machine where other processes take the cores they run
+	// high: the collector's share of the busy time is applied to
+	// ProcessCPU, the CPU the kernel counted for the process (user and
+	// system), over TotalCPU, the capacity (GOMAXPROCS × wall time), both
+	// read when the sample is.
 	GCCPU      float64
 	BusyCPU    float64
 	TotalCPU   float64
@@ -88,7 +94,7 @@ type Sample struct {
 }
 
 // gcShare is the collector's share of the process's CPU capacity between
-// two samples.
+// two samples, at the rate of the collections that ended between them.
 func gcShare(a, b Sample) float64 {
 	total := b.TotalCPU - a.TotalCPU
 	if total <= 0 {
@@ -112,9 +118,14 @@ type Settings struct {
 	// capacity (0.05).
 	ExtraCPU float64
 	// BusyShare: a period in which the process used more than this share
-	// of its CPU capacity puts the default percent back at once (0.25).
+	// of its CPU capacity puts the default percent back at once (0.2).
 	// A busy server's collector costs throughput, and its headroom is
-	// what it works in; the policy is for servers that mostly hold.
+	// what it works in; the policy is for servers that mostly hold. At a
+	// low percent every collection's marking also slows the requests in
+	// flight: 15,000 agents held on two cores use a tenth of the
+	// capacity, 100 commands/s to them 0.23–0.25, and a quarter left that
+	// load at the lowest percent with a p99 up to twice the default's;
+	// a fifth sits between the two (BENCHMARKS.md, twentieth sitting).
 	BusyShare float64
 	// MachineBusyShare: a period in which the machine's CPUs were busier
 	// than this share puts the default percent back at once too (0.75).
@@ -138,7 +149,7 @@ func (s Settings) withDefaults() Settings {
 		s.ExtraCPU = 0.05
 	}
 	if s.BusyShare == 0 {
-		s.BusyShare = 0.25
+		s.BusyShare = 0.2
 	}
 	if s.MachineBusyShare == 0 {
 		s.MachineBusyShare = 0.75
@@ -199,17 +210,21 @@ func (c *Controller) Decide(s Sample) int {
 		if total := s.MachineTotal - c.last.MachineTotal; total > 0 && (s.MachineBusy-c.last.MachineBusy)/total > c.s.MachineBusyShare {
 			busy = true
 		}
-		share := gcShare(c.last, s)
-		// What the default would have cost over the same period, moved a
-		// quarter of the way towards each new reading: collections are
-		// events (a large heap's takes a good part of a period), so one
-		// reading says little; the average over the last several periods
-		// is the collector's cost.
-		base := share * float64(c.percent) / float64(c.s.MaxPercent)
-		if !c.based {
-			c.base, c.based = base, true
-		} else {
-			c.base += (base - c.base) / 4
+		// A period in which no collection ended has no reading of the
+		// collector's cost (the runtime's figures did not move): it is
+		// not a reading of nothing.
+		if s.GCCPU != c.last.GCCPU || s.BusyCPU != c.last.BusyCPU {
+			share := gcShare(c.last, s)
+			// What the default would have cost over the same period,
+			// moved a quarter of the way towards each new reading:
+			// collections are events, so one reading says little; the
+			// average over the last several is the collector's cost.
+			base := share * float64(c.percent) / float64(c.s.MaxPercent)
+			if !c.based {
+				c.base, c.based = base, true
+			} else {
+				c.base += (base - c.base) / 4
+			}
 		}
 	}
 	c.last, c.primed = s, true
@@ -356,10 +371,19 @@ func ReadRuntime() Sample {
 		return 0
 	}
 	busy, total := machineCPU()
+	// The capacity is counted here, not read from the runtime's
+	// /cpu/classes/total, which moves only when a collection ends: a
+	// period without one would have no capacity, and the next would
+	// spread its CPU over every period since (the busy bound then almost
+	// never saw a busy period; BENCHMARKS.md, twentieth sitting).
+	capacity := float64(runtime.GOMAXPROCS(0)) * time.Since(processStart).Seconds()
 	return Sample{LiveHeap: u(0), Stacks: u(1), Globals: u(2),
-		GCCPU: f(3) + f(4) + f(5), TotalCPU: f(6), BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU(),
+		GCCPU: f(3) + f(4) + f(5), TotalCPU: capacity, BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU(),
 		MachineBusy: busy, MachineTotal: total}
 }
+
+// processStart is the origin of the capacity ReadRuntime counts.
+var processStart = time.Now()
 
 // GCCPUSeconds is the CPU the collector has spent in this process, in the
 // runtime's estimate: assists, dedicated mark workers and pauses (idle

@@ -2,6 +2,7 @@ package memorypolicy
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -10,10 +11,41 @@ import (
 const mib = 1 << 20
 
 // at builds a sample: heap and stacks in MiB, the collector's CPU share
-// since prev (capacity advancing 10 s a period).
+// since prev (capacity advancing 10 s a period), with a collection ended
+// in the period (the runtime's busy time moved), so it is a reading even
+// where the share is nothing.
 func at(prev Sample, live, stacks uint64, share float64) Sample {
 	return Sample{LiveHeap: live * mib, Stacks: stacks * mib,
-		TotalCPU: prev.TotalCPU + 10, GCCPU: prev.GCCPU + 10*share}
+		TotalCPU: prev.TotalCPU + 10, GCCPU: prev.GCCPU + 10*share, BusyCPU: prev.BusyCPU + 10}
+}
+
+// TestControllerWithoutACollection: the runtime's CPU figures move only
+// when a collection ends. A period in which none ended is no reading of
+// the collector's cost (the estimate stands, rather than cooling towards
+// nothing), and its busy test uses the process's CPU over the capacity
+// counted in the period: once, both were the runtime's, so a busy period
+// without a collection was never seen as busy.
+func TestControllerWithoutACollection(t *testing.T) {
+	c := NewController(Settings{})
+	s := Sample{LiveHeap: 280 * mib, Stacks: 130 * mib, TotalCPU: 10, BusyCPU: 10, GCCPU: 1}
+	c.Decide(s) // primes: no reading yet
+	s.TotalCPU, s.BusyCPU, s.GCCPU = 20, 20, 2
+	c.Decide(s) // the collector at 10 % of the capacity
+	base := c.base
+	for range 3 { // quiet periods, no collection ended
+		s.TotalCPU += 10
+		s.ProcessCPU += 1
+		c.Decide(s)
+		if c.base != base {
+			t.Fatalf("a period without a collection moved the estimate from %.4f to %.4f", base, c.base)
+		}
+	}
+	lowered := c.Percent()
+	s.TotalCPU += 10
+	s.ProcessCPU += 3 // 30 % of the period's capacity, the runtime's figures unchanged
+	if got := c.Decide(s); got != 100 {
+		t.Fatalf("a busy period without a collection: GC percent %d (from %d), want the default", got, lowered)
+	}
 }
 
 // TestGCShare: the collector's share of the capacity is its share of the
@@ -105,18 +137,18 @@ func TestControllerDecisions(t *testing.T) {
 }
 
 // TestControllerStepsBackWhenBusy: a period in which the process used
-// more than a quarter of its CPU capacity puts the default percent back
-// at once, however large and quiet the collector; below that the policy
-// goes on lowering it.
+// more than a fifth of its CPU capacity puts the default percent back at
+// once, however large and quiet the collector; below that the policy goes
+// on lowering it.
 func TestControllerStepsBackWhenBusy(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		process    float64 // CPU seconds the process used over the period's 10 s of capacity
 		prev, want int
 	}{
-		{"holding, a fifth of the capacity: lowered", 2, 33, 25},
-		{"at the bound, a quarter: lowered", 2.5, 33, 25},
-		{"serving, 30 %: the default at once", 3, 25, 100},
+		{"holding, a tenth of the capacity: lowered", 1, 33, 25},
+		{"at the bound, a fifth: lowered", 2, 33, 25},
+		{"serving commands, 23 %: the default at once", 2.3, 25, 100},
 		{"saturated: the default", 9, 40, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -311,5 +343,19 @@ func TestRunSetsAndRestores(t *testing.T) {
 	}
 	if Active() {
 		t.Fatal("still active after Run returned")
+	}
+}
+
+// TestReadRuntimeCountsCapacityBetweenCollections: the capacity a sample
+// carries advances with the clock, whether or not a collection ended
+// (the runtime's own total moves only when one does).
+func TestReadRuntimeCountsCapacityBetweenCollections(t *testing.T) {
+	a := ReadRuntime()
+	start := time.Now()
+	time.Sleep(50 * time.Millisecond)
+	b := ReadRuntime()
+	elapsed := time.Since(start).Seconds()
+	if got, least := b.TotalCPU-a.TotalCPU, 0.9*float64(runtime.GOMAXPROCS(0))*elapsed; got < least {
+		t.Fatalf("capacity advanced %.3f CPU s over %.3f s, want at least %.3f", got, elapsed, least)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
@@ -553,6 +554,42 @@ func TestPrune(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, eventTypes(t, b, recent.ID), 3, "recent events are kept")
 		close(b.tk.release)
+	})
+}
+
+// TestClaimIsNeverStampedBeforeTheSubmission: the dispatcher reads its
+// clock before its claim sees the queue, so an operation submitted in
+// between is claimed with an earlier time; the claim is stamped at the
+// submission instead (a running event before its submitted event would be
+// pruned as older than it is, TestPrune's flake).
+func TestClaimIsNeverStampedBeforeTheSubmission(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		read := b.clock.Now() // the dispatcher's reading, before the submit
+		b.clock.Advance(time.Hour)
+		op := b.submit(t, admin, "test.noop", `{}`)
+		claimed, err := b.store.Claim(ctx, b.replica, read, 10)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		got := claimed[0]
+		require.Equal(t, op.ID, got.ID)
+		require.Equal(t, op.CreatedAt, got.UpdatedAt, "stamped at its submission, not before")
+		require.NotNil(t, got.AcceptedAt)
+		require.Equal(t, op.CreatedAt, *got.AcceptedAt)
+		evs, err := b.store.Events(ctx, op.ID, 0, 10)
+		require.NoError(t, err)
+		require.Len(t, evs, 2)
+		require.Equal(t, ledger.EventRunning, evs[1].Type)
+		require.False(t, evs[1].At.Before(evs[0].At), "running %v before submitted %v", evs[1].At, evs[0].At)
+		require.Equal(t, op.CreatedAt, evs[1].At.UTC())
+
+		// A claim read after the submission is stamped when it was read.
+		later := b.clock.Now().Add(time.Minute)
+		again := b.submit(t, admin, "test.noop", `{}`)
+		claimed, err = b.store.Claim(ctx, b.replica, later, 10)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		require.Equal(t, again.ID, claimed[0].ID)
+		require.Equal(t, dbtime.Norm(later), claimed[0].UpdatedAt)
 	})
 }
 

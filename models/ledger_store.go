@@ -571,18 +571,27 @@ func (t *ledgerTx) Savepoint(ctx context.Context, fn func() error) error {
 // the running events are written by the same statement.
 func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, limit int) ([]ledger.Operation, error) {
 	now = dbtime.Norm(now)
+	// A claim is stamped no earlier than its operation's submission: the
+	// dispatcher reads its clock before the statement sees the queue, and
+	// an operation submitted in between would otherwise start before it
+	// was created (by a test's advanced clock, by 91 days: pruned as old).
+	later := "GREATEST"
+	if s.fleet.dialect != Postgres {
+		later = "MAX" // SQLite's scalar max of its arguments
+	}
 	// Mirrors ledger.CanTransition(pending, running).
 	claim := `UPDATE operations
-			SET state = 'running', owner = ?, attempt = attempt + 1, accepted_at = COALESCE(accepted_at, ?), updated_at = ?
+			SET state = 'running', owner = ?, attempt = attempt + 1,
+			    accepted_at = COALESCE(accepted_at, ` + later + `(?, created_at)), updated_at = ` + later + `(?, created_at)
 			WHERE seq IN (` + claimQueueSQL(s.fleet.dialect) + `) RETURNING *`
 	var rows []Operation
 	if s.fleet.dialect == Postgres {
 		err := s.fleet.db.WithContext(ctx).Raw(`WITH c AS (`+claim+`),
 			ev AS (
 				INSERT INTO operation_events (operation_id, type, at, data)
-				SELECT c.id, 'running', ?, json_build_object('owner', c.owner, 'attempt', c.attempt)::text FROM c
+				SELECT c.id, 'running', c.updated_at, json_build_object('owner', c.owner, 'attempt', c.attempt)::text FROM c
 				RETURNING 1)
-			SELECT * FROM c`, replica, now, now, limit, now).Scan(&rows).Error
+			SELECT * FROM c`, replica, now, now, limit).Scan(&rows).Error
 		if err != nil {
 			return nil, err
 		}
@@ -601,7 +610,7 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 		events := make([]ledger.Event, len(out))
 		for i, op := range out {
 			data, _ := json.Marshal(map[string]any{"owner": replica, "attempt": op.Attempt})
-			events[i] = ledger.Event{OperationID: op.ID, Type: ledger.EventRunning, At: now, Data: data}
+			events[i] = ledger.Event{OperationID: op.ID, Type: ledger.EventRunning, At: op.UpdatedAt, Data: data}
 		}
 		return appendEvents(t.r.db(ctx), events)
 	})

@@ -22,6 +22,12 @@ import (
 
 const patience = 20 * time.Second // ≥10× anything these tests wait for
 
+// lockWait is how long a test's agent waits for its state directory's lock,
+// as agent/main.go's does: a hook or workload another parallel test forks
+// in this process holds a copy of every descriptor, the lock's included,
+// until it execs.
+const lockWait = 5 * time.Second
+
 type bundle struct {
 	t      *testing.T
 	clk    *fakeClock
@@ -62,7 +68,7 @@ func setup(t *testing.T) *bundle {
 // before).
 func (b *bundle) start(bs *api.Bootstrap) {
 	b.t.Helper()
-	st, err := state.Open(b.dir, state.Options{Now: b.clk.Now, MaxEvents: b.maxEvents})
+	st, err := state.Open(b.dir, state.Options{Now: b.clk.Now, MaxEvents: b.maxEvents, LockWait: lockWait})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -318,7 +324,7 @@ func TestAgent(t *testing.T) {
 		b.stop()
 		// The previous run recorded the intent and the launch happened, then
 		// the process died before recording the result.
-		st, err := state.Open(b.dir, state.Options{})
+		st, err := state.Open(b.dir, state.Options{LockWait: lockWait})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -331,7 +337,7 @@ func TestAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 		// And one whose launch never got as far as the runtime.
-		st, _ = state.Open(b.dir, state.Options{})
+		st, _ = state.Open(b.dir, state.Options{LockWait: lockWait})
 		notYet := launch("op-y", "run-y", "a1", "sleep")
 		st.BeginOp(notYet)
 		st.Close()
@@ -354,7 +360,7 @@ func TestAgent(t *testing.T) {
 	t.Run("UnacknowledgedResultsRideTheEnrollment", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		st, err := state.Open(b.dir, state.Options{})
+		st, err := state.Open(b.dir, state.Options{LockWait: lockWait})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -541,7 +547,7 @@ func TestAgent(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		// An event spooled by a previous run, never delivered.
-		st, err := state.Open(b.dir, state.Options{})
+		st, err := state.Open(b.dir, state.Options{LockWait: lockWait})
 		if err != nil {
 			t.Fatal(err)
 		}

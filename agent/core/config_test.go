@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -48,6 +49,15 @@ func withHook(b *bundle) *hookRig {
 		b.t.Fatal(err)
 	}
 	b.hook = []string{script, "extra"}
+	// A failure says what the hook did and, while the agent still runs,
+	// what state its processes are in (a run once hung unseen in CI).
+	b.t.Cleanup(func() {
+		if b.t.Failed() {
+			b.t.Logf("the hook's runs: %q", h.runs())
+			out, _ := exec.Command("ps", "-e", "-o", "pid,ppid,pgid,stat,wchan:32,etimes,args").CombinedOutput()
+			b.t.Logf("processes (this test is pid %d):\n%s", os.Getpid(), out)
+		}
+	})
 	return h
 }
 
@@ -382,7 +392,7 @@ func TestConfig(t *testing.T) {
 		h := withHook(b)
 		// What kill -9 leaves after the document was written and while the
 		// hook ran: the marker, the file and its meta, no outcome.
-		st, err := state.Open(b.dir, state.Options{})
+		st, err := state.Open(b.dir, state.Options{LockWait: lockWait})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -489,7 +499,7 @@ func TestConfig(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		// A spool full of workload events the server has not taken.
-		st, err := state.Open(b.dir, state.Options{})
+		st, err := state.Open(b.dir, state.Options{LockWait: lockWait})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -42,6 +42,18 @@
 // of its own (a container) is not seen this way; there only the process's
 // share counts.
 //
+// When a busy spell ends (the first quiet period after a busy one: a fleet
+// reconnected to a restarted server, a storm of commands was answered),
+// the percent goes straight back to where the policy wants it rather than
+// a quarter at a time (the collector's cost is estimated from quiet
+// periods only, so the spell has not moved that estimate; the percent
+// returns to where the quiet server had it), and if the heap then holds more than
+// Floor above that goal, the policy returns it to the OS at once
+// (debug.FreeOSMemory: one full collection; at most once a minute).
+// Otherwise the runtime's background scavenger returns it at its own pace,
+// a few MB a second, and a server that absorbed a reconnecting fleet kept
+// that burst's memory for minutes (BENCHMARKS.md, twenty-first sitting).
+//
 // An operator's explicit GOGC or GOMEMLIMIT wins: the policy then does
 // nothing. NODEWARD_MEMORY_POLICY=off turns it off.
 package memorypolicy
@@ -68,6 +80,10 @@ const EnvSwitch = "NODEWARD_MEMORY_POLICY"
 // Sample is what the controller reads from the runtime each period.
 type Sample struct {
 	LiveHeap uint64 // bytes marked live by the last collection (/gc/heap/live)
+	// HeapHeld is the heap memory the runtime holds from the OS: objects
+	// (live or not yet swept), the unused parts of their spans, and free
+	// spans not yet returned (/memory/classes/heap/{objects,unused,free}).
+	HeapHeld uint64
 	Stacks   uint64 // goroutine stack bytes the collector scans (/gc/scan/stack)
 	Globals  uint64 // global bytes the collector scans (/gc/scan/globals)
 	// GCCPU and BusyCPU are cumulative CPU seconds in the runtime's
@@ -166,6 +182,8 @@ type Controller struct {
 	primed  bool
 	base    float64 // the collector's estimated share at the default percent (smoothed)
 	based   bool    // base holds a reading
+	busy    bool    // the last period was busy
+	release bool    // Decide asks for the heap above the goal to be returned now
 }
 
 // NewController starts at s.MaxPercent.
@@ -212,8 +230,13 @@ func (c *Controller) Decide(s Sample) int {
 		}
 		// A period in which no collection ended has no reading of the
 		// collector's cost (the runtime's figures did not move): it is
-		// not a reading of nothing.
-		if s.GCCPU != c.last.GCCPU || s.BusyCPU != c.last.BusyCPU {
+		// not a reading of nothing. Nor is a busy period, or the one right
+		// after it (a collection ending then mostly ran in the busy one):
+		// busy periods run at the default whatever the estimate, and the
+		// estimate is of the collector's cost while the server holds —
+		// a burst's cost (a fleet re-enrolling) is its load's, and counted
+		// in it would hold the percent up for minutes after.
+		if !busy && !c.busy && (s.GCCPU != c.last.GCCPU || s.BusyCPU != c.last.BusyCPU) {
 			share := gcShare(c.last, s)
 			// What the default would have cost over the same period,
 			// moved a quarter of the way towards each new reading:
@@ -229,16 +252,36 @@ func (c *Controller) Decide(s Sample) int {
 	}
 	c.last, c.primed = s, true
 	want := clamp(max(c.Target(s), c.CPUBound(c.base)), c.s.MinPercent, c.s.MaxPercent)
-	if busy {
+	burstEnded := c.busy && !busy
+	c.busy = busy
+	c.release = false
+	switch {
+	case busy:
 		want = c.s.MaxPercent
-	}
-	if want < c.percent {
+	case burstEnded:
+		// A burst (a fleet reconnecting, a storm of commands) grew the
+		// heap at the default percent; it is over, so the percent goes
+		// back to where the quiet server had it (the estimate is of
+		// quiet periods only) at once, and what the heap holds above
+		// that goal is returned now rather than over minutes by the
+		// runtime's background scavenger.
+		c.release = s.HeapHeld > c.goal(s, want)+c.s.Floor
+	case want < c.percent:
 		// Lower a quarter at a time.
 		want = max(want, c.percent-max(c.percent/4, 1))
 	}
 	c.percent = want
 	return c.percent
 }
+
+// goal is the heap goal at GC percent p for a sample.
+func (c *Controller) goal(s Sample, p int) uint64 {
+	return s.LiveHeap + (s.LiveHeap+s.Stacks+s.Globals)*uint64(p)/100
+}
+
+// Release reports whether the last Decide asked for the heap held above
+// its goal to be returned to the OS now.
+func (c *Controller) Release() bool { return c.release }
 
 func clamp(v, lo, hi int) int { return min(max(v, lo), hi) }
 
@@ -257,10 +300,17 @@ func Disabled(lookup func(string) (string, bool)) string {
 	return ""
 }
 
-var active atomic.Bool
+var (
+	active   atomic.Bool
+	releases atomic.Int64
+)
 
 // Active reports whether a policy runs in this process now.
 func Active() bool { return active.Load() }
+
+// Releases counts the times a policy in this process returned a burst's
+// heap to the OS.
+func Releases() int64 { return releases.Load() }
 
 // GCPercent is the GC percent in force in this process, whoever set it
 // (-1: collection off).
@@ -288,6 +338,11 @@ type Options struct {
 	// percent (debug.SetGCPercent). Tests replace both.
 	Read       func() Sample
 	SetPercent func(int) int
+	// Release returns the heap's free memory to the OS at once
+	// (debug.FreeOSMemory: a full collection, then every free page), at
+	// most once per ReleaseEvery (1 minute).
+	Release      func()
+	ReleaseEvery time.Duration
 }
 
 // Run applies the policy every period until ctx ends, then puts back the
@@ -307,6 +362,12 @@ func Run(ctx context.Context, o Options) {
 	if o.SetPercent == nil {
 		o.SetPercent = debug.SetGCPercent
 	}
+	if o.Release == nil {
+		o.Release = debug.FreeOSMemory
+	}
+	if o.ReleaseEvery <= 0 {
+		o.ReleaseEvery = time.Minute
+	}
 	if o.Period <= 0 {
 		o.Period = 2 * time.Second
 	}
@@ -325,6 +386,7 @@ func Run(ctx context.Context, o Options) {
 		"floor_mib", c.s.Floor>>20, "min_gc_percent", c.s.MinPercent, "max_gc_percent", c.s.MaxPercent)
 	t := time.NewTicker(o.Period)
 	defer t.Stop()
+	var lastRelease time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -335,6 +397,16 @@ func Run(ctx context.Context, o Options) {
 		if p := c.Decide(o.Read()); p != prev {
 			o.SetPercent(p)
 			o.Log.Debug("memory policy: GC percent", "from", prev, "to", p)
+		}
+		// Spells that come and go every few seconds would otherwise
+		// have a full collection and the pages faulted back in each time.
+		if c.Release() && (lastRelease.IsZero() || time.Since(lastRelease) >= o.ReleaseEvery) {
+			lastRelease = time.Now()
+			held, goal := c.last.HeapHeld, c.goal(c.last, c.percent)
+			o.Release()
+			releases.Add(1)
+			o.Log.Info("memory policy: a busy spell ended; the heap it grew is returned to the OS",
+				"heap_held_mib", held>>20, "heap_goal_mib", goal>>20, "gc_percent", c.percent)
 		}
 	}
 }
@@ -349,6 +421,9 @@ var runtimeNames = []string{
 	"/cpu/classes/total:cpu-seconds",
 	"/cpu/classes/idle:cpu-seconds",
 	"/cpu/classes/gc/mark/idle:cpu-seconds",
+	"/memory/classes/heap/objects:bytes",
+	"/memory/classes/heap/unused:bytes",
+	"/memory/classes/heap/free:bytes",
 }
 
 // ReadRuntime samples this process's runtime/metrics.
@@ -377,7 +452,7 @@ func ReadRuntime() Sample {
 	// spread its CPU over every period since (the busy bound then almost
 	// never saw a busy period; BENCHMARKS.md, twentieth sitting).
 	capacity := float64(runtime.GOMAXPROCS(0)) * time.Since(processStart).Seconds()
-	return Sample{LiveHeap: u(0), Stacks: u(1), Globals: u(2),
+	return Sample{LiveHeap: u(0), HeapHeld: u(9) + u(10) + u(11), Stacks: u(1), Globals: u(2),
 		GCCPU: f(3) + f(4) + f(5), TotalCPU: capacity, BusyCPU: f(6) - f(7) - f(8), ProcessCPU: processCPU(),
 		MachineBusy: busy, MachineTotal: total}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -194,6 +195,90 @@ func TestControllerStepsBackWhenTheMachineIsBusy(t *testing.T) {
 	}
 }
 
+// TestControllerAtABurstsEnd: the first quiet period after a busy one goes
+// straight to the percent the policy wants (the burst just measured the
+// collector at the default) and asks for what the heap holds above that
+// goal to be returned, if it is more than the floor; later quiet periods
+// step as before and ask for nothing.
+func TestControllerAtABurstsEnd(t *testing.T) {
+	const live, stacks = 280, 130 // MiB; at 25 the goal is 280 + 410/4 = 382.5 MiB
+	for _, tc := range []struct {
+		name    string
+		held    uint64 // MiB the heap holds at the burst's end
+		release bool
+	}{
+		{"the burst's heap, far above the goal: returned", 600, true},
+		{"within the floor of the goal: left to the scavenger", 382 + 60, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewController(Settings{})
+			prev := Sample{LiveHeap: live * mib, Stacks: stacks * mib}
+			c.Decide(prev) // primes
+			next := func(process float64, held uint64) Sample {
+				s := prev
+				s.TotalCPU += 10
+				s.ProcessCPU += process
+				s.HeapHeld = held * mib
+				prev = s
+				return s
+			}
+			if got := c.Decide(next(5, 700)); got != 100 || c.Release() {
+				t.Fatalf("busy: GC percent %d, release %v; want the default and no release", got, c.Release())
+			}
+			if got := c.Decide(next(1, tc.held)); got != 25 {
+				t.Fatalf("the burst's end: GC percent %d, want 25 at once (no collector cost measured)", got)
+			}
+			if c.Release() != tc.release {
+				t.Fatalf("the burst's end holding %d MiB: release %v, want %v", tc.held, c.Release(), tc.release)
+			}
+			if c.Decide(next(1, tc.held)); c.Release() {
+				t.Fatal("a second quiet period asked for a release: only a burst's end does")
+			}
+		})
+	}
+	t.Run("the burst's collector cost is not the quiet server's", func(t *testing.T) {
+		c := NewController(Settings{})
+		prev := Sample{LiveHeap: live * mib, Stacks: stacks * mib}
+		c.Decide(prev)
+		// Each period: the process's CPU and the collector's share of it
+		// (a collection ends in every period).
+		next := func(process, gcOfProcess float64) Sample {
+			s := prev
+			s.TotalCPU += 10
+			s.ProcessCPU += process
+			s.BusyCPU += process
+			s.GCCPU += process * gcOfProcess
+			prev = s
+			return s
+		}
+		if got := c.Decide(next(1, 0.05)); got != 57 { // quiet: 0.5 % of the capacity at 75, under the bound
+			t.Fatalf("quiet: GC percent %d, want 57", got)
+		}
+		if got := c.Decide(next(8, 0.3)); got != 100 { // re-enrolling: the collector at 24 % of the capacity
+			t.Fatalf("busy: GC percent %d, want 100", got)
+		}
+		// Right after: a collection that mostly ran in the burst ends.
+		if got := c.Decide(next(1, 0.3)); got != 25 {
+			t.Fatalf("after the burst: GC percent %d, want 25 (the quiet estimate, not the burst's)", got)
+		}
+		if c.base > 0.01 {
+			t.Fatalf("the estimate took the burst in: %.4f", c.base)
+		}
+	})
+	t.Run("quiet periods step a quarter at a time and release nothing", func(t *testing.T) {
+		c := NewController(Settings{})
+		var prev Sample
+		for _, want := range []int{75, 57, 43} {
+			s := at(prev, live, stacks, 0)
+			s.HeapHeld = 900 * mib
+			if got := c.Decide(s); got != want || c.Release() {
+				t.Fatalf("GC percent %d, release %v; want %d, none", got, c.Release(), want)
+			}
+			prev = s
+		}
+	})
+}
+
 // TestParseProcStat reads the aggregate line of /proc/stat.
 func TestParseProcStat(t *testing.T) {
 	busy, total := parseProcStat([]byte("cpu  100 5 50 800 20 3 2 10 0 0\ncpu0 50 2 25 400 10 1 1 5 0 0\n"))
@@ -357,5 +442,81 @@ func TestReadRuntimeCountsCapacityBetweenCollections(t *testing.T) {
 	elapsed := time.Since(start).Seconds()
 	if got, least := b.TotalCPU-a.TotalCPU, 0.9*float64(runtime.GOMAXPROCS(0))*elapsed; got < least {
 		t.Fatalf("capacity advanced %.3f CPU s over %.3f s, want at least %.3f", got, elapsed, least)
+	}
+}
+
+// TestReadRuntimeHeapHeld: the heap the runtime holds covers what it has
+// allocated and not released, which is at least the live heap.
+func TestReadRuntimeHeapHeld(t *testing.T) {
+	keep := make([][]byte, 64)
+	for i := range keep {
+		keep[i] = make([]byte, 64<<10)
+	}
+	runtime.GC()
+	s := ReadRuntime()
+	runtime.KeepAlive(keep)
+	if s.HeapHeld < 4*mib || s.HeapHeld < s.LiveHeap {
+		t.Fatalf("heap held %d bytes, live %d: want at least the 4 MiB kept and the live heap", s.HeapHeld, s.LiveHeap)
+	}
+}
+
+// TestRunReleasesAtABurstsEnd: Run returns the heap when a busy period is
+// followed by a quiet one holding far more than the goal, at most once per
+// ReleaseEvery however often spells end.
+func TestRunReleasesAtABurstsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		every time.Duration
+		least int // releases over 40 periods, every fourth of them busy
+		most  int
+	}{
+		{"once within the interval", time.Hour, 1, 1},
+		{"at each spell's end once the interval allows", time.Nanosecond, 5, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			n, process := 0, 0.0
+			read := func() Sample {
+				mu.Lock()
+				defer mu.Unlock()
+				n++
+				process++
+				if n%4 == 0 {
+					process += 5 // a busy period
+				}
+				return Sample{LiveHeap: 280 * mib, Stacks: 130 * mib, HeapHeld: 900 * mib, TotalCPU: 10 * float64(n), ProcessCPU: process}
+			}
+			var released atomic.Int64
+			counted := Releases()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				Run(ctx, Options{Period: time.Millisecond, Lookup: func(string) (string, bool) { return "", false }, Read: read,
+					SetPercent: func(int) int { return 100 }, Release: func() { released.Add(1) }, ReleaseEvery: tc.every})
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				mu.Lock()
+				periods := n
+				mu.Unlock()
+				if periods >= 40 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("Run did not sample 40 periods")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			cancel()
+			<-done
+			got := int(released.Load())
+			if got < tc.least || got > tc.most {
+				t.Fatalf("%d releases, want %d to %d", got, tc.least, tc.most)
+			}
+			if c := int(Releases() - counted); c != got {
+				t.Fatalf("counted %d releases, made %d", c, got)
+			}
+		})
 	}
 }

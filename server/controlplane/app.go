@@ -144,6 +144,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 			return 0
 		}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_memory_policy_releases_total",
+			Help: "Times the memory policy returned the heap a busy spell grew to the OS when the spell ended (one full collection each).",
+		}, func() float64 { return float64(memorypolicy.Releases()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "nodeward_gc_cpu_seconds_total",
 			Help: "CPU the Go collector spent in this process (the runtime's estimate: assists, dedicated mark workers, pauses; idle-time marking left out).",
 		}, memorypolicy.GCCPUSeconds))

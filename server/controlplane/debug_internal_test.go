@@ -134,6 +134,7 @@ func TestDebugListenerServesProfilesPublicDoesNot(t *testing.T) {
 	require.Contains(t, body, "nodeward_memory_policy_active 0")
 	require.Regexp(t, `(?m)^nodeward_gc_percent -?\d+$`, body)
 	require.Regexp(t, `(?m)^nodeward_gc_cpu_seconds_total \S+$`, body)
+	require.Contains(t, body, "nodeward_memory_policy_releases_total 0")
 }
 
 // TestDebugListenerOffByDefault: no setting, no listener.

@@ -383,7 +383,11 @@ func (a *Agent) runConfigHook(ctx context.Context, path string, d api.ConfigDeli
 		return err
 	}
 	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
+	err := cmd.Start()
+	if err == nil {
+		a.log.Debug("config hook started", "revision", d.Revision, "pid", cmd.Process.Pid)
+		err = cmd.Wait()
+	}
 	tail := func() string {
 		if s := out.String(); s != "" {
 			return "; output (tail): " + s

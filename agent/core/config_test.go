@@ -23,6 +23,7 @@ import (
 // slow exists.
 const hookScript = `#!/bin/sh
 d="$HOOKDIR"
+echo $$ >> "$d/pids"
 mkdir "$d/running" 2>/dev/null || echo CONCURRENT >> "$d/runs"
 echo "$NODEWARD_CONFIG_REVISION $NODEWARD_CONFIG_HASH $NODEWARD_CONFIG_FORMAT [$1] [$2]" >> "$d/runs"
 if [ -n "$2" ]; then cat "$2" > "$d/seen-$NODEWARD_CONFIG_REVISION"; fi
@@ -53,7 +54,8 @@ func withHook(b *bundle) *hookRig {
 	// what state its processes are in (a run once hung unseen in CI).
 	b.t.Cleanup(func() {
 		if b.t.Failed() {
-			b.t.Logf("the hook's runs: %q", h.runs())
+			pids, _ := os.ReadFile(filepath.Join(h.dir, "pids"))
+			b.t.Logf("the hook's runs: %q; its pids: %q", h.runs(), pids)
 			out, _ := exec.Command("ps", "-e", "-o", "pid,ppid,pgid,stat,wchan:32,etimes,args").CombinedOutput()
 			b.t.Logf("processes (this test is pid %d):\n%s", os.Getpid(), out)
 		}

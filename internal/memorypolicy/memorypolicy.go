@@ -46,10 +46,10 @@
 // reconnected to a restarted server, a storm of commands was answered),
 // the percent goes straight back to where the policy wants it rather than
 // a quarter at a time (the collector's cost is estimated from quiet
-// periods only, so the spell has not moved that estimate; the percent
-// returns to where the quiet server had it), and if the heap then holds more than
-// Floor above that goal, the policy returns it to the OS at once
-// (debug.FreeOSMemory: one full collection; at most once a minute).
+// periods only, so the spell has not moved that estimate: the percent
+// returns to where the quiet server had it), and if the heap then holds
+// more than Floor above that goal, the policy returns it to the OS at
+// once (debug.FreeOSMemory: one full collection; at most once a minute).
 // Otherwise the runtime's background scavenger returns it at its own pace,
 // a few MB a second, and a server that absorbed a reconnecting fleet kept
 // that burst's memory for minutes (BENCHMARKS.md, twenty-first sitting).

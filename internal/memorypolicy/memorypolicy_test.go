@@ -196,10 +196,11 @@ func TestControllerStepsBackWhenTheMachineIsBusy(t *testing.T) {
 }
 
 // TestControllerAtABurstsEnd: the first quiet period after a busy one goes
-// straight to the percent the policy wants (the burst just measured the
-// collector at the default) and asks for what the heap holds above that
-// goal to be returned, if it is more than the floor; later quiet periods
-// step as before and ask for nothing.
+// straight to the percent the policy wants (its estimate of the
+// collector's cost is from quiet periods, which the burst did not move)
+// and asks for what the heap holds above that goal to be returned, if it
+// is more than the floor; later quiet periods step as before and ask for
+// nothing.
 func TestControllerAtABurstsEnd(t *testing.T) {
 	const live, stacks = 280, 130 // MiB; at 25 the goal is 280 + 410/4 = 382.5 MiB
 	for _, tc := range []struct {

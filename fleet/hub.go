@@ -29,8 +29,6 @@ const (
 // waiter is one held long-poll.
 type waiter struct {
 	nodeID string
-	remote string
-	since  time.Time
 	// fencing is the poll's session's fencing token.
 	fencing int64
 	ch      chan wake // buffered: a wake never blocks the waker
@@ -46,6 +44,10 @@ type waiter struct {
 	// transaction that recorded them (Service.pollToHand), committed, not
 	// yet taken.
 	handed []Command
+
+	// next is the node's next held poll (Hub.byNode), guarded by the hub's
+	// lock.
+	next *waiter
 }
 
 // hand gives the poll commands claimed for it, unless it has taken its
@@ -98,8 +100,11 @@ type Hub struct {
 	metrics *metrics.Metrics
 	now     func() time.Time
 
-	mu       sync.Mutex // guards the following
-	byNode   map[string]map[*waiter]struct{}
+	mu sync.Mutex // guards the following
+	// byNode is each node's held polls, linked through waiter.next: nearly
+	// always one, and a list costs a held poll a pointer where a set would
+	// cost it a map of its own (BENCHMARKS.md, memory per held poll).
+	byNode   map[string]*waiter
 	count    int
 	draining bool
 	// present is who is connected: a node that re-polls within
@@ -122,29 +127,26 @@ type presence struct {
 }
 
 func newHub(m *metrics.Metrics, now func() time.Time) *Hub {
-	return &Hub{metrics: m, now: now, byNode: map[string]map[*waiter]struct{}{}, present: map[string]*presence{}}
+	return &Hub{metrics: m, now: now, byNode: map[string]*waiter{}, present: map[string]*presence{}}
 }
 
 // subscribe registers a long-poll of sess; ErrDraining once draining.
 func (h *Hub) subscribe(sess Session, remote string) (*waiter, error) {
 	nodeID := sess.NodeID
-	w := &waiter{nodeID: nodeID, remote: remote, since: h.now().UTC(), fencing: sess.Fencing, ch: make(chan wake, 1)}
+	w := &waiter{nodeID: nodeID, fencing: sess.Fencing, ch: make(chan wake, 1)}
+	since := h.now().UTC()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.draining {
 		return nil, ErrDraining
 	}
-	set := h.byNode[nodeID]
-	if set == nil {
-		set = map[*waiter]struct{}{}
-		h.byNode[nodeID] = set
-	}
-	set[w] = struct{}{}
+	w.next = h.byNode[nodeID]
+	h.byNode[nodeID] = w
 	h.count++
 	h.metrics.OpenLongPolls.Inc()
 	p := h.present[nodeID]
-	if p == nil || (p.held == 0 && w.since.Sub(p.leftAt) > presenceGrace) {
-		p = &presence{since: w.since}
+	if p == nil || (p.held == 0 && since.Sub(p.leftAt) > presenceGrace) {
+		p = &presence{since: since}
 		h.present[nodeID] = p
 		h.membership++
 	}
@@ -156,14 +158,22 @@ func (h *Hub) subscribe(sess Session, remote string) (*waiter, error) {
 func (h *Hub) unsubscribe(w *waiter) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	set := h.byNode[w.nodeID]
-	if _, ok := set[w]; !ok {
-		return
-	}
-	delete(set, w)
-	if len(set) == 0 {
+	switch head := h.byNode[w.nodeID]; {
+	case head == w && w.next == nil:
 		delete(h.byNode, w.nodeID)
+	case head == w:
+		h.byNode[w.nodeID] = w.next
+	default:
+		prev := head
+		for prev != nil && prev.next != w {
+			prev = prev.next
+		}
+		if prev == nil {
+			return // not held (unsubscribed already)
+		}
+		prev.next = w.next
 	}
+	w.next = nil
 	h.count--
 	h.metrics.OpenLongPolls.Dec()
 	if p := h.present[w.nodeID]; p != nil {
@@ -213,7 +223,7 @@ func (h *Hub) Recheck(nodeID, source string) { h.signal(nodeID, wakeRecheck, sou
 func (h *Hub) signal(nodeID string, why wake, source string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for w := range h.byNode[nodeID] {
+	for w := h.byNode[nodeID]; w != nil; w = w.next {
 		if send(w, why) {
 			h.metrics.Wakeups.WithLabelValues(source).Inc()
 		}
@@ -224,8 +234,8 @@ func (h *Hub) signal(nodeID string, why wake, source string) {
 func (h *Hub) WakeAll(source string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, set := range h.byNode {
-		for w := range set {
+	for _, head := range h.byNode {
+		for w := head; w != nil; w = w.next {
 			if send(w, wakeRecheck) {
 				h.metrics.Wakeups.WithLabelValues(source).Inc()
 			}
@@ -238,8 +248,8 @@ func (h *Hub) Drain() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.draining = true
-	for _, set := range h.byNode {
-		for w := range set {
+	for _, head := range h.byNode {
+		for w := head; w != nil; w = w.next {
 			send(w, wakeDrain)
 		}
 	}
@@ -259,7 +269,7 @@ func (h *Hub) held(nodeID string) (*waiter, int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out *waiter
-	for w := range h.byNode[nodeID] {
+	for w := h.byNode[nodeID]; w != nil; w = w.next {
 		if w.takeable() && (out == nil || w.fencing > out.fencing) {
 			out = w
 		}
@@ -274,7 +284,11 @@ func (h *Hub) held(nodeID string) (*waiter, int64) {
 func (h *Hub) HeldFor(nodeID string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.byNode[nodeID])
+	n := 0
+	for w := h.byNode[nodeID]; w != nil; w = w.next {
+		n++
+	}
+	return n
 }
 
 // Sessions lists the nodes connected now, by when they connected: holding

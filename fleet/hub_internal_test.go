@@ -3,8 +3,11 @@ package fleet
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/metrics"
 )
 
 // TestWakeStrongestWins: a held poll waits on its waiter's channel alone
@@ -110,4 +113,70 @@ func TestHandedCommandsReachOneAnswerOrComeBack(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestHubNodeWithSeveralPolls: a node's held polls (a new session's poll
+// beside an old one's, two connections) are each woken, counted and
+// released on their own, in whatever order they end; ending one twice
+// changes nothing, and a node with none left is forgotten.
+func TestHubNodeWithSeveralPolls(t *testing.T) {
+	h := newHub(metrics.New(nil), time.Now)
+	subscribe := func(node string, fencing int64) *waiter {
+		w, err := h.subscribe(Session{NodeID: node, Fencing: fencing}, "127.0.0.1:1")
+		require.NoError(t, err)
+		return w
+	}
+	woken := func(ws ...*waiter) []bool {
+		out := make([]bool, len(ws))
+		for i, w := range ws {
+			select {
+			case <-w.ch:
+				out[i] = true
+			default:
+			}
+		}
+		return out
+	}
+	a1, a2, a3 := subscribe("a", 1), subscribe("a", 3), subscribe("a", 2)
+	b := subscribe("b", 1)
+	require.Equal(t, 3, h.HeldFor("a"))
+	require.Equal(t, 4, h.Held())
+	held, fencing := h.held("a")
+	require.Same(t, a2, held, "the newest session's poll is handed work")
+	require.EqualValues(t, 3, fencing)
+
+	h.Wake("a", "local")
+	require.Equal(t, []bool{true, true, true, false}, woken(a1, a2, a3, b))
+
+	for _, tc := range []struct {
+		end      *waiter
+		left     int
+		newest   *waiter
+		wakeable []*waiter
+	}{
+		{a2, 2, a3, []*waiter{a1, a3}}, // the middle of the list (the newest)
+		{a2, 2, a3, []*waiter{a1, a3}}, // twice: nothing changes
+		{a3, 1, a1, []*waiter{a1}},     // its head
+		{a1, 0, nil, nil},              // the last
+	} {
+		h.unsubscribe(tc.end)
+		require.Equal(t, tc.left, h.HeldFor("a"))
+		require.Equal(t, tc.left+1, h.Held())
+		held, _ := h.held("a")
+		if tc.newest == nil {
+			require.Nil(t, held)
+		} else {
+			require.Same(t, tc.newest, held)
+		}
+		h.Recheck("a", "local")
+		require.Equal(t, []bool{false}, woken(b), "another node's poll is not woken")
+		for _, w := range tc.wakeable {
+			require.Equal(t, []bool{true}, woken(w))
+		}
+		require.Equal(t, []bool{false}, woken(tc.end), "an ended poll is not woken")
+	}
+	_, known := h.byNode["a"]
+	require.False(t, known, "a node with no poll held is forgotten")
+	h.WakeAll("poll")
+	require.Equal(t, []bool{true}, woken(b))
 }

@@ -225,3 +225,47 @@ func TestAgentDoorsOfARetiredNode(t *testing.T) {
 	s.Problem(t, http.MethodGet, "/agent/v1/commands?wait=0", nil, enrolled.SessionToken, http.StatusGone, "node_retired")
 	s.Problem(t, http.MethodGet, "/agent/v1/xyz", nil, enrolled.SessionToken, http.StatusNotFound, "not_found")
 }
+
+// TestLongPollAnswersCarryTheEdgeHeaders: the long-poll is served past the
+// router and sets the headers every answer carries only as it answers
+// (lateHeaders); its answers — work, a refusal, a bad request — carry them
+// all the same, with the caller's request id, and a header the answer sets
+// itself is its own.
+func TestLongPollAnswersCarryTheEdgeHeaders(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	bs := &benchServer{Server: s, hc: s.Client}
+	c, _ := bs.enrolled(t)
+	for _, tc := range []struct {
+		name, query, token string
+		status             int
+		code               string
+	}{
+		{"an answer", "?wait=0", c.SessionToken(), http.StatusOK, ""},
+		{"a refusal", "?wait=0", "not-a-session", http.StatusUnauthorized, "session_invalid"},
+		{"a bad request", "?wait=forever", c.SessionToken(), http.StatusBadRequest, "invalid_parameter"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := s.NewRequest(t, http.MethodGet, "/agent/v1/commands"+tc.query, nil, tc.token)
+			req.Header.Set("X-Request-Id", "poll-"+strings.ReplaceAll(tc.name, " ", "-"))
+			status, h, raw := s.Send(t, req)
+			if tc.code != "" {
+				p := apitest.RequireProblem(t, status, h, raw, tc.status, tc.code)
+				require.Equal(t, req.Header.Get("X-Request-Id"), p.RequestID)
+			} else {
+				require.Equal(t, tc.status, status, string(raw))
+				require.Equal(t, "application/json", h.Get("Content-Type"))
+			}
+			require.Equal(t, req.Header.Get("X-Request-Id"), h.Get("X-Request-Id"))
+			require.Equal(t, []string{"nosniff"}, h.Values("X-Content-Type-Options"))
+			require.Equal(t, "DENY", h.Get("X-Frame-Options"))
+			require.Equal(t, "no-referrer", h.Get("Referrer-Policy"))
+			require.Equal(t, "same-origin", h.Get("Cross-Origin-Opener-Policy"))
+			require.Contains(t, h.Get("Content-Security-Policy"), "default-src 'self'")
+			require.Empty(t, h.Get("Strict-Transport-Security"), "plain HTTP")
+			if tc.status == http.StatusUnauthorized {
+				require.Equal(t, `Bearer realm="nodeward-agent"`, h.Get("WWW-Authenticate"))
+			}
+		})
+	}
+}

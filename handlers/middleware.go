@@ -70,14 +70,21 @@ var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 // requestID takes the caller's X-Request-Id when it is well formed, else
 // mints one, and puts it on the response, the context and the logger.
 func (h *handler) requestID(w http.ResponseWriter, r *http.Request) *http.Request {
+	r, id := h.withRequestID(r)
+	w.Header().Set("X-Request-Id", id)
+	return r
+}
+
+// withRequestID is requestID but for the response: it answers the id the
+// response is to carry.
+func (h *handler) withRequestID(r *http.Request) (*http.Request, string) {
 	id := r.Header.Get("X-Request-Id")
 	if !requestIDPattern.MatchString(id) {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		id = hex.EncodeToString(b[:])
 	}
-	w.Header().Set("X-Request-Id", id)
-	return r.WithContext(context.WithValue(r.Context(), requestIDKey, &requestInfo{id: id, log: h.log}))
+	return r.WithContext(context.WithValue(r.Context(), requestIDKey, &requestInfo{id: id, log: h.log})), id
 }
 
 // recovered turns a panic into a logged 500 problem.
@@ -143,7 +150,8 @@ func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveOffStack is ServeHTTP with the request id, the admission checks
-// and the access log run through offstack.
+// and the access log run through offstack, and the headers every answer
+// carries set as the answer is written (lateHeaders).
 func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 	var (
 		ww    middleware.WrapResponseWriter
@@ -151,10 +159,11 @@ func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 		ok    bool
 	)
 	offstack.Run(func() {
-		r = e.h.requestID(w, limitBodyTime(w, r, e.bodyTimeout))
+		var id string
+		r, id = e.h.withRequestID(limitBodyTime(w, r, e.bodyTimeout))
 		start = time.Now()
-		ww = middleware.NewWrapResponseWriter(w, r.ProtoMajor)
-		ok = e.h.admit(ww, r, e.limit, e.cop)
+		ww = middleware.NewWrapResponseWriter(&lateHeaders{ResponseWriter: w, id: id, tls: r.TLS != nil}, r.ProtoMajor)
+		ok = e.h.admitted(ww, r, e.limit, e.cop)
 	})
 	defer func() {
 		if v := recover(); v != nil {
@@ -172,7 +181,12 @@ func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 // (403) or its path is not plain text (404); it reports whether the
 // request goes on. The body is capped at limit from here.
 func (h *handler) admit(w http.ResponseWriter, r *http.Request, limit int64, cop *http.CrossOriginProtection) bool {
-	setSecurityHeaders(w, r)
+	setSecurityHeaders(w, r.TLS != nil)
+	return h.admitted(w, r, limit, cop)
+}
+
+// admitted is admit without the headers.
+func (h *handler) admitted(w http.ResponseWriter, r *http.Request, limit int64, cop *http.CrossOriginProtection) bool {
 	if r.ContentLength > limit {
 		writeError(w, r, errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", limit))
 		return false
@@ -299,19 +313,83 @@ var (
 	hdrNoStore    = []string{"no-store"}
 )
 
+// securityHeaders are the headers every answer carries, by canonical key
+// (as Header.Set would write it); Strict-Transport-Security is added over
+// TLS.
+var securityHeaders = [...]struct {
+	key   string
+	value []string
+}{
+	{"X-Content-Type-Options", hdrNosniff},
+	{"X-Frame-Options", hdrDeny},
+	{"Referrer-Policy", hdrNoReferrer},
+	{"Content-Security-Policy", hdrCSP},
+	{"Cross-Origin-Opener-Policy", hdrSameOrigin},
+}
+
 // setSecurityHeaders sets the headers every answer carries.
-func setSecurityHeaders(w http.ResponseWriter, r *http.Request) {
-	// The keys are in canonical form, as Header.Set would write them.
+func setSecurityHeaders(w http.ResponseWriter, tls bool) {
 	hd := w.Header()
-	hd["X-Content-Type-Options"] = hdrNosniff
-	hd["X-Frame-Options"] = hdrDeny
-	hd["Referrer-Policy"] = hdrNoReferrer
-	hd["Content-Security-Policy"] = hdrCSP
-	hd["Cross-Origin-Opener-Policy"] = hdrSameOrigin
-	if r.TLS != nil {
+	for _, sh := range securityHeaders {
+		hd[sh.key] = sh.value
+	}
+	if tls {
 		hd["Strict-Transport-Security"] = hdrHSTS
 	}
 }
+
+// lateHeaders is the long-poll's response writer (under the access log's):
+// it sets the headers every answer carries — the security headers and the
+// request id — when the answer's header is written rather than when the
+// request arrives, so a held poll keeps no header map while it waits
+// (~0.4 KB a held poll; BENCHMARKS.md, memory per held poll). A header the
+// handler set itself is left as it set it.
+type lateHeaders struct {
+	http.ResponseWriter
+	id      string
+	tls     bool
+	applied bool
+}
+
+func (l *lateHeaders) apply() {
+	if l.applied {
+		return
+	}
+	l.applied = true
+	hd := l.ResponseWriter.Header()
+	setIfAbsent := func(key string, value []string) {
+		if _, ok := hd[key]; !ok {
+			hd[key] = value
+		}
+	}
+	for _, sh := range securityHeaders {
+		setIfAbsent(sh.key, sh.value)
+	}
+	if l.tls {
+		setIfAbsent("Strict-Transport-Security", hdrHSTS)
+	}
+	setIfAbsent("X-Request-Id", []string{l.id})
+}
+
+func (l *lateHeaders) WriteHeader(code int) {
+	l.apply()
+	l.ResponseWriter.WriteHeader(code)
+}
+
+func (l *lateHeaders) Write(p []byte) (int, error) {
+	l.apply()
+	return l.ResponseWriter.Write(p)
+}
+
+// FlushError lets http.ResponseController flush through it (the poll's
+// answer is flushed to learn whether it reached the connection).
+func (l *lateHeaders) FlushError() error {
+	l.apply()
+	return http.NewResponseController(l.ResponseWriter).Flush()
+}
+
+// Unwrap gives http.ResponseController the connection's writer.
+func (l *lateHeaders) Unwrap() http.ResponseWriter { return l.ResponseWriter }
 
 // bodyReadTimeout bounds the time to receive a request's body: a client
 // that declares a body and then trickles or withholds it is cut off after

@@ -98,6 +98,12 @@ func TestServesTLS(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Strict-Transport-Security"), "max-age=")
+	// The long-poll, served past the router, marks its answers the same.
+	resp, err = hc.Get("https://" + addr + "/agent/v1/commands")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	require.Contains(t, resp.Header.Get("Strict-Transport-Security"), "max-age=")
 
 	plain, err := http.Get("http://" + addr + "/healthz")
 	if err == nil {

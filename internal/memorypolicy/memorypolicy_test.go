@@ -84,8 +84,9 @@ func TestControllerTarget(t *testing.T) {
 		{"nothing read yet: Go's default", 0, 0, 100},
 		{"small server: the 64 MiB floor is more than GOGC=100 gives", 20, 4, 100},
 		{"the floor over what is scanned", 100, 28, 50},
-		{"15,000 held polls: a quarter of the live heap is under the bound", 280, 130, 25},
-		{"huge heap: never below 25", 4000, 1000, 25},
+		{"15,000 held polls: the floor (a quarter of the live heap is less) over live and stacks", 280, 130, 18},
+		{"huge heap: a quarter of the live heap over live and stacks", 4000, 1000, 20},
+		{"stacks as large as the live heap: never below 15", 4000, 4000, 15},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := c.Target(Sample{LiveHeap: tc.live * mib, Stacks: tc.stacks * mib}); got != tc.want {
@@ -119,8 +120,11 @@ func TestControllerDecisions(t *testing.T) {
 		{"mid heap: at the floor's percent", 100, 28, 0, 57, 50},
 		{"large quiet heap: lowered a quarter", 280, 130, 0, 100, 75},
 		{"large quiet heap: down to 25", 280, 130, 0, 33, 25},
-		{"large quiet heap: never below 25", 280, 130, 0, 25, 25},
-		{"huge heap, collector at 4 %: 25 costs 1 % × (4 − 1) = 3 % more, under the bound", 4000, 1000, 0.04, 25, 25},
+		{"large quiet heap: a quarter further, towards its target", 280, 130, 0, 25, 19},
+		{"large quiet heap: at its target", 280, 130, 0, 19, 18},
+		{"large quiet heap: kept at its target", 280, 130, 0, 18, 18},
+		{"stacks as large as the live heap: never below 15", 4000, 4000, 0, 16, 15},
+		{"huge heap, collector at 4 % at 25: to its target, 20, where the default's 1 % costs 1 % × (5 − 1) = 4 % more, under the bound", 4000, 1000, 0.04, 25, 20},
 		{"large heap, collector at 24 % at 25: back up at once to 55", 280, 130, 0.24, 25, 55},
 		{"large heap, collector at 32 % at 50: up to 77", 280, 130, 0.32, 50, 77},
 		{"large busy heap at the default: lowered only to 75, a quarter", 280, 130, 0.12, 100, 75},
@@ -202,14 +206,14 @@ func TestControllerStepsBackWhenTheMachineIsBusy(t *testing.T) {
 // is more than the floor; later quiet periods step as before and ask for
 // nothing.
 func TestControllerAtABurstsEnd(t *testing.T) {
-	const live, stacks = 280, 130 // MiB; at 25 the goal is 280 + 410/4 = 382.5 MiB
+	const live, stacks = 280, 130 // MiB; at 18 the goal is 280 + 410 × 0.18 = 353.8 MiB
 	for _, tc := range []struct {
 		name    string
 		held    uint64 // MiB the heap holds at the burst's end
 		release bool
 	}{
 		{"the burst's heap, far above the goal: returned", 600, true},
-		{"within the floor of the goal: left to the scavenger", 382 + 60, false},
+		{"within the floor of the goal: left to the scavenger", 353 + 60, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewController(Settings{})
@@ -226,8 +230,8 @@ func TestControllerAtABurstsEnd(t *testing.T) {
 			if got := c.Decide(next(5, 700)); got != 100 || c.Release() {
 				t.Fatalf("busy: GC percent %d, release %v; want the default and no release", got, c.Release())
 			}
-			if got := c.Decide(next(1, tc.held)); got != 25 {
-				t.Fatalf("the burst's end: GC percent %d, want 25 at once (no collector cost measured)", got)
+			if got := c.Decide(next(1, tc.held)); got != 18 {
+				t.Fatalf("the burst's end: GC percent %d, want the target, 18, at once (no collector cost measured)", got)
 			}
 			if c.Release() != tc.release {
 				t.Fatalf("the burst's end holding %d MiB: release %v, want %v", tc.held, c.Release(), tc.release)
@@ -259,8 +263,8 @@ func TestControllerAtABurstsEnd(t *testing.T) {
 			t.Fatalf("busy: GC percent %d, want 100", got)
 		}
 		// Right after: a collection that mostly ran in the burst ends.
-		if got := c.Decide(next(1, 0.3)); got != 25 {
-			t.Fatalf("after the burst: GC percent %d, want 25 (the quiet estimate, not the burst's)", got)
+		if got := c.Decide(next(1, 0.3)); got != 18 {
+			t.Fatalf("after the burst: GC percent %d, want 18 (the quiet estimate, not the burst's)", got)
 		}
 		if c.base > 0.01 {
 			t.Fatalf("the estimate took the burst in: %.4f", c.base)
@@ -305,8 +309,9 @@ func TestControllerSequences(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"a large quiet heap is lowered a quarter at a time to 25", []step{
-			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25}, {280, 130, 0, 25},
+		{"a large quiet heap is lowered a quarter at a time to its target", []step{
+			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25}, {280, 130, 0, 19},
+			{280, 130, 0, 18}, {280, 130, 0, 18},
 		}},
 		{"a busy spell raises it at once; it comes down as the readings cool", []step{
 			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25},
@@ -314,8 +319,9 @@ func TestControllerSequences(t *testing.T) {
 			// moves a quarter of the way there, to 2.5 % → 34.
 			{280, 130, 0.4, 34},
 			{280, 130, 0, 28}, // 1.9 % → 28; a quarter down from 34 would be 26
-			{280, 130, 0, 25}, // 1.4 % → 22, under the floor
-			{280, 130, 0, 25},
+			{280, 130, 0, 22}, // 1.4 % → 22; a quarter down from 28 would be 21
+			{280, 130, 0, 18}, // 1.1 % → 18, the target
+			{280, 130, 0, 18},
 		}},
 		{"a sustained busy spell climbs towards the default", []step{
 			{280, 130, 0, 75}, {280, 130, 0, 57}, {280, 130, 0, 43}, {280, 130, 0, 33}, {280, 130, 0, 25},

@@ -75,8 +75,8 @@ func (h *handler) requestID(w http.ResponseWriter, r *http.Request) *http.Reques
 	return r
 }
 
-// withRequestID is requestID but for the response: it answers the id the
-// response is to carry.
+// withRequestID is requestID without the response: it answers the id for
+// the caller to put there.
 func (h *handler) withRequestID(r *http.Request) (*http.Request, string) {
 	id := r.Header.Get("X-Request-Id")
 	if !requestIDPattern.MatchString(id) {
@@ -167,7 +167,8 @@ func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 	})
 	defer func() {
 		if v := recover(); v != nil {
-			offstack.Run(func() { recovered(w, r, v) })
+			// Through ww, whose lateHeaders gives the 500 the headers too.
+			offstack.Run(func() { recovered(ww, r, v) })
 		}
 	}()
 	if ok {

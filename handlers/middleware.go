@@ -328,14 +328,21 @@ var securityHeaders = [...]struct {
 	{"Cross-Origin-Opener-Policy", hdrSameOrigin},
 }
 
-// setSecurityHeaders sets the headers every answer carries.
+// setSecurityHeaders sets the headers every answer carries, leaving any
+// the handler has set itself as it set them.
 func setSecurityHeaders(w http.ResponseWriter, tls bool) {
 	hd := w.Header()
 	for _, sh := range securityHeaders {
-		hd[sh.key] = sh.value
+		setIfAbsent(hd, sh.key, sh.value)
 	}
 	if tls {
-		hd["Strict-Transport-Security"] = hdrHSTS
+		setIfAbsent(hd, "Strict-Transport-Security", hdrHSTS)
+	}
+}
+
+func setIfAbsent(hd http.Header, key string, value []string) {
+	if _, ok := hd[key]; !ok {
+		hd[key] = value
 	}
 }
 
@@ -357,19 +364,8 @@ func (l *lateHeaders) apply() {
 		return
 	}
 	l.applied = true
-	hd := l.ResponseWriter.Header()
-	setIfAbsent := func(key string, value []string) {
-		if _, ok := hd[key]; !ok {
-			hd[key] = value
-		}
-	}
-	for _, sh := range securityHeaders {
-		setIfAbsent(sh.key, sh.value)
-	}
-	if l.tls {
-		setIfAbsent("Strict-Transport-Security", hdrHSTS)
-	}
-	setIfAbsent("X-Request-Id", []string{l.id})
+	setSecurityHeaders(l.ResponseWriter, l.tls)
+	setIfAbsent(l.ResponseWriter.Header(), "X-Request-Id", []string{l.id})
 }
 
 func (l *lateHeaders) WriteHeader(code int) {

@@ -177,6 +177,18 @@ func TestSQLiteEndedStatementsReadTheIndex(t *testing.T) {
 	}
 }
 
+// TestSQLiteRecoveryScanReadsTheIndex: the owner loop's scan for what
+// dead replicas left running (every 5 s) reads operations_owned on a
+// database SQLite has no statistics for — the server never gathers any —
+// not every operation kept for 90 days in seq order. It did until the scan
+// named the owner as a range.
+func TestSQLiteRecoveryScanReadsTheIndex(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	st := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil)).Statements()
+	plan := requireNoTableScan(t, db, st.Orphans("r1", t0, 100))
+	require.Contains(t, plan, "operations_owned")
+}
+
 // TestSQLiteNodeCommandsReadTheIndexes: a node's commands of a state, or
 // of any (both partial indexes merged), are read through
 // commands_pending and commands_settled (migration 00021) on SQLite too.

@@ -662,10 +662,18 @@ func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time,
 
 // orphansSQL: a fan-out parent has no owner once its children are
 // recorded; one still owned was being recorded (ledger.executeFanOut).
+//
+// The scan reads operations_owned — the open local operations — whatever
+// the statistics: the owner is asked for as a range (greater than the
+// empty string, which sorts first: the same rows as "not empty", the
+// column being never NULL), and "+seq" keeps SQLite from walking the table in
+// seq order to save the sort, which it did without statistics (it never
+// gathers them itself): every operation kept for 90 days, on every
+// replica every 5 s (BENCHMARKS.md, twenty-third sitting).
 const orphansSQL = `SELECT * FROM operations
-		WHERE terminal = FALSE AND channel = 'local' AND state = 'running' AND owner <> '' AND owner <> ?
+		WHERE terminal = FALSE AND channel = 'local' AND state = 'running' AND owner > '' AND owner <> ?
 		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)
-		ORDER BY seq LIMIT ?`
+		ORDER BY +seq LIMIT ?`
 
 // ChildCounts counts a parent's children by state, and those held.
 func (t *ledgerTx) ChildCounts(ctx context.Context, parentID string) (map[ledger.State]int, int, error) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -108,6 +109,8 @@ func genericPlan(ctx context.Context, t *testing.T, db *models.DB, s models.Stat
 			args[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
 		case int, int64:
 			args[i] = fmt.Sprint(v)
+		case time.Time:
+			args[i] = "'" + v.UTC().Format(time.RFC3339Nano) + "'"
 		default:
 			t.Fatalf("argument %d of %s: %T", i, s.SQL, a)
 		}
@@ -267,4 +270,24 @@ type analyzedNode struct {
 	Loops               float64        `json:"Actual Loops"`
 	RemovedByJoinFilter float64        `json:"Rows Removed by Join Filter"`
 	Plans               []analyzedNode `json:"Plans"`
+}
+
+// TestPostgresRecoveryScanGenericPlan: the owner loop's scan for what dead
+// replicas left running (every replica, every 5 s) reads operations_owned
+// — the open local operations — in the generic plan, never the whole
+// table of operations kept for 90 days.
+func TestPostgresRecoveryScanGenericPlan(t *testing.T) {
+	ctx := context.Background()
+	db := openOneConnection(t)
+	require.NoError(t, db.Exec(`INSERT INTO operations (id, request_id, digest, principal_kind, principal_id, family, kind,
+			state, terminal, channel, owner, target_kind, target_id, operation, created_at, deadline, updated_at)
+		SELECT 'op-' || i, 'req-' || i, 'd', 'admin', 'u1', 'nodes', 'node.invite',
+			CASE WHEN i % 500 = 0 THEN 'running' ELSE 'succeeded' END, i % 500 <> 0, 'local',
+			CASE WHEN i % 500 = 0 THEN 'r' || (i % 3) ELSE '' END, 'node', 'node-' || i, '{}', now(), now() + interval '1 hour', now()
+		FROM generate_series(1, 20000) AS i`).Error)
+	require.NoError(t, db.Exec("ANALYZE operations").Error)
+	st := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil)).Statements()
+	p := genericPlan(ctx, t, db, st.Orphans("r1", t0, 100))
+	require.NotContains(t, p.seqScans, "operations", "the recovery scan read the table:\n%s", p.text)
+	require.Contains(t, p.indexes, "operations_owned", "the recovery scan:\n%s", p.text)
 }

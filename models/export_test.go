@@ -1,6 +1,8 @@
 package models
 
 import (
+	"time"
+
 	"gorm.io/gorm"
 
 	"github.com/nodeward/nodeward/fleet"
@@ -76,3 +78,8 @@ func PoolAsked(db *DB) int64 { return db.DB.ConnPool.(*fairPool).asked.Load() }
 // Announce hands payloads to the store's announcer, as a committed
 // transaction does.
 func Announce(s *FleetStore, payloads ...string) { s.announcer.add(payloads...) }
+
+// PruneReveals is ExpireReveals' delete of the handles past their keep.
+func PruneReveals(before time.Time) Statement {
+	return Statement{SQL: pruneRevealsSQL, Args: []any{revealStates(), before}}
+}

@@ -229,3 +229,70 @@ func TestSecretsStoreAuditFilters(t *testing.T) {
 		require.Equal(t, []int{2}, idx(rest))
 	})
 }
+
+// TestSecretsStoreExpireReveals: open handles past their TTL become
+// expired (each audited), and handles of every state past the keep are
+// deleted; newer ones stay.
+func TestSecretsStoreExpireReveals(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewSecretsStore(db)
+		keep := 24 * time.Hour
+		now := t0.Add(48 * time.Hour)
+		handle := func(digest string, state secrets.State, expires time.Time) secrets.Reveal {
+			return secrets.Reveal{Digest: digest, Principal: sealer, RequestID: "r-" + digest, OperationID: "op-" + digest,
+				Field: "enrollment_token", KeyID: "k1", Box: []byte{1, 2, 3}, State: state,
+				CreatedAt: expires.Add(-secrets.RevealTTL), ExpiresAt: expires}
+		}
+		old := now.Add(-keep - time.Minute)
+		require.NoError(t, s.Tx(ctx, func(tx secrets.Tx) error {
+			return tx.InsertReveals(ctx,
+				handle("old-open-xxxxxxxxxxxx", secrets.RevealOpen, old),
+				handle("old-spent-xxxxxxxxxxx", secrets.RevealSpent, old),
+				handle("old-expired-xxxxxxxxx", secrets.RevealExpired, old),
+				handle("lapsed-open-xxxxxxxxx", secrets.RevealOpen, now.Add(-time.Minute)),
+				handle("recent-spent-xxxxxxxx", secrets.RevealSpent, now.Add(-time.Minute)),
+				handle("live-open-xxxxxxxxxxx", secrets.RevealOpen, now.Add(time.Minute)))
+		}))
+		n, err := s.ExpireReveals(ctx, now, keep, 500)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "the two open handles past their TTL expired")
+		states := map[string]secrets.State{}
+		for _, d := range []string{"old-open-xxxxxxxxxxxx", "old-spent-xxxxxxxxxxx", "old-expired-xxxxxxxxx",
+			"lapsed-open-xxxxxxxxx", "recent-spent-xxxxxxxx", "live-open-xxxxxxxxxxx"} {
+			r, err := s.LookupReveal(ctx, d)
+			if err == nil {
+				states[d] = r.State
+			}
+		}
+		require.Equal(t, map[string]secrets.State{"lapsed-open-xxxxxxxxx": secrets.RevealExpired,
+			"recent-spent-xxxxxxxx": secrets.RevealSpent, "live-open-xxxxxxxxxxx": secrets.RevealOpen}, states,
+			"every handle past the keep went, whatever its state")
+		all, err := s.Audit(ctx, secrets.AuditFilter{Limit: 100})
+		require.NoError(t, err)
+		require.Len(t, all, 2)
+		for _, a := range all {
+			require.Equal(t, secrets.ActionExpire, a.Action)
+		}
+	})
+}
+
+// TestSQLiteRevealPruneReadsTheIndex: the sweeper's delete of reveal
+// handles past their keep runs in the writer's transaction; on a database
+// without statistics it reads reveal_handles_expiry, not every handle.
+func TestSQLiteRevealPruneReadsTheIndex(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	st := models.PruneReveals(t0)
+	rows, err := db.Raw("EXPLAIN QUERY PLAN "+st.SQL, st.Args...).Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		require.NoError(t, rows.Scan(&id, &parent, &unused, &detail))
+		plan = append(plan, detail)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, plan, 1, "%q", plan)
+	require.Contains(t, plan[0], "USING INDEX reveal_handles_expiry", "%q", plan)
+}

@@ -25,6 +25,9 @@ const (
 	RevealExpired State = "expired"
 )
 
+// RevealStates are every state a reveal handle may be in.
+var RevealStates = []State{RevealOpen, RevealSpent, RevealExpired}
+
 // Reveal audit action and the outcomes of a refused reveal.
 const (
 	ActionReveal = "reveal"

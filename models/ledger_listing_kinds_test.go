@@ -229,6 +229,16 @@ func servedRegistry() *ledger.Registry {
 // through indexes, never a whole table. It answers the plan.
 func requireNoTableScan(t *testing.T, db *models.DB, st models.Statement) string {
 	t.Helper()
+	plan := sqlitePlan(t, db, st)
+	for _, table := range []string{"operations", "commands"} {
+		require.False(t, slices.Contains(plan, "SCAN "+table), "a scan of %s:\n%s\n%s", table, st.SQL, strings.Join(plan, "\n"))
+	}
+	return strings.Join(plan, "\n")
+}
+
+// sqlitePlan answers the lines of SQLite's query plan of st.
+func sqlitePlan(t *testing.T, db *models.DB, st models.Statement) []string {
+	t.Helper()
 	rows, err := db.Raw("EXPLAIN QUERY PLAN "+st.SQL, st.Args...).Rows()
 	require.NoError(t, err)
 	defer rows.Close()
@@ -240,8 +250,5 @@ func requireNoTableScan(t *testing.T, db *models.DB, st models.Statement) string
 		plan = append(plan, detail)
 	}
 	require.NoError(t, rows.Err())
-	for _, table := range []string{"operations", "commands"} {
-		require.False(t, slices.Contains(plan, "SCAN "+table), "a scan of %s:\n%s\n%s", table, st.SQL, strings.Join(plan, "\n"))
-	}
-	return strings.Join(plan, "\n")
+	return plan
 }

@@ -281,18 +281,7 @@ func TestSecretsStoreExpireReveals(t *testing.T) {
 // without statistics it reads reveal_handles_expiry, not every handle.
 func TestSQLiteRevealPruneReadsTheIndex(t *testing.T) {
 	db := dbtest.Open(t, models.SQLite)
-	st := models.PruneReveals(t0)
-	rows, err := db.Raw("EXPLAIN QUERY PLAN "+st.SQL, st.Args...).Rows()
-	require.NoError(t, err)
-	defer rows.Close()
-	var plan []string
-	for rows.Next() {
-		var id, parent, unused int
-		var detail string
-		require.NoError(t, rows.Scan(&id, &parent, &unused, &detail))
-		plan = append(plan, detail)
-	}
-	require.NoError(t, rows.Err())
+	plan := sqlitePlan(t, db, models.PruneReveals(t0))
 	require.Len(t, plan, 1, "%q", plan)
 	require.Contains(t, plan[0], "USING INDEX reveal_handles_expiry", "%q", plan)
 }

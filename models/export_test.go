@@ -83,3 +83,6 @@ func Announce(s *FleetStore, payloads ...string) { s.announcer.add(payloads...) 
 func PruneReveals(before time.Time) Statement {
 	return Statement{SQL: pruneRevealsSQL, Args: []any{revealStates(), before}}
 }
+
+// SweepLock is the lease sweep's advisory lock, as SQL (per schema).
+const SweepLock = sweepLock

@@ -228,9 +228,10 @@ const renewLeaseSQL = `UPDATE nodes SET
 	state = CASE WHEN state = ? THEN ? ELSE state END
 	WHERE id = ? AND state <> ?`
 
-// sweepLockKey is the advisory lock that makes the lease sweep a singleton
-// across replicas.
-const sweepLockKey = 0x6e77_0001
+// sweepLock is the advisory lock that makes the lease sweep a singleton
+// across replicas: one per schema, as maintainLock, so deployments (and
+// test schemas) sharing a database never skip each other's sweeps.
+const sweepLock = `hashtextextended('nodeward.sweep.' || current_schema(), 0)`
 
 // SweepLeases marks lapsed ready nodes lost.
 func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, bool, error) {
@@ -257,7 +258,7 @@ func (s *FleetStore) SweepLeases(ctx context.Context, now time.Time) ([]string, 
 		g := tx.(*fleetTx).g.WithContext(ctx)
 		if s.dialect == Postgres {
 			var got bool
-			if err := g.Raw("SELECT pg_try_advisory_xact_lock(?)", sweepLockKey).Scan(&got).Error; err != nil {
+			if err := g.Raw("SELECT pg_try_advisory_xact_lock(" + sweepLock + ")").Scan(&got).Error; err != nil {
 				return err
 			}
 			if !got {

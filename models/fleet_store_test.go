@@ -653,27 +653,47 @@ func TestFleetStoreSessions(t *testing.T) {
 }
 
 // On a shared database one replica sweeps at a time: while another holds the
-// sweep lock, a sweep answers that it did not run.
+// sweep lock, a sweep answers that it did not run. The lock is the
+// schema's: another schema's sweep (another deployment, another test
+// package) holding its own lock does not stop this one.
 func TestFleetStoreSweepIsASingleton(t *testing.T) {
 	db := dbtest.Open(t, models.Postgres)
 	s := models.NewFleetStore(db, "r1", nil)
-	stale := sampleNode("stale", "r5", 1)
-	stale.State, stale.LeaseExpiresAt = fleet.StateReady, tp(t0.Add(-time.Second))
-	insert(t, s, stale)
-	holder := db.Begin()
-	require.NoError(t, holder.Error)
-	defer holder.Rollback()
-	var got bool
-	require.NoError(t, holder.Raw("SELECT pg_try_advisory_xact_lock(?)", 0x6e77_0001).Scan(&got).Error)
-	require.True(t, got)
-	_, swept, err := s.SweepLeases(ctx, t0)
-	require.NoError(t, err)
-	require.False(t, swept)
-	require.NoError(t, holder.Rollback().Error)
+	lapsed := func(id string) {
+		t.Helper()
+		n := sampleNode(id, "rent-"+id, 1)
+		n.State, n.LeaseExpiresAt = fleet.StateReady, tp(t0.Add(-time.Second))
+		insert(t, s, n)
+	}
+	// hold takes the sweep lock of db's schema in a transaction of its own.
+	hold := func(db *models.DB) (release func()) {
+		t.Helper()
+		holder := db.Begin()
+		require.NoError(t, holder.Error)
+		var got bool
+		require.NoError(t, holder.Raw("SELECT pg_try_advisory_xact_lock("+models.SweepLock+")").Scan(&got).Error)
+		require.True(t, got)
+		return func() { require.NoError(t, holder.Rollback().Error) }
+	}
+
+	lapsed("stale-1")
+	release := hold(dbtest.Open(t, models.Postgres))
 	lost, swept, err := s.SweepLeases(ctx, t0)
 	require.NoError(t, err)
+	require.True(t, swept, "another schema's sweep lock held this one back")
+	require.Equal(t, []string{"stale-1"}, lost)
+	release()
+
+	lapsed("stale-2")
+	release = hold(db)
+	_, swept, err = s.SweepLeases(ctx, t0)
+	require.NoError(t, err)
+	require.False(t, swept)
+	release()
+	lost, swept, err = s.SweepLeases(ctx, t0)
+	require.NoError(t, err)
 	require.True(t, swept)
-	require.Equal(t, []string{"stale"}, lost)
+	require.Equal(t, []string{"stale-2"}, lost)
 }
 
 // A sweep that finds no lapsed lease runs no write batch: it does not hold

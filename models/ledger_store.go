@@ -837,9 +837,9 @@ const overdueSQL = `SELECT * FROM operations
 		  AND deadline < ?
 		ORDER BY deadline LIMIT ?`
 
-// pruneLockKey is the advisory lock that makes pruning a singleton across
-// replicas.
-const pruneLockKey = 0x6e77_0002
+// pruneLock is the advisory lock that makes pruning a singleton across
+// replicas, one per schema (as sweepLock).
+const pruneLock = `hashtextextended('nodeward.prune.' || current_schema(), 0)`
 
 // Prune deletes what retention no longer keeps, in bounded batches.
 func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Time, batch int) (int, int, bool, error) {
@@ -849,7 +849,7 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 		g := tx.(*ledgerTx).r.db(ctx)
 		if s.fleet.dialect == Postgres {
 			var got bool
-			if err := g.Raw("SELECT pg_try_advisory_xact_lock(?)", pruneLockKey).Scan(&got).Error; err != nil {
+			if err := g.Raw("SELECT pg_try_advisory_xact_lock(" + pruneLock + ")").Scan(&got).Error; err != nil {
 				return err
 			}
 			if !got {

@@ -148,15 +148,27 @@ func (t *fleetTx) LockCommands(ctx context.Context, ids []string) (map[string]fl
 		}
 		return out, nil
 	}
-	var rows []Command
-	if err := t.forUpdate(t.db(ctx)).Where("operation_id IN ?", ids).Order("operation_id").Find(&rows).Error; err != nil {
-		return nil, err
+	// SQLite: the same read as Postgres's (lockCommands), with the ids as
+	// an IN list; every settlement runs it in the one writer's transaction.
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
 	}
-	for _, r := range rows {
-		if err := t.stray(r.NodeID); err != nil {
-			return nil, err
-		}
-		out[r.OperationID] = commandFromRow(r)
+	var r commandScan
+	dest := r.dest()
+	err := eachRow(t.db(ctx), `SELECT `+commandColumns+` FROM commands WHERE operation_id IN (`+placeholders(len(ids))+`) ORDER BY operation_id`,
+		args, func(rows *sql.Rows) error {
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+			if err := t.stray(r.nodeID.String); err != nil {
+				return err
+			}
+			out[r.operationID.String] = commandFromRow(r.row())
+			return nil
+		})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

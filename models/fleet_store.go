@@ -458,12 +458,31 @@ func (t *fleetTx) LockNode(ctx context.Context, id string) (fleet.Node, error) {
 	if err := t.stray(id); err != nil {
 		return fleet.Node{}, err
 	}
-	var row Node
-	if err := t.forUpdate(t.db(ctx)).Where("id = ?", id).Take(&row).Error; err != nil {
-		return fleet.Node{}, notFound(err)
+	q := lockNodeSQLite
+	if t.dialect == Postgres {
+		q = lockNodePostgres
 	}
-	return nodeFromRow(row), nil
+	var s nodeScan
+	found := false
+	err := eachRow(t.db(ctx), q, []any{id}, func(rows *sql.Rows) error {
+		found = true
+		return rows.Scan(s.dest()...)
+	})
+	if err != nil {
+		return fleet.Node{}, err
+	}
+	if !found {
+		return fleet.Node{}, fleet.ErrNoRows
+	}
+	return nodeFromRow(s.row()), nil
 }
+
+// LockNode's statement, sent around GORM (sqlpath.go): every submit of a
+// command runs it on SQLite, inside the one writer's transaction.
+var (
+	lockNodeSQLite   = `SELECT ` + nodeColumns + ` FROM nodes WHERE id = ?`
+	lockNodePostgres = numbered(lockNodeSQLite + ` FOR UPDATE`)
+)
 
 func (t *fleetTx) LockNodes(ctx context.Context, ids []string) (map[string]fleet.Node, error) {
 	for _, id := range ids {
@@ -881,8 +900,33 @@ type issueShape struct {
 var issueStatements sync.Map
 
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
-	row := rowFromCommand(c)
-	return dup(t.db(ctx).Create(&row).Error)
+	r := rowFromCommand(c)
+	q := insertCommandSQLite
+	if t.dialect == Postgres {
+		q = insertCommandPostgres
+	}
+	_, err := execRows(t.db(ctx), q, r.OperationID, r.NodeID, r.Kind, r.Payload, r.PayloadDigest, r.FencingToken, r.IssuedAt,
+		r.State, orNull(r.FailureCode), orNull(r.FailureMessage), orNull(r.DeliveredFencing), orNull(r.FirstDeliveredAt),
+		orNull(r.LastDeliveredAt), r.DeliveryCount, orNull(r.SettledAt))
+	if isDuplicate(err) {
+		return fleet.ErrDuplicate
+	}
+	return err
+}
+
+// InsertCommand's statement, sent around GORM (sqlpath.go): every submit
+// of a command runs it on SQLite, inside the one writer's transaction.
+var (
+	insertCommandSQLite   = `INSERT INTO commands (` + commandColumns + `) VALUES (` + placeholders(15) + `)`
+	insertCommandPostgres = numbered(insertCommandSQLite)
+)
+
+// orNull is the value p points to, or nil (NULL) for a nil pointer.
+func orNull[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }
 
 func (t *fleetTx) InsertCommands(ctx context.Context, cs []fleet.Command) error {

@@ -42,8 +42,23 @@ func (t *fleetTx) mirrorFirstDeliveries(ctx context.Context, cmds []fleet.Comman
 	now = dbtime.Norm(now)
 	data := `{"channel":"long_poll"}`
 	var running []string
-	if err := t.db(ctx).Raw(`UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
-		WHERE id IN ? AND state = 'pending' RETURNING id`, now, now, ids).Scan(&running).Error; err != nil {
+	q := `UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
+		WHERE id IN (` + placeholders(len(ids)) + `) AND state = 'pending' RETURNING id`
+	if t.dialect == Postgres {
+		q = numbered(q)
+	}
+	args := append(make([]any, 0, 2+len(ids)), now, now)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if err := eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		running = append(running, id)
+		return nil
+	}); err != nil {
 		return err
 	}
 	events := make([]ledger.Event, len(running))
@@ -92,10 +107,15 @@ func (t *fleetTx) mirrorCommandEnd(ctx context.Context, c fleet.Command) error {
 			return err
 		}
 	} else {
-		err := t.db(ctx).Raw(`UPDATE operations SET state = ?, terminal = TRUE, result = ?, error_code = ?, error_message = ?,
-				error_retryable = ?, finished_at = ?, updated_at = ?
-			WHERE id = ? AND terminal = FALSE RETURNING id, parent_id`,
-			string(end.State), rawp(end.Result), code, msg, retryable, at, at, c.OperationID).Scan(&ended).Error
+		err := eachRow(t.db(ctx), endCommandOperationSQLite, []any{string(end.State), rawp(end.Result), orNull(code), orNull(msg),
+			orNull(retryable), at, at, c.OperationID}, func(rows *sql.Rows) error {
+			var e endedOperation
+			if err := rows.Scan(&e.ID, &e.ParentID); err != nil {
+				return err
+			}
+			ended = append(ended, e)
+			return nil
+		})
 		if err != nil || len(ended) == 0 {
 			return err
 		}
@@ -113,6 +133,12 @@ func (t *fleetTx) mirrorCommandEnd(ctx context.Context, c fleet.Command) error {
 }
 
 // endedOperation is an operation a command's end ended, and its parent.
+// endCommandOperationSQLite ends a command's operation on SQLite
+// (mirrorCommandEnd), sent around GORM (sqlpath.go).
+const endCommandOperationSQLite = `UPDATE operations SET state = ?, terminal = TRUE, result = ?, error_code = ?, error_message = ?,
+		error_retryable = ?, finished_at = ?, updated_at = ?
+	WHERE id = ? AND terminal = FALSE RETURNING id, parent_id`
+
 type endedOperation struct {
 	ID       string
 	ParentID *string

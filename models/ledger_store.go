@@ -394,9 +394,14 @@ func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, ev
 	// A fixed statement (one kept statement) with the columns
 	// insertOperationStatement names, not GORM's Create: its reflection
 	// over the row was most of a submit's cost on SQLite.
+	// Sent around GORM too (sqlpath.go): its Raw(…).Scan renders the
+	// statement with every value for its trace recorder, logging off or not.
 	var seq []int64
-	err := t.r.db(ctx).Raw(`INSERT INTO operations (`+operationColumns+`) VALUES (`+placeholders(operationValueCount)+`)
-		RETURNING seq`, operationValues(rowFromOperation(*op))...).Scan(&seq).Error
+	err := eachRow(t.r.db(ctx), insertOperationSQLite, operationValues(rowFromOperation(*op)), func(rows *sql.Rows) error {
+		var v int64
+		seq = append(seq, v)
+		return rows.Scan(&seq[len(seq)-1])
+	})
 	if err != nil {
 		if isDuplicate(err) {
 			return ledger.ErrDuplicate
@@ -409,6 +414,9 @@ func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, ev
 	op.Cursor = seq[0]
 	return appendEvents(t.r.db(ctx), events)
 }
+
+// insertOperationSQLite is InsertOperation's statement on SQLite.
+var insertOperationSQLite = `INSERT INTO operations (` + operationColumns + `) VALUES (` + placeholders(operationValueCount) + `) RETURNING seq`
 
 func (t *ledgerTx) UpdateOperation(ctx context.Context, op ledger.Operation) error {
 	row := rowFromOperation(op)

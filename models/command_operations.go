@@ -168,32 +168,7 @@ func (t *fleetTx) LockCommands(ctx context.Context, ids []string) (map[string]fl
 	if len(ids) == 0 {
 		return out, nil
 	}
-	if t.dialect == Postgres {
-		if err := t.lockCommands(ctx, ids, out); err != nil {
-			return nil, err
-		}
-		return out, nil
-	}
-	// SQLite: the same read as Postgres's (lockCommands), with the ids as
-	// an IN list; every settlement runs it in the one writer's transaction.
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
-	var r commandScan
-	dest := r.dest()
-	err := eachRow(t.db(ctx), `SELECT `+commandColumns+` FROM commands WHERE operation_id IN (`+placeholders(len(ids))+`) ORDER BY operation_id`,
-		args, func(rows *sql.Rows) error {
-			if err := rows.Scan(dest...); err != nil {
-				return err
-			}
-			if err := t.stray(r.nodeID.String); err != nil {
-				return err
-			}
-			out[r.operationID.String] = commandFromRow(r.row())
-			return nil
-		})
-	if err != nil {
+	if err := t.lockCommands(ctx, ids, out); err != nil {
 		return nil, err
 	}
 	return out, nil

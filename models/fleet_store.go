@@ -958,12 +958,22 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 	return commandFromRow(row), nil
 }
 
-// lockCommands is LockCommands on Postgres, sent around GORM (sqlpath.go):
-// the settlement's lock, one statement whatever the number of commands.
+// lockCommands is LockCommands, sent around GORM (sqlpath.go): the
+// settlement's lock, one statement whatever the number of commands. SQLite
+// takes the ids as an IN list (it has no arrays) and locks no rows (it
+// has one writer); every settlement runs it in that writer's transaction.
 func (t *fleetTx) lockCommands(ctx context.Context, ids []string, out map[string]fleet.Command) error {
+	q, args := lockCommandsSQL, []any{ids}
+	if t.dialect != Postgres {
+		q = `SELECT ` + commandColumns + ` FROM commands WHERE operation_id IN (` + placeholders(len(ids)) + `) ORDER BY operation_id`
+		args = make([]any, len(ids))
+		for i, id := range ids {
+			args[i] = id
+		}
+	}
 	var r commandScan
 	dest := r.dest()
-	return eachRow(t.db(ctx), lockCommandsSQL, []any{ids}, func(rows *sql.Rows) error {
+	return eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {
 		if err := rows.Scan(dest...); err != nil {
 			return err
 		}

@@ -132,13 +132,13 @@ func (t *fleetTx) mirrorCommandEnd(ctx context.Context, c fleet.Command) error {
 	return nil
 }
 
-// endedOperation is an operation a command's end ended, and its parent.
 // endCommandOperationSQLite ends a command's operation on SQLite
 // (mirrorCommandEnd), sent around GORM (sqlpath.go).
 const endCommandOperationSQLite = `UPDATE operations SET state = ?, terminal = TRUE, result = ?, error_code = ?, error_message = ?,
 		error_retryable = ?, finished_at = ?, updated_at = ?
 	WHERE id = ? AND terminal = FALSE RETURNING id, parent_id`
 
+// endedOperation is an operation a command's end ended, and its parent.
 type endedOperation struct {
 	ID       string
 	ParentID *string

@@ -392,14 +392,13 @@ func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, ev
 		return nil
 	}
 	// A fixed statement (one kept statement) with the columns
-	// insertOperationStatement names, not GORM's Create: its reflection
-	// over the row was most of a submit's cost on SQLite.
-	// Sent around GORM too (sqlpath.go): its Raw(…).Scan renders the
-	// statement with every value for its trace recorder, logging off or not.
+	// insertOperationStatement names, sent around GORM (sqlpath.go): its
+	// Create's reflection over the row was most of a submit's cost on
+	// SQLite, and its Raw(…).Scan renders the statement with every value
+	// for its trace recorder, logging off or not.
 	var seq []int64
 	err := eachRow(t.r.db(ctx), insertOperationSQLite, operationValues(rowFromOperation(*op)), func(rows *sql.Rows) error {
-		var v int64
-		seq = append(seq, v)
+		seq = append(seq, 0)
 		return rows.Scan(&seq[len(seq)-1])
 	})
 	if err != nil {
@@ -674,10 +673,10 @@ func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time,
 // The scan reads operations_owned — the open local operations — whatever
 // the statistics: the owner is asked for as a range (greater than the
 // empty string, which sorts first: the same rows as "not empty", the
-// column being never NULL), and "+seq" keeps SQLite from walking the table in
-// seq order to save the sort, which it did without statistics (it never
-// gathers them itself): every operation kept for 90 days, on every
-// replica every 5 s (BENCHMARKS.md, twenty-third sitting).
+// column being never NULL), and "+seq" keeps SQLite from walking the
+// table in seq order to save the sort, which it did without statistics
+// (it never gathers them itself): every operation kept for 90 days, on
+// every replica every 5 s (BENCHMARKS.md, twenty-third sitting).
 const orphansSQL = `SELECT * FROM operations
 		WHERE terminal = FALSE AND channel = 'local' AND state = 'running' AND owner > '' AND owner <> ?
 		  AND owner NOT IN (SELECT replica FROM operation_owners WHERE expires_at > ?)

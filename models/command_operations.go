@@ -42,15 +42,13 @@ func (t *fleetTx) mirrorFirstDeliveries(ctx context.Context, cmds []fleet.Comman
 	now = dbtime.Norm(now)
 	data := `{"channel":"long_poll"}`
 	var running []string
+	in, idArgs := inList(ids)
 	q := `UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
-		WHERE id IN (` + placeholders(len(ids)) + `) AND state = 'pending' RETURNING id`
+		WHERE id IN (` + in + `) AND state = 'pending' RETURNING id`
 	if t.dialect == Postgres {
 		q = numbered(q)
 	}
-	args := append(make([]any, 0, 2+len(ids)), now, now)
-	for _, id := range ids {
-		args = append(args, id)
-	}
+	args := append([]any{now, now}, idArgs...)
 	if err := eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {
 		var id string
 		if err := rows.Scan(&id); err != nil {

@@ -965,11 +965,9 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 func (t *fleetTx) lockCommands(ctx context.Context, ids []string, out map[string]fleet.Command) error {
 	q, args := lockCommandsSQL, []any{ids}
 	if t.dialect != Postgres {
-		q = `SELECT ` + commandColumns + ` FROM commands WHERE operation_id IN (` + placeholders(len(ids)) + `) ORDER BY operation_id`
-		args = make([]any, len(ids))
-		for i, id := range ids {
-			args[i] = id
-		}
+		var in string
+		in, args = inList(ids)
+		q = `SELECT ` + commandColumns + ` FROM commands WHERE operation_id IN (` + in + `) ORDER BY operation_id`
 	}
 	var r commandScan
 	dest := r.dest()

@@ -69,6 +69,16 @@ func eachRow(g *gorm.DB, query string, args []any, scan func(*sql.Rows) error) e
 	return rows.Close()
 }
 
+// inList answers the placeholders of an IN list of ids ("?, ?, …") and
+// the ids as the statement's arguments.
+func inList(ids []string) (string, []any) {
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	return placeholders(len(ids)), args
+}
+
 // numbered rewrites GORM's ? placeholders as Postgres's $1, $2, … in
 // order, leaving quoted text alone. The fixed statements are rewritten
 // once, when the package loads.

@@ -70,6 +70,11 @@ func (t *fleetTx) mirrorFirstDeliveries(ctx context.Context, cmds []fleet.Comman
 	return nil
 }
 
+// settleCommandSQLite writes the columns a settlement changes (SQLite's
+// SettleCommands, one command at a time).
+const settleCommandSQLite = `UPDATE commands SET state = ?, failure_code = ?, failure_message = ?, settled_at = ?
+	WHERE operation_id = ?`
+
 // mirrorCommandEnd ends the operation of a command that reached a terminal
 // state (ledger.CommandEnd says how), unless the operation already ended.
 func (t *fleetTx) mirrorCommandEnd(ctx context.Context, c fleet.Command) error {
@@ -191,22 +196,23 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 		ids[i] = c.OperationID
 	}
 	if t.dialect != Postgres {
+		// Fixed statements sent around GORM (sqlpath.go). GORM's Updates
+		// wrote every column through reflection, a tenth of the server's
+		// CPU at saturation; its Exec and Raw still ran its builder and
+		// callbacks for each.
 		for _, c := range cs {
-			// The columns a settlement changes, in a fixed statement (one
-			// kept statement; GORM's Updates wrote every column through
-			// reflection, a tenth of the server's CPU at saturation).
-			if err := t.db(ctx).Exec(`UPDATE commands SET state = ?, failure_code = ?, failure_message = ?, settled_at = ?
-				WHERE operation_id = ?`, string(c.State), strp(c.FailureCode), strp(c.FailureMessage), dbtime.NormPtr(c.SettledAt),
-				c.OperationID).Error; err != nil {
+			if _, err := execRows(t.db(ctx), settleCommandSQLite, string(c.State), strp(c.FailureCode), strp(c.FailureMessage),
+				dbtime.NormPtr(c.SettledAt), c.OperationID); err != nil {
 				return false, err
 			}
 			if err := t.mirrorCommandEnd(ctx, c); err != nil {
 				return false, err
 			}
 		}
+		in, idArgs := inList(ids)
 		var left bool
-		err := t.db(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending' AND operation_id NOT IN ?)`,
-			nodeID, ids).Scan(&left).Error
+		err := eachRow(t.db(ctx), `SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = ? AND state = 'pending' AND operation_id NOT IN (`+in+`))`,
+			append([]any{nodeID}, idArgs...), func(rows *sql.Rows) error { return rows.Scan(&left) })
 		return left, err
 	}
 	var cmdVals, endVals []string

@@ -683,9 +683,19 @@ func (t *fleetTx) InsertWorkloadOutput(ctx context.Context, o fleet.WorkloadOutp
 func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node, bool, error) {
 	handing := c.DeliveryCount == 1 && c.DeliveredFencing != nil
 	if t.dialect != Postgres {
-		// SQLite runs statements in-process: two cost no round trip.
+		// SQLite runs statements in-process: several cost no round trip.
+		// The operation kept back waits for the node's read, which says
+		// whether it starts running (handed to the poll) or pending.
+		kept := t.later.take(c.OperationID)
 		n, err := t.LockNode(ctx, c.NodeID)
 		if err != nil || n.State != fleet.StateReady {
+			if kept != nil {
+				// Recorded as it came, as before the read: a taken id
+				// is the ledger's answer whatever the node's state.
+				if err := insertOperation(t.db(ctx), t.dialect, kept.op, kept.events); err != nil {
+					return n, false, err
+				}
+			}
 			return n, false, err
 		}
 		c.FencingToken = n.FencingToken
@@ -693,11 +703,23 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 		if !handed {
 			c = undelivered(c)
 		}
+		if kept != nil {
+			op, events := *kept.op, kept.events
+			if handed {
+				events = runningAtDelivery(&op, events, *c.FirstDeliveredAt)
+			}
+			if err := insertOperation(t.db(ctx), t.dialect, &op, events); err != nil {
+				return n, false, err
+			}
+			kept.op.Cursor = op.Cursor
+		}
 		if err := t.InsertCommand(ctx, c); err != nil {
 			return n, false, err
 		}
 		if handed {
-			if err := t.mirrorFirstDeliveries(ctx, []fleet.Command{c}, *c.FirstDeliveredAt); err != nil {
+			if kept != nil {
+				t.noteOperations([]string{c.OperationID})
+			} else if err := t.mirrorFirstDeliveries(ctx, []fleet.Command{c}, *c.FirstDeliveredAt); err != nil {
 				return n, false, err
 			}
 		}
@@ -730,6 +752,15 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 	return t.issue(ctx, c, kept, count, false)
 }
 
+// runningAtDelivery makes op, whose command is inserted delivered at at,
+// what a claim's first delivery leaves it (running, accepted on the long
+// poll) and answers its events with that one's.
+func runningAtDelivery(op *ledger.Operation, events []ledger.Event, at time.Time) []ledger.Event {
+	op.State, op.AcceptedAt, op.UpdatedAt = ledger.StateRunning, &at, at
+	return append(slices.Clip(events), ledger.Event{OperationID: op.ID, Type: ledger.EventRunning, At: at,
+		Data: json.RawMessage(`{"channel":"long_poll"}`)})
+}
+
 // undelivered is c recorded as never delivered.
 func undelivered(c fleet.Command) fleet.Command {
 	c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = nil, nil, nil, 0
@@ -756,11 +787,7 @@ func (t *fleetTx) issue(ctx context.Context, c fleet.Command, kept *later, count
 	if kept != nil {
 		op, evs := *kept.op, kept.events
 		if handed {
-			// Inserted as a claim's first delivery leaves it: running,
-			// accepted on the long poll, with its event.
-			at := *c.FirstDeliveredAt
-			op.State, op.AcceptedAt, op.UpdatedAt = ledger.StateRunning, &at, at
-			evs = append(slices.Clip(evs), ledger.Event{Type: ledger.EventRunning, At: at, Data: json.RawMessage(`{"channel":"long_poll"}`)})
+			evs = runningAtDelivery(&op, evs, *c.FirstDeliveredAt)
 		}
 		opValues, evArgs = operationValues(rowFromOperation(op)), eventArgs(evs)
 		events = len(evs)

@@ -1,6 +1,8 @@
 package models
 
 import (
+	"database/sql"
+	"errors"
 	"slices"
 	"strings"
 
@@ -10,19 +12,22 @@ import (
 	"github.com/nodeward/nodeward/ledger"
 )
 
-// A node command's operation is recorded, on Postgres, by the statement
-// that records its command (IssueToNode): ledgerTx.InsertOperation keeps a
-// command kind's operation back (later), and the command's insert takes it
-// along, so the submit pays one statement for the two (DECISIONS.md §34).
-// Whatever statement of the transaction comes first instead sends it on
-// its own before running (fleetReader.db), as does the end of the
-// transaction's work (group.go), so the order of the writes is kept.
+// A node command's operation is recorded by the statement that records
+// its command (IssueToNode): ledgerTx.InsertOperation keeps a command
+// kind's operation back (later), and the command's insert takes it along,
+// so the submit pays one statement for the two on Postgres (DECISIONS.md
+// §34) and, on both dialects, inserts an operation whose command goes
+// straight to a held poll as running rather than updating it so. Whatever
+// statement of the transaction comes first instead sends it on its own
+// before running (fleetReader.db), as does the end of the transaction's
+// work (group.go), so the order of the writes is kept.
 
 // later is an operation whose insert waits for the transaction's next
 // statement, and a node quota count that statement may answer.
 type later struct {
-	op     *ledger.Operation
-	events []ledger.Event
+	dialect string
+	op      *ledger.Operation
+	events  []ledger.Event
 	// count is the quota count the ledger expects to ask once the
 	// command's insert has locked its node (ExpectNodeCount): the insert
 	// answers it (issueSQL), and it holds until the next statement.
@@ -109,12 +114,37 @@ func (l *later) send(g *gorm.DB) error {
 	}
 	op, events := l.op, l.events
 	l.op, l.events = nil, nil
-	seq, err := insertOperationStatement(g, *op, events)
+	return insertOperation(g, l.dialect, op, events)
+}
+
+// insertOperation inserts op and its events and sets op's cursor: on
+// Postgres in one statement, on SQLite (no writes inside a WITH) in two,
+// both sent around GORM (sqlpath.go).
+func insertOperation(g *gorm.DB, dialect string, op *ledger.Operation, events []ledger.Event) error {
+	if dialect == Postgres {
+		seq, err := insertOperationStatement(g, *op, events)
+		if err != nil {
+			return err
+		}
+		op.Cursor = seq
+		return nil
+	}
+	var seq []int64
+	err := eachRow(g, insertOperationSQLite, operationValues(rowFromOperation(*op)), func(rows *sql.Rows) error {
+		seq = append(seq, 0)
+		return rows.Scan(&seq[len(seq)-1])
+	})
 	if err != nil {
+		if isDuplicate(err) {
+			return ledger.ErrDuplicate
+		}
 		return err
 	}
-	op.Cursor = seq
-	return nil
+	if len(seq) != 1 {
+		return errors.New("insert operation: no row answered")
+	}
+	op.Cursor = seq[0]
+	return appendEvents(g, events)
 }
 
 // sendFirst sends the operation kept back before a statement built on g:

@@ -65,8 +65,8 @@ func (q LedgerStatements) CountOpenForNode(nodeID string, except []string) State
 		}
 		return Statement{SQL: openForNodeFunctionSQL, Args: []any{nodeID, "", "{" + strings.Join(quoted, ",") + "}"}}
 	}
-	var n int64
-	return q.build(func(g *gorm.DB) *gorm.DB { return openForNodeQuery(g, nodeID, except).Count(&n) })
+	sql, args := countOpenForNodeSQLite(nodeID, except)
+	return q.raw(sql, args...)
 }
 
 // CountOpenForPrincipal is the per-principal quota count.

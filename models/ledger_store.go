@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -379,42 +380,17 @@ func (t *ledgerTx) strayOperation(row Operation) error {
 }
 
 func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, events ...ledger.Event) error {
-	if t.r.dialect == Postgres {
-		if t.r.later.hold(op, events) {
-			return nil // its command's insert records it (later.go)
-		}
-		// The operation and its events in one statement (one round trip).
-		seq, err := insertOperationStatement(t.r.db(ctx), *op, events)
-		if err != nil {
-			return err
-		}
-		op.Cursor = seq
-		return nil
+	if t.r.later.hold(op, events) {
+		return nil // its command's insert records it (later.go)
 	}
-	// A fixed statement (one kept statement) with the columns
-	// insertOperationStatement names, sent around GORM (sqlpath.go): its
-	// Create's reflection over the row was most of a submit's cost on
-	// SQLite, and its Raw(…).Scan renders the statement with every value
-	// for its trace recorder, logging off or not.
-	var seq []int64
-	err := eachRow(t.r.db(ctx), insertOperationSQLite, operationValues(rowFromOperation(*op)), func(rows *sql.Rows) error {
-		seq = append(seq, 0)
-		return rows.Scan(&seq[len(seq)-1])
-	})
-	if err != nil {
-		if isDuplicate(err) {
-			return ledger.ErrDuplicate
-		}
-		return err
-	}
-	if len(seq) != 1 {
-		return errors.New("insert operation: no row answered")
-	}
-	op.Cursor = seq[0]
-	return appendEvents(t.r.db(ctx), events)
+	return insertOperation(t.r.db(ctx), t.r.dialect, op, events)
 }
 
-// insertOperationSQLite is InsertOperation's statement on SQLite.
+// insertOperationSQLite is insertOperation's first statement on SQLite:
+// a fixed statement (one kept statement) with the columns
+// insertOperationStatement names. GORM's Create reflected over the row,
+// most of a submit's cost on SQLite, and its Raw(…).Scan renders the
+// statement with every value for its trace recorder, logging off or not.
 var insertOperationSQLite = `INSERT INTO operations (` + operationColumns + `) VALUES (` + placeholders(operationValueCount) + `) RETURNING seq`
 
 func (t *ledgerTx) UpdateOperation(ctx context.Context, op ledger.Operation) error {
@@ -448,8 +424,24 @@ func (t *ledgerTx) CountOpenForNode(ctx context.Context, nodeID string, except [
 		err := eachRow(t.r.db(ctx), countOpenForNodeSQL, []any{nodeID, except}, func(rows *sql.Rows) error { return rows.Scan(&n) })
 		return int(n), err
 	}
-	err := openForNodeQuery(t.r.db(ctx), nodeID, except).Count(&n).Error
+	// Sent around GORM (sqlpath.go): every submit of a node-targeted
+	// kind counts, and GORM's Count ran its builder and callbacks.
+	q, args := countOpenForNodeSQLite(nodeID, except)
+	err := eachRow(t.r.db(ctx), q, args, func(rows *sql.Rows) error { return rows.Scan(&n) })
 	return int(n), err
+}
+
+// countOpenForNodeSQLite is CountOpenForNode's statement on SQLite and its
+// arguments: the node's open operations, the exempt kinds left out.
+func countOpenForNodeSQLite(nodeID string, except []string) (string, []any) {
+	q := `SELECT COUNT(*) FROM operations WHERE target_id = ? AND terminal = FALSE AND target_kind = ?`
+	args := []any{nodeID, ledger.TargetNode}
+	if len(except) > 0 {
+		in, kinds := inList(except)
+		q += ` AND kind NOT IN (` + in + `)`
+		args = append(args, kinds...)
+	}
+	return q, args
 }
 
 // countOpenForNodeSQL is CountOpenForNode's statement on Postgres: no
@@ -484,14 +476,6 @@ func (t *ledgerTx) CountOpenForNodes(ctx context.Context, nodeIDs []string, exce
 	return out, nil
 }
 
-func openForNodeQuery(g *gorm.DB, nodeID string, except []string) *gorm.DB {
-	q := g.Model(&Operation{}).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode)
-	if len(except) > 0 {
-		q = q.Where("kind NOT IN ?", except)
-	}
-	return q
-}
-
 func (t *ledgerTx) CountOpenForPrincipal(ctx context.Context, p ledger.Principal) (int, error) {
 	var n int64
 	err := openForPrincipalQuery(t.r.db(ctx), p).Count(&n).Error
@@ -508,36 +492,53 @@ func (t *ledgerTx) AppendEvents(ctx context.Context, events ...ledger.Event) err
 }
 
 func appendEvents(g *gorm.DB, events []ledger.Event) error {
-	if len(events) == 0 {
-		return nil
-	}
-	// Multi-row inserts of fixed shape (GORM's CreateInBatches reflected
-	// over every row), at most insertBatch rows each: a fan-out's release
-	// may carry thousands, and SQLite binds at most 32,766 parameters per
-	// statement.
+	// Multi-row inserts of fixed shape, at most insertBatch rows each (a
+	// fan-out's release may carry thousands, and SQLite binds at most
+	// 32,766 parameters per statement), sent around GORM (sqlpath.go):
+	// every command writes two or three of them, and GORM's Exec ran its
+	// builder and callbacks for each.
+	postgres := g.Dialector.Name() == Postgres
 	for len(events) > 0 {
 		n := min(len(events), insertBatch)
-		var sql strings.Builder
-		sql.WriteString("INSERT INTO operation_events (operation_id, type, at, data) VALUES ")
 		args := make([]any, 0, 4*n)
-		for i, e := range events[:n] {
-			if i > 0 {
-				sql.WriteString(", ")
-			}
-			sql.WriteString("(?, ?, ?, ?)")
+		for _, e := range events[:n] {
 			data := string(e.Data)
 			if data == "" {
 				data = "{}"
 			}
 			args = append(args, e.OperationID, e.Type, dbtime.Norm(e.At), data)
 		}
-		if err := g.Exec(sql.String(), args...).Error; err != nil {
+		if _, err := execRows(g, eventsInsertSQL(n, postgres), args...); err != nil {
 			return err
 		}
 		events = events[n:]
 	}
 	return nil
 }
+
+// eventsInsertSQL is appendEvents's statement for n events, built once
+// per shape.
+func eventsInsertSQL(n int, postgres bool) string {
+	shape := eventsShape{n, postgres}
+	if q, ok := eventsStatements.Load(shape); ok {
+		return q.(string)
+	}
+	q := "INSERT INTO operation_events (operation_id, type, at, data) VALUES " +
+		strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?), ", n), ", ")
+	if postgres {
+		q = numbered(q)
+	}
+	eventsStatements.Store(shape, q)
+	return q
+}
+
+type eventsShape struct {
+	n        int
+	postgres bool
+}
+
+// eventsStatements holds eventsInsertSQL's statements by shape.
+var eventsStatements sync.Map
 
 func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
 	return t.ftx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: operationID})

@@ -18,7 +18,9 @@ import (
 // BenchmarkCommandPath measures the command path's hot statements one
 // transaction per op, as the server runs them: "issue" records a command
 // kind's operation with its command (ledger InsertOperation kept back,
-// then IssueToNode: one statement on Postgres); "claim" is a poll's
+// then IssueToNode: one statement on Postgres), "hand" the same command
+// handed to a held poll (inserted delivered, its operation running);
+// "claim" is a poll's
 // ClaimDue of one command (a redelivery each op, so every op claims
 // exactly one row and the table does not grow); "count" is the submit's
 // per-node quota count and "lock" a settlement's LockCommands of one
@@ -47,33 +49,42 @@ func BenchmarkCommandPath(b *testing.B) {
 			}))
 			seq, claims := 0, 0
 
-			b.Run("issue", func(b *testing.B) {
-				b.ReportAllocs()
-				defer reportCPU(b)()
-				for i := 0; i < b.N; i++ {
-					seq++
-					id := "op-" + strconv.Itoa(seq)
-					op := &ledger.Operation{ID: id, RequestID: "req-" + id, Digest: "d", PrincipalKind: ledger.PrincipalAdmin,
-						PrincipalID: "u1", Family: ledger.FamilyCommands, Kind: ledger.KindNodePrepareImage, State: ledger.StatePending,
-						Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "n1"}},
-						TargetKind: ledger.TargetNode, TargetID: "n1", Operation: payload, CreatedAt: t0, Deadline: t0.Add(time.Hour), UpdatedAt: t0}
-					err := ls.Tx(ctx, func(tx ledger.Tx) error {
-						if err := tx.InsertOperation(ctx, op, ledger.Event{OperationID: id, Type: ledger.EventSubmitted, At: t0,
-							Data: json.RawMessage(`{}`)}); err != nil {
+			issue := func(handed bool) func(b *testing.B) {
+				return func(b *testing.B) {
+					b.ReportAllocs()
+					defer reportCPU(b)()
+					for i := 0; i < b.N; i++ {
+						seq++
+						id := "op-" + strconv.Itoa(seq)
+						op := &ledger.Operation{ID: id, RequestID: "req-" + id, Digest: "d", PrincipalKind: ledger.PrincipalAdmin,
+							PrincipalID: "u1", Family: ledger.FamilyCommands, Kind: ledger.KindNodePrepareImage, State: ledger.StatePending,
+							Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "n1"}},
+							TargetKind: ledger.TargetNode, TargetID: "n1", Operation: payload, CreatedAt: t0, Deadline: t0.Add(time.Hour), UpdatedAt: t0}
+						c := fleet.Command{OperationID: id, NodeID: "n1", Kind: "prepare_image",
+							Payload: payload, PayloadDigest: "d", IssuedAt: t0, State: fleet.CommandPending}
+						if handed {
+							fencing, at := int64(1), t0.Add(time.Second)
+							c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = &fencing, &at, &at, 1
+						}
+						err := ls.Tx(ctx, func(tx ledger.Tx) error {
+							if err := tx.InsertOperation(ctx, op, ledger.Event{OperationID: id, Type: ledger.EventSubmitted, At: t0,
+								Data: json.RawMessage(`{}`)}); err != nil {
+								return err
+							}
+							_, ok, err := tx.Fleet().IssueToNode(ctx, c)
+							if err == nil && !ok {
+								b.Fatal("not issued")
+							}
 							return err
+						})
+						if err != nil {
+							b.Fatal(err)
 						}
-						_, ok, err := tx.Fleet().IssueToNode(ctx, fleet.Command{OperationID: id, NodeID: "n1", Kind: "prepare_image",
-							Payload: payload, PayloadDigest: "d", IssuedAt: t0, State: fleet.CommandPending})
-						if err == nil && !ok {
-							b.Fatal("not issued")
-						}
-						return err
-					})
-					if err != nil {
-						b.Fatal(err)
 					}
 				}
-			})
+			}
+			b.Run("issue", issue(false))
+			b.Run("hand", issue(true))
 
 			b.Run("count", func(b *testing.B) {
 				b.ReportAllocs()

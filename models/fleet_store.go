@@ -692,7 +692,7 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 			if kept != nil {
 				// Recorded as it came, as before the read: a taken id
 				// is the ledger's answer whatever the node's state.
-				if err := insertOperation(t.db(ctx), t.dialect, kept.op, kept.events); err != nil {
+				if err := insertOperation(t.db(ctx), kept.op, kept.events); err != nil {
 					return n, false, err
 				}
 			}
@@ -708,7 +708,7 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 			if handed {
 				events = runningAtDelivery(&op, events, *c.FirstDeliveredAt)
 			}
-			if err := insertOperation(t.db(ctx), t.dialect, &op, events); err != nil {
+			if err := insertOperation(t.db(ctx), &op, events); err != nil {
 				return n, false, err
 			}
 			kept.op.Cursor = op.Cursor

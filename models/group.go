@@ -397,7 +397,7 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 	return s.db.Tx(ctx, func(tx *gorm.DB) error {
 		for _, r := range batch {
 			r.notes, r.pg, r.after, r.audit, r.err, r.strayed = nil, nil, nil, nil, nil, false
-			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single, later: &later{dialect: s.dialect}}, store: s,
+			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single, later: &later{}}, store: s,
 				notes: &r.notes, pg: &r.pg, after: &r.after, audit: &r.audit}
 			fn := func() error {
 				if err := r.fn(t); err != nil {

@@ -25,9 +25,8 @@ import (
 // later is an operation whose insert waits for the transaction's next
 // statement, and a node quota count that statement may answer.
 type later struct {
-	dialect string
-	op      *ledger.Operation
-	events  []ledger.Event
+	op     *ledger.Operation
+	events []ledger.Event
 	// count is the quota count the ledger expects to ask once the
 	// command's insert has locked its node (ExpectNodeCount): the insert
 	// answers it (issueSQL), and it holds until the next statement.
@@ -114,14 +113,14 @@ func (l *later) send(g *gorm.DB) error {
 	}
 	op, events := l.op, l.events
 	l.op, l.events = nil, nil
-	return insertOperation(g, l.dialect, op, events)
+	return insertOperation(g, op, events)
 }
 
 // insertOperation inserts op and its events and sets op's cursor: on
 // Postgres in one statement, on SQLite (no writes inside a WITH) in two,
 // both sent around GORM (sqlpath.go).
-func insertOperation(g *gorm.DB, dialect string, op *ledger.Operation, events []ledger.Event) error {
-	if dialect == Postgres {
+func insertOperation(g *gorm.DB, op *ledger.Operation, events []ledger.Event) error {
+	if onPostgres(g) {
 		seq, err := insertOperationStatement(g, *op, events)
 		if err != nil {
 			return err
@@ -157,13 +156,9 @@ func (l *later) sendFirst(g *gorm.DB) *gorm.DB {
 	return g
 }
 
-// operationCTE is the part of a WITH that inserts op (as op, answering
-// seq and id) and its events (as ev), and its arguments.
-func operationCTE(op ledger.Operation, events []ledger.Event) (string, []any) {
-	return operationSQL(len(events)), operationArgs(op, events)
-}
-
-// operationSQL is operationCTE's text for an operation with n events.
+// operationSQL is the part of a WITH that inserts an operation (as op,
+// answering its seq and id) and its n events (as ev); its arguments are
+// operationArgs's.
 func operationSQL(n int) string {
 	return `op AS (
 			INSERT INTO operations (` + operationColumns + `) VALUES (` + placeholders(operationValueCount) + `)

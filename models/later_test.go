@@ -87,8 +87,9 @@ func TestLedgerStoreRecordsACommandsOperationWithItsCommand(t *testing.T) {
 
 // TestLedgerStoreRecordsAHandedCommandDelivered: a command handed to a
 // poll held at the node's fencing token is recorded delivered to that
-// token, its operation running with its event, in the statement that
-// records both; handed at a token the node no longer has (it re-enrolled
+// token, its operation running with its event, in the submit's own
+// statements (one on Postgres, the operation's insert then the
+// command's on SQLite); handed at a token the node no longer has (it re-enrolled
 // since the poll came), it is recorded pending and its operation with it,
 // nothing half-written; an operation recorded before by a statement of its
 // own is made running all the same; both dialects.

@@ -2,9 +2,11 @@ package models
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 
 	"gorm.io/gorm"
 	"modernc.org/sqlite"
@@ -80,11 +82,14 @@ func (s *LedgerStore) Insert(ctx context.Context, op *ledger.Operation, events .
 }
 
 // insertOperationStatement records op and its events in one Postgres
-// statement and answers its cursor; ErrDuplicate on a taken id or request.
+// statement, sent around GORM (sqlpath.go), and answers its cursor;
+// ErrDuplicate on a taken id or request.
 func insertOperationStatement(g *gorm.DB, op ledger.Operation, events []ledger.Event) (int64, error) {
-	cte, args := operationCTE(op, events)
 	var seq []int64
-	err := g.Raw(`WITH `+cte+` SELECT op.seq FROM op`, args...).Scan(&seq).Error
+	err := eachRow(g, insertOperationPostgresSQL(len(events)), operationArgs(op, events), func(rows *sql.Rows) error {
+		seq = append(seq, 0)
+		return rows.Scan(&seq[len(seq)-1])
+	})
 	if err != nil {
 		if isDuplicate(err) {
 			return 0, ledger.ErrDuplicate
@@ -96,6 +101,19 @@ func insertOperationStatement(g *gorm.DB, op ledger.Operation, events []ledger.E
 	}
 	return seq[0], nil
 }
+
+// insertOperationPostgresSQL is insertOperationStatement's text for an
+// operation with n events, built once per n.
+func insertOperationPostgresSQL(n int) string {
+	if q, ok := insertOperationStatements.Load(n); ok {
+		return q.(string)
+	}
+	q := numbered(`WITH ` + operationSQL(n) + ` SELECT op.seq FROM op`)
+	insertOperationStatements.Store(n, q)
+	return q
+}
+
+var insertOperationStatements sync.Map // events count → statement text
 
 // pokeReplicas tells the other replicas that work may be claimable, in
 // the announcer's next statement however many submits there were (the

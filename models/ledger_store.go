@@ -383,7 +383,7 @@ func (t *ledgerTx) InsertOperation(ctx context.Context, op *ledger.Operation, ev
 	if t.r.later.hold(op, events) {
 		return nil // its command's insert records it (later.go)
 	}
-	return insertOperation(t.r.db(ctx), t.r.dialect, op, events)
+	return insertOperation(t.r.db(ctx), op, events)
 }
 
 // insertOperationSQLite is insertOperation's first statement on SQLite:
@@ -497,7 +497,7 @@ func appendEvents(g *gorm.DB, events []ledger.Event) error {
 	// 32,766 parameters per statement), sent around GORM (sqlpath.go):
 	// every command writes two or three of them, and GORM's Exec ran its
 	// builder and callbacks for each.
-	postgres := g.Dialector.Name() == Postgres
+	postgres := onPostgres(g)
 	for len(events) > 0 {
 		n := min(len(events), insertBatch)
 		args := make([]any, 0, 4*n)

@@ -41,6 +41,12 @@ func execRows(g *gorm.DB, query string, args ...any) (int64, error) {
 	return res.RowsAffected()
 }
 
+// onPostgres reports whether g talks to Postgres (its placeholders are
+// $1, $2, …; SQLite's are ?).
+func onPostgres(g *gorm.DB) bool {
+	return g.Dialector.Name() == Postgres
+}
+
 // statementContext is the context GORM would have run g's statement with.
 func statementContext(g *gorm.DB) context.Context {
 	if g.Statement.Context != nil {

@@ -28,7 +28,10 @@ type FleetStore struct {
 	replica  string
 	channel  string
 	onCommit func([]fleet.Notification)
-	group    *groupCommit
+	// onBatch observes each group-committed write batch's duration
+	// (SetOnBatch).
+	onBatch func(time.Duration)
+	group   *groupCommit
 	// announcer sends the notifications that may follow their commit
 	// (Postgres; nil on SQLite).
 	announcer *announcer
@@ -67,6 +70,12 @@ func NotifyChannel(db *DB) string {
 
 // SetOnCommit replaces the commit hook (wiring sets it once the hub exists).
 func (s *FleetStore) SetOnCommit(fn func([]fleet.Notification)) { s.onCommit = fn }
+
+// SetOnBatch sets what observes every group-committed write batch's
+// duration: its transaction from begin to the end of its commit (or its
+// rollback), the time the requests of the batch, and those queued behind
+// it in its lane, waited on it. Set it before the store is used.
+func (s *FleetStore) SetOnBatch(fn func(time.Duration)) { s.onBatch = fn }
 
 // Tx runs fn in a transaction and, after it commits, hands its
 // notifications to the local hook. Concurrent calls share one commit (see

@@ -329,7 +329,11 @@ func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) 
 		}
 	}
 	g.stats.batches.Add(1)
+	began := time.Now()
 	again, finish := g.run(ctx, l, batch)
+	if g.store.onBatch != nil {
+		g.store.onBatch(time.Since(began))
+	}
 	g.running.Add(-1)
 	unlock()
 	finish()

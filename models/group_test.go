@@ -239,6 +239,38 @@ func TestGroupCommitCountsExclusiveTime(t *testing.T) {
 	})
 }
 
+// Every write batch is observed once (the metric
+// nodeward_write_batch_seconds), with at least the time its request's
+// work took inside it: as many observations as batches ran, both
+// dialects.
+func TestGroupCommitObservesEveryBatch(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		var mu sync.Mutex
+		var seen []time.Duration
+		s.SetOnBatch(func(d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, d)
+		})
+		before := s.GroupStats().Batches
+		insert(t, s, sampleNode("observed", "rent-observed", 1))
+		var inside time.Duration
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			start := time.Now()
+			_, err := tx.LockNode(ctx, "observed")
+			inside = time.Since(start)
+			return err
+		}))
+		batches := s.GroupStats().Batches - before
+		mu.Lock()
+		defer mu.Unlock()
+		require.Positive(t, batches)
+		require.Len(t, seen, int(batches), "one observation a batch")
+		require.GreaterOrEqual(t, seen[len(seen)-1], inside, "at least the batch's own work")
+	})
+}
+
 // Two transactions routed to nodes of different lanes run at once: each
 // waits, inside its transaction, for the other to have started, which
 // only happens if their batches run side by side (one batch at a time

@@ -120,6 +120,16 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 			Name: "nodeward_write_queued_requests",
 			Help: "Write requests waiting for their batch now, over every lane (an enrollment that waits past the enrollment queue bound is shed).",
 		}, func() float64 { return float64(a.fleetStore.GroupStats().Queued) }))
+	// How long each write batch took, commit included: on SQLite the one
+	// writer's transactions, so its tail is the tail every write queued
+	// behind it waits (a slow disk sync shows here first).
+	writeBatch := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "nodeward_write_batch_seconds",
+		Help:    "Duration of this replica's group-committed write batches: one transaction from its begin to the end of its commit.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 13), // 0.5 ms … 2 s
+	})
+	a.Metrics.Registry.MustRegister(writeBatch)
+	a.fleetStore.SetOnBatch(func(d time.Duration) { writeBatch.Observe(d.Seconds()) })
 	if db.Dialect == models.SQLite {
 		a.Metrics.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "nodeward_sqlite_checkpoint_frames_total",

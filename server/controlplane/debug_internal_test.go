@@ -135,6 +135,10 @@ func TestDebugListenerServesProfilesPublicDoesNot(t *testing.T) {
 	require.Regexp(t, `(?m)^nodeward_gc_percent -?\d+$`, body)
 	require.Regexp(t, `(?m)^nodeward_gc_cpu_seconds_total \S+$`, body)
 	require.Contains(t, body, "nodeward_memory_policy_releases_total 0")
+	// Every write batch's duration, commit included (a disk's slow sync
+	// shows here first).
+	require.Regexp(t, `(?m)^nodeward_write_batch_seconds_count \d+$`, body)
+	require.Contains(t, body, `nodeward_write_batch_seconds_bucket{le="0.0005"}`)
 }
 
 // TestDebugListenerOffByDefault: no setting, no listener.

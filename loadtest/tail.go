@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	neturl "net/url"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,12 +66,18 @@ type TailCause struct {
 	// and the lanes' wait behind them.
 	WriteExclusiveShare float64 `json:"write_exclusive_share"`
 	LaneGateWaitMS      float64 `json:"write_lane_gate_wait_ms"`
-	PGSamples           int     `json:"pg_samples,omitempty"`
-	PGLockWaits         float64 `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
-	PGLWLockWaits       float64 `json:"pg_lwlock_waiting_backends_avg,omitempty"`
-	PGWALWaits          float64 `json:"pg_wal_waiting_backends_avg,omitempty"` // WAL write/fsync: the commit's flush
-	PGActive            float64 `json:"pg_active_backends_avg,omitempty"`
-	PGLockWaitShare     float64 `json:"pg_lock_wait_share,omitempty"` // samples with any backend waiting on a lock
+	// The write batches of the window (nodeward_write_batch_seconds,
+	// summed over replicas): how many, and their p99 from the histogram's
+	// buckets, commit included — what a request queued behind a slow one
+	// waits for.
+	WriteBatches    float64 `json:"write_batches"`
+	WriteBatchP99MS float64 `json:"write_batch_p99_ms"`
+	PGSamples       int     `json:"pg_samples,omitempty"`
+	PGLockWaits     float64 `json:"pg_lock_waiting_backends_avg,omitempty"` // heavyweight locks (rows, transactions)
+	PGLWLockWaits   float64 `json:"pg_lwlock_waiting_backends_avg,omitempty"`
+	PGWALWaits      float64 `json:"pg_wal_waiting_backends_avg,omitempty"` // WAL write/fsync: the commit's flush
+	PGActive        float64 `json:"pg_active_backends_avg,omitempty"`
+	PGLockWaitShare float64 `json:"pg_lock_wait_share,omitempty"` // samples with any backend waiting on a lock
 	// PGLockWaiters names who waited on a lock, most often first: the
 	// lock's kind and the waiting statement's start, with the average
 	// number of backends waiting so.
@@ -206,6 +215,9 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 	if rep.Seconds > 0 {
 		tc.WriteExclusiveShare = d("nodeward_write_exclusive_seconds_total") / rep.Seconds
 	}
+	var p99 float64
+	tc.WriteBatches, p99 = histogramQuantile(before, after, "nodeward_write_batch_seconds", 0.99)
+	tc.WriteBatchP99MS = 1000 * p99
 	// The Go collector's quantile 1 is the longest of the recent pauses,
 	// which may predate the window: no pause in it is longer than their sum.
 	tc.GCMaxMS = min(tc.GCMaxMS, tc.GCPauseMS)
@@ -272,6 +284,9 @@ func tailCauses(tc TailCause, rep *Report) []string {
 		}
 		out = append(out, c)
 	}
+	if tc.WriteBatches > 0 && tc.WriteBatchP99MS >= max(1, tc.TargetMS/5) {
+		out = append(out, fmt.Sprintf("write batches: p99 %.1f ms of %.0f in the window (a transaction with its commit; what the requests queued behind a slow one wait for)", tc.WriteBatchP99MS, tc.WriteBatches))
+	}
 	if tc.PoolWaits > 0 {
 		out = append(out, fmt.Sprintf("database pool: %.0f waits for a connection, %.0f ms in all (%.1f ms each)", tc.PoolWaits, tc.PoolWaitMS, tc.PoolWaitMS/tc.PoolWaits))
 	}
@@ -294,4 +309,54 @@ func printTail(w io.Writer, tc TailCause) {
 	}
 	fmt.Fprintf(w, "  GC %.0f cycles, max pause %.2f ms, heap %.0f MB (all servers); postgres samples %d: lock %.2f, lwlock %.2f, WAL %.2f, active %.2f\n",
 		tc.GCs, tc.GCMaxMS, tc.HeapMB, tc.PGSamples, tc.PGLockWaits, tc.PGLWLockWaits, tc.PGWALWaits, tc.PGActive)
+}
+
+// histogramQuantile answers how many observations a Prometheus histogram
+// (its name_bucket{le="…"} series) took between two scrapes, and the q
+// quantile of them, interpolated linearly inside its bucket as
+// Prometheus's histogram_quantile does (the +Inf bucket answers the
+// highest finite bound). Zero and zero when nothing was observed.
+func histogramQuantile(before, after map[string]float64, name string, q float64) (count, value float64) {
+	prefix := name + `_bucket{le="`
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	for k, v := range after {
+		le, ok := strings.CutPrefix(k, prefix)
+		if !ok {
+			continue
+		}
+		le = strings.TrimSuffix(le, `"}`)
+		bound := math.Inf(1)
+		if le != "+Inf" {
+			f, err := strconv.ParseFloat(le, 64)
+			if err != nil {
+				continue
+			}
+			bound = f
+		}
+		bs = append(bs, bucket{bound, v - before[k]})
+	}
+	if len(bs) == 0 {
+		return 0, 0
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	count = bs[len(bs)-1].n // the +Inf bucket counts every observation
+	if count <= 0 {
+		return 0, 0
+	}
+	rank := q * count
+	lower, below := 0.0, 0.0
+	for _, b := range bs {
+		if b.n >= rank {
+			if math.IsInf(b.le, 1) {
+				return count, lower
+			}
+			if b.n == below {
+				return count, b.le
+			}
+			return count, lower + (b.le-lower)*(rank-below)/(b.n-below)
+		}
+		lower, below = b.le, b.n
+	}
+	return count, lower
 }

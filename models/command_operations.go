@@ -386,50 +386,48 @@ func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time
 // (the same rows as terminal = FALSE) say the same without offering it.
 func settlePendingSQL(n, m int) string {
 	key := [2]int{n, m}
-	if q, ok := settleStatements.Load(key); ok {
-		return q.(string)
-	}
-	var b strings.Builder
-	next := 3
-	param := func(cast string) {
-		fmt.Fprintf(&b, "CAST($%d AS %s)", next, cast)
-		next++
-	}
-	b.WriteString(`WITH v (operation_id, state, code, message) AS (VALUES `)
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b.WriteString(", ")
+	return settleStatements.get(key, func() string {
+		var b strings.Builder
+		next := 3
+		param := func(cast string) {
+			fmt.Fprintf(&b, "CAST($%d AS %s)", next, cast)
+			next++
 		}
-		b.WriteString("(")
-		for j := 0; j < 4; j++ {
-			if j > 0 {
+		b.WriteString(`WITH v (operation_id, state, code, message) AS (VALUES `)
+		for i := 0; i < n; i++ {
+			if i > 0 {
 				b.WriteString(", ")
 			}
-			param("text")
+			b.WriteString("(")
+			for j := 0; j < 4; j++ {
+				if j > 0 {
+					b.WriteString(", ")
+				}
+				param("text")
+			}
+			b.WriteString(")")
 		}
-		b.WriteString(")")
-	}
-	b.WriteString(`),
+		b.WriteString(`),
 	e (id, kind, state, result, code, message, retryable, data) AS (`)
-	if m == 0 { // no ending: an empty list of the same columns
-		b.WriteString(`SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::text WHERE FALSE`)
-	} else {
-		b.WriteString(`VALUES `)
-	}
-	for i := 0; i < m; i++ {
-		if i > 0 {
-			b.WriteString(", ")
+		if m == 0 { // no ending: an empty list of the same columns
+			b.WriteString(`SELECT NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::boolean, NULL::text WHERE FALSE`)
+		} else {
+			b.WriteString(`VALUES `)
 		}
-		b.WriteString("(")
-		for j, cast := range []string{"text", "text", "text", "text", "text", "text", "boolean", "text"} {
-			if j > 0 {
+		for i := 0; i < m; i++ {
+			if i > 0 {
 				b.WriteString(", ")
 			}
-			param(cast)
+			b.WriteString("(")
+			for j, cast := range []string{"text", "text", "text", "text", "text", "text", "boolean", "text"} {
+				if j > 0 {
+					b.WriteString(", ")
+				}
+				param(cast)
+			}
+			b.WriteString(")")
 		}
-		b.WriteString(")")
-	}
-	b.WriteString(`),
+		b.WriteString(`),
 	l AS MATERIALIZED (
 		SELECT operation_id, node_id, kind, state, failure_code FROM commands
 		WHERE operation_id IN (SELECT operation_id FROM v) ORDER BY operation_id FOR UPDATE),
@@ -457,13 +455,13 @@ func settlePendingSQL(n, m int) string {
 	SELECT l.operation_id, l.node_id, l.kind, l.state, l.failure_code, cmd.operation_id IS NOT NULL,
 		op.id IS NOT NULL, op.parent_id, p.pending_left
 	FROM l LEFT JOIN cmd ON cmd.operation_id = l.operation_id LEFT JOIN op ON op.id = l.operation_id CROSS JOIN p`)
-	q := b.String()
-	settleStatements.Store(key, q)
-	return q
+		q := b.String()
+		return q
+	})
 }
 
 // settleStatements caches settlePendingSQL's text by (n, m).
-var settleStatements sync.Map
+var settleStatements statementCache[[2]int]
 
 // settleEndings are the operations' endings of SettlePending's
 // settlements, as arrays of its statement.

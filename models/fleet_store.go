@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
-	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -883,46 +882,44 @@ func (t *fleetTx) issue(ctx context.Context, c fleet.Command, kept *later, count
 // Handed, the operation's insert reads the locked row as the command's
 // does, so the two are written together or not at all.
 func issueSQL(shape issueShape) string {
-	if q, ok := issueStatements.Load(shape); ok {
-		return q.(string)
-	}
-	lock := ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR KEY SHARE)`
-	withOp, selectOp := "", ", NULL AS op_seq"
-	if shape.events >= 0 {
-		selectOp = ", (SELECT seq FROM op) AS op_seq"
-	}
-	// The count is a function of the locked row's id, so it runs once
-	// the lock is held, under the node's quota lock, in a snapshot of its
-	// own (migrations 00024, 00025).
-	selectCount := ", NULL::bigint AS open_others"
-	if shape.counted {
-		selectCount = ", nodeward_open_for_node(n.id, ?, ?::text[]) AS open_others"
-	}
-	var q string
-	if shape.handed {
+	return issueStatements.get(shape, func() string {
+		lock := ` n AS (SELECT ` + nodeColumns + ` FROM nodes WHERE id = ? FOR KEY SHARE)`
+		withOp, selectOp := "", ", NULL AS op_seq"
 		if shape.events >= 0 {
-			withOp = "," + operationSelectSQL(shape.events, "n WHERE n.state = ? AND n.fencing_token = ?")
+			selectOp = ", (SELECT seq FROM op) AS op_seq"
 		}
-		q = `WITH` + lock + withOp + `,
+		// The count is a function of the locked row's id, so it runs once
+		// the lock is held, under the node's quota lock, in a snapshot of its
+		// own (migrations 00024, 00025).
+		selectCount := ", NULL::bigint AS open_others"
+		if shape.counted {
+			selectCount = ", nodeward_open_for_node(n.id, ?, ?::text[]) AS open_others"
+		}
+		var q string
+		if shape.handed {
+			if shape.events >= 0 {
+				withOp = "," + operationSelectSQL(shape.events, "n WHERE n.state = ? AND n.fencing_token = ?")
+			}
+			q = `WITH` + lock + withOp + `,
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state,
 				delivery_count, delivered_fencing, first_delivered_at, last_delivered_at)
 			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 1, n.fencing_token, ?, ? FROM n
 			WHERE n.state = ? AND n.fencing_token = ?
 			RETURNING 1)`
-	} else {
-		if shape.events >= 0 {
-			withOp = operationSQL(shape.events) + ","
-		}
-		q = `WITH ` + withOp + lock + `,
+		} else {
+			if shape.events >= 0 {
+				withOp = operationSQL(shape.events) + ","
+			}
+			q = `WITH ` + withOp + lock + `,
 		ins AS (INSERT INTO commands (operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state, delivery_count)
 			SELECT ?, n.id, ?, ?, ?, n.fencing_token, ?, ?, 0 FROM n
 			WHERE n.state = ?
 			RETURNING 1)`
-	}
-	q = numbered(q + `
+		}
+		q = numbered(q + `
 		SELECT ` + nodeColumns + `, EXISTS (SELECT 1 FROM ins) AS inserted` + selectOp + selectCount + ` FROM n`)
-	issueStatements.Store(shape, q)
-	return q
+		return q
+	})
 }
 
 // issueShape names one of issueSQL's statements.
@@ -933,7 +930,7 @@ type issueShape struct {
 }
 
 // issueStatements holds issueSQL's statements by shape.
-var issueStatements sync.Map
+var issueStatements statementCache[issueShape]
 
 func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
 	r := rowFromCommand(c)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
-	"sync"
 
 	"gorm.io/gorm"
 	"modernc.org/sqlite"
@@ -105,15 +104,14 @@ func insertOperationStatement(g *gorm.DB, op ledger.Operation, events []ledger.E
 // insertOperationPostgresSQL is insertOperationStatement's text for an
 // operation with n events, built once per n.
 func insertOperationPostgresSQL(n int) string {
-	if q, ok := insertOperationStatements.Load(n); ok {
-		return q.(string)
-	}
-	q := numbered(`WITH ` + operationSQL(n) + ` SELECT op.seq FROM op`)
-	insertOperationStatements.Store(n, q)
-	return q
+	return insertOperationStatements.get(n, func() string {
+		return numbered(`WITH ` + operationSQL(n) + ` SELECT op.seq FROM op`)
+	})
 }
 
-var insertOperationStatements sync.Map // events count → statement text
+// insertOperationStatements holds insertOperationPostgresSQL's statements
+// by events count.
+var insertOperationStatements statementCache[int]
 
 // pokeReplicas tells the other replicas that work may be claimable, in
 // the announcer's next statement however many submits there were (the

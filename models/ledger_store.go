@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -520,16 +519,14 @@ func appendEvents(g *gorm.DB, events []ledger.Event) error {
 // per shape.
 func eventsInsertSQL(n int, postgres bool) string {
 	shape := eventsShape{n, postgres}
-	if q, ok := eventsStatements.Load(shape); ok {
-		return q.(string)
-	}
-	q := "INSERT INTO operation_events (operation_id, type, at, data) VALUES " +
-		strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?), ", n), ", ")
-	if postgres {
-		q = numbered(q)
-	}
-	eventsStatements.Store(shape, q)
-	return q
+	return eventsStatements.get(shape, func() string {
+		q := "INSERT INTO operation_events (operation_id, type, at, data) VALUES " +
+			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?), ", n), ", ")
+		if postgres {
+			q = numbered(q)
+		}
+		return q
+	})
 }
 
 type eventsShape struct {
@@ -538,7 +535,7 @@ type eventsShape struct {
 }
 
 // eventsStatements holds eventsInsertSQL's statements by shape.
-var eventsStatements sync.Map
+var eventsStatements statementCache[eventsShape]
 
 func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
 	return t.ftx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: operationID})

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -39,6 +40,20 @@ func execRows(g *gorm.DB, query string, args ...any) (int64, error) {
 		return 0, err
 	}
 	return res.RowsAffected()
+}
+
+// statementCache keeps the text of hand-written statements built per
+// shape (how many rows, which parts), each built once.
+type statementCache[K comparable] struct{ m sync.Map }
+
+// get answers the statement of shape k, built by build the first time.
+func (c *statementCache[K]) get(k K, build func() string) string {
+	if q, ok := c.m.Load(k); ok {
+		return q.(string)
+	}
+	q := build()
+	c.m.Store(k, q)
+	return q
 }
 
 // onPostgres reports whether g talks to Postgres (its placeholders are

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/a-h/templ"
 	"github.com/go-chi/chi/v5"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -35,9 +36,9 @@ func (h *handler) consoleNodeRoutes(r chi.Router) {
 	r.Post("/console/nodes/invite", h.consoleInvite)
 	r.Get("/console/nodes/{id}", h.consoleNode)
 	r.Post("/console/nodes/{id}/commands", h.consoleIssueCommand)
-	r.Get("/console/nodes/{id}/reinvite", h.consoleReinviteForm)
+	r.Get("/console/nodes/{id}/reinvite", h.consoleConfirmForm(views.ReinviteConfirmPage))
 	r.Post("/console/nodes/{id}/reinvite", h.consoleReinvite)
-	r.Get("/console/nodes/{id}/retire", h.consoleRetireForm)
+	r.Get("/console/nodes/{id}/retire", h.consoleConfirmForm(views.RetireConfirmPage))
 	r.Post("/console/nodes/{id}/retire", h.consoleRetire)
 	h.consoleConfigRoutes(r)
 }
@@ -409,18 +410,22 @@ func errorMessage(err error) string {
 	return "The request was refused."
 }
 
-func (h *handler) consoleRetireForm(w http.ResponseWriter, r *http.Request) {
-	n, err := h.Fleet.Node(r.Context(), chi.URLParam(r, "id"))
-	if err != nil {
-		h.consoleInternal(w, r, err)
-		return
+// consoleConfirmForm serves the confirmation page of a node action
+// (page); a retired node has no action left, so it goes back to the
+// node's page.
+func (h *handler) consoleConfirmForm(page func(views.Shell, views.Confirm) templ.Component) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		n, err := h.Fleet.Node(r.Context(), chi.URLParam(r, "id"))
+		if err != nil {
+			h.consoleInternal(w, r, err)
+			return
+		}
+		if n.State == fleet.StateRetired {
+			http.Redirect(w, r, views.NodeHref(n.ID), http.StatusSeeOther)
+			return
+		}
+		h.render(w, r, http.StatusOK, page(h.shell(r, views.NavNodes), views.Confirm{Node: nodeRow(n), RequestID: newRequestID()}))
 	}
-	if n.State == fleet.StateRetired {
-		http.Redirect(w, r, views.NodeHref(n.ID), http.StatusSeeOther)
-		return
-	}
-	h.render(w, r, http.StatusOK, views.RetireConfirmPage(h.shell(r, views.NavNodes),
-		views.Confirm{Node: nodeRow(n), RequestID: newRequestID()}))
 }
 
 func (h *handler) consoleRetire(w http.ResponseWriter, r *http.Request) {
@@ -455,20 +460,6 @@ func (h *handler) consoleRetire(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.render(w, r, http.StatusUnprocessableEntity, views.RetireConfirmPage(h.shell(r, views.NavNodes), v))
-}
-
-func (h *handler) consoleReinviteForm(w http.ResponseWriter, r *http.Request) {
-	n, err := h.Fleet.Node(r.Context(), chi.URLParam(r, "id"))
-	if err != nil {
-		h.consoleInternal(w, r, err)
-		return
-	}
-	if n.State == fleet.StateRetired {
-		http.Redirect(w, r, views.NodeHref(n.ID), http.StatusSeeOther)
-		return
-	}
-	h.render(w, r, http.StatusOK, views.ReinviteConfirmPage(h.shell(r, views.NavNodes),
-		views.Confirm{Node: nodeRow(n), RequestID: newRequestID()}))
 }
 
 func (h *handler) consoleReinvite(w http.ResponseWriter, r *http.Request) {

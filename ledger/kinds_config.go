@@ -174,14 +174,6 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 			if err := DecodeOperation(op.Operation, &o); err != nil {
 				return Plan{}, err
 			}
-			nodes, err := fanOutNodes(ctx, tx, op.Targets, o.Selector)
-			if err != nil {
-				return Plan{}, err
-			}
-			plan := Plan{MaxConcurrency: DefaultMaxConcurrency}
-			if o.MaxConcurrency != nil && *o.MaxConcurrency > 0 {
-				plan.MaxConcurrency = *o.MaxConcurrency
-			}
 			child, err := json.Marshal(ConfigureOperation{Format: o.Format, Document: o.Document, Force: o.Force})
 			if err != nil {
 				return Plan{}, err
@@ -189,11 +181,11 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 			if child, err = Canonical(child); err != nil {
 				return Plan{}, err
 			}
-			for _, id := range nodes {
-				plan.Children = append(plan.Children, Child{Kind: KindNodeConfigure,
-					Targets: []Target{{Kind: TargetNode, ID: id}}, Operation: child})
+			mc := 0
+			if o.MaxConcurrency != nil {
+				mc = *o.MaxConcurrency
 			}
-			return plan, nil
+			return fanOutPlan(ctx, tx, op.Targets, o.Selector, mc, KindNodeConfigure, child)
 		},
 	}
 	return []*Kind{node, fleetKind}

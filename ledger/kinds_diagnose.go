@@ -69,19 +69,7 @@ func DiagnoseKinds(f *fleet.Service) []*Kind {
 			if err := DecodeOperation(op.Operation, &o); err != nil {
 				return Plan{}, err
 			}
-			nodes, err := fanOutNodes(ctx, tx, op.Targets, o.Selector)
-			if err != nil {
-				return Plan{}, err
-			}
-			plan := Plan{MaxConcurrency: o.MaxConcurrency}
-			if plan.MaxConcurrency == 0 {
-				plan.MaxConcurrency = DefaultMaxConcurrency
-			}
-			for _, id := range nodes {
-				plan.Children = append(plan.Children, Child{Kind: KindNodeDiagnose,
-					Targets: []Target{{Kind: TargetNode, ID: id}}, Operation: o.Diagnose})
-			}
-			return plan, nil
+			return fanOutPlan(ctx, tx, op.Targets, o.Selector, o.MaxConcurrency, KindNodeDiagnose, o.Diagnose)
 		},
 		Summarize: func() Summarizer { return &diagnoseSummarizer{} },
 	}}

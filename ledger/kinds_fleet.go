@@ -81,6 +81,25 @@ func checkFanOutTargets(v *errcode.Validation, targets []Target, sel *Selector, 
 	}
 }
 
+// fanOutPlan is the plan of a fan-out that gives every node its targets
+// name, or its selector picks for the fleet target, one child of kind
+// with the same operation, at most maxConcurrency of them running at once
+// (0: DefaultMaxConcurrency).
+func fanOutPlan(ctx context.Context, tx Tx, targets []Target, sel *Selector, maxConcurrency int, kind string, operation json.RawMessage) (Plan, error) {
+	nodes, err := fanOutNodes(ctx, tx, targets, sel)
+	if err != nil {
+		return Plan{}, err
+	}
+	plan := Plan{MaxConcurrency: maxConcurrency, Children: make([]Child, 0, len(nodes))}
+	if plan.MaxConcurrency == 0 {
+		plan.MaxConcurrency = DefaultMaxConcurrency
+	}
+	for _, id := range nodes {
+		plan.Children = append(plan.Children, Child{Kind: kind, Targets: []Target{{Kind: TargetNode, ID: id}}, Operation: operation})
+	}
+	return plan, nil
+}
+
 // fanOutNodes answers the nodes a fan-out's targets name, or those its
 // selector picks for the fleet target.
 func fanOutNodes(ctx context.Context, tx Tx, targets []Target, sel *Selector) ([]string, error) {
@@ -110,19 +129,7 @@ func FleetKinds() []*Kind {
 			if err := DecodeOperation(op.Operation, &o); err != nil {
 				return Plan{}, err
 			}
-			nodes, err := fanOutNodes(ctx, tx, op.Targets, o.Selector)
-			if err != nil {
-				return Plan{}, err
-			}
-			plan := Plan{MaxConcurrency: o.MaxConcurrency}
-			if plan.MaxConcurrency == 0 {
-				plan.MaxConcurrency = DefaultMaxConcurrency
-			}
-			for _, id := range nodes {
-				plan.Children = append(plan.Children, Child{Kind: o.Kind,
-					Targets: []Target{{Kind: TargetNode, ID: id}}, Operation: o.Payload})
-			}
-			return plan, nil
+			return fanOutPlan(ctx, tx, op.Targets, o.Selector, o.MaxConcurrency, o.Kind, o.Payload)
 		},
 	}}
 }

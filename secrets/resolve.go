@@ -137,10 +137,20 @@ func (s *Service) RecordDenial(ctx context.Context, err error) {
 // within are delivered, at their place in the child. A payload without
 // handles is answered as is, at no read.
 func (s *Service) Deliver(ctx context.Context, sourceID, within string, payload json.RawMessage) (json.RawMessage, error) {
+	return s.deliver(ctx, s.store, sourceID, within, payload)
+}
+
+// deliveryReader reads an operation's deliveries: the Store, or a Tx.
+type deliveryReader interface {
+	Deliveries(ctx context.Context, operationID string) ([]Delivery, error)
+}
+
+// deliver is Deliver and TxDeliver, reading through r.
+func (s *Service) deliver(ctx context.Context, r deliveryReader, sourceID, within string, payload json.RawMessage) (json.RawMessage, error) {
 	if !Carries(payload) {
 		return payload, nil
 	}
-	ds, err := s.store.Deliveries(ctx, sourceID)
+	ds, err := r.Deliveries(ctx, sourceID)
 	if err != nil || len(ds) == 0 {
 		return payload, err
 	}
@@ -317,31 +327,7 @@ func Pointers(doc []byte) ([]string, error) {
 // handles (a configuration's document is stored with its values as it is
 // recorded).
 func (s *Service) TxDeliver(ctx context.Context, tx Tx, sourceID, within string, payload json.RawMessage) (json.RawMessage, error) {
-	if !Carries(payload) {
-		return payload, nil
-	}
-	ds, err := tx.Deliveries(ctx, sourceID)
-	if err != nil || len(ds) == 0 {
-		return payload, err
-	}
-	doc, err := decode(payload)
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range ds {
-		if !strings.HasPrefix(d.Field, within+"/") {
-			continue
-		}
-		plain, err := s.open(d.KeyID, d.Box, deliveryAAD(sourceID, d.Field))
-		if err != nil {
-			return nil, err
-		}
-		doc, err = replaceAt(doc, splitPointer(strings.TrimPrefix(d.Field, within)), string(plain))
-		if err != nil {
-			return nil, err
-		}
-	}
-	return json.Marshal(doc)
+	return s.deliver(ctx, tx, sourceID, within, payload)
 }
 
 func configAAD(nodeID string, revision int64) []byte {

@@ -69,33 +69,22 @@ func ScrubJSON(raw json.RawMessage, values []string) json.RawMessage {
 // Values answers the secret values the operations used (their resolved
 // sealed values, kept for delivery), for Scrub.
 func (s *Service) Values(ctx context.Context, operationIDs ...string) ([]string, error) {
-	var out []string
-	for _, id := range operationIDs {
-		if id == "" {
-			continue
-		}
-		ds, err := s.store.Deliveries(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		vs, err := s.openDeliveries(ds)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, vs...)
-	}
-	return out, nil
+	return s.values(ctx, s.store, operationIDs)
 }
 
 // TxValues is Values read inside tx (the transaction that stores the
 // text).
 func (s *Service) TxValues(ctx context.Context, tx Tx, operationIDs ...string) ([]string, error) {
+	return s.values(ctx, tx, operationIDs)
+}
+
+func (s *Service) values(ctx context.Context, r deliveryReader, operationIDs []string) ([]string, error) {
 	var out []string
 	for _, id := range operationIDs {
 		if id == "" {
 			continue
 		}
-		ds, err := tx.Deliveries(ctx, id)
+		ds, err := r.Deliveries(ctx, id)
 		if err != nil {
 			return nil, err
 		}

@@ -26,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodeward/nodeward/internal/retryafter"
 )
 
 // Error codes a ledger caller matches on (DECISIONS.md §18, API.md).
@@ -654,7 +656,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 // readError reads a refusal; a body that is not a problem document still
 // gives the status.
 func readError(resp *http.Response) *Error {
-	e := &Error{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"))}
+	e := &Error{Status: resp.StatusCode, RetryAfter: retryafter.Parse(resp.Header.Get("Retry-After"))}
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var p struct {
 		Title     string       `json:"title"`
@@ -674,19 +676,4 @@ func readError(resp *http.Response) *Error {
 		e.Title = http.StatusText(resp.StatusCode)
 	}
 	return e
-}
-
-// parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or bad.
-func parseRetryAfter(v string) time.Duration {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0
-	}
-	if n, err := strconv.Atoi(v); err == nil && n >= 0 {
-		return time.Duration(n) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(0, time.Until(t))
-	}
-	return 0
 }

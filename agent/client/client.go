@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/internal/retryafter"
 )
 
 // Machine codes the agent API answers (API.md, DECISIONS §18).
@@ -366,7 +367,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 }
 
 func parseError(resp *http.Response, data []byte) error {
-	e := &Error{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"))}
+	e := &Error{Status: resp.StatusCode, RetryAfter: retryafter.Parse(resp.Header.Get("Retry-After"))}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	var p api.Problem
 	if (mt == "application/problem+json" || mt == "application/json") && json.Unmarshal(data, &p) == nil {
@@ -376,21 +377,4 @@ func parseError(resp *http.Response, data []byte) error {
 		e.Title = http.StatusText(resp.StatusCode)
 	}
 	return e
-}
-
-// parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or bad.
-func parseRetryAfter(v string) time.Duration {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0
-	}
-	if n, err := strconv.Atoi(v); err == nil && n >= 0 {
-		return time.Duration(n) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		if d := time.Until(t); d > 0 {
-			return d
-		}
-	}
-	return 0
 }

@@ -27,7 +27,7 @@ func hostRow(p auth.PackageHost) views.PackageHostRow {
 func (h *handler) packageHostsView(r *http.Request) (views.PackageHostsView, error) {
 	v := views.PackageHostsView{Families: auth.GrantableFamilies, RequestID: newRequestID()}
 	q := queryOf(r)
-	before, _, err := q.number("before", 1, 1<<62, "a cursor from the Older link")
+	before, err := q.cursor("before", "a cursor from the Older link")
 	if err != nil {
 		return v, err
 	}

@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"errors"
-	"math"
 	"net/http"
 	"net/url"
 
@@ -88,8 +87,8 @@ const consoleAuditPageSize = 50
 func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 	var before int64
 	if s := r.URL.Query().Get("before"); s != "" {
-		n, ok := wholeNumber(s, math.MaxInt64)
-		if !ok || n <= 0 {
+		n, err := parseCursor(s)
+		if err != nil {
 			h.consoleError(w, r, consoleFrom(r.Context()), http.StatusBadRequest, "Bad page link", "The audit page cursor is not valid.")
 			return
 		}

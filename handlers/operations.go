@@ -231,21 +231,6 @@ var operationFilterParams = []struct {
 	}},
 }
 
-// parseCursor accepts a cursor as next_before wrote it: decimal digits, no
-// sign, no padding.
-func parseCursor(s string) (int64, error) {
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return 0, errors.New("a cursor from next_before")
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 || strconv.FormatInt(n, 10) != s {
-		return 0, errors.New("a cursor from next_before")
-	}
-	return n, nil
-}
-
 // operationFilterOf reads the listing's filters, cursor and limit from a
 // query: the API's and the console's one reading of them.
 func operationFilterOf(q query) (ledger.Filter, error) {

@@ -209,17 +209,10 @@ func (h *handler) revokePackageHost(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) listPackageHosts(w http.ResponseWriter, r *http.Request) {
-	limit, err := queryLimit(r, 100, 500)
+	limit, before, err := pageParams(r)
 	if err != nil {
 		writeError(w, r, err)
 		return
-	}
-	var before int64
-	if s := r.URL.Query().Get("before"); s != "" {
-		if before, err = parseCursor(s); err != nil {
-			writeError(w, r, invalidParameter("before", "%s", err.Error()))
-			return
-		}
 	}
 	rows, err := h.Auth.ListPackageHosts(r.Context(), before, limit)
 	if err != nil {

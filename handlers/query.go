@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -63,6 +64,36 @@ func wholeNumber(s string, max int64) (int64, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// parseCursor accepts a cursor as next_before wrote it: decimal digits, no
+// sign, no padding.
+func parseCursor(s string) (int64, error) {
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, errors.New("a cursor from next_before")
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || strconv.FormatInt(n, 10) != s {
+		return 0, errors.New("a cursor from next_before")
+	}
+	return n, nil
+}
+
+// cursor reads name as a keyset cursor as a listing's next_before wrote
+// it (parseCursor); 0 when it is absent. A bad one is refused saying
+// format.
+func (q query) cursor(name, format string) (int64, error) {
+	s, err := q.get(name)
+	if err != nil || s == "" {
+		return 0, err
+	}
+	n, err := parseCursor(s)
+	if err != nil {
+		return 0, invalidParameter(name, "%s", format)
+	}
+	return n, nil
 }
 
 // number reads name as a whole number from min to max; ok is false when

@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -129,7 +128,7 @@ func secretAuditFilterOf(q query) (secrets.AuditFilter, error) {
 			return f, invalidParameter(p.name, "%s", err.Error())
 		}
 	}
-	before, _, err := q.number("before", 1, math.MaxInt64, "a cursor from next_before")
+	before, err := q.cursor("before", "a cursor from next_before")
 	if err != nil {
 		return f, err
 	}

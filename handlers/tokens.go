@@ -1,7 +1,6 @@
 package handlers
 
 import (
-	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -129,7 +128,7 @@ func pageParams(r *http.Request) (int, int64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	before, _, err := queryOf(r).number("before", 1, math.MaxInt64, "a cursor from next_before")
+	before, err := queryOf(r).cursor("before", "a cursor from next_before")
 	if err != nil {
 		return 0, 0, err
 	}

@@ -174,22 +174,7 @@ func (tr *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	send := withBody(req, reqBody)
 	check := withBody(req, reqBody)
 
-	route, params, findErr := tr.Contract.router.FindRoute(check)
-	var input *openapi3filter.RequestValidationInput
-	var reqErr error
-	if findErr == nil {
-		input = &openapi3filter.RequestValidationInput{
-			Request:    check,
-			PathParams: params,
-			Route:      route,
-			Options: &openapi3filter.Options{
-				AuthenticationFunc:                credentialPresent,
-				RejectWhenRequestBodyNotSpecified: true,
-				MultiError:                        true,
-			},
-		}
-		reqErr = openapi3filter.ValidateRequest(req.Context(), input)
-	}
+	route, input, findErr, reqErr := tr.Contract.checkRequest(check)
 
 	resp, err := tr.base().RoundTrip(send)
 	if err != nil {
@@ -245,6 +230,34 @@ func (tr *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return resp, nil
+}
+
+// CheckRequest answers why the contract refuses req: an operation it does
+// not document, or a request that operation does not accept (parameters,
+// body, credentials' shape); nil when it accepts it. req's body is read.
+func (c *Contract) CheckRequest(req *http.Request) error {
+	_, _, findErr, reqErr := c.checkRequest(req)
+	return errors.Join(findErr, reqErr)
+}
+
+// checkRequest finds req's operation (findErr when there is none) and
+// validates req against it (reqErr).
+func (c *Contract) checkRequest(req *http.Request) (route *routers.Route, input *openapi3filter.RequestValidationInput, findErr, reqErr error) {
+	route, params, findErr := c.router.FindRoute(req)
+	if findErr != nil {
+		return nil, nil, findErr, nil
+	}
+	input = &openapi3filter.RequestValidationInput{
+		Request:    req,
+		PathParams: params,
+		Route:      route,
+		Options: &openapi3filter.Options{
+			AuthenticationFunc:                credentialPresent,
+			RejectWhenRequestBodyNotSpecified: true,
+			MultiError:                        true,
+		},
+	}
+	return route, input, nil, openapi3filter.ValidateRequest(req.Context(), input)
 }
 
 // checkProblem checks an error answer to an undocumented path or method.

@@ -239,14 +239,17 @@ func operationFilterOf(q query) (ledger.Filter, error) {
 		return f, q.err
 	}
 	for _, p := range operationFilterParams {
-		vals, present := q.values[p.name]
-		if !present {
+		v, err := q.get(p.name)
+		if err != nil {
+			return f, err
+		}
+		if v == "" {
 			continue
 		}
-		if len(vals) != 1 || vals[0] == "" || len(vals[0]) > 256 {
-			return f, invalidParameter(p.name, "one non-empty value of at most 256 bytes")
+		if len(v) > 256 {
+			return f, invalidParameter(p.name, "at most 256 bytes")
 		}
-		if err := p.set(&f, vals[0]); err != nil {
+		if err := p.set(&f, v); err != nil {
 			return f, invalidParameter(p.name, "%s", err.Error())
 		}
 	}

@@ -257,6 +257,12 @@ func (h *handler) postResults(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
+	if req.Results == nil {
+		var v errcode.Validation
+		v.Add("results", "required: an array of results (empty is allowed)")
+		writeError(w, r, v.Err())
+		return
+	}
 	settled, err := h.Fleet.Settle(r.Context(), sess, req.Results)
 	if err != nil {
 		writeError(w, r, err)
@@ -276,6 +282,7 @@ func (h *handler) postEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var v errcode.Validation
+	v.Check(req.Events != nil, "events", "required: an array of events (empty is allowed)")
 	for i, e := range req.Events {
 		if e.Facts != nil {
 			checkFacts(&v, fmt.Sprintf("events[%d].facts", i), *e.Facts)

@@ -132,8 +132,6 @@ func FuzzListingQueries(f *testing.F) {
 		req.URL.Path, req.URL.RawQuery = path, raw
 		req.RequestURI = ""
 		req.Header.Set("Authorization", "Bearer "+token)
-		rec := httptest.NewRecorder()
-		s.App.Handler.ServeHTTP(rec, req)
-		checkFuzzAnswer(t, rec)
+		checkFuzzAnswer(t, fuzzServe(s, req, nil))
 	})
 }

@@ -270,6 +270,12 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	}
 	for i, t := range sub.Targets {
 		v.Check(t.Kind != "", "targets/"+itoa(i)+"/kind", "required")
+		// Every target names its object but the fleet, which is one.
+		if t.Kind == TargetFleet {
+			v.Check(t.ID == "", "targets/"+itoa(i)+"/id", "not with the fleet target")
+		} else {
+			v.Check(t.ID != "", "targets/"+itoa(i)+"/id", "required")
+		}
 	}
 	if len(sub.Operation) == 0 {
 		sub.Operation = json.RawMessage("{}")

@@ -580,7 +580,10 @@ func (h *handler) consoleInvite(w http.ResponseWriter, r *http.Request) {
 		Price: strings.TrimSpace(pf.Get("shadow_price_usd_per_hour")), RedeemableThrough: strings.TrimSpace(pf.Get("redeemable_through")),
 		BillingInterval: strings.TrimSpace(pf.Get("billing_interval_seconds")), EligibleClasses: strings.TrimSpace(pf.Get("eligible_classes")),
 		AvailableUntil: strings.TrimSpace(pf.Get("available_until")), Errors: map[string]string{}}
-	body := invitationBody{NodeID: f.NodeID, RentalID: f.RentalID}
+	body := invitationBody{RentalID: f.RentalID}
+	if f.NodeID != "" { // an empty field asks for a minted id
+		body.NodeID = &f.NodeID
+	}
 	if g, err := strconv.ParseInt(f.Generation, 10, 64); err == nil {
 		body.Generation = g
 	} else {

@@ -129,6 +129,8 @@ func TestHostileRequests(t *testing.T) {
 			{"InviteGenerationExponent", "POST", "/api/v1/nodes/invitations", rawJSON(`{"rental_id":"r","generation":1e3}`), "admin", 400, "invalid_json"},
 			{"InviteGenerationOverflow", "POST", "/api/v1/nodes/invitations", rawJSON(`{"rental_id":"r","generation":99999999999999999999}`), "admin", 400, "invalid_json"},
 			{"InviteGenerationNegative", "POST", "/api/v1/nodes/invitations", rawJSON(`{"rental_id":"r","generation":-1}`), "admin", 422, "validation_failed"},
+			{"SubmitInviteNodeIDEmpty", "POST", "/api/v1/operations", rawJSON(`{"request_id":"h-t3","kind":"node.invite","operation":{"node_id":"","rental_id":"h-t3","generation":1}}`), "admin", 422, "validation_failed"},
+			{"InviteNodeIDEmpty", "POST", "/api/v1/nodes/invitations", rawJSON(`{"node_id":"","rental_id":"h-t4","generation":1}`), "admin", 422, "validation_failed"},
 			{"SubmitNodeTargetWithoutID", "POST", "/api/v1/operations", rawJSON(`{"request_id":"h-t1","kind":"node.invite","targets":[{"kind":"node"}],"operation":{"rental_id":"h-t1","generation":1}}`), "admin", 422, "validation_failed"},
 			{"SubmitFleetTargetWithID", "POST", "/api/v1/operations", rawJSON(`{"request_id":"h-t2","kind":"fleet.command","targets":[{"kind":"fleet","id":"all"}],"operation":{"kind":"node.stop_workload","payload":{"run_id":"r","attempt_id":"a"},"selector":{}}}`), "admin", 422, "validation_failed"},
 			{"CommandPayloadNull", "POST", node + "/commands", rawJSON(`{"kind":"prepare_image","operation_id":"op-h1","payload":null}`), "admin", 422, "validation_failed"},

@@ -128,7 +128,8 @@ func replayStatus(created bool, fresh int) int {
 }
 
 type invitationBody struct {
-	NodeID            string        `json:"node_id"`
+	// NodeID is a pointer so that "" (refused) is told from absent (minted).
+	NodeID            *string       `json:"node_id"`
 	RentalID          string        `json:"rental_id"`
 	Generation        int64         `json:"generation"`
 	ShadowPriceUSD    *float64      `json:"shadow_price_usd_per_hour"`
@@ -146,7 +147,12 @@ type purchaseBody struct {
 // time is a validation error naming its field.
 func (body invitationBody) operation() (ledger.InviteOperation, error) {
 	var v errcode.Validation
-	in := ledger.InviteOperation{NodeID: body.NodeID, RentalID: body.RentalID, Generation: body.Generation,
+	var nodeID string
+	if body.NodeID != nil {
+		nodeID = *body.NodeID
+		v.Check(nodeID != "", "node_id", "1-128 characters of letters, digits, '.', '_', ':' or '-' (leave it out to have one minted)")
+	}
+	in := ledger.InviteOperation{NodeID: nodeID, RentalID: body.RentalID, Generation: body.Generation,
 		ShadowPriceUSD: body.ShadowPriceUSD, RedeemableThrough: parseTime(&v, "redeemable_through", body.RedeemableThrough)}
 	if p := body.Purchase; p != nil {
 		in.Purchase = &ledger.PurchaseOperation{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: p.EligibleClasses,

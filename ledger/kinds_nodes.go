@@ -149,6 +149,13 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				if err := DecodeOperation(d.Operation, &o); err != nil {
 					return err
 				}
+				// "" is not "absent" (which mints an id): it is refused.
+				var given struct {
+					NodeID *string `json:"node_id"`
+				}
+				if json.Unmarshal(d.Operation, &given) == nil && given.NodeID != nil && *given.NodeID == "" {
+					return validation("operation/node_id", "1-128 characters of letters, digits, '.', '_', ':' or '-' (leave it out to have one minted)")
+				}
 				// The identity is fixed before anything is recorded, so a
 				// re-run after a crash reserves the same node.
 				switch {

@@ -1,0 +1,88 @@
+package handlers_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/agent/api"
+	"github.com/nodeward/nodeward/apitest"
+)
+
+// TestBodyFieldsAsTheContractSays sends the invitation and command bodies
+// with each field at and past the bounds openapi.yaml gives it, and
+// requires the server to refuse (400 or 422) exactly the bodies the
+// contract refuses. (The fuzzers check one direction on random bodies:
+// what the server takes, the contract takes. This pins both at the
+// bounds; time fields are left out, their bounds being relative to now.)
+func TestBodyFieldsAsTheContractSays(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	contract := apitest.ProductContract(t)
+	var boot api.Bootstrap
+	s.Admin(t, http.MethodPost, "/api/v1/nodes/invitations", map[string]any{
+		"rental_id": apitest.RandomID("rental-"), "generation": 1}, http.StatusCreated, &boot)
+
+	ids := []any{"", "a", "0", strings.Repeat("a", 128), strings.Repeat("a", 129), ".", "..", ".a", "-a", "a.b:c_d-e", "a/b", "a b", "é", 7}
+	n := 0
+	fresh := func() map[string]any {
+		n++
+		return map[string]any{"rental_id": fmt.Sprintf("bounds-%d", n), "generation": 1}
+	}
+	type variant struct {
+		path, field string
+		value       any
+		body        map[string]any
+	}
+	var vs []variant
+	invite := func(field string, value any, set func(m map[string]any)) {
+		m := fresh()
+		set(m)
+		vs = append(vs, variant{"/api/v1/nodes/invitations", field, value, m})
+	}
+	for _, v := range []any{0, 0.000001, 0.0000001, 0.25, 100000, 100000.01, 1e9, -1} {
+		invite("shadow_price_usd_per_hour", v, func(m map[string]any) { m["shadow_price_usd_per_hour"] = v })
+	}
+	for _, v := range []any{0, 1, 2, 9007199254740991, -1} {
+		invite("generation", v, func(m map[string]any) { m["generation"] = v })
+	}
+	for _, v := range ids {
+		invite("node_id", v, func(m map[string]any) { m["node_id"] = v })
+		invite("rental_id", v, func(m map[string]any) { m["rental_id"] = v })
+	}
+	for _, v := range []any{0, 1, 3600, int64(1) << 40, -5} {
+		invite("purchase.billing_interval_seconds", v, func(m map[string]any) {
+			m["purchase"] = map[string]any{"billing_interval_seconds": v}
+		})
+	}
+	sixtyFive := make([]string, 65)
+	for i := range sixtyFive {
+		sixtyFive[i] = fmt.Sprintf("c%d", i)
+	}
+	for _, v := range [][]string{{}, {""}, {"a"}, {"a", "a"}, {"gpu.a100_x-2"}, {strings.Repeat("c", 64)}, {strings.Repeat("c", 65)},
+		{".a"}, {"a b"}, {"a:b"}, {"é"}, sixtyFive[:64], sixtyFive} {
+		invite("purchase.eligible_classes", v, func(m map[string]any) { m["purchase"] = map[string]any{"eligible_classes": v} })
+	}
+	for _, v := range ids {
+		vs = append(vs, variant{"/api/v1/nodes/" + boot.NodeID + "/commands", "operation_id", v,
+			map[string]any{"kind": api.KindPrepareImage, "operation_id": v, "payload": map[string]any{"image": "registry.example.com/app:v1"}}})
+	}
+
+	for _, v := range vs {
+		body, err := json.Marshal(v.body)
+		require.NoError(t, err)
+		refusal := contract.CheckRequest(s.NewRequest(t, http.MethodPost, v.path, apitest.Raw(string(body)), s.AdminToken))
+		status, _, raw := s.Do(t, http.MethodPost, v.path, apitest.Raw(string(body)), s.AdminToken)
+		refused := status == http.StatusBadRequest || status == http.StatusUnprocessableEntity
+		switch {
+		case refusal != nil && !refused:
+			t.Errorf("POST %s %s=%v: the contract refuses it (%v), the server answered %d", v.path, v.field, v.value, refusal, status)
+		case refusal == nil && refused:
+			t.Errorf("POST %s %s=%v: the contract accepts it, the server refused it: %s", v.path, v.field, v.value, raw)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/google/uuid"
@@ -397,7 +398,7 @@ func (s *Service) Logout(ctx context.Context, p Principal, remote string) error 
 // the answer only; the store keeps its digest. Errors: validation_failed.
 func (s *Service) CreateToken(ctx context.Context, p Principal, name, remote string) (string, APIToken, error) {
 	var v errcode.Validation
-	v.Check(strings.TrimSpace(name) != "" && len(name) <= 128, "name", "1-128 characters")
+	v.Check(strings.TrimSpace(name) != "" && utf8.RuneCountInString(name) <= 128, "name", "1-128 characters")
 	if err := v.Err(); err != nil {
 		return "", APIToken{}, err
 	}

@@ -13,8 +13,9 @@ import (
 	"github.com/nodeward/nodeward/apitest"
 )
 
-// TestBodyFieldsAsTheContractSays sends the invitation and command bodies
-// with each field at and past the bounds openapi.yaml gives it, and
+// TestBodyFieldsAsTheContractSays sends the invitation, command, seal,
+// package-host and token bodies with each field at and past the bounds
+// openapi.yaml gives it, and
 // requires the server to refuse (400 or 422) exactly the bodies the
 // contract refuses. (The fuzzers check one direction on random bodies:
 // what the server takes, the contract takes. This pins both at the
@@ -70,6 +71,44 @@ func TestBodyFieldsAsTheContractSays(t *testing.T) {
 	for _, v := range ids {
 		vs = append(vs, variant{"/api/v1/nodes/" + boot.NodeID + "/commands", "operation_id", v,
 			map[string]any{"kind": api.KindPrepareImage, "operation_id": v, "payload": map[string]any{"image": "registry.example.com/app:v1"}}})
+	}
+	seal := func(field string, value any, set func(m map[string]any)) {
+		n++
+		m := map[string]any{"request_id": fmt.Sprintf("seal-%d", n), "target": map[string]any{"kind": "node", "id": boot.NodeID},
+			"field": "/env/DB_PASSWORD", "value": "s3cret"}
+		set(m)
+		vs = append(vs, variant{"/api/v1/secrets/seal", field, value, m})
+	}
+	for _, v := range []any{"", "r1", strings.Repeat("r", 128), strings.Repeat("r", 129), "a b", ".r"} {
+		seal("request_id", v, func(m map[string]any) { m["request_id"] = v })
+	}
+	for _, v := range []any{"", "/", "/env/A", "env/A", "/a~0b~1c", "/a~2", "/a~", strings.Repeat("/a", 512), "/" + strings.Repeat("a", 1024)} {
+		seal("field", v, func(m map[string]any) { m["field"] = v })
+	}
+	for _, v := range []any{"", "x", strings.Repeat("x", 64<<10), strings.Repeat("x", 64<<10+1)} {
+		seal("value", len(v.(string)), func(m map[string]any) { m["value"] = v })
+	}
+	for _, v := range []any{0, 1, 600, 86400, 86401, -1} {
+		seal("ttl_seconds", v, func(m map[string]any) { m["ttl_seconds"] = v })
+	}
+	for _, v := range []any{"node", "fleet", "endpoint", "package_host", "nodes", ""} {
+		seal("target.kind", v, func(m map[string]any) {
+			t := map[string]any{"kind": v}
+			switch v {
+			case "node", "package_host":
+				t["id"] = "some-id"
+			case "endpoint":
+				t["id"] = "https://example.com/health"
+			}
+			m["target"] = t
+		})
+	}
+	// (A name taken already is 409, not a refusal of its shape.)
+	for _, v := range []any{"", "h", " h", "h ", "h h", strings.Repeat("h", 64), strings.Repeat("h", 65), strings.Repeat("é", 64), strings.Repeat("é", 65)} {
+		vs = append(vs, variant{"/api/v1/package-hosts", "name", v, map[string]any{"name": v, "families": []string{"nodes"}}})
+	}
+	for _, v := range []any{"", " ", "t", strings.Repeat("t", 128), strings.Repeat("t", 129), strings.Repeat("é", 128), strings.Repeat("é", 129)} {
+		vs = append(vs, variant{"/api/v1/tokens", "name", v, map[string]any{"name": v}})
 	}
 
 	for _, v := range vs {

@@ -15,11 +15,11 @@ import (
 
 // TestBodyFieldsAsTheContractSays sends the invitation, command, seal,
 // package-host and token bodies with each field at and past the bounds
-// openapi.yaml gives it, and
-// requires the server to refuse (400 or 422) exactly the bodies the
-// contract refuses. (The fuzzers check one direction on random bodies:
-// what the server takes, the contract takes. This pins both at the
-// bounds; time fields are left out, their bounds being relative to now.)
+// openapi.yaml gives it, and requires the server to refuse (400 or 422)
+// exactly the bodies the contract refuses. The fuzzers check one
+// direction on random bodies (what the server takes, the contract takes);
+// this pins both at the bounds. Time fields are left out: their bounds
+// are relative to now.
 func TestBodyFieldsAsTheContractSays(t *testing.T) {
 	t.Parallel()
 	s := apitest.Start(t)

@@ -20,11 +20,11 @@ import (
 // TestQueryParametersAsTheContractSays sends every query parameter that
 // openapi.yaml documents for an admin GET a set of ordinary and hostile
 // values, one at a time, and requires the server to refuse exactly what
-// the contract refuses — by the parameter's schema or by the rules
-// openapi.yaml states for every query parameter — 400 invalid_parameter
-// naming it, and an answer that is not a 400 for a value it accepts. A script
-// written against the contract then never meets a value one side takes
-// and the other refuses.
+// the contract refuses (by the parameter's schema, or by the rules
+// openapi.yaml states for every query parameter) with a 400
+// invalid_parameter naming it, and never to answer 400 to a value the
+// contract accepts. A script written against the contract then never
+// meets a value one side takes and the other refuses.
 func TestQueryParametersAsTheContractSays(t *testing.T) {
 	t.Parallel()
 	// Parameters are read before any store is asked: one dialect is enough.

@@ -240,6 +240,27 @@ func (c *Contract) CheckRequest(req *http.Request) error {
 	return errors.Join(findErr, reqErr)
 }
 
+// CheckValue answers why the contract's components schema named schema
+// refuses v (any value encoding/json can marshal); nil when it accepts it.
+// Submit bodies carry their kind's operation under an anyOf of every
+// kind's schema, so a test that means one kind checks that kind's schema
+// with this.
+func (c *Contract) CheckValue(schema string, v any) error {
+	ref := c.Doc.Components.Schemas[schema]
+	if ref == nil || ref.Value == nil {
+		return fmt.Errorf("openapi document has no components.schemas.%s", schema)
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var generic any
+	if err := json.Unmarshal(raw, &generic); err != nil {
+		return err
+	}
+	return ref.Value.VisitJSON(generic, openapi3.MultiErrors())
+}
+
 // checkRequest finds req's operation (findErr when there is none) and
 // validates req against it (reqErr).
 func (c *Contract) checkRequest(req *http.Request) (route *routers.Route, input *openapi3filter.RequestValidationInput, findErr, reqErr error) {

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -28,17 +30,24 @@ type IssueCommand struct {
 	Payload     json.RawMessage
 }
 
+// The payload checks refuse at submit what the agent would refuse at the
+// node (agent/runtime checks the same again): a refusal here records
+// nothing and names the field, one from the node spends a launch's id.
 var commandKinds = map[string]func(json.RawMessage, *errcode.Validation){
 	api.KindPrepareImage: func(p json.RawMessage, v *errcode.Validation) {
-		var x api.PrepareImage
+		var x struct {
+			api.PrepareImage
+			ArtifactID *string `json:"artifact_id"` // present and empty is refused
+		}
 		if strictPayload(p, &x, v) {
-			v.Check(x.Image != "", "payload.image", "required")
+			v.Check(imageName.MatchString(x.Image), "payload.image", "required: 1-512 printable ASCII characters, no spaces")
+			v.Check(x.ArtifactID == nil || idPattern.MatchString(*x.ArtifactID), "payload.artifact_id", idRule)
 		}
 	},
 	api.KindPrepareArtifact: func(p json.RawMessage, v *errcode.Validation) {
 		var x api.PrepareArtifact
 		if strictPayload(p, &x, v) {
-			v.Check(x.ArtifactID != "", "payload.artifact_id", "required")
+			v.Check(idPattern.MatchString(x.ArtifactID), "payload.artifact_id", "required: "+idRule)
 			v.Check(strings.HasPrefix(x.URL, "http://") || strings.HasPrefix(x.URL, "https://"), "payload.url", "required: an http(s) URL")
 			v.Check(len(x.SHA256) == 64 && isHex(x.SHA256), "payload.sha256", "required: 64 hex characters")
 		}
@@ -46,20 +55,36 @@ var commandKinds = map[string]func(json.RawMessage, *errcode.Validation){
 	api.KindLaunchWorkload: func(p json.RawMessage, v *errcode.Validation) {
 		var x api.LaunchWorkload
 		if strictPayload(p, &x, v) {
-			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
-			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required: 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required: "+idRule)
+			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required: "+idRule)
+			v.Check(x.Image == "" || imageName.MatchString(x.Image), "payload.image", "1-512 printable ASCII characters, no spaces")
 			v.Check(x.Command != "", "payload.command", "required")
+			for _, name := range slices.Sorted(maps.Keys(x.Env)) {
+				v.Check(name != "" && !strings.ContainsAny(name, "=\x00"), "payload.env", "variable names are not empty and hold no '=': %q", name)
+			}
+			for i, vol := range x.CacheVolumes {
+				v.Check(idPattern.MatchString(vol), fmt.Sprintf("payload.cache_volumes/%d", i), idRule)
+			}
 		}
 	},
 	api.KindStopWorkload: func(p json.RawMessage, v *errcode.Validation) {
-		var x api.StopWorkload
+		var x struct {
+			api.StopWorkload
+			GraceSeconds *int `json:"grace_seconds"`
+		}
 		if strictPayload(p, &x, v) {
-			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required")
-			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required")
-			v.Check(x.GraceSeconds >= 0 && x.GraceSeconds <= 3600, "payload.grace_seconds", "0 to 3600")
+			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required: "+idRule)
+			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required: "+idRule)
+			v.Check(x.GraceSeconds != nil && *x.GraceSeconds >= 0 && *x.GraceSeconds <= 3600, "payload.grace_seconds", "required: 0 to 3600")
 		}
 	},
 }
+
+const idRule = "1-128 characters of letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+
+// imageName is what an image may be called: the agent keeps it in its
+// records and logs, and refuses longer names.
+var imageName = regexp.MustCompile(`^[!-~]{1,512}$`)
 
 // CommandKindNames answers the command kinds Issue accepts, sorted.
 func CommandKindNames() []string {

@@ -42,7 +42,7 @@ var sampleOperations = map[string]string{
 	ledger.KindNodePrepareImage:    prepare,
 	ledger.KindNodePrepareArtifact: `{"artifact_id":"a","url":"https://x.example/a","sha256":"` + zeros64 + `"}`,
 	ledger.KindNodeLaunchWorkload:  launch,
-	ledger.KindNodeStopWorkload:    `{"run_id":"r1","attempt_id":"a1"}`,
+	ledger.KindNodeStopWorkload:    `{"run_id":"r1","attempt_id":"a1","grace_seconds":5}`,
 	ledger.KindNodeDiagnose:        `{"action":"clock"}`,
 	// DECISIONS.md §32's operation, for when node.configure is served.
 	"node.configure": `{"format":"app/v1","document":{"level":1}}`,
@@ -118,7 +118,7 @@ func TestCapabilities(t *testing.T) {
 		t.Run("DowngradeBetweenSubmitAndDeliveryEndsAtDelivery", func(t *testing.T) {
 			boot, sess := b.nodeWith(t, []string{api.CapCommands, api.CapConfig})
 			op := b.command(t, boot.NodeID, ledger.KindNodePrepareImage, prepare)
-			kept := b.command(t, boot.NodeID, ledger.KindNodeStopWorkload, `{"run_id":"r9","attempt_id":"a9"}`)
+			kept := b.command(t, boot.NodeID, ledger.KindNodeStopWorkload, `{"run_id":"r9","attempt_id":"a9","grace_seconds":5}`)
 			_ = kept
 			// The agent is replaced by one that does not run commands and
 			// re-enrolls.

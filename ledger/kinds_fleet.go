@@ -32,7 +32,9 @@ type FleetCommandOperation struct {
 // Selector picks nodes by state (default ready), purchase class and agent
 // labels (all must match).
 type Selector struct {
-	State  string            `json:"state,omitempty"`
+	// State is nil when the selector names none (ready); an empty
+	// string is refused like any other state that is not one.
+	State  *string           `json:"state,omitempty"`
 	Class  string            `json:"class,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
 }
@@ -76,8 +78,8 @@ func checkFanOutTargets(v *errcode.Validation, targets []Target, sel *Selector, 
 			seen[t.ID] = true
 		}
 	}
-	if s := sel; s != nil && s.State != "" {
-		v.Check(fleet.State(s.State).Valid(), "operation/selector/state", "one of enrolling, ready, lost, retired")
+	if s := sel; s != nil && s.State != nil {
+		v.Check(fleet.State(*s.State).Valid(), "operation/selector/state", "one of enrolling, ready, lost, retired")
 	}
 }
 
@@ -137,9 +139,9 @@ func FleetKinds() []*Kind {
 // selectNodes answers the ids of the nodes a selector picks, by id, at most
 // MaxFanOut (more is refused: narrow the selector).
 func selectNodes(ctx context.Context, r fleet.Reader, sel Selector) ([]string, error) {
-	state := fleet.State(sel.State)
-	if state == "" {
-		state = fleet.StateReady
+	state := fleet.StateReady
+	if sel.State != nil {
+		state = fleet.State(*sel.State)
 	}
 	var out []string
 	f := fleet.NodeFilter{State: state, Limit: 500}

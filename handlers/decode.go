@@ -138,13 +138,26 @@ var nullable = map[reflect.Type]map[string]bool{
 	reflect.TypeFor[ledger.FleetConfigureOperation](): {"document": true},
 }
 
+// required lists, by Go type, the request fields the contract requires
+// whose Go zero value is also a valid value, so only their absence tells
+// a client that forgot them (422 naming each) from one that sent zero.
+// Fields whose zero value is refused anyway are checked where they are
+// read.
+var required = map[reflect.Type][]string{
+	// API.md: facts are {hostname, os, arch, cpus, memory_bytes,
+	// disk_free_bytes?, agent_version, runtimes, labels?, observed_at}; a
+	// node that left out its CPUs is not a node with none.
+	reflect.TypeFor[api.Facts](): {"hostname", "os", "arch", "cpus", "memory_bytes", "agent_version", "runtimes"},
+}
+
 // checkShape reads body (already decoded into a value of type t) again and
 // refuses what encoding/json lets through: a field name that matches only
 // in another case and a repeated field (400 invalid_json), a null where the
-// contract allows none, text that is not valid UTF-8 and text holding
-// U+0000 (422 validation_failed naming each field). It walks the JSON alongside t;
-// values of opaque types (json.RawMessage, interfaces, custom decoders) are
-// left to whoever reads them, except for their text.
+// contract allows none, text that is not valid UTF-8, text holding U+0000
+// and a required field left out (422 validation_failed naming each field).
+// It walks the JSON alongside t; values of opaque types (json.RawMessage,
+// interfaces, custom decoders) are left to whoever reads them, except for
+// their text.
 func checkShape(body []byte, t reflect.Type) error {
 	w := shapeWalker{dec: json.NewDecoder(bytes.NewReader(body)), bad: -1}
 	if !utf8.Valid(body) {
@@ -307,6 +320,11 @@ func (w *shapeWalker) object(t reflect.Type, path string) error {
 		seen[key] = true
 		if err := w.value(f.typ, join(path, key), f.nullable); err != nil {
 			return err
+		}
+	}
+	for _, name := range required[t] {
+		if !seen[name] {
+			w.v.Add(join(path, name), "required")
 		}
 	}
 	_, _, _, err := w.token()

@@ -14,12 +14,12 @@ import (
 )
 
 // TestBodyFieldsAsTheContractSays sends the invitation, command, seal,
-// package-host and token bodies with each field at and past the bounds
-// openapi.yaml gives it, and requires the server to refuse (400 or 422)
-// exactly the bodies the contract refuses. The fuzzers check one
-// direction on random bodies (what the server takes, the contract takes);
-// this pins both at the bounds. Time fields are left out: their bounds
-// are relative to now.
+// package-host, token, retire, cancel and enroll bodies with each field
+// at and past the bounds openapi.yaml gives it, and requires the server
+// to refuse (400 or 422) exactly the bodies the contract refuses. The
+// fuzzers check one direction on random bodies (what the server takes,
+// the contract takes); this pins both at the bounds. Time fields are left
+// out: their bounds are relative to now.
 func TestBodyFieldsAsTheContractSays(t *testing.T) {
 	t.Parallel()
 	s := apitest.Start(t)
@@ -109,6 +109,36 @@ func TestBodyFieldsAsTheContractSays(t *testing.T) {
 	}
 	for _, v := range []any{"", " ", "t", strings.Repeat("t", 128), strings.Repeat("t", 129), strings.Repeat("é", 128), strings.Repeat("é", 129)} {
 		vs = append(vs, variant{"/api/v1/tokens", "name", v, map[string]any{"name": v}})
+	}
+
+	for _, v := range []any{"", "r", strings.Repeat("r", 512), strings.Repeat("r", 513), 7} {
+		var b api.Bootstrap
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/invitations", fresh(), http.StatusCreated, &b)
+		vs = append(vs, variant{"/api/v1/nodes/" + b.NodeID + "/retire", "reason", v, map[string]any{"reason": v}})
+	}
+	for _, v := range []any{"", "r", strings.Repeat("r", 1024), strings.Repeat("r", 1025), 7} {
+		n++
+		var op struct {
+			ID string `json:"operation_id"`
+		}
+		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": fmt.Sprintf("cancel-%d", n), "kind": "node.configure",
+			"targets":   []any{map[string]any{"kind": "node", "id": boot.NodeID}},
+			"operation": map[string]any{"format": "bounds/v1", "document": map[string]any{"n": n}}}, http.StatusCreated, &op)
+		vs = append(vs, variant{"/api/v1/operations/" + op.ID + "/cancel", "reason", v, map[string]any{"reason": v}})
+	}
+	enroll := func(field string, value any) {
+		var b api.Bootstrap
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/invitations", fresh(), http.StatusCreated, &b)
+		m := map[string]any{"node_id": b.NodeID, "generation": 1, "enrollment_token": b.EnrollmentToken, "agent_version": "0.0.0-test",
+			"facts": agentFacts()}
+		m[field] = value
+		vs = append(vs, variant{"/agent/v1/enroll", field, value, m})
+	}
+	for _, v := range []any{"", strings.Repeat("n", 21), strings.Repeat("n", 22), strings.Repeat("n", 128), strings.Repeat("n", 129), "a+b/c=" + strings.Repeat("n", 20)} {
+		enroll("enrollment_nonce", v)
+	}
+	for _, v := range []any{"", "0.0.0-test"} {
+		enroll("agent_version", v)
 	}
 
 	for _, v := range vs {

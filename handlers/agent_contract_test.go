@@ -50,11 +50,7 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 	facts := func(field string, value any) {
 		f := map[string]any{"hostname": "h", "os": "linux", "arch": "amd64", "cpus": 2, "memory_bytes": 1 << 30,
 			"agent_version": "0.0.0-test", "runtimes": []string{"process"}, "observed_at": now}
-		if value == "-" {
-			delete(f, field)
-		} else {
-			f[field] = value
-		}
+		setField(f, field, value)
 		event("facts."+field, value, map[string]any{"kind": "heartbeat", "facts": f})
 	}
 	for _, v := range names {
@@ -92,11 +88,7 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 
 	workload := func(field string, value any) {
 		w := map[string]any{"run_id": "run-1", "attempt_id": "a1", "state": "exited", "exit_code": 0, "observed_at": now}
-		if value == "-" {
-			delete(w, field)
-		} else {
-			w[field] = value
-		}
+		setField(w, field, value)
 		event("workload."+field, value, map[string]any{"kind": "workload", "workload": w})
 	}
 	for _, v := range ids {
@@ -116,11 +108,7 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 
 	config := func(field string, value any) {
 		c := map[string]any{"revision": 1, "hash": strings.Repeat("a", 64), "state": "applied", "message": ""}
-		if value == "-" {
-			delete(c, field)
-		} else {
-			c[field] = value
-		}
+		setField(c, field, value)
 		event("config."+field, value, map[string]any{"kind": "config", "config": c})
 	}
 	for _, v := range []any{-1, 0, 1, int64(1) << 60} {
@@ -157,11 +145,7 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 	output := func(field string, value any) {
 		n++
 		o := map[string]any{"run_id": "run-1", "attempt_id": fmt.Sprintf("a%d", n), "stdout_tail": "out", "stderr_tail": "", "truncated": false}
-		if value == "-" {
-			delete(o, field)
-		} else {
-			o[field] = value
-		}
+		setField(o, field, value)
 		vs = append(vs, variant{path: "/agent/v1/output", field: field, value: value, body: o})
 	}
 	for _, v := range ids {
@@ -188,4 +172,13 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 			t.Errorf("%s: the contract accepts it, the server refused it: %.300s", what, answer)
 		}
 	}
+}
+
+// setField sets m[field] to value, or deletes it when value is "-".
+func setField(m map[string]any, field string, value any) {
+	if value == "-" {
+		delete(m, field)
+		return
+	}
+	m[field] = value
 }

@@ -68,11 +68,7 @@ func TestOperationBodiesAsTheContractSays(t *testing.T) {
 			}
 			m = next
 		}
-		if value == "-" {
-			delete(m, keys[len(keys)-1])
-		} else {
-			m[keys[len(keys)-1]] = value
-		}
+		setField(m, keys[len(keys)-1], value)
 		vs = append(vs, variant{kind: kind, schema: schema, field: field, value: value, operation: op})
 	}
 

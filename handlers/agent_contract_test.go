@@ -111,9 +111,11 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 		setField(c, field, value)
 		event("config."+field, value, map[string]any{"kind": "config", "config": c})
 	}
-	for _, v := range []any{-1, 0, 1, int64(1) << 60} {
+	for _, v := range []any{-1, 0, 1, int64(1) << 60, "-"} {
 		config("revision", v)
 	}
+	config("hash", "-")
+	config("state", "-")
 	for _, v := range []any{"", "abc", strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("A", 64)} {
 		config("hash", v)
 	}
@@ -137,6 +139,11 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 		vs = append(vs, variant{path: "/agent/v1/results", field: "operation_id", value: v, body: map[string]any{"results": []any{map[string]any{
 			"operation_id": v, "applied": true}}}})
 	}
+	for _, f := range []string{"operation_id", "applied", "duplicate"} {
+		r := map[string]any{"operation_id": "op-1", "applied": true, "duplicate": false}
+		setField(r, f, "-")
+		vs = append(vs, variant{path: "/agent/v1/results", field: f, value: "-", body: map[string]any{"results": []any{r}}})
+	}
 	for _, v := range []any{"", "boom", strings.Repeat("f", 5000)} {
 		vs = append(vs, variant{path: "/agent/v1/results", field: "failure", value: v, body: map[string]any{"results": []any{map[string]any{
 			"operation_id": "op-1", "applied": false, "failure": v}}}})
@@ -153,6 +160,9 @@ func TestAgentBodiesAsTheContractSays(t *testing.T) {
 	}
 	for _, v := range []any{"", strings.Repeat("o", 65536), strings.Repeat("o", 65537), "-"} {
 		output("stdout_tail", v)
+	}
+	for _, f := range []string{"run_id", "attempt_id", "stderr_tail", "truncated"} {
+		output(f, "-")
 	}
 
 	for _, v := range vs {

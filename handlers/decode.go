@@ -148,6 +148,10 @@ var required = map[reflect.Type][]string{
 	// disk_free_bytes?, agent_version, runtimes, labels?, observed_at}; a
 	// node that left out its CPUs is not a node with none.
 	reflect.TypeFor[api.Facts](): {"hostname", "os", "arch", "cpus", "memory_bytes", "agent_version", "runtimes"},
+	// A result without "applied" is not a refusal.
+	reflect.TypeFor[api.Result]():        {"applied"},
+	reflect.TypeFor[api.ConfigReport]():  {"revision", "hash"},
+	reflect.TypeFor[api.OutputRequest](): {"stdout_tail", "stderr_tail", "truncated"},
 }
 
 // checkShape reads body (already decoded into a value of type t) again and

@@ -36,7 +36,10 @@
 //     workload's own record: already started (its supervisor ran) →
 //     ErrWorkloadExists, which is "applied" here; recorded but never spawned →
 //     started now, for the first time; never recorded → started now.
-//   - stop_workload is re-run: stopping an exited attempt does nothing.
+//   - stop_workload is re-run: stopping an exited attempt does nothing,
+//     and an attempt the stop already sent SIGTERM is not sent it again
+//     (the runtime records the stop first): the resumed stop waits out
+//     what is left of the grace, then SIGKILL.
 //
 // # Terminal refusals
 //

@@ -386,8 +386,20 @@ func (p *Process) spawn(ctx context.Context, dir string) error {
 	}
 }
 
+// stopRecord is written to the attempt directory before a stop's SIGTERM.
+// A stop resumed after the agent restarted (its journal says "started"),
+// or a second stop of the same attempt, finds it and does not signal TERM
+// again: many programs read a second SIGTERM as "abort now" and skip the
+// clean shutdown the first one began. It keeps the first stop's deadline
+// for SIGKILL, or the later stop's when that comes sooner.
+type stopRecord struct {
+	TermSentAt time.Time `json:"term_sent_at"`
+	KillAt     time.Time `json:"kill_at"`
+}
+
 // Stop sends SIGTERM to the attempt's process group, SIGKILL after the grace,
-// and returns once the exit is recorded.
+// and returns once the exit is recorded. SIGTERM is sent at most once per
+// attempt (stopRecord).
 func (p *Process) Stop(ctx context.Context, s api.StopWorkload) error {
 	if err := CheckID("run_id", s.RunID); err != nil {
 		return err
@@ -417,9 +429,28 @@ func (p *Process) Stop(ctx context.Context, s api.StopWorkload) error {
 			return err
 		}
 	}
-	p.log.Info("stopping workload", "run_id", s.RunID, "attempt_id", s.AttemptID, "pgid", st.PGID, "grace", grace)
-	_ = syscall.Kill(-st.PGID, syscall.SIGTERM)
-	if done, err := p.waitExit(ctx, dir, st.PGID, grace); done || err != nil {
+	now := p.now()
+	killAt := now.Add(grace)
+	var prior stopRecord
+	if state.ReadJSON(filepath.Join(dir, fileStop), &prior) == nil {
+		if prior.KillAt.Before(killAt) {
+			killAt = prior.KillAt
+		}
+		p.log.Info("resuming the stop of a workload already sent SIGTERM", "run_id", s.RunID, "attempt_id", s.AttemptID,
+			"pgid", st.PGID, "term_sent_at", prior.TermSentAt, "kill_at", killAt)
+	} else {
+		// Recorded first: a crash right after it costs this attempt its
+		// SIGTERM (SIGKILL still comes at the deadline), never a second one.
+		if err := state.WriteJSONAtomic(filepath.Join(dir, fileStop), stopRecord{TermSentAt: now.UTC(), KillAt: killAt.UTC()}, p.durable); err != nil {
+			return err
+		}
+		p.log.Info("stopping workload", "run_id", s.RunID, "attempt_id", s.AttemptID, "pgid", st.PGID, "grace", grace)
+		_ = syscall.Kill(-st.PGID, syscall.SIGTERM)
+	}
+	// Wall-clock time across an agent restart: a clock stepped back
+	// cannot stretch the wait past this stop's own grace.
+	wait := min(max(killAt.Sub(p.now()), 0), grace)
+	if done, err := p.waitExit(ctx, dir, st.PGID, wait); done || err != nil {
 		return err
 	}
 	p.log.Info("grace over, killing workload", "run_id", s.RunID, "attempt_id", s.AttemptID, "pgid", st.PGID)

@@ -186,6 +186,48 @@ func TestProcess(t *testing.T) {
 		}
 	})
 
+	t.Run("StopResumedAfterRestartSendsNoSecondTerm", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		p := newProcess(t, dir)
+		terms := filepath.Join(t.TempDir(), "terms")
+		ready := filepath.Join(t.TempDir(), "ready")
+		err := p.Launch(context.Background(), api.LaunchWorkload{RunID: "r", AttemptID: "a", Command: "sh",
+			Args: []string{"-c", `trap 'echo term >> "$TERMS"' TERM; touch "$READY"; while :; do sleep 0.05; done`},
+			Env:  map[string]string{"TERMS": terms, "READY": ready}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, "the trap to be installed", 20*time.Second, func() bool { _, err := os.Stat(ready); return err == nil })
+		termCount := func() int {
+			b, _ := os.ReadFile(terms)
+			return strings.Count(string(b), "term")
+		}
+		// The agent stops the workload and dies inside the grace.
+		ctx, cancel := context.WithCancel(context.Background())
+		stopped := make(chan error, 1)
+		go func() { stopped <- p.Stop(ctx, api.StopWorkload{RunID: "r", AttemptID: "a", GraceSeconds: 3600}) }()
+		testwait.For(t, "the workload to see SIGTERM", 20*time.Second, func() bool { return termCount() == 1 })
+		cancel()
+		if err := <-stopped; err == nil {
+			t.Fatal("a stop whose agent went away reported the workload stopped")
+		}
+		// The restarted agent resolves its journal's "started" stop, and a
+		// second stop operation names the same attempt: neither signals
+		// TERM again; the second's shorter grace brings SIGKILL forward.
+		p2 := newProcess(t, dir)
+		if err := p2.Stop(context.Background(), api.StopWorkload{RunID: "r", AttemptID: "a", GraceSeconds: 1}); err != nil {
+			t.Fatal(err)
+		}
+		o, _ := observation(t, p2, "r", "a")
+		if o.State != api.WorkloadExited || o.Signal != "SIGKILL" {
+			t.Fatalf("after the resumed stop: %+v", o)
+		}
+		if n := termCount(); n != 1 {
+			t.Fatalf("the workload saw SIGTERM %d times, want once", n)
+		}
+	})
+
 	t.Run("StopHonoursTerm", func(t *testing.T) {
 		t.Parallel()
 		p := newProcess(t, t.TempDir())

@@ -32,6 +32,7 @@ const (
 	fileShim   = "shim.json"
 	fileStatus = "status.json"
 	fileExit   = "exit.json"
+	fileStop   = "stop.json"
 	fileStdout = "stdout.log"
 	fileStderr = "stderr.log"
 	fileShimLg = "shim.log"

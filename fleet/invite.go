@@ -175,7 +175,7 @@ func (s *Service) inviteTx(ctx context.Context, tx Tx, actor string, in Invite) 
 		n.ID = randomID()
 	}
 	inv := Invitation{ID: randomID(), NodeID: n.ID, Generation: n.Generation, IssuedAt: now.Truncate(time.Second),
-		ExpiresAt: through.Truncate(time.Second), State: InvitationOutstanding}
+		ExpiresAt: wholeSecondThrough(through), State: InvitationOutstanding}
 	token, err := s.mintEnrollment(inv)
 	if err != nil {
 		return api.Bootstrap{}, nil, errNoKey
@@ -258,13 +258,14 @@ func (s *Service) bootstrap(n Node, inv Invitation, token string) api.Bootstrap 
 // machine already booting with it). A fresh one is minted only when the old
 // was redeemed, has expired, or closes before the wait ends; a still-valid
 // token it replaces then answers enrollment_superseded. The node's state
-// does not change until it re-enrolls. Errors: ErrNotFound, ErrNodeRetired,
+// does not change until it re-enrolls. Reinvite answers as to an
+// administrator (see ReinviteTx). Errors: ErrNotFound, ErrNodeRetired,
 // validation_failed.
 func (s *Service) Reinvite(ctx context.Context, actor, nodeID string, redeemableThrough *time.Time) (api.Bootstrap, error) {
 	var out api.Bootstrap
 	err := s.store.Tx(ctx, func(tx Tx) error {
 		var err error
-		out, err = s.ReinviteTx(ctx, tx, actor, nodeID, redeemableThrough)
+		out, err = s.ReinviteTx(ctx, tx, actor, nodeID, redeemableThrough, HandBackOutstanding)
 		return err
 	})
 	return out, err
@@ -299,8 +300,23 @@ func (s *Service) reinviteThrough(redeemableThrough *time.Time) (time.Time, erro
 	return through, nil
 }
 
-// ReinviteTx is Reinvite inside a transaction the caller owns.
-func (s *Service) ReinviteTx(ctx context.Context, tx Tx, actor, nodeID string, redeemableThrough *time.Time) (api.Bootstrap, error) {
+// Outstanding says what a reinvite does with an outstanding invitation
+// still good through the caller's wait.
+type Outstanding bool
+
+const (
+	// HandBackOutstanding answers it unchanged, its identical token minted
+	// again: the one exception to "shown once", for administrators only
+	// (DECISIONS.md §5).
+	HandBackOutstanding Outstanding = true
+	// SupersedeOutstanding mints a fresh token that supersedes it: a
+	// package host never sees the same enrollment token twice.
+	SupersedeOutstanding Outstanding = false
+)
+
+// ReinviteTx is Reinvite inside a transaction the caller owns; outstanding
+// says whether a still-good invitation may be handed back.
+func (s *Service) ReinviteTx(ctx context.Context, tx Tx, actor, nodeID string, redeemableThrough *time.Time, outstanding Outstanding) (api.Bootstrap, error) {
 	now := s.clock()
 	through, err := s.reinviteThrough(redeemableThrough)
 	if err != nil {
@@ -318,12 +334,12 @@ func (s *Service) ReinviteTx(ctx context.Context, tx Tx, actor, nodeID string, r
 		if n.State == StateRetired {
 			return ErrNodeRetired
 		}
-		outstanding, err := tx.OutstandingInvitations(ctx, nodeID)
+		open, err := tx.OutstandingInvitations(ctx, nodeID)
 		if err != nil {
 			return err
 		}
-		for _, inv := range outstanding {
-			if !inv.ExpiresAt.Before(through) {
+		for _, inv := range open {
+			if outstanding == HandBackOutstanding && !inv.ExpiresAt.Before(through) {
 				tok, err := s.mintEnrollment(inv)
 				if err != nil {
 					return errNoKey
@@ -336,13 +352,13 @@ func (s *Service) ReinviteTx(ctx context.Context, tx Tx, actor, nodeID string, r
 				}
 			}
 		}
-		for _, old := range outstanding {
+		for _, old := range open {
 			if _, err := tx.SetInvitationState(ctx, old.ID, InvitationOutstanding, InvitationSuperseded, now); err != nil {
 				return err
 			}
 		}
 		inv := Invitation{ID: randomID(), NodeID: n.ID, Generation: n.Generation, IssuedAt: now.Truncate(time.Second),
-			ExpiresAt: through.Truncate(time.Second), State: InvitationOutstanding}
+			ExpiresAt: wholeSecondThrough(through), State: InvitationOutstanding}
 		tok, err := s.mintEnrollment(inv)
 		if err != nil {
 			return errNoKey
@@ -353,7 +369,7 @@ func (s *Service) ReinviteTx(ctx context.Context, tx Tx, actor, nodeID string, r
 		}
 		out = s.bootstrap(n, inv, tok)
 		return tx.AppendAudit(ctx, AuditEntry{At: now, Actor: actor, Action: "node.reinvite", NodeID: n.ID,
-			Detail: map[string]any{"invitation_id": inv.ID, "expires_at": inv.ExpiresAt, "superseded": len(outstanding)}})
+			Detail: map[string]any{"invitation_id": inv.ID, "expires_at": inv.ExpiresAt, "superseded": len(open)}})
 	}()
 	return out, err
 }
@@ -389,4 +405,15 @@ func (s *Service) RemintBootstrap(ctx context.Context, invitationID string) (api
 		return nil
 	})
 	return out, err
+}
+
+// wholeSecondThrough answers the expiry a token carries for a window that
+// must stay open through t: JWT times are whole seconds, and rounding down
+// would close it before the caller's wait ends (and a reinvite asking for
+// the same t would never find it good through).
+func wholeSecondThrough(t time.Time) time.Time {
+	if w := t.Truncate(time.Second); w.Before(t) {
+		return w.Add(time.Second)
+	}
+	return t
 }

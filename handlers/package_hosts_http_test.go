@@ -2,7 +2,6 @@ package handlers_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
@@ -38,40 +38,6 @@ type hostOpJSON struct {
 		Generation    int64  `json:"generation"`
 		Token         string `json:"token"`
 	} `json:"result"`
-}
-
-// ledgerDo sends a request to the ledger's endpoints (/api/v1/operations…,
-// /api/v1/node-operations) and to endpoints whose contract does not list
-// the 403 every /api path answers a package host. The ledger endpoints'
-// contract is being written on another branch: until it is in
-// openapi.yaml these exchanges go unchecked, afterwards through the
-// validating client.
-func ledgerDo(t *testing.T, s *apitest.Server, method, path string, body any, token string) (int, http.Header, []byte) {
-	t.Helper()
-	if strings.Contains(path, "operations") && apitest.ProductContract(t).Doc.Paths.Find("/api/v1/operations") != nil {
-		return s.Do(t, method, path, body, token)
-	}
-	resp, err := http.DefaultClient.Do(s.NewRequest(t, method, path, body, token))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, resp.Header, raw
-}
-
-func ledgerJSON(t *testing.T, s *apitest.Server, method, path string, body any, token string, want int, out any) {
-	t.Helper()
-	status, _, raw := ledgerDo(t, s, method, path, body, token)
-	require.Equal(t, want, status, "%s %s answered %s", method, path, raw)
-	if out != nil {
-		require.NoError(t, json.Unmarshal(raw, out), "%s", raw)
-	}
-}
-
-func ledgerProblem(t *testing.T, s *apitest.Server, method, path string, body any, token string, want int, code string) apitest.Problem {
-	t.Helper()
-	status, h, raw := ledgerDo(t, s, method, path, body, token)
-	return apitest.RequireProblem(t, status, h, raw, want, code)
 }
 
 func createHost(t *testing.T, s *apitest.Server, name string, families ...string) packageHostJSON {
@@ -110,22 +76,22 @@ func TestPackageHostsHTTP(t *testing.T) {
 
 		t.Run("TokenSubmitsGrantedKinds", func(t *testing.T) {
 			var op hostOpJSON
-			ledgerJSON(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), h.Token, http.StatusCreated, &op)
+			s.JSON(t, http.MethodPost, "/api/v1/operations", inviteOp(), h.Token, http.StatusCreated, &op)
 			require.Equal(t, "succeeded", op.State)
 			require.Equal(t, h.PackageHostID, *op.PackageHostID)
 		})
 		t.Run("EverythingElseIsDenied", func(t *testing.T) {
 			before := hostRows(t, s)
-			ledgerProblem(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), other.Token, http.StatusForbidden, "permission_denied")
+			s.Problem(t, http.MethodPost, "/api/v1/operations", inviteOp(), other.Token, http.StatusForbidden, "permission_denied")
 			for _, kind := range []string{"credential.issue", "credential.revoke"} {
 				for _, tok := range []string{h.Token, other.Token} {
-					ledgerProblem(t, s, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": apitest.RandomID("rq-"),
+					s.Problem(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": apitest.RandomID("rq-"),
 						"kind": kind, "targets": []map[string]string{{"kind": "package_host", "id": h.PackageHostID}}, "operation": map[string]any{}},
 						tok, http.StatusForbidden, "permission_denied")
 				}
 			}
-			ledgerProblem(t, s, http.MethodGet, "/api/v1/nodes", nil, h.Token, http.StatusForbidden, "permission_denied")
-			ledgerProblem(t, s, http.MethodGet, "/api/v1/whoami", nil, h.Token, http.StatusForbidden, "permission_denied")
+			s.Problem(t, http.MethodGet, "/api/v1/nodes", nil, h.Token, http.StatusForbidden, "permission_denied")
+			s.Problem(t, http.MethodGet, "/api/v1/whoami", nil, h.Token, http.StatusForbidden, "permission_denied")
 			s.Problem(t, http.MethodPost, "/api/v1/tokens", map[string]string{"name": "mine"}, h.Token, http.StatusForbidden, "permission_denied")
 			s.Problem(t, http.MethodGet, "/api/v1/package-hosts", nil, h.Token, http.StatusForbidden, "permission_denied")
 			s.Problem(t, http.MethodPost, "/api/v1/package-hosts", map[string]any{"name": "x", "families": []string{"nodes"}},
@@ -140,30 +106,30 @@ func TestPackageHostsHTTP(t *testing.T) {
 				s.Problem(t, http.MethodGet, "/api/v1/package-hosts", nil, tok, http.StatusUnauthorized, "unauthenticated")
 				s.Problem(t, http.MethodPost, "/api/v1/package-hosts", map[string]any{"name": "x", "families": []string{"nodes"}},
 					tok, http.StatusUnauthorized, "unauthenticated")
-				ledgerProblem(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), tok, http.StatusUnauthorized, "unauthenticated")
+				s.Problem(t, http.MethodPost, "/api/v1/operations", inviteOp(), tok, http.StatusUnauthorized, "unauthenticated")
 			}
 		})
 		t.Run("HostSeesItsOwnOperationsOnly", func(t *testing.T) {
 			var mine hostOpJSON
-			ledgerJSON(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), h.Token, http.StatusCreated, &mine)
+			s.JSON(t, http.MethodPost, "/api/v1/operations", inviteOp(), h.Token, http.StatusCreated, &mine)
 			var admins hostOpJSON
-			ledgerJSON(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), s.AdminToken, http.StatusCreated, &admins)
+			s.JSON(t, http.MethodPost, "/api/v1/operations", inviteOp(), s.AdminToken, http.StatusCreated, &admins)
 
 			var list struct {
 				Operations []hostOpJSON `json:"operations"`
 			}
-			ledgerJSON(t, s, http.MethodGet, "/api/v1/node-operations?limit=500", nil, h.Token, http.StatusOK, &list)
+			s.JSON(t, http.MethodGet, "/api/v1/node-operations?limit=500", nil, h.Token, http.StatusOK, &list)
 			require.NotEmpty(t, list.Operations)
 			for _, o := range list.Operations {
 				require.NotNil(t, o.PackageHostID, "operation %s", o.OperationID)
 				require.Equal(t, h.PackageHostID, *o.PackageHostID)
 			}
-			ledgerJSON(t, s, http.MethodGet, "/api/v1/node-operations?package_host_id="+other.PackageHostID, nil, h.Token, http.StatusOK, &list)
+			s.JSON(t, http.MethodGet, "/api/v1/node-operations?package_host_id="+other.PackageHostID, nil, h.Token, http.StatusOK, &list)
 			for _, o := range list.Operations {
 				require.Equal(t, h.PackageHostID, *o.PackageHostID, "its own, whatever it asks")
 			}
-			ledgerJSON(t, s, http.MethodGet, "/api/v1/operations/"+mine.OperationID, nil, h.Token, http.StatusOK, nil)
-			ledgerProblem(t, s, http.MethodGet, "/api/v1/operations/"+admins.OperationID, nil, h.Token, http.StatusNotFound, "not_found")
+			s.JSON(t, http.MethodGet, "/api/v1/operations/"+mine.OperationID, nil, h.Token, http.StatusOK, nil)
+			s.Problem(t, http.MethodGet, "/api/v1/operations/"+admins.OperationID, nil, h.Token, http.StatusNotFound, "not_found")
 		})
 		t.Run("RevokeStopsTheToken", func(t *testing.T) {
 			r := createHost(t, s, "short-lived", "nodes")
@@ -172,16 +138,16 @@ func TestPackageHostsHTTP(t *testing.T) {
 			require.Equal(t, int64(2), got.Generation)
 			require.NotNil(t, got.RevokedAt)
 			require.Empty(t, got.Token)
-			ledgerProblem(t, s, http.MethodGet, "/api/v1/node-operations", nil, r.Token, http.StatusUnauthorized, "unauthenticated")
-			ledgerProblem(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), r.Token, http.StatusUnauthorized, "unauthenticated")
+			s.Problem(t, http.MethodGet, "/api/v1/node-operations", nil, r.Token, http.StatusUnauthorized, "unauthenticated")
+			s.Problem(t, http.MethodPost, "/api/v1/operations", inviteOp(), r.Token, http.StatusUnauthorized, "unauthenticated")
 
 			// A new token lifts the revocation.
 			var again packageHostJSON
 			s.Admin(t, http.MethodPost, "/api/v1/package-hosts/"+r.PackageHostID+"/tokens", nil, http.StatusCreated, &again)
 			require.Equal(t, int64(3), again.Generation)
 			require.Nil(t, again.RevokedAt)
-			ledgerJSON(t, s, http.MethodGet, "/api/v1/node-operations", nil, again.Token, http.StatusOK, nil)
-			ledgerProblem(t, s, http.MethodGet, "/api/v1/node-operations", nil, r.Token, http.StatusUnauthorized, "unauthenticated")
+			s.JSON(t, http.MethodGet, "/api/v1/node-operations", nil, again.Token, http.StatusOK, nil)
+			s.Problem(t, http.MethodGet, "/api/v1/node-operations", nil, r.Token, http.StatusUnauthorized, "unauthenticated")
 		})
 		t.Run("IssueOnExistingHostReplacesTheToken", func(t *testing.T) {
 			r := createHost(t, s, "rotating", "nodes")
@@ -189,20 +155,20 @@ func TestPackageHostsHTTP(t *testing.T) {
 			s.Admin(t, http.MethodPost, "/api/v1/package-hosts/"+r.PackageHostID+"/tokens", map[string]any{}, http.StatusCreated, &next)
 			require.Equal(t, int64(2), next.Generation)
 			require.NotEqual(t, r.Token, next.Token)
-			ledgerJSON(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), next.Token, http.StatusCreated, nil)
-			ledgerProblem(t, s, http.MethodPost, "/api/v1/operations", inviteOp(), r.Token, http.StatusUnauthorized, "unauthenticated")
+			s.JSON(t, http.MethodPost, "/api/v1/operations", inviteOp(), next.Token, http.StatusCreated, nil)
+			s.Problem(t, http.MethodPost, "/api/v1/operations", inviteOp(), r.Token, http.StatusUnauthorized, "unauthenticated")
 
 			// The same through the ledger: the result names the host and
 			// generation, never the token.
 			var op hostOpJSON
-			ledgerJSON(t, s, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": apitest.RandomID("rq-"),
+			s.JSON(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": apitest.RandomID("rq-"),
 				"kind": "credential.issue", "targets": []map[string]string{{"kind": "package_host", "id": r.PackageHostID}},
 				"operation": map[string]any{}, "wait_timeout_ms": 20000}, s.AdminToken, http.StatusCreated, &op)
 			require.Equal(t, "succeeded", op.State)
 			require.Equal(t, r.PackageHostID, op.Result.PackageHostID)
 			require.Equal(t, int64(3), op.Result.Generation)
 			require.Empty(t, op.Result.Token)
-			ledgerProblem(t, s, http.MethodGet, "/api/v1/node-operations", nil, next.Token, http.StatusUnauthorized, "unauthenticated")
+			s.Problem(t, http.MethodGet, "/api/v1/node-operations", nil, next.Token, http.StatusUnauthorized, "unauthenticated")
 		})
 		t.Run("IdempotencyKeyReplays", func(t *testing.T) {
 			body := map[string]any{"name": "replayed", "families": []string{"fleet", "nodes"}}
@@ -252,7 +218,7 @@ func TestPackageHostsHTTP(t *testing.T) {
 				{"UnknownFamily", map[string]any{"name": "x", "families": []string{"nodes", "magic"}}, "families"},
 			} {
 				t.Run(c.name, func(t *testing.T) {
-					status, hd, raw := ledgerDo(t, s, http.MethodPost, "/api/v1/package-hosts", c.body, s.AdminToken)
+					status, hd, raw := s.Do(t, http.MethodPost, "/api/v1/package-hosts", c.body, s.AdminToken)
 					p := apitest.RequireProblem(t, status, hd, raw, http.StatusUnprocessableEntity, "validation_failed")
 					require.NotEmpty(t, p.Errors)
 					require.Equal(t, c.field, p.Errors[0].Field)
@@ -347,7 +313,7 @@ func TestPackageHostRevokeStopsRequestsInFlight(t *testing.T) {
 				for range maxEach {
 					body := inviteOp()
 					delete(body, "wait_timeout_ms")
-					status, _, _ := ledgerDo(t, s, http.MethodPost, "/api/v1/operations", body, h.Token)
+					status, _, _ := s.Do(t, http.MethodPost, "/api/v1/operations", body, h.Token)
 					last[i] = status
 					if status != http.StatusCreated {
 						return
@@ -371,5 +337,62 @@ func TestPackageHostRevokeStopsRequestsInFlight(t *testing.T) {
 		}
 		require.Equal(t, atRevoke, count(), "nothing recorded for the token after its revocation returned")
 		require.Equal(t, int64(accepted), atRevoke)
+	})
+}
+
+// TestReinviteHandsBackToAdministratorsOnly: the identical outstanding
+// enrollment token is shown again to administrators only (DECISIONS.md §5);
+// a package host's reinvite mints a fresh token that supersedes it, so no
+// enrollment token reaches a package host twice.
+func TestReinviteHandsBackToAdministratorsOnly(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		h := createHost(t, s, "provisioner", "nodes")
+		enroll := func(nodeID, token string) (int, http.Header, []byte) {
+			return s.Do(t, http.MethodPost, "/agent/v1/enroll", api.EnrollRequest{NodeID: nodeID, Generation: 1,
+				EnrollmentToken: token, AgentVersion: "0.0.0-test", Facts: agentFacts()}, "")
+		}
+		// A wait with a fraction of a second: the token's whole-second
+		// expiry must still be good through it, or every retry would mint.
+		through := time.Now().UTC().Add(20*time.Minute + 400*time.Millisecond).Format(time.RFC3339Nano)
+		// submit answers the enrollment token a package host's waited
+		// submit shows once.
+		submit := func(kind string, targets any, operation map[string]any) (string, string) {
+			var op struct {
+				Targets []struct {
+					ID string `json:"id"`
+				} `json:"targets"`
+				State   string            `json:"state"`
+				Secrets map[string]string `json:"secrets"`
+			}
+			s.JSON(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": apitest.RandomID("rq-"), "kind": kind,
+				"targets": targets, "operation": operation, "wait_timeout_ms": 20000}, h.Token, http.StatusCreated, &op)
+			require.Equal(t, "succeeded", op.State)
+			require.NotEmpty(t, op.Secrets["enrollment_token"])
+			return op.Targets[0].ID, op.Secrets["enrollment_token"]
+		}
+		nodeID, invited := submit("node.invite", []any{}, map[string]any{"rental_id": apitest.RandomID("r"), "generation": 1,
+			"redeemable_through": through})
+		target := []map[string]string{{"kind": "node", "id": nodeID}}
+		_, first := submit("node.reinvite", target, map[string]any{"redeemable_through": through})
+		require.NotEqual(t, invited, first, "a package host never gets the outstanding token again")
+		_, second := submit("node.reinvite", target, map[string]any{"redeemable_through": through})
+		require.NotEqual(t, first, second)
+		for _, old := range []string{invited, first} {
+			status, hd, raw := enroll(nodeID, old)
+			apitest.RequireProblem(t, status, hd, raw, http.StatusConflict, "enrollment_superseded")
+		}
+
+		// An administrator asking with the same fractional wait gets the
+		// outstanding one back, however often it asks.
+		path := "/api/v1/nodes/" + nodeID + "/reinvite"
+		var byAdmin, again api.Bootstrap
+		s.Admin(t, http.MethodPost, path, map[string]any{"redeemable_through": through}, http.StatusOK, &byAdmin)
+		require.Equal(t, second, byAdmin.EnrollmentToken)
+		s.Admin(t, http.MethodPost, path, map[string]any{"redeemable_through": through}, http.StatusOK, &again)
+		require.Equal(t, second, again.EnrollmentToken)
+		require.False(t, again.ExpiresAt.Before(time.Now().Add(20*time.Minute)), "expires %s", again.ExpiresAt)
+		status, hd, raw := enroll(nodeID, again.EnrollmentToken)
+		require.Equal(t, http.StatusOK, status, "%s %v", raw, hd)
 	})
 }

@@ -208,7 +208,11 @@ func NodeKinds(f *fleet.Service) []*Kind {
 				if err := DecodeOperation(op.Operation, &o); err != nil {
 					return nil, err
 				}
-				b, err := f.ReinviteTx(ctx, tx.Fleet(), actorOf(op), op.TargetID, o.RedeemableThrough)
+				handBack := fleet.SupersedeOutstanding
+				if op.PrincipalKind == PrincipalAdmin {
+					handBack = fleet.HandBackOutstanding
+				}
+				b, err := f.ReinviteTx(ctx, tx.Fleet(), actorOf(op), op.TargetID, o.RedeemableThrough, handBack)
 				if err != nil {
 					return nil, err
 				}

@@ -301,7 +301,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	// round trip.
 	lookedUp := !ok || len(kind.Reveals) > 0 || (s.secrets != nil && secrets.Carries(canon))
 	if lookedUp {
-		if op, err := s.replay(ctx, p, sub.RequestID, digest); err == nil || !errors.Is(err, ErrNoRows) {
+		if op, err := s.replay(ctx, p, sub, digest); err == nil || !errors.Is(err, ErrNoRows) {
 			return s.waitAnswer(ctx, p, op, false, sub, err)
 		}
 	}
@@ -314,7 +314,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 		// A replay, or a concurrent submit of the same request that won
 		// the insert; or the caller's operation id belongs to another
 		// request; or (not looked up yet) a refusal of a new request.
-		replayed, rerr := s.replay(ctx, p, sub.RequestID, digest)
+		replayed, rerr := s.replay(ctx, p, sub, digest)
 		switch {
 		case rerr == nil || errors.Is(rerr, ErrRequestConflict):
 			return s.waitAnswer(ctx, p, replayed, false, sub, rerr)
@@ -473,12 +473,16 @@ func (s *Service) checkCapability(ctx context.Context, kind *Kind, targets []Tar
 	return nil
 }
 
-func (s *Service) replay(ctx context.Context, p Principal, requestID, digest string) (Operation, error) {
-	op, err := s.store.OperationByRequest(ctx, p, requestID)
+// replay answers the operation recorded for sub's request, or
+// ErrRequestConflict when that request asked for something else: another
+// body, or (a wrapper's caller-chosen id, which the digest leaves out)
+// another operation id.
+func (s *Service) replay(ctx context.Context, p Principal, sub Submission, digest string) (Operation, error) {
+	op, err := s.store.OperationByRequest(ctx, p, sub.RequestID)
 	if err != nil {
 		return Operation{}, err
 	}
-	if op.Digest != digest {
+	if op.Digest != digest || (sub.OperationID != "" && sub.OperationID != op.ID) {
 		return Operation{}, ErrRequestConflict
 	}
 	return op, nil

@@ -440,9 +440,11 @@ func (s *Service) FirstAdmin(ctx context.Context) (User, error) {
 	return u, err
 }
 
-// ListTokens lists every API token, newest first (never the token itself).
-func (s *Service) ListTokens(ctx context.Context) ([]APIToken, error) {
-	return s.store.Tokens(ctx)
+// ListTokens lists API tokens newest first (never the token itself): those
+// created before before (nil: from the newest), at most limit (0: every
+// one).
+func (s *Service) ListTokens(ctx context.Context, before *TokenKey, limit int) ([]APIToken, error) {
+	return s.store.Tokens(ctx, before, limit)
 }
 
 // RevokeToken revokes a token; revoking a revoked token is harmless. The

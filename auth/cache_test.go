@@ -311,7 +311,7 @@ func TestCredentialCache(t *testing.T) {
 
 func lastUsed(t *testing.T, s *auth.Service, id string) *time.Time {
 	t.Helper()
-	rows, err := s.ListTokens(ctx)
+	rows, err := s.ListTokens(ctx, nil, 0)
 	require.NoError(t, err)
 	for _, r := range rows {
 		if r.ID == id {

@@ -43,6 +43,13 @@ type APIToken struct {
 	RevokedAt  *time.Time
 }
 
+// TokenKey is a token's place in the listing (newest first): a page's
+// cursor.
+type TokenKey struct {
+	CreatedAt time.Time
+	ID        string
+}
+
 // ConsoleSession is one console login; the cookie's JWT names it, and
 // logging out revokes it.
 type ConsoleSession struct {
@@ -111,8 +118,9 @@ type Store interface {
 	// TokenByHash answers the token with that digest and its user, or
 	// ErrNoRows.
 	TokenByHash(ctx context.Context, hash string) (APIToken, User, error)
-	// Tokens answers every token, newest first.
-	Tokens(ctx context.Context) ([]APIToken, error)
+	// Tokens answers tokens newest first: only those created before
+	// before (nil: from the newest), at most limit (0: every one).
+	Tokens(ctx context.Context, before *TokenKey, limit int) ([]APIToken, error)
 	// RevokeToken marks the token revoked at at; a missing or already
 	// revoked token is left alone and is not an error.
 	RevokeToken(ctx context.Context, id string, at time.Time) error

@@ -456,12 +456,29 @@ func (s *Service) Command(ctx context.Context, operationID string) (Command, err
 	return c, err
 }
 
-// Commands answers a node's commands, oldest first. Errors: ErrNotFound.
+// Commands answers a node's commands, oldest first (the order they are
+// delivered in). Errors: ErrNotFound.
 func (s *Service) Commands(ctx context.Context, nodeID string, state CommandState, limit int) ([]Command, error) {
 	if _, err := s.Node(ctx, nodeID); err != nil {
 		return nil, err
 	}
 	return s.store.Commands(ctx, nodeID, state, limit)
+}
+
+// CommandKey is a command's place in its node's history: a page's cursor.
+type CommandKey struct {
+	IssuedAt    time.Time
+	OperationID string
+}
+
+// CommandHistory answers a page of a node's commands, newest first: those
+// issued before the key of the previous page's last (nil: from the
+// newest), at most limit. Errors: ErrNotFound.
+func (s *Service) CommandHistory(ctx context.Context, nodeID string, state CommandState, before *CommandKey, limit int) ([]Command, error) {
+	if _, err := s.Node(ctx, nodeID); err != nil {
+		return nil, err
+	}
+	return s.store.CommandHistory(ctx, nodeID, state, before, limit)
 }
 
 // MaxPollWait is the longest a long-poll may be held.

@@ -151,9 +151,10 @@ func (s *Service) Summarize(ctx context.Context, refusedWithin time.Duration) (S
 	return sum, err
 }
 
-// Audit answers a node's recent changes, newest first.
-func (s *Service) Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error) {
-	return s.store.Audit(ctx, nodeID, limit)
+// Audit answers a node's changes, newest first: those with an id below
+// before (0: from the newest), at most limit.
+func (s *Service) Audit(ctx context.Context, nodeID string, before int64, limit int) ([]AuditEntry, error) {
+	return s.store.Audit(ctx, nodeID, before, limit)
 }
 
 // Reconciliation is what a restarted control plane needs to know not to

@@ -151,15 +151,20 @@ type Reader interface {
 	// those in one state, at most limit of them (0: no limit). An unknown
 	// node answers an empty list (callers check the node first).
 	Commands(ctx context.Context, nodeID string, state CommandState, limit int) ([]Command, error)
+	// CommandHistory answers a node's commands newest first, optionally
+	// only those in one state, only those issued before a key (a page's
+	// last), at most limit of them (> 0).
+	CommandHistory(ctx context.Context, nodeID string, state CommandState, before *CommandKey, limit int) ([]Command, error)
 	// HasDue reports whether any command is due for d (a plain read: no
 	// write lock is taken to find out there is nothing to do).
 	HasDue(ctx context.Context, d Due) (bool, error)
 	// AppliedOperationIDs answers the ids of commands the node applied,
 	// oldest first; none answers an empty (non-nil) list.
 	AppliedOperationIDs(ctx context.Context, nodeID string) ([]string, error)
-	// Audit answers a node's changes, newest first, at most limit (0: no
-	// limit); none answers an empty list.
-	Audit(ctx context.Context, nodeID string, limit int) ([]AuditEntry, error)
+	// Audit answers a node's changes, newest first, only those with an id
+	// below before (0: from the newest), at most limit (0: no limit); none
+	// answers an empty list.
+	Audit(ctx context.Context, nodeID string, before int64, limit int) ([]AuditEntry, error)
 	// RecentAudit answers the latest changes across the fleet, newest first,
 	// at most limit (0: no limit).
 	RecentAudit(ctx context.Context, limit int) ([]AuditEntry, error)

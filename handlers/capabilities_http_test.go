@@ -55,6 +55,6 @@ func TestCapabilitiesHTTP(t *testing.T) {
 		require.Equal(t, "0.0.0-test", *caps.AgentVersion)
 		require.NotEmpty(t, caps.Kinds)
 		host := createHost(t, s, apitest.RandomID("caps-host-"), "commands")
-		ledgerJSON(t, s, http.MethodGet, "/api/v1/capabilities", nil, host.Token, http.StatusOK, &caps)
+		s.JSON(t, http.MethodGet, "/api/v1/capabilities", nil, host.Token, http.StatusOK, &caps)
 	})
 }

@@ -88,7 +88,7 @@ func (h *handler) consoleNodes(w http.ResponseWriter, r *http.Request) {
 		f.LeaseBefore = &before
 	}
 	if s := q.Get("before"); s != "" && v.Error == "" {
-		t, id, ok := decodeNodeCursor(s)
+		t, id, ok := decodeKeyCursor(s)
 		if !ok {
 			v.Error = "This page link is not valid. Start again from the newest nodes."
 		}
@@ -229,7 +229,7 @@ func (h *handler) nodeDetail(r *http.Request, id string) (views.NodeDetail, erro
 		v.Operations = append(v.Operations, row)
 	}
 
-	audit, err := h.Fleet.Audit(ctx, id, consoleTimelineLimit)
+	audit, err := h.Fleet.Audit(ctx, id, 0, consoleTimelineLimit)
 	if err != nil {
 		return v, err
 	}

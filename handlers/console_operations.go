@@ -76,7 +76,7 @@ func filterError(err error) (msg, field string, ok bool) {
 func (h *handler) consoleOperations(w http.ResponseWriter, r *http.Request) {
 	q, form := consoleQuery(r)
 	v := views.OperationsView{Query: form}
-	f, err := operationFilterOf(q)
+	f, err := operationFilterOf(q, h.Ledger.Kinds())
 	if err != nil {
 		msg, field, ok := filterError(err)
 		if !ok {

@@ -119,7 +119,7 @@ type consoleOpJSON struct {
 func submitHost(t *testing.T, s *apitest.Server, rid, name, reason string) consoleOpJSON {
 	t.Helper()
 	var op consoleOpJSON
-	ledgerJSON(t, s, http.MethodPost, "/api/v1/operations", map[string]any{
+	s.JSON(t, http.MethodPost, "/api/v1/operations", map[string]any{
 		"request_id": rid, "kind": "credential.issue", "reason": reason,
 		"operation": map[string]any{"name": name, "families": []string{"nodes"}}, "wait_timeout_ms": 5000,
 	}, s.AdminToken, http.StatusCreated, &op)

@@ -178,7 +178,7 @@ func (c *console) whoami(cookie, token string) int {
 }
 
 func (c *console) tokens() []auth.APIToken {
-	rows, err := c.auth.ListTokens(context.Background())
+	rows, err := c.auth.ListTokens(context.Background(), nil, 0)
 	require.NoError(c.t, err)
 	return rows
 }

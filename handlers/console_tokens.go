@@ -21,7 +21,7 @@ func tokenRows(rows []auth.APIToken) []views.TokenRow {
 }
 
 func (h *handler) consoleTokens(w http.ResponseWriter, r *http.Request) {
-	rows, err := h.Auth.ListTokens(r.Context())
+	rows, err := h.Auth.ListTokens(r.Context(), nil, 0)
 	if err != nil {
 		h.consoleInternal(w, r, err)
 		return
@@ -49,7 +49,7 @@ func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
 	tok, row, err := h.Auth.CreateToken(r.Context(), p, name, r.RemoteAddr)
 	var ce *errcode.Error
 	if errors.As(err, &ce) && ce.Code == errcode.ValidationFailed {
-		rows, lerr := h.Auth.ListTokens(r.Context())
+		rows, lerr := h.Auth.ListTokens(r.Context(), nil, 0)
 		if lerr != nil {
 			h.consoleInternal(w, r, lerr)
 			return
@@ -115,7 +115,7 @@ func (h *handler) consoleAudit(w http.ResponseWriter, r *http.Request) {
 // refuseTokenName shows the tokens page again, 422, for a name the console
 // could not show faithfully (see displayable).
 func (h *handler) refuseTokenName(w http.ResponseWriter, r *http.Request, name string) {
-	rows, err := h.Auth.ListTokens(r.Context())
+	rows, err := h.Auth.ListTokens(r.Context(), nil, 0)
 	if err != nil {
 		h.consoleInternal(w, r, err)
 		return

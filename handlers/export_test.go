@@ -12,3 +12,14 @@ func NullableFieldNames() map[string]bool {
 	}
 	return out
 }
+
+// APIQueryParameters answers the query parameters each /api/v1 route
+// takes, by "METHOD /api/v1/pattern", for the contract check in package
+// handlers_test.
+func APIQueryParameters() map[string][]string {
+	out := map[string][]string{}
+	for _, rt := range apiRoutes {
+		out[rt.method+" /api/v1"+rt.pattern] = rt.query
+	}
+	return out
+}

@@ -156,6 +156,7 @@ func TestHostileRequests(t *testing.T) {
 			{"AuditBeforeZero", "GET", "/api/v1/admin-audit?before=0", nil, "admin", 400, "invalid_parameter"},
 			// Every numeric cursor is read as next_before wrote it: no padding.
 			{"AuditBeforePadded", "GET", "/api/v1/admin-audit?before=007", nil, "admin", 400, "invalid_parameter"},
+			{"SecretAuditTargetKindUnknown", "GET", "/api/v1/secret-audit?target_kind=bogus", nil, "admin", 400, "invalid_parameter"},
 			{"SecretAuditBeforePadded", "GET", "/api/v1/secret-audit?before=007", nil, "admin", 400, "invalid_parameter"},
 			{"OperationsBeforePadded", "GET", "/api/v1/node-operations?before=007", nil, "admin", 400, "invalid_parameter"},
 			{"PackageHostsBeforePadded", "GET", "/api/v1/package-hosts?before=007", nil, "admin", 400, "invalid_parameter"},

@@ -107,6 +107,48 @@ func TestNodeWrapperReplays(t *testing.T) {
 		req.Header.Set("Idempotency-Key", "invite-key-1")
 		status, _, raw := s.Send(t, req)
 		require.Equal(t, http.StatusConflict, status, "the same key with another body: %s", raw)
+
+		// The command wrapper: the same key with another operation_id is
+		// another request, never a replay of the first command.
+		boot, _ := inviteAndEnroll(t, s)
+		path := "/api/v1/nodes/" + boot.NodeID + "/commands"
+		command := func(operationID string, want int) []byte {
+			req := s.NewRequest(t, http.MethodPost, path, map[string]any{"kind": "prepare_image", "operation_id": operationID,
+				"payload": map[string]any{"image": "alpine"}}, s.AdminToken)
+			req.Header.Set("Idempotency-Key", "command-key-1")
+			status, h, raw := s.Send(t, req)
+			if want == http.StatusConflict {
+				apitest.RequireProblem(t, status, h, raw, want, "request_conflict")
+			}
+			require.Equal(t, want, status, "%s", raw)
+			return raw
+		}
+		command("keyed-1", http.StatusCreated)
+		command("keyed-1", http.StatusOK)
+		command("keyed-2", http.StatusConflict)
+		s.Problem(t, http.MethodGet, "/api/v1/commands/keyed-2", nil, s.AdminToken, http.StatusNotFound, "not_found")
+
+		// A malformed key is refused naming the header, at every wrapper.
+		for _, call := range []struct {
+			path string
+			body any
+		}{
+			{"/api/v1/nodes/invitations", map[string]any{"rental_id": apitest.RandomID("rep"), "generation": 1}},
+			{"/api/v1/nodes/" + boot.NodeID + "/reinvite", map[string]any{}},
+			{"/api/v1/nodes/" + boot.NodeID + "/retire", map[string]any{}},
+			{path, map[string]any{"kind": "prepare_image", "operation_id": "keyed-3", "payload": map[string]any{"image": "alpine"}}},
+		} {
+			req := s.NewRequest(t, http.MethodPost, call.path, call.body, s.AdminToken)
+			req.Header.Set("Idempotency-Key", "has space")
+			status, h, raw := s.Send(t, req)
+			p := apitest.RequireProblem(t, status, h, raw, http.StatusBadRequest, "invalid_parameter")
+			require.Equal(t, "Idempotency-Key", p.Errors[0].Field, "%s", call.path)
+		}
+		var n struct {
+			State string `json:"state"`
+		}
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID, nil, http.StatusOK, &n)
+		require.Equal(t, "ready", n.State, "the refused retire changed nothing")
 	})
 }
 

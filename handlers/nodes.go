@@ -49,9 +49,10 @@ func parseTime(v *errcode.Validation, field string, s *string) *time.Time {
 // own failure as problem+json, or 202 with the operation when it has not
 // ended within the wait.
 func (h *handler) submitAndWait(w http.ResponseWriter, r *http.Request, kind string, targets []ledger.Target, operation any) (ledger.Operation, bool, bool) {
-	requestID := r.Header.Get("Idempotency-Key")
-	if requestID == "" {
-		requestID = ledger.NewID()
+	requestID, err := idempotencyKey(r)
+	if err != nil {
+		writeError(w, r, err)
+		return ledger.Operation{}, false, false
 	}
 	op, created, err := h.submitNodeOp(r, requestID, kind, targets, operation)
 	switch {
@@ -238,11 +239,17 @@ func queryLimit(r *http.Request, def, max int) (int, error) {
 	return int(n), nil
 }
 
-func encodeNodeCursor(n fleet.Node) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(n.CreatedAt.UnixMicro(), 10) + "|" + n.ID))
+// A keyset cursor of a listing ordered by (time, id) — nodes, commands,
+// API tokens — is that key: the time in microseconds and the id, so a page
+// resumes exactly after the last row of the one before.
+func encodeKeyCursor(at time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(at.UnixMicro(), 10) + "|" + id))
 }
 
-func decodeNodeCursor(s string) (time.Time, string, bool) {
+func encodeNodeCursor(n fleet.Node) string { return encodeKeyCursor(n.CreatedAt, n.ID) }
+
+// decodeKeyCursor reads a cursor encodeKeyCursor wrote.
+func decodeKeyCursor(s string) (time.Time, string, bool) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
 		return time.Time{}, "", false
@@ -279,7 +286,7 @@ func (h *handler) listNodes(w http.ResponseWriter, r *http.Request) {
 		f.State = fleet.State(state)
 	}
 	if before != "" {
-		t, id, ok := decodeNodeCursor(before)
+		t, id, ok := decodeKeyCursor(before)
 		if !ok {
 			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
 			return
@@ -335,7 +342,7 @@ type timelineEntry struct {
 // time, newest first (DECISIONS.md §41): the latest `limit` of each trail,
 // merged and cut to `limit`.
 func (h *handler) nodeTimeline(w http.ResponseWriter, r *http.Request) {
-	id, limit, audit, ok := h.nodeAuditPage(w, r)
+	id, limit, audit, ok := h.nodeAuditPage(w, r, 0)
 	if !ok {
 		return
 	}
@@ -372,9 +379,10 @@ func (h *handler) timeline(r *http.Request, id string, limit int, audit []fleet.
 	return out, nil
 }
 
-// nodeAuditPage reads the node's latest audit entries for the audit and
-// timeline answers; false when it answered an error itself.
-func (h *handler) nodeAuditPage(w http.ResponseWriter, r *http.Request) (string, int, []fleet.AuditEntry, bool) {
+// nodeAuditPage reads the node's audit entries below before (0: the
+// latest) for the audit and timeline answers; false when it answered an
+// error itself.
+func (h *handler) nodeAuditPage(w http.ResponseWriter, r *http.Request, before int64) (string, int, []fleet.AuditEntry, bool) {
 	id := chi.URLParam(r, "id")
 	if _, err := h.Fleet.Node(r.Context(), id); err != nil {
 		writeError(w, r, err)
@@ -385,7 +393,7 @@ func (h *handler) nodeAuditPage(w http.ResponseWriter, r *http.Request) (string,
 		writeError(w, r, err)
 		return "", 0, nil, false
 	}
-	entries, err := h.Fleet.Audit(r.Context(), id, limit)
+	entries, err := h.Fleet.Audit(r.Context(), id, before, limit)
 	if err != nil {
 		writeError(w, r, err)
 		return "", 0, nil, false
@@ -394,7 +402,12 @@ func (h *handler) nodeAuditPage(w http.ResponseWriter, r *http.Request) (string,
 }
 
 func (h *handler) nodeAudit(w http.ResponseWriter, r *http.Request) {
-	_, _, entries, ok := h.nodeAuditPage(w, r)
+	before, err := queryOf(r).cursor("before", "a cursor from next_before")
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	_, limit, entries, ok := h.nodeAuditPage(w, r, before)
 	if !ok {
 		return
 	}
@@ -409,7 +422,12 @@ func (h *handler) nodeAudit(w http.ResponseWriter, r *http.Request) {
 	for i, e := range entries {
 		out[i] = entry{ID: e.ID, At: e.At, Actor: e.Actor, Action: e.Action, Detail: e.Detail}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"entries": out})
+	var next *string
+	if len(entries) == limit {
+		c := strconv.FormatInt(entries[len(entries)-1].ID, 10)
+		next = &c
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": out, "next_before": next})
 }
 
 func (h *handler) reconciliation(w http.ResponseWriter, r *http.Request) {
@@ -501,9 +519,13 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")
-	requestID := key
-	if requestID == "" {
-		requestID = body.OperationID
+	requestID := body.OperationID
+	if key != "" {
+		var err error
+		if requestID, err = idempotencyKey(r); err != nil {
+			writeError(w, r, err)
+			return
+		}
 	}
 	payload := body.Payload
 	if len(payload) == 0 || string(payload) == "null" {
@@ -567,12 +589,24 @@ func (h *handler) listNodeCommands(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, invalidParameter("state", "one of pending, applied, refused, cancelled"))
 		return
 	}
-	limit, err := queryLimit(r, 100, 1000)
+	limit, err := queryLimit(r, 100, 500)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
-	cmds, err := h.Fleet.Commands(r.Context(), chi.URLParam(r, "id"), state, limit)
+	var before *fleet.CommandKey
+	if s, err := queryOf(r).get("before"); err != nil {
+		writeError(w, r, err)
+		return
+	} else if s != "" {
+		at, id, ok := decodeKeyCursor(s)
+		if !ok {
+			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
+			return
+		}
+		before = &fleet.CommandKey{IssuedAt: at, OperationID: id}
+	}
+	cmds, err := h.Fleet.CommandHistory(r.Context(), chi.URLParam(r, "id"), state, before, limit)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -581,7 +615,13 @@ func (h *handler) listNodeCommands(w http.ResponseWriter, r *http.Request) {
 	for i, c := range cmds {
 		out[i] = viewCommand(c)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"commands": out})
+	var next *string
+	if len(cmds) == limit {
+		last := cmds[len(cmds)-1]
+		c := encodeKeyCursor(last.IssuedAt, last.OperationID)
+		next = &c
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"commands": out, "next_before": next})
 }
 
 func (h *handler) getCommand(w http.ResponseWriter, r *http.Request) {

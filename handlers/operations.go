@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -201,7 +203,13 @@ var operationFilterParams = []struct {
 		f.PrincipalKind, f.PrincipalID = ledger.PrincipalPackageHost, s
 		return nil
 	}},
-	{"family", func(f *ledger.Filter, s string) error { f.Family = s; return nil }},
+	{"family", func(f *ledger.Filter, s string) error {
+		if !slices.Contains(ledger.Families, s) {
+			return fmt.Errorf("one of %s", strings.Join(ledger.Families, ", "))
+		}
+		f.Family = s
+		return nil
+	}},
 	{"kind", func(f *ledger.Filter, s string) error { f.Kind = s; return nil }},
 	{"state", func(f *ledger.Filter, s string) error {
 		if !ledger.State(s).Valid() {
@@ -219,7 +227,13 @@ var operationFilterParams = []struct {
 	}},
 	{"operation_id", func(f *ledger.Filter, s string) error { f.OperationID = s; return nil }},
 	{"parent", func(f *ledger.Filter, s string) error { f.ParentID = s; return nil }},
-	{"target_kind", func(f *ledger.Filter, s string) error { f.TargetKind = s; return nil }},
+	{"target_kind", func(f *ledger.Filter, s string) error {
+		if !slices.Contains(ledger.TargetKinds, s) {
+			return fmt.Errorf("one of %s", strings.Join(ledger.TargetKinds, ", "))
+		}
+		f.TargetKind = s
+		return nil
+	}},
 	{"target_id", func(f *ledger.Filter, s string) error { f.TargetID = s; return nil }},
 	{"before", func(f *ledger.Filter, s string) error {
 		n, err := parseCursor(s)
@@ -231,9 +245,19 @@ var operationFilterParams = []struct {
 	}},
 }
 
+// operationFilterNames are the listing's filter parameters.
+func operationFilterNames() []string {
+	out := make([]string, len(operationFilterParams))
+	for i, p := range operationFilterParams {
+		out[i] = p.name
+	}
+	return out
+}
+
 // operationFilterOf reads the listing's filters, cursor and limit from a
-// query: the API's and the console's one reading of them.
-func operationFilterOf(q query) (ledger.Filter, error) {
+// query: the API's and the console's one reading of them. A kind must be
+// one of served's: the listing shows no other.
+func operationFilterOf(q query, served *ledger.Registry) (ledger.Filter, error) {
 	var f ledger.Filter
 	if q.err != nil {
 		return f, q.err
@@ -253,6 +277,9 @@ func operationFilterOf(q query) (ledger.Filter, error) {
 			return f, invalidParameter(p.name, "%s", err.Error())
 		}
 	}
+	if _, ok := served.Kind(f.Kind); f.Kind != "" && !ok {
+		return f, invalidParameter("kind", "a served kind (GET /api/v1/capabilities lists them)")
+	}
 	f.Limit = operationsPageSize
 	n, ok, err := q.number("limit", 1, maxOperationsPage, "an integer from 1 to %d", maxOperationsPage)
 	if err != nil {
@@ -271,7 +298,7 @@ const (
 )
 
 func (h *handler) listOperations(w http.ResponseWriter, r *http.Request) {
-	f, err := operationFilterOf(queryOf(r))
+	f, err := operationFilterOf(queryOf(r), h.Ledger.Kinds())
 	if err != nil {
 		writeError(w, r, err)
 		return

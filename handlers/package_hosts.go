@@ -41,7 +41,9 @@ type issuedView struct {
 	OperationID string `json:"operation_id"`
 }
 
-// idempotencyKey is the ledger request id of a wrapper call.
+// idempotencyKey is the ledger request id of a wrapper call: its
+// Idempotency-Key header, else a fresh id. A malformed key is 400
+// invalid_parameter naming the header.
 func idempotencyKey(r *http.Request) (string, error) {
 	k := r.Header.Get("Idempotency-Key")
 	if k == "" {

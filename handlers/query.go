@@ -4,7 +4,9 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/nodeward/nodeward/errcode"
 )
@@ -124,4 +126,35 @@ func (q query) boolean(name string) (b, ok bool, err error) {
 		return false, true, nil
 	}
 	return false, false, invalidParameter(name, "true or false")
+}
+
+// onlyQuery refuses a request naming a query parameter outside names:
+// 400 invalid_parameter naming the first such, in the order given.
+func onlyQuery(names []string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.RawQuery == "" {
+				next.ServeHTTP(w, r)
+				return
+			}
+			q := queryOf(r)
+			if q.err != nil {
+				writeError(w, r, q.err)
+				return
+			}
+			for _, kv := range strings.Split(r.URL.RawQuery, "&") {
+				name, _, _ := strings.Cut(kv, "=")
+				name, _ = url.QueryUnescape(name)
+				if name != "" && !slices.Contains(names, name) {
+					if len(names) == 0 {
+						writeError(w, r, invalidParameter(name, "this endpoint takes no query parameters"))
+					} else {
+						writeError(w, r, invalidParameter(name, "not a parameter of this endpoint (it takes %s)", strings.Join(names, ", ")))
+					}
+					return
+				}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/handlers"
 )
 
 // TestQueryParametersAsTheContractSays sends every query parameter that
@@ -88,6 +89,43 @@ func TestQueryParametersAsTheContractSays(t *testing.T) {
 		}
 	}
 	require.Greater(t, checked, 30*len(values)/2, "the walk reached the listings' parameters")
+}
+
+// TestOnlyDocumentedQueryParameters: every /api operation takes exactly
+// the query parameters openapi.yaml declares for it, and refuses any other
+// with 400 invalid_parameter naming it, so a misspelt filter or a cursor
+// an endpoint does not page by is never silently ignored.
+func TestOnlyDocumentedQueryParameters(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	contract := apitest.ProductContract(t)
+	served := handlers.APIQueryParameters()
+	documented := 0
+	for path, item := range contract.Doc.Paths.Map() {
+		if !strings.HasPrefix(path, "/api/") {
+			continue
+		}
+		for method, op := range item.Operations() {
+			documented++
+			key := method + " " + path
+			want := []string{}
+			for _, ref := range append(append(openapi3.Parameters(nil), item.Parameters...), op.Parameters...) {
+				if ref.Value.In == "query" {
+					want = append(want, ref.Value.Name)
+				}
+			}
+			got, ok := served[key]
+			require.True(t, ok, "%s is documented but not routed", key)
+			require.ElementsMatch(t, want, append([]string{}, got...), "%s: the query parameters documented and served differ", key)
+
+			concrete, _ := fillPath(path, map[string]string{"id": "n1", "run_id": "r1", "attempt_id": "a1", "operation_id": "o1", "handle": "h1"})
+			status, h, raw := s.Send(t, s.NewRequest(t, method, concrete+"?limt=5", nil, s.AdminToken))
+			p := apitest.RequireProblem(t, status, h, raw, http.StatusBadRequest, "invalid_parameter")
+			require.Len(t, p.Errors, 1, "%s", raw)
+			require.Equal(t, "limt", p.Errors[0].Field, "%s names the unknown parameter", key)
+		}
+	}
+	require.Len(t, served, documented, "every routed /api operation is documented")
 }
 
 // generalRule answers why openapi.yaml's rules for every query parameter

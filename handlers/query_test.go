@@ -78,7 +78,7 @@ func FuzzQuery(f *testing.F) {
 				require.Equal(t, m, n)
 			}
 			if s, err := q.get(name); err == nil && s != "" {
-				_, _, _ = decodeNodeCursor(s)
+				_, _, _ = decodeKeyCursor(s)
 			}
 		}
 	})

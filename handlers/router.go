@@ -63,6 +63,62 @@ type handler struct {
 	metrics *metrics.Metrics
 }
 
+// apiRoute is one endpoint under /api/v1 and the query parameters it
+// reads: any other is refused (onlyQuery), so a misspelt filter or a cursor
+// an endpoint does not page by is never silently ignored.
+type apiRoute struct {
+	method, pattern string
+	serve           func(*handler, http.ResponseWriter, *http.Request)
+	query           []string
+}
+
+var (
+	pageQuery = []string{"limit", "before"}
+	apiRoutes = []apiRoute{
+		{http.MethodGet, "/whoami", (*handler).whoami, nil},
+		{http.MethodGet, "/capabilities", (*handler).capabilities, nil},
+		{http.MethodPost, "/tokens", (*handler).createToken, nil},
+		{http.MethodGet, "/tokens", (*handler).listTokens, pageQuery},
+		{http.MethodPost, "/tokens/{id}/revoke", (*handler).revokeToken, nil},
+		{http.MethodGet, "/admin-audit", (*handler).adminAudit, pageQuery},
+
+		{http.MethodPost, "/nodes/invitations", (*handler).inviteNode, nil},
+		{http.MethodGet, "/nodes", (*handler).listNodes, []string{"state", "limit", "before"}},
+		{http.MethodGet, "/nodes/{id}", (*handler).getNode, nil},
+		{http.MethodPost, "/nodes/{id}/reinvite", (*handler).reinviteNode, nil},
+		{http.MethodPost, "/nodes/{id}/retire", (*handler).retireNode, nil},
+		{http.MethodGet, "/nodes/{id}/reconciliation", (*handler).reconciliation, nil},
+		{http.MethodGet, "/nodes/{id}/workloads/{run_id}/{attempt_id}", (*handler).getWorkload, nil},
+		{http.MethodGet, "/nodes/{id}/workloads/{run_id}/{attempt_id}/output", (*handler).getWorkloadOutput, nil},
+		{http.MethodGet, "/nodes/{id}/audit", (*handler).nodeAudit, pageQuery},
+		// The timeline merges two trails: it answers the latest, unpaged
+		// (page the audit and the node's operations instead).
+		{http.MethodGet, "/nodes/{id}/timeline", (*handler).nodeTimeline, []string{"limit"}},
+		{http.MethodGet, "/nodes/{id}/config", (*handler).getNodeConfig, nil},
+		{http.MethodGet, "/config/lagging", (*handler).listLaggingConfigs, pageQuery},
+		{http.MethodPost, "/nodes/{id}/commands", (*handler).issueCommand, nil},
+		{http.MethodGet, "/nodes/{id}/commands", (*handler).listNodeCommands, []string{"state", "limit", "before"}},
+		{http.MethodGet, "/commands/{operation_id}", (*handler).getCommand, nil},
+		{http.MethodGet, "/offers", (*handler).listOffers, []string{"class", "min_free_disk_bytes", "until"}},
+		{http.MethodGet, "/sessions", (*handler).liveSessions, nil},
+
+		{http.MethodPost, "/operations", (*handler).submitOperation, nil},
+		{http.MethodGet, "/operations/{id}", (*handler).getOperation, nil},
+		{http.MethodPost, "/operations/{id}/cancel", (*handler).cancelOperation, nil},
+		{http.MethodGet, "/operations/{id}/watch", (*handler).watchOperation, nil},
+		{http.MethodGet, "/node-operations", (*handler).listOperations, append(operationFilterNames(), "limit")},
+
+		{http.MethodPost, "/package-hosts", (*handler).createPackageHost, nil},
+		{http.MethodGet, "/package-hosts", (*handler).listPackageHosts, pageQuery},
+		{http.MethodPost, "/package-hosts/{id}/revoke", (*handler).revokePackageHost, nil},
+		{http.MethodPost, "/package-hosts/{id}/tokens", (*handler).issuePackageHostToken, nil},
+
+		{http.MethodPost, "/secrets/seal", (*handler).sealSecret, nil},
+		{http.MethodGet, "/reveals/{handle}", (*handler).revealSecret, nil},
+		{http.MethodGet, "/secret-audit", (*handler).secretAudit, append(secretAuditFilterNames(), "limit", "before")},
+	}
+)
+
 // New returns the control plane's HTTP handler.
 func New(d Deps) http.Handler {
 	if d.Logger == nil {
@@ -112,45 +168,11 @@ func New(d Deps) http.Handler {
 		r.NotFound(h.notFound)
 		r.MethodNotAllowed(h.methodNotAllowed)
 		r.Route("/v1", func(r chi.Router) {
-			r.Get("/whoami", h.whoami)
-			r.Get("/capabilities", h.capabilities)
-			r.Post("/tokens", h.createToken)
-			r.Get("/tokens", h.listTokens)
-			r.Post("/tokens/{id}/revoke", h.revokeToken)
-			r.Get("/admin-audit", h.adminAudit)
-
-			r.Post("/nodes/invitations", h.inviteNode)
-			r.Get("/nodes", h.listNodes)
-			r.Get("/nodes/{id}", h.getNode)
-			r.Post("/nodes/{id}/reinvite", h.reinviteNode)
-			r.Post("/nodes/{id}/retire", h.retireNode)
-			r.Get("/nodes/{id}/reconciliation", h.reconciliation)
-			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}", h.getWorkload)
-			r.Get("/nodes/{id}/workloads/{run_id}/{attempt_id}/output", h.getWorkloadOutput)
-			r.Get("/nodes/{id}/audit", h.nodeAudit)
-			r.Get("/nodes/{id}/timeline", h.nodeTimeline)
-			r.Get("/nodes/{id}/config", h.getNodeConfig)
-			r.Get("/config/lagging", h.listLaggingConfigs)
-			r.Post("/nodes/{id}/commands", h.issueCommand)
-			r.Get("/nodes/{id}/commands", h.listNodeCommands)
-			r.Get("/commands/{operation_id}", h.getCommand)
-			r.Get("/offers", h.listOffers)
-			r.Get("/sessions", h.liveSessions)
-
-			r.Post("/operations", h.submitOperation)
-			r.Get("/operations/{id}", h.getOperation)
-			r.Post("/operations/{id}/cancel", h.cancelOperation)
-			r.Get("/operations/{id}/watch", h.watchOperation)
-			r.Get("/node-operations", h.listOperations)
-
-			r.Post("/package-hosts", h.createPackageHost)
-			r.Get("/package-hosts", h.listPackageHosts)
-			r.Post("/package-hosts/{id}/revoke", h.revokePackageHost)
-			r.Post("/package-hosts/{id}/tokens", h.issuePackageHostToken)
-
-			r.Post("/secrets/seal", h.sealSecret)
-			r.Get("/reveals/{handle}", h.revealSecret)
-			r.Get("/secret-audit", h.secretAudit)
+			for _, rt := range apiRoutes {
+				r.With(onlyQuery(rt.query)).Method(rt.method, rt.pattern, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+					rt.serve(h, w, req)
+				}))
+			}
 		})
 	})
 

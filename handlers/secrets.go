@@ -91,7 +91,13 @@ var secretAuditFilterParams = []struct {
 	}},
 	{"principal_id", func(f *secrets.AuditFilter, s string) error { f.PrincipalID = s; return nil }},
 	{"operation_id", func(f *secrets.AuditFilter, s string) error { f.OperationID = s; return nil }},
-	{"target_kind", func(f *secrets.AuditFilter, s string) error { f.TargetKind = s; return nil }},
+	{"target_kind", func(f *secrets.AuditFilter, s string) error {
+		if !slices.Contains(ledger.TargetKinds, s) {
+			return fmt.Errorf("one of %s", strings.Join(ledger.TargetKinds, ", "))
+		}
+		f.TargetKind = s
+		return nil
+	}},
 	{"target_id", func(f *secrets.AuditFilter, s string) error { f.TargetID = s; return nil }},
 	{"action", func(f *secrets.AuditFilter, s string) error {
 		if !slices.Contains(secrets.AuditActions, s) {
@@ -107,6 +113,15 @@ var secretAuditFilterParams = []struct {
 		f.Outcome = s
 		return nil
 	}},
+}
+
+// secretAuditFilterNames are the secret audit's filter parameters.
+func secretAuditFilterNames() []string {
+	out := make([]string, len(secretAuditFilterParams))
+	for i, p := range secretAuditFilterParams {
+		out[i] = p.name
+	}
+	return out
 }
 
 // secretAuditFilterOf reads the secret audit's filters, cursor and limit

@@ -57,7 +57,24 @@ func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) listTokens(w http.ResponseWriter, r *http.Request) {
-	rows, err := h.Auth.ListTokens(r.Context())
+	limit, err := queryLimit(r, 100, 500)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var before *auth.TokenKey
+	if s, err := queryOf(r).get("before"); err != nil {
+		writeError(w, r, err)
+		return
+	} else if s != "" {
+		at, id, ok := decodeKeyCursor(s)
+		if !ok {
+			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
+			return
+		}
+		before = &auth.TokenKey{CreatedAt: at, ID: id}
+	}
+	rows, err := h.Auth.ListTokens(r.Context(), before, limit)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -66,7 +83,13 @@ func (h *handler) listTokens(w http.ResponseWriter, r *http.Request) {
 	for _, t := range rows {
 		out = append(out, viewToken(t))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"tokens": out})
+	var next *string
+	if len(rows) == limit {
+		last := rows[len(rows)-1]
+		c := encodeKeyCursor(last.CreatedAt, last.ID)
+		next = &c
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tokens": out, "next_before": next})
 }
 
 func (h *handler) revokeToken(w http.ResponseWriter, r *http.Request) {

@@ -19,6 +19,9 @@ const (
 	FamilyCredentials = "credentials"
 )
 
+// Families lists every family, in the order DECISIONS.md §12 gives them.
+var Families = []string{FamilyNodes, FamilyCommands, FamilyFleet, FamilyNodeConfig, FamilyDiagnose, FamilyCredentials}
+
 // Draft is a submission on its way into the ledger: what a preparer sees
 // and may refine before anything is recorded.
 type Draft struct {

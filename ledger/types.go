@@ -149,6 +149,9 @@ const (
 	TargetEndpoint    = "endpoint"
 )
 
+// TargetKinds lists every target kind.
+var TargetKinds = []string{TargetNode, TargetFleet, TargetPackageHost, TargetEndpoint}
+
 // Error is how an operation failed.
 type Error struct {
 	Code      string `json:"code"`

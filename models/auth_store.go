@@ -250,9 +250,17 @@ func (s *AuthStore) TokenByHash(ctx context.Context, hash string) (auth.APIToken
 }
 
 // Tokens implements auth.Store.
-func (s *AuthStore) Tokens(ctx context.Context) ([]auth.APIToken, error) {
+func (s *AuthStore) Tokens(ctx context.Context, before *auth.TokenKey, limit int) ([]auth.APIToken, error) {
+	q := s.q(ctx).Order("created_at DESC, id DESC")
+	if before != nil {
+		at := dbtime.Norm(before.CreatedAt)
+		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", at, at, before.ID)
+	}
+	if limit > 0 {
+		q = q.Limit(limit)
+	}
 	var rows []APIToken
-	if err := s.q(ctx).Order("created_at DESC, id DESC").Find(&rows).Error; err != nil {
+	if err := q.Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := make([]auth.APIToken, 0, len(rows))

@@ -98,10 +98,19 @@ func TestAuthStoreTokens(t *testing.T) {
 		require.ErrorIs(t, s.InsertToken(ctx, auth.APIToken{ID: "t3", Name: "x", UserID: "u1", TokenHash: "h1", CreatedAt: t0}),
 			auth.ErrDuplicate, "same digest")
 
-		list, err := s.Tokens(ctx)
+		list, err := s.Tokens(ctx, nil, 0)
 		require.NoError(t, err)
 		require.Len(t, list, 2)
 		require.Equal(t, []string{"t2", "t1"}, []string{list[0].ID, list[1].ID}, "newest first")
+		// Pages resume after the last key, ties at one time told by id.
+		require.NoError(t, s.InsertToken(ctx, auth.APIToken{ID: "t0", Name: "twin", UserID: "u1", TokenHash: "h0", CreatedAt: t0}))
+		page, err := s.Tokens(ctx, nil, 2)
+		require.NoError(t, err)
+		require.Equal(t, []string{"t2", "t1"}, []string{page[0].ID, page[1].ID})
+		rest, err := s.Tokens(ctx, &auth.TokenKey{CreatedAt: page[1].CreatedAt, ID: page[1].ID}, 2)
+		require.NoError(t, err)
+		require.Len(t, rest, 1)
+		require.Equal(t, "t0", rest[0].ID)
 
 		tok, u, err := s.TokenByHash(ctx, "h1")
 		require.NoError(t, err)

@@ -351,6 +351,12 @@ func (r fleetReader) Command(ctx context.Context, operationID string) (fleet.Com
 // predicate literally, so every plan (a generic one too) can prove which
 // index holds them, and "any" reads both, merged.
 func nodeCommandsQuery(g *gorm.DB, nodeID string, state fleet.CommandState, limit int, more func(*gorm.DB) *gorm.DB) *gorm.DB {
+	return nodeCommandsOrdered(g, nodeID, state, limit, more, "issued_at, operation_id")
+}
+
+// nodeCommandsOrdered is nodeCommandsQuery in another order (of issued_at
+// and operation_id, which both partial indexes scan either way).
+func nodeCommandsOrdered(g *gorm.DB, nodeID string, state fleet.CommandState, limit int, more func(*gorm.DB) *gorm.DB, order string) *gorm.DB {
 	branch := func(g *gorm.DB, pending bool) *gorm.DB {
 		q := g.Model(&Command{}).Where("node_id = ?", nodeID)
 		if more != nil {
@@ -364,7 +370,7 @@ func nodeCommandsQuery(g *gorm.DB, nodeID string, state fleet.CommandState, limi
 				q = q.Where("state = ?", string(state))
 			}
 		}
-		q = q.Order("issued_at, operation_id")
+		q = q.Order(order)
 		if limit > 0 {
 			q = q.Limit(limit)
 		}
@@ -375,7 +381,7 @@ func nodeCommandsQuery(g *gorm.DB, nodeID string, state fleet.CommandState, limi
 		return branch(g, true)
 	case "":
 		fresh := func() *gorm.DB { return g.Session(&gorm.Session{NewDB: true}) }
-		sql := "SELECT * FROM (?) AS p UNION ALL SELECT * FROM (?) AS s ORDER BY issued_at, operation_id"
+		sql := "SELECT * FROM (?) AS p UNION ALL SELECT * FROM (?) AS s ORDER BY " + order
 		args := []any{branch(fresh(), true), branch(fresh(), false)}
 		if limit > 0 {
 			sql += " LIMIT ?"
@@ -390,6 +396,25 @@ func nodeCommandsQuery(g *gorm.DB, nodeID string, state fleet.CommandState, limi
 func (r fleetReader) Commands(ctx context.Context, nodeID string, state fleet.CommandState, limit int) ([]fleet.Command, error) {
 	var rows []Command
 	if err := nodeCommandsQuery(r.db(ctx), nodeID, state, limit, nil).Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]fleet.Command, len(rows))
+	for i, row := range rows {
+		out[i] = commandFromRow(row)
+	}
+	return out, nil
+}
+
+func (r fleetReader) CommandHistory(ctx context.Context, nodeID string, state fleet.CommandState, before *fleet.CommandKey, limit int) ([]fleet.Command, error) {
+	var older func(*gorm.DB) *gorm.DB
+	if before != nil {
+		at := dbtime.Norm(before.IssuedAt)
+		older = func(q *gorm.DB) *gorm.DB {
+			return q.Where("(issued_at < ? OR (issued_at = ? AND operation_id < ?))", at, at, before.OperationID)
+		}
+	}
+	var rows []Command
+	if err := nodeCommandsOrdered(r.db(ctx), nodeID, state, limit, older, "issued_at DESC, operation_id DESC").Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	out := make([]fleet.Command, len(rows))
@@ -414,8 +439,12 @@ func (r fleetReader) AppliedOperationIDs(ctx context.Context, nodeID string) ([]
 	return ids, err
 }
 
-func (r fleetReader) Audit(ctx context.Context, nodeID string, limit int) ([]fleet.AuditEntry, error) {
-	return r.audit(ctx, r.db(ctx).Where("node_id = ?", nodeID), limit)
+func (r fleetReader) Audit(ctx context.Context, nodeID string, before int64, limit int) ([]fleet.AuditEntry, error) {
+	q := r.db(ctx).Where("node_id = ?", nodeID)
+	if before > 0 {
+		q = q.Where("id < ?", before)
+	}
+	return r.audit(ctx, q, limit)
 }
 
 func (r fleetReader) RecentAudit(ctx context.Context, limit int) ([]fleet.AuditEntry, error) {

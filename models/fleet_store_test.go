@@ -246,7 +246,7 @@ func TestFleetStoreAbsenceAndConflict(t *testing.T) {
 		for _, list := range []func() (int, error){
 			func() (int, error) { c, err := s.Commands(ctx, "missing", "", 0); return len(c), err },
 			func() (int, error) { w, err := s.Workloads(ctx, "missing"); return len(w), err },
-			func() (int, error) { a, err := s.Audit(ctx, "missing", 0); return len(a), err },
+			func() (int, error) { a, err := s.Audit(ctx, "missing", 0, 0); return len(a), err },
 			func() (int, error) { ids, err := s.AppliedOperationIDs(ctx, "missing"); return len(ids), err },
 		} {
 			n, err := list()

@@ -84,7 +84,7 @@ func TestGroupCommitOverlappingBatchesNeverFailOrRepeat(t *testing.T) {
 		for err := range errs {
 			require.NoError(t, err)
 		}
-		entries, err := a.Audit(ctx, ids[0], 0)
+		entries, err := a.Audit(ctx, ids[0], 0, 0)
 		require.NoError(t, err)
 		seen := map[string]int{}
 		for _, e := range entries {
@@ -135,7 +135,7 @@ func TestGroupCommitAuditRowsFollowTheirRequest(t *testing.T) {
 		}
 		close(start)
 		wg.Wait()
-		entries, err := s.Audit(ctx, "aud", 0)
+		entries, err := s.Audit(ctx, "aud", 0, 0)
 		require.NoError(t, err)
 		next := map[float64]float64{} // request → its next step, oldest entry first
 		for k := len(entries) - 1; k >= 0; k-- {
@@ -156,7 +156,7 @@ func TestGroupCommitAuditRowsFollowTheirRequest(t *testing.T) {
 			}
 			return nil
 		}))
-		entries, err = s.Audit(ctx, "many", 0)
+		entries, err = s.Audit(ctx, "many", 0, 0)
 		require.NoError(t, err)
 		require.Len(t, entries, many)
 	})
@@ -507,7 +507,7 @@ func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
 		want := nodes * len(stores) * (perNode + releases)
 		settled := map[string]int{}
 		for _, node := range ids {
-			entries, err := a.Audit(ctx, node, 0)
+			entries, err := a.Audit(ctx, node, 0, 0)
 			require.NoError(t, err)
 			for _, e := range entries {
 				if e.Action == "settle" {

@@ -70,6 +70,14 @@ func TestNodeCommandsAcrossBothIndexes(t *testing.T) {
 		require.Equal(t, []string{"c1", "c3"}, ids(s.Commands(ctx, "n1", fleet.CommandPending, 0)))
 		require.Equal(t, []string{"c0", "c4"}, ids(s.Commands(ctx, "n1", fleet.CommandApplied, 2)))
 		require.Equal(t, []string{"c2"}, ids(s.Commands(ctx, "n1", fleet.CommandRefused, 0)))
+		// The history: newest first, paged by the last key of a page.
+		require.Equal(t, []string{"c5", "c4", "c3"}, ids(s.CommandHistory(ctx, "n1", "", nil, 3)))
+		c3 := fleet.CommandKey{IssuedAt: t0.Add(3 * time.Second), OperationID: "c3"}
+		require.Equal(t, []string{"c2", "c1", "c0"}, ids(s.CommandHistory(ctx, "n1", "", &c3, 3)))
+		require.Equal(t, []string{"c4", "c0"}, ids(s.CommandHistory(ctx, "n1", fleet.CommandApplied, &fleet.CommandKey{IssuedAt: t0.Add(5 * time.Second), OperationID: "c5"}, 3)))
+		require.Equal(t, []string{"c1"}, ids(s.CommandHistory(ctx, "n1", fleet.CommandPending, &c3, 3)))
+		// Two commands issued in the same microsecond are told apart by id.
+		require.Equal(t, []string{"c2"}, ids(s.CommandHistory(ctx, "n1", "", &fleet.CommandKey{IssuedAt: t0.Add(2 * time.Second), OperationID: "c3"}, 1)))
 		applied, err := s.AppliedOperationIDs(ctx, "n1")
 		require.NoError(t, err)
 		require.Equal(t, []string{"c0", "c4", "c5"}, applied)

@@ -21,8 +21,14 @@ func withPrincipal(r *http.Request, p auth.Principal) *http.Request {
 	return r.WithContext(context.WithValue(r.Context(), principalKey, p))
 }
 
-// bearer returns the Bearer credential of the request, or "".
+// bearer returns the Bearer credential of the request, or "": none for a
+// request with more than one Authorization header, which names no one
+// credential to check (taking the first would let an intermediary's
+// header stand in for the client's, or the other way round).
 func bearer(r *http.Request) string {
+	if manyAuthorizations(r) {
+		return ""
+	}
 	v := r.Header.Get("Authorization")
 	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
 		return strings.TrimSpace(v[7:])
@@ -30,9 +36,14 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
+func manyAuthorizations(r *http.Request) bool { return len(r.Header.Values("Authorization")) > 1 }
+
 // authenticate accepts a Bearer token (an administrator's API token or a
 // package host's token) or a console session cookie.
 func (h *handler) authenticate(r *http.Request) (auth.Principal, error) {
+	if manyAuthorizations(r) {
+		return auth.Principal{}, auth.ErrUnauthenticated
+	}
 	if tok := bearer(r); tok != "" {
 		return h.Auth.AuthenticateBearer(r.Context(), tok)
 	}

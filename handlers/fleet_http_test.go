@@ -286,6 +286,21 @@ func TestTokenAttacks(t *testing.T) {
 	t.Run("MissingSession", func(t *testing.T) {
 		s.Problem(t, "POST", "/agent/v1/events", api.EventsRequest{}, "", 401, "session_invalid")
 	})
+	t.Run("TwoAuthorizationHeaders", func(t *testing.T) {
+		// Two credentials name no one principal: refused whichever is
+		// good, never the first one taken.
+		twice := func(path, first, second string) (int, http.Header, []byte) {
+			req := s.NewRequest(t, http.MethodGet, path, nil, first)
+			req.Header.Add("Authorization", "Bearer "+second)
+			return s.Send(t, req)
+		}
+		status, h, raw := twice("/api/v1/whoami", s.AdminToken, "not-a-token")
+		apitest.RequireProblem(t, status, h, raw, http.StatusUnauthorized, "unauthenticated")
+		status, h, raw = twice("/api/v1/whoami", s.AdminToken, s.AdminToken)
+		apitest.RequireProblem(t, status, h, raw, http.StatusUnauthorized, "unauthenticated")
+		status, h, raw = twice("/agent/v1/commands?wait=0", otherSess.SessionToken, otherSess.SessionToken)
+		apitest.RequireProblem(t, status, h, raw, http.StatusUnauthorized, "session_invalid")
+	})
 }
 
 // fuzzServer answers agent requests straight through the real handler.

@@ -102,6 +102,19 @@ func TestNodeWrapperReplays(t *testing.T) {
 		again := inviteWithKey(t, s, body, "invite-key-1", http.StatusOK)
 		require.Equal(t, first, again)
 		require.NotEmpty(t, first.EnrollmentToken)
+		// Shown again, so audited again: the secret audit has the replay.
+		var audit struct {
+			Entries []struct {
+				RequestID   string  `json:"request_id"`
+				OperationID *string `json:"operation_id"`
+				Field       string  `json:"field"`
+			} `json:"entries"`
+		}
+		s.Admin(t, http.MethodGet, "/api/v1/secret-audit?action=reveal&outcome=replayed", nil, http.StatusOK, &audit)
+		require.Len(t, audit.Entries, 1)
+		require.Equal(t, "invite-key-1", audit.Entries[0].RequestID)
+		require.Equal(t, "enrollment_token", audit.Entries[0].Field)
+		require.NotNil(t, audit.Entries[0].OperationID)
 		body["generation"] = 2
 		req := s.NewRequest(t, http.MethodPost, "/api/v1/nodes/invitations", body, s.AdminToken)
 		req.Header.Set("Idempotency-Key", "invite-key-1")

@@ -118,7 +118,11 @@ func (h *handler) bootstrapOf(r *http.Request, op ledger.Operation) (api.Bootstr
 	if tok := op.Secrets[ledger.FieldEnrollmentToken]; tok != "" {
 		return h.Fleet.BootstrapOf(res.NodeID, res.RentalID, res.Generation, res.InvitationID, res.ExpiresAt.UTC(), tok), nil
 	}
-	return h.Fleet.RemintBootstrap(r.Context(), res.InvitationID)
+	b, err := h.Fleet.RemintBootstrap(r.Context(), res.InvitationID)
+	if err != nil {
+		return b, err
+	}
+	return b, h.Secrets.AuditShownAgain(r.Context(), sealPrincipal(r), op.RequestID, op.ID, ledger.FieldEnrollmentToken)
 }
 
 func replayStatus(created bool, fresh int) int {

@@ -134,12 +134,14 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 
 func writeProblem(w http.ResponseWriter, r *http.Request, status int, e *errcode.Error) {
 	p := problem{
-		Type:      "https://nodeward.dev/problems/" + string(e.Code),
-		Title:     titleOf(e.Code, status),
-		Status:    status,
-		Detail:    e.Message,
-		Code:      e.Code,
-		Instance:  clip(r.URL.Path, maxLoggedText),
+		Type:   "https://nodeward.dev/problems/" + string(e.Code),
+		Title:  titleOf(e.Code, status),
+		Status: status,
+		Detail: e.Message,
+		Code:   e.Code,
+		// Like the log, the problem never repeats a reveal handle: answers
+		// get logged by clients too.
+		Instance:  clip(loggedPath(r.URL.Path), maxLoggedText),
 		RequestID: requestIDFrom(r.Context()),
 		Errors:    e.Fields,
 		// Only capability_missing carries it.

@@ -71,7 +71,8 @@ func TestRevealHandlesHTTP(t *testing.T) {
 		s.JSON(t, http.MethodGet, "/api/v1/reveals/"+handle, nil, host.Token, http.StatusOK, &rv)
 		require.Equal(t, ledger.FieldEnrollmentToken, rv.Field)
 		require.NotEmpty(t, rv.Value)
-		s.Problem(t, http.MethodGet, "/api/v1/reveals/"+handle, nil, host.Token, http.StatusGone, "reveal_spent")
+		spent := s.Problem(t, http.MethodGet, "/api/v1/reveals/"+handle, nil, host.Token, http.StatusGone, "reveal_spent")
+		require.NotContains(t, spent.Raw, handle, "a problem never repeats the handle")
 
 		dump := dumpDatabase(t, s.App.DB)
 		require.NotContains(t, dump, rv.Value, "the token is stored nowhere")
@@ -99,8 +100,10 @@ func revealAudit(t *testing.T, s *apitest.Server, value string) map[string]int {
 	t.Helper()
 	var audit struct {
 		Entries []struct {
-			Action  string `json:"action"`
-			Outcome string `json:"outcome"`
+			Action      string          `json:"action"`
+			Outcome     string          `json:"outcome"`
+			OperationID *string         `json:"operation_id"`
+			Target      json.RawMessage `json:"target"`
 		} `json:"entries"`
 	}
 	status, _, raw := s.Do(t, http.MethodGet, "/api/v1/secret-audit?limit=500", nil, s.AdminToken)
@@ -109,6 +112,10 @@ func revealAudit(t *testing.T, s *apitest.Server, value string) map[string]int {
 	require.NoError(t, json.Unmarshal(raw, &audit))
 	out := map[string]int{}
 	for _, e := range audit.Entries {
+		if e.Action == secrets.ActionReveal {
+			require.Equal(t, "null", string(e.Target), "a reveal names its operation, not a target")
+			require.NotNil(t, e.OperationID)
+		}
 		if e.Action == secrets.ActionReveal || e.Action == secrets.ActionExpire {
 			out[e.Action+"/"+e.Outcome]++
 		}

@@ -59,16 +59,17 @@ func (h *handler) sealSecret(w http.ResponseWriter, r *http.Request) {
 }
 
 type secretAuditView struct {
-	Cursor       string         `json:"cursor"`
-	At           time.Time      `json:"at"`
-	Action       string         `json:"action"`
-	Outcome      string         `json:"outcome"`
-	Principal    principalRef   `json:"principal"`
-	HandleDigest string         `json:"handle_digest"`
-	RequestID    string         `json:"request_id"`
-	OperationID  *string        `json:"operation_id"`
-	Target       secrets.Target `json:"target"`
-	Field        string         `json:"field"`
+	Cursor       string       `json:"cursor"`
+	At           time.Time    `json:"at"`
+	Action       string       `json:"action"`
+	Outcome      string       `json:"outcome"`
+	Principal    principalRef `json:"principal"`
+	HandleDigest string       `json:"handle_digest"`
+	RequestID    string       `json:"request_id"`
+	OperationID  *string      `json:"operation_id"`
+	// Target is null for a reveal: it names its operation instead.
+	Target *secrets.Target `json:"target"`
+	Field  string          `json:"field"`
 }
 
 type principalRef struct {
@@ -175,7 +176,11 @@ func (h *handler) secretAudit(w http.ResponseWriter, r *http.Request) {
 	for _, a := range rows {
 		out = append(out, secretAuditView{Cursor: strconv.FormatInt(a.Cursor, 10), At: a.At, Action: a.Action, Outcome: a.Outcome,
 			Principal: principalRef{Kind: a.Principal.Kind, ID: a.Principal.ID}, HandleDigest: a.HandleDigest,
-			RequestID: a.RequestID, OperationID: optional(a.OperationID), Target: a.Target, Field: a.Field})
+			RequestID: a.RequestID, OperationID: optional(a.OperationID), Field: a.Field})
+		if a.Target.Kind != "" {
+			t := a.Target
+			out[len(out)-1].Target = &t
+		}
 	}
 	var next *string
 	if len(rows) == limit {

@@ -35,7 +35,19 @@ const (
 	OutcomeSpent    = "spent"
 	OutcomeExpired  = "expired"
 	OutcomeNotReady = "not_ready"
+	// OutcomeReplayed is a generated secret shown again, without a
+	// handle, to its submitter replaying the request (an administrator's
+	// identical enrollment token, DECISIONS.md §5, §35).
+	OutcomeReplayed = "replayed"
 )
+
+// AuditShownAgain records that the value of the operation's generated
+// secret field was shown again to p, its submitter, replaying request
+// requestID: a secret shown is audited however it was shown.
+func (s *Service) AuditShownAgain(ctx context.Context, p Principal, requestID, operationID, field string) error {
+	return s.store.InsertAudit(ctx, AuditEntry{At: s.clock(), Action: ActionReveal, Outcome: OutcomeReplayed, Principal: p,
+		RequestID: requestID, OperationID: operationID, Field: field})
+}
 
 // Reveal is one stored reveal handle: a secret an operation generates,
 // redeemable once by its submitter. The value is never stored (it is

@@ -137,7 +137,7 @@ type AuditFilter struct {
 // may hold.
 var (
 	AuditActions  = []string{ActionSeal, ActionUse, ActionReveal, ActionExpire}
-	AuditOutcomes = []string{OutcomeOK, OutcomeDenied, OutcomePurged, OutcomeSpent, OutcomeExpired, OutcomeNotReady}
+	AuditOutcomes = []string{OutcomeOK, OutcomeDenied, OutcomePurged, OutcomeSpent, OutcomeExpired, OutcomeNotReady, OutcomeReplayed}
 )
 
 // Store is the secrets' persistence.

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -128,6 +129,9 @@ func (c *NodeConfig) setLagging() {
 type DocumentSealer interface {
 	SealDocument(nodeID string, revision int64, plain []byte) (kid string, box []byte, err error)
 	OpenDocument(nodeID string, revision int64, kid string, box []byte) ([]byte, error)
+	// DigestSecret answers the keyed digest that stands for a sealed
+	// value in the document's hash.
+	DigestSecret(value string) (string, error)
 }
 
 // UseDocumentSealer sets the sealer of configuration documents (wiring
@@ -153,6 +157,31 @@ func ConfigHash(format string, document json.RawMessage) (string, error) {
 	}
 	sum := sha256.Sum256(v)
 	return hex.EncodeToString(sum[:]), nil
+}
+
+// hashedForm answers the document as its hash covers it: each sealed
+// value replaced by its keyed digest (DocumentSealer.DigestSecret), so the
+// hash stays the same for the same values without exposing them to
+// offline guessing.
+func (s *Service) hashedForm(doc json.RawMessage, sealed []string) (json.RawMessage, error) {
+	if len(sealed) == 0 || s.sealer == nil {
+		return doc, nil
+	}
+	out := doc
+	for _, p := range sealed {
+		v, ok := secrets.StringAt(doc, p)
+		if !ok {
+			return nil, fmt.Errorf("fleet: sealed pointer %q names no string in the document", p)
+		}
+		d, err := s.sealer.DigestSecret(v)
+		if err != nil {
+			return nil, err
+		}
+		if out, err = secrets.ReplaceAt(out, p, d); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // CanonicalDocument answers a document in RFC 8785 canonical form; an
@@ -256,7 +285,11 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 	if n.State == StateRetired {
 		return ConfigureOutcome{}, ErrNodeRetired
 	}
-	hash, err := ConfigHash(in.Format, doc)
+	hashed, err := s.hashedForm(doc, in.SealedPointers)
+	if err != nil {
+		return ConfigureOutcome{}, err
+	}
+	hash, err := ConfigHash(in.Format, hashed)
 	if err != nil {
 		return ConfigureOutcome{}, err
 	}

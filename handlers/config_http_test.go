@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -181,7 +182,38 @@ func TestSealedConfigHTTP(t *testing.T) {
 		var cfg nodeConfigJSON
 		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &cfg)
 		require.JSONEq(t, `{"db":{"user":"app","password":"[sealed]"}}`, string(cfg.Desired.Document), "admin reads mask it")
-		require.Equal(t, polled.Config.Hash, cfg.Desired.Hash, "the hash covers the real value")
+		require.Equal(t, polled.Config.Hash, cfg.Desired.Hash)
+		// The hash stands for the value by a keyed digest: the plain hash
+		// of the document an administrator could guess is not it.
+		guessed, err := fleet.ConfigHash("app/v1", json.RawMessage(`{"db":{"password":"`+secret+`","user":"app"}}`))
+		require.NoError(t, err)
+		require.NotEqual(t, guessed, cfg.Desired.Hash, "the hash lets nobody test a guess of the value")
+
+		// The same value sealed again keeps the revision (the same
+		// digest); another value makes a new one.
+		again := sealFor(t, s, s.AdminToken, "sealed-cfg-2", boot.NodeID, "/document/db/password", secret)
+		var same opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("sealed-cfg-2", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": map[string]any{"db": map[string]any{"user": "app", "password": again}}}),
+			http.StatusCreated, &same)
+		var still nodeConfigJSON
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &still)
+		require.Equal(t, cfg.Desired.Revision, still.Desired.Revision, "the same value is the same document")
+		require.Equal(t, cfg.Desired.Hash, still.Desired.Hash)
+		other := sealFor(t, s, s.AdminToken, "sealed-cfg-3", boot.NodeID, "/document/db/password", secret+"-new")
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("sealed-cfg-3", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": map[string]any{"db": map[string]any{"user": "app", "password": other}}}),
+			http.StatusCreated, &same)
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &still)
+		require.Equal(t, cfg.Desired.Revision+1, still.Desired.Revision, "another value is another revision")
+		// Back to the first document for what follows.
+		back := sealFor(t, s, s.AdminToken, "sealed-cfg-4", boot.NodeID, "/document/db/password", secret)
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("sealed-cfg-4", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": map[string]any{"db": map[string]any{"user": "app", "password": back}}}),
+			http.StatusCreated, &same)
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.NotNil(t, polled.Config)
+		require.Equal(t, cfg.Desired.Hash, polled.Config.Hash, "the same value digests alike in every revision")
 
 		// The node's failure text is scrubbed of the value.
 		postConfigReport(t, s, sess.SessionToken, "sealed-rep", polled.Config.Revision, polled.Config.Hash, api.ConfigFailed,
@@ -195,7 +227,7 @@ func TestSealedConfigHTTP(t *testing.T) {
 			require.Equal(t, http.StatusOK, status)
 			require.NotContains(t, string(raw), secret, p)
 		}
-		_, err := s.App.Secrets.Sweep(t.Context())
+		_, err = s.App.Secrets.Sweep(t.Context())
 		require.NoError(t, err)
 		require.NotContains(t, dumpDatabase(t, s.App.DB), secret, "no column holds the value in clear")
 	})

@@ -23,6 +23,9 @@ const (
 	LabelNodeSession    = "nodeward/v1/node-session"
 	LabelConsoleSession = "nodeward/v1/console-session"
 	LabelSealing        = "nodeward/v1/sealing"
+	// LabelConfigDigest keys the digest that stands for a sealed value in
+	// a configuration's hash (secrets.Service.DigestSecret).
+	LabelConfigDigest = "nodeward/v1/config-digest"
 	// LabelPackageHostToken keys the HMAC that mints package host tokens
 	// from their operation (auth: a token is re-derivable, never stored).
 	LabelPackageHostToken = "nodeward/v1/package-host-token"

@@ -3,13 +3,17 @@ package secrets
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/keys"
 )
 
 // Use is an operation on its way into the ledger that may carry handles.
@@ -338,6 +342,21 @@ func configAAD(nodeID string, revision int64) []byte {
 // (under the sealing key, bound to the node and revision).
 func (s *Service) SealDocument(nodeID string, revision int64, plain []byte) (string, []byte, error) {
 	return s.seal(plain, configAAD(nodeID, revision))
+}
+
+// DigestSecret answers what stands for a sealed value in a configuration
+// document's hash: HMAC-SHA256 under a subkey of the master key. Equal
+// values digest alike, so an unchanged document keeps its revision, but
+// the hash administrators read cannot be used to test guesses of a value
+// offline, as a plain SHA-256 over the values could.
+func (s *Service) DigestSecret(value string) (string, error) {
+	sk, err := s.keys.Current(keys.LabelConfigDigest)
+	if err != nil {
+		return "", err
+	}
+	m := hmac.New(sha256.New, sk.Key)
+	m.Write([]byte(value))
+	return "nw-sealed-digest:" + hex.EncodeToString(m.Sum(nil)), nil
 }
 
 // OpenDocument decrypts what SealDocument sealed.

@@ -40,30 +40,30 @@ var commandKinds = map[string]func(json.RawMessage, *errcode.Validation){
 			ArtifactID *string `json:"artifact_id"` // present and empty is refused
 		}
 		if strictPayload(p, &x, v) {
-			v.Check(imageName.MatchString(x.Image), "payload.image", "required: 1-512 printable ASCII characters, no spaces")
-			v.Check(x.ArtifactID == nil || idPattern.MatchString(*x.ArtifactID), "payload.artifact_id", idRule)
+			v.Check(imageName.MatchString(x.Image), "payload/image", "required: 1-512 printable ASCII characters, no spaces")
+			v.Check(x.ArtifactID == nil || idPattern.MatchString(*x.ArtifactID), "payload/artifact_id", idRule)
 		}
 	},
 	api.KindPrepareArtifact: func(p json.RawMessage, v *errcode.Validation) {
 		var x api.PrepareArtifact
 		if strictPayload(p, &x, v) {
-			v.Check(idPattern.MatchString(x.ArtifactID), "payload.artifact_id", "required: "+idRule)
-			v.Check(strings.HasPrefix(x.URL, "http://") || strings.HasPrefix(x.URL, "https://"), "payload.url", "required: an http(s) URL")
-			v.Check(len(x.SHA256) == 64 && isHex(x.SHA256), "payload.sha256", "required: 64 hex characters")
+			v.Check(idPattern.MatchString(x.ArtifactID), "payload/artifact_id", "required: "+idRule)
+			v.Check(strings.HasPrefix(x.URL, "http://") || strings.HasPrefix(x.URL, "https://"), "payload/url", "required: an http(s) URL")
+			v.Check(len(x.SHA256) == 64 && isHex(x.SHA256), "payload/sha256", "required: 64 hex characters")
 		}
 	},
 	api.KindLaunchWorkload: func(p json.RawMessage, v *errcode.Validation) {
 		var x api.LaunchWorkload
 		if strictPayload(p, &x, v) {
-			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required: "+idRule)
-			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required: "+idRule)
-			v.Check(x.Image == "" || imageName.MatchString(x.Image), "payload.image", "1-512 printable ASCII characters, no spaces")
-			v.Check(x.Command != "", "payload.command", "required")
+			v.Check(idPattern.MatchString(x.RunID), "payload/run_id", "required: "+idRule)
+			v.Check(idPattern.MatchString(x.AttemptID), "payload/attempt_id", "required: "+idRule)
+			v.Check(x.Image == "" || imageName.MatchString(x.Image), "payload/image", "1-512 printable ASCII characters, no spaces")
+			v.Check(x.Command != "", "payload/command", "required")
 			for _, name := range slices.Sorted(maps.Keys(x.Env)) {
-				v.Check(name != "" && !strings.ContainsAny(name, "=\x00"), "payload.env", "variable names are not empty and hold no '=': %q", name)
+				v.Check(name != "" && !strings.ContainsAny(name, "=\x00"), "payload/env", "variable names are not empty and hold no '=': %q", name)
 			}
 			for i, vol := range x.CacheVolumes {
-				v.Check(idPattern.MatchString(vol), fmt.Sprintf("payload.cache_volumes/%d", i), idRule)
+				v.Check(idPattern.MatchString(vol), fmt.Sprintf("payload/cache_volumes/%d", i), idRule)
 			}
 		}
 	},
@@ -73,9 +73,9 @@ var commandKinds = map[string]func(json.RawMessage, *errcode.Validation){
 			GraceSeconds *int `json:"grace_seconds"`
 		}
 		if strictPayload(p, &x, v) {
-			v.Check(idPattern.MatchString(x.RunID), "payload.run_id", "required: "+idRule)
-			v.Check(idPattern.MatchString(x.AttemptID), "payload.attempt_id", "required: "+idRule)
-			v.Check(x.GraceSeconds != nil && *x.GraceSeconds >= 0 && *x.GraceSeconds <= 3600, "payload.grace_seconds", "required: 0 to 3600")
+			v.Check(idPattern.MatchString(x.RunID), "payload/run_id", "required: "+idRule)
+			v.Check(idPattern.MatchString(x.AttemptID), "payload/attempt_id", "required: "+idRule)
+			v.Check(x.GraceSeconds != nil && *x.GraceSeconds >= 0 && *x.GraceSeconds <= 3600, "payload/grace_seconds", "required: 0 to 3600")
 		}
 	},
 }

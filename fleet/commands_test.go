@@ -96,9 +96,9 @@ func TestIssue(t *testing.T) {
 				"kind":                  {NodeID: id, OperationID: "v1", Kind: "reboot", Payload: json.RawMessage(`{}`)},
 				"operation_id":          {NodeID: id, OperationID: "bad id", Kind: api.KindLaunchWorkload, Payload: launch("v").Payload},
 				"payload":               {NodeID: id, OperationID: "v2", Kind: api.KindLaunchWorkload, Payload: json.RawMessage(`[1]`)},
-				"payload.command":       {NodeID: id, OperationID: "v3", Kind: api.KindLaunchWorkload, Payload: json.RawMessage(`{"run_id":"r","attempt_id":"1"}`)},
-				"payload.sha256":        {NodeID: id, OperationID: "v4", Kind: api.KindPrepareArtifact, Payload: json.RawMessage(`{"artifact_id":"a","url":"http://x/a","sha256":"nope"}`)},
-				"payload.grace_seconds": {NodeID: id, OperationID: "v5", Kind: api.KindStopWorkload, Payload: json.RawMessage(`{"run_id":"r","attempt_id":"1","grace_seconds":-1}`)},
+				"payload/command":       {NodeID: id, OperationID: "v3", Kind: api.KindLaunchWorkload, Payload: json.RawMessage(`{"run_id":"r","attempt_id":"1"}`)},
+				"payload/sha256":        {NodeID: id, OperationID: "v4", Kind: api.KindPrepareArtifact, Payload: json.RawMessage(`{"artifact_id":"a","url":"http://x/a","sha256":"nope"}`)},
+				"payload/grace_seconds": {NodeID: id, OperationID: "v5", Kind: api.KindStopWorkload, Payload: json.RawMessage(`{"run_id":"r","attempt_id":"1","grace_seconds":-1}`)},
 			}
 			for field, in := range cases {
 				_, _, err := b.svc.Issue(ctx, "a", in)

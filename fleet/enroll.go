@@ -357,17 +357,17 @@ func validateEnroll(req api.EnrollRequest) error {
 }
 
 func validateFacts(v *errcode.Validation, field string, f api.Facts) {
-	v.Check(!f.ObservedAt.IsZero(), field+".observed_at", "required: when the node observed these facts")
-	v.Check(f.CPUs >= 0, field+".cpus", "must not be negative")
-	v.Check(f.MemoryBytes >= 0, field+".memory_bytes", "must not be negative")
+	v.Check(!f.ObservedAt.IsZero(), field+"/observed_at", "required: when the node observed these facts")
+	v.Check(f.CPUs >= 0, field+"/cpus", "must not be negative")
+	v.Check(f.MemoryBytes >= 0, field+"/memory_bytes", "must not be negative")
 	if f.DiskFreeBytes != nil {
-		v.Check(*f.DiskFreeBytes >= 0, field+".disk_free_bytes", "must not be negative (leave it out when it could not be measured)")
+		v.Check(*f.DiskFreeBytes >= 0, field+"/disk_free_bytes", "must not be negative (leave it out when it could not be measured)")
 	}
-	v.Check(len(f.Labels) <= 64, field+".labels", "at most 64 labels")
-	v.Check(len(f.Capabilities) <= 64, field+".capabilities", "at most 64 capabilities")
+	v.Check(len(f.Labels) <= 64, field+"/labels", "at most 64 labels")
+	v.Check(len(f.Capabilities) <= 64, field+"/capabilities", "at most 64 capabilities")
 	for _, c := range f.Capabilities {
 		if !capabilityPattern.MatchString(c) {
-			v.Add(field+".capabilities", "each a name.vN string, like commands.v1")
+			v.Add(field+"/capabilities", "each a name.vN string, like commands.v1")
 			break
 		}
 	}

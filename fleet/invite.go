@@ -65,17 +65,17 @@ func (s *Service) validateInvite(in Invite, now time.Time) (Node, time.Time, err
 	}
 	if p := in.Purchase; p != nil {
 		if p.BillingIntervalSeconds != nil {
-			v.Check(*p.BillingIntervalSeconds > 0, "purchase.billing_interval_seconds", "must be more than 0 (leave it out for own hardware)")
+			v.Check(*p.BillingIntervalSeconds > 0, "purchase/billing_interval_seconds", "must be more than 0 (leave it out for own hardware)")
 		}
 		seen := map[string]bool{}
 		for i, c := range p.EligibleClasses {
-			v.Check(classPattern.MatchString(c), "purchase.eligible_classes", "class %d: 1-64 characters of letters, digits, '.', '_' or '-'", i)
-			v.Check(!seen[c], "purchase.eligible_classes", "class %q listed twice", c)
+			v.Check(classPattern.MatchString(c), "purchase/eligible_classes", "class %d: 1-64 characters of letters, digits, '.', '_' or '-'", i)
+			v.Check(!seen[c], "purchase/eligible_classes", "class %q listed twice", c)
 			seen[c] = true
 		}
-		v.Check(len(p.EligibleClasses) <= 64, "purchase.eligible_classes", "at most 64 classes")
+		v.Check(len(p.EligibleClasses) <= 64, "purchase/eligible_classes", "at most 64 classes")
 		if p.AvailableUntil != nil {
-			v.Check(p.AvailableUntil.After(now), "purchase.available_until", "must be in the future")
+			v.Check(p.AvailableUntil.After(now), "purchase/available_until", "must be in the future")
 		}
 		classes := append([]string(nil), p.EligibleClasses...)
 		sort.Strings(classes)

@@ -111,9 +111,9 @@ func TestInviteValidation(t *testing.T) {
 			{"AbsurdPrice", fleet.Invite{RentalID: "r", Generation: 1, ShadowPriceUSD: &nan}, "shadow_price_usd_per_hour"},
 			{"PastRedeemable", fleet.Invite{RentalID: "r", Generation: 1, RedeemableThrough: &past}, "redeemable_through"},
 			{"TooFarRedeemable", fleet.Invite{RentalID: "r", Generation: 1, RedeemableThrough: &tooFar}, "redeemable_through"},
-			{"ZeroInterval", fleet.Invite{RentalID: "r", Generation: 1, Purchase: &fleet.PurchaseTerms{BillingIntervalSeconds: &interval0}}, "purchase.billing_interval_seconds"},
-			{"BadClass", fleet.Invite{RentalID: "r", Generation: 1, Purchase: &fleet.PurchaseTerms{EligibleClasses: []string{"ok", "not ok"}}}, "purchase.eligible_classes"},
-			{"PastAvailable", fleet.Invite{RentalID: "r", Generation: 1, Purchase: &fleet.PurchaseTerms{AvailableUntil: &past}}, "purchase.available_until"},
+			{"ZeroInterval", fleet.Invite{RentalID: "r", Generation: 1, Purchase: &fleet.PurchaseTerms{BillingIntervalSeconds: &interval0}}, "purchase/billing_interval_seconds"},
+			{"BadClass", fleet.Invite{RentalID: "r", Generation: 1, Purchase: &fleet.PurchaseTerms{EligibleClasses: []string{"ok", "not ok"}}}, "purchase/eligible_classes"},
+			{"PastAvailable", fleet.Invite{RentalID: "r", Generation: 1, Purchase: &fleet.PurchaseTerms{AvailableUntil: &past}}, "purchase/available_until"},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {

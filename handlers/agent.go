@@ -285,7 +285,7 @@ func (h *handler) postEvents(w http.ResponseWriter, r *http.Request) {
 	v.Check(req.Events != nil, "events", "required: an array of events (empty is allowed)")
 	for i, e := range req.Events {
 		if e.Facts != nil {
-			checkFacts(&v, fmt.Sprintf("events[%d].facts", i), *e.Facts)
+			checkFacts(&v, fmt.Sprintf("events/%d/facts", i), *e.Facts)
 		}
 	}
 	if err := v.Err(); err != nil {

@@ -56,7 +56,7 @@ func TestBodyFieldsAsTheContractSays(t *testing.T) {
 		invite("rental_id", v, func(m map[string]any) { m["rental_id"] = v })
 	}
 	for _, v := range []any{0, 1, 3600, int64(1) << 40, -5} {
-		invite("purchase.billing_interval_seconds", v, func(m map[string]any) {
+		invite("purchase/billing_interval_seconds", v, func(m map[string]any) {
 			m["purchase"] = map[string]any{"billing_interval_seconds": v}
 		})
 	}
@@ -66,7 +66,7 @@ func TestBodyFieldsAsTheContractSays(t *testing.T) {
 	}
 	for _, v := range [][]string{{}, {""}, {"a"}, {"a", "a"}, {"gpu.a100_x-2"}, {strings.Repeat("c", 64)}, {strings.Repeat("c", 65)},
 		{".a"}, {"a b"}, {"a:b"}, {"é"}, sixtyFive[:64], sixtyFive} {
-		invite("purchase.eligible_classes", v, func(m map[string]any) { m["purchase"] = map[string]any{"eligible_classes": v} })
+		invite("purchase/eligible_classes", v, func(m map[string]any) { m["purchase"] = map[string]any{"eligible_classes": v} })
 	}
 	for _, v := range ids {
 		vs = append(vs, variant{"/api/v1/nodes/" + boot.NodeID + "/commands", "operation_id", v,

@@ -568,9 +568,9 @@ func (h *handler) consoleInviteForm(w http.ResponseWriter, r *http.Request) {
 
 // inviteFormFields renames the invitation's API fields to the form's.
 var inviteFormFields = map[string]string{
-	"purchase.billing_interval_seconds": "billing_interval_seconds",
-	"purchase.eligible_classes":         "eligible_classes",
-	"purchase.available_until":          "available_until",
+	"purchase/billing_interval_seconds": "billing_interval_seconds",
+	"purchase/eligible_classes":         "eligible_classes",
+	"purchase/available_until":          "available_until",
 }
 
 func (h *handler) consoleInvite(w http.ResponseWriter, r *http.Request) {

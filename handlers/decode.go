@@ -245,7 +245,7 @@ func join(path, name string) string {
 	if path == "" {
 		return name
 	}
-	return path + "." + name
+	return path + "/" + name
 }
 
 var (
@@ -294,7 +294,7 @@ func (w *shapeWalker) value(t reflect.Type, path string, canBeNull bool) error {
 		return w.mapping(t, path)
 	case d == '[' && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
 		for i := 0; w.dec.More(); i++ {
-			if err := w.value(t.Elem(), fmt.Sprintf("%s[%d]", path, i), false); err != nil {
+			if err := w.value(t.Elem(), fmt.Sprintf("%s/%d", path, i), false); err != nil {
 				return err
 			}
 		}

@@ -50,12 +50,12 @@ func TestDecodeJSONShape(t *testing.T) {
 		{"NullTime", `{"when":null}`, errcode.ValidationFailed, "when"},
 		{"NullOptional", `{"optional":null}`, errcode.ValidationFailed, "optional"},
 		{"NullArray", `{"tags":null}`, errcode.ValidationFailed, "tags"},
-		{"NullArrayItem", `{"tags":["a",null]}`, errcode.ValidationFailed, "tags[1]"},
-		{"NullMapValue", `{"labels":{"k":null}}`, errcode.ValidationFailed, "labels.k"},
+		{"NullArrayItem", `{"tags":["a",null]}`, errcode.ValidationFailed, "tags/1"},
+		{"NullMapValue", `{"labels":{"k":null}}`, errcode.ValidationFailed, "labels/k"},
 		{"NullObject", `{"inner":null}`, errcode.ValidationFailed, "inner"},
 		{"NullBody", `null`, errcode.InvalidJSON, ""},
 		{"InvalidUTF8Value", "{\"name\":\"a\xff\"}", errcode.ValidationFailed, "name"},
-		{"InvalidUTF8InArray", "{\"tags\":[\"ok\",\"\xc3\"]}", errcode.ValidationFailed, "tags[1]"},
+		{"InvalidUTF8InArray", "{\"tags\":[\"ok\",\"\xc3\"]}", errcode.ValidationFailed, "tags/1"},
 		{"InvalidUTF8MapKey", "{\"labels\":{\"\xfe\":\"v\"}}", errcode.ValidationFailed, "labels"},
 		{"NULInValue", `{"name":"a\u0000"}`, errcode.ValidationFailed, "name"},
 		{"NULInMapKey", `{"labels":{"k\u0000":"v"}}`, errcode.ValidationFailed, "labels"},
@@ -92,7 +92,7 @@ func TestDecodeJSONNullableFields(t *testing.T) {
 		"workload":{"run_id":"r","attempt_id":"a","state":"running","exit_code":null,"observed_at":"2026-01-01T00:00:00Z"}}]}`, &ev))
 	err := decodeString(`{"node_id":"n","generation":1,"enrollment_token":"t","agent_version":"v","facts":{"hostname":null}}`, &req)
 	require.Equal(t, errcode.ValidationFailed, errcode.Of(err))
-	require.Equal(t, "facts.hostname", err.(*errcode.Error).Fields[0].Field)
+	require.Equal(t, "facts/hostname", err.(*errcode.Error).Fields[0].Field)
 }
 
 // FuzzDecodeJSON: no body makes the decoder panic or fail without a code,

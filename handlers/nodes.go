@@ -78,11 +78,44 @@ func (h *handler) submitNodeOp(r *http.Request, requestID, kind string, targets 
 	if err != nil {
 		return ledger.Operation{}, false, err
 	}
-	return h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
+	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
 		RequestID: requestID, Kind: kind, Targets: targets, Operation: body, Wait: h.Ledger.Settings().MaxWait,
 		// The bootstrap shown in the answer spends its reveal handle
 		// (DECISIONS.md §37); an administrator's replay re-mints it (§35).
 		InlineSecrets: true})
+	return op, created, rebaseFields(err, "operation", "")
+}
+
+// rebaseFields answers err with the field paths below from (the ledger's
+// "operation/…") moved below to ("" for the top of the body): a wrapper's
+// body is the operation, or holds it under another name, and its callers
+// are told paths into what they sent.
+func rebaseFields(err error, from, to string) error {
+	var e *errcode.Error
+	if !errors.As(err, &e) || len(e.Fields) == 0 {
+		return err
+	}
+	move := func(field string) string {
+		rest, ok := strings.CutPrefix(field, from+"/")
+		switch {
+		case !ok && field != from:
+			return field
+		case to == "":
+			return rest
+		case rest == "":
+			return to
+		}
+		return to + "/" + rest
+	}
+	out := *e
+	out.Fields = make([]errcode.FieldError, len(e.Fields))
+	for i, f := range e.Fields {
+		out.Fields[i] = errcode.FieldError{Field: move(f.Field), Message: f.Message}
+	}
+	if old := e.Fields[0].Field + ": "; strings.HasPrefix(e.Message, old) {
+		out.Message = out.Fields[0].Field + ": " + strings.TrimPrefix(e.Message, old)
+	}
+	return &out
 }
 
 // operationFailure is an ended operation's error as the wrapper answers it.
@@ -161,7 +194,7 @@ func (body invitationBody) operation() (ledger.InviteOperation, error) {
 		ShadowPriceUSD: body.ShadowPriceUSD, RedeemableThrough: parseTime(&v, "redeemable_through", body.RedeemableThrough)}
 	if p := body.Purchase; p != nil {
 		in.Purchase = &ledger.PurchaseOperation{BillingIntervalSeconds: p.BillingIntervalSeconds, EligibleClasses: p.EligibleClasses,
-			AvailableUntil: parseTime(&v, "purchase.available_until", p.AvailableUntil)}
+			AvailableUntil: parseTime(&v, "purchase/available_until", p.AvailableUntil)}
 	}
 	return in, v.Err()
 }
@@ -564,11 +597,12 @@ func (h *handler) issueCommand(w http.ResponseWriter, r *http.Request) {
 // the caller's operation id: the one path the API's wrapper and the
 // console's form share (DECISIONS.md §34, §35).
 func (h *handler) submitCommand(r *http.Request, nodeID, kind, operationID, requestID string, payload json.RawMessage) (ledger.Operation, bool, error) {
-	return h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
+	op, created, err := h.Ledger.Submit(r.Context(), ledgerPrincipal(r), ledger.Submission{
 		OperationID: operationID, RequestID: requestID, Kind: kind,
 		Targets:   []ledger.Target{{Kind: ledger.TargetNode, ID: nodeID}},
 		Operation: payload,
 	})
+	return op, created, rebaseFields(err, "operation", "payload")
 }
 
 // validationError is a 422 naming one field.

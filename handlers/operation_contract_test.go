@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -276,5 +277,49 @@ func TestOperationBodiesAsTheContractSays(t *testing.T) {
 			body := map[string]any{"kind": v.kind, "operation_id": fmt.Sprintf("bounds-%d", n), "payload": v.operation}
 			check("/api/v1/nodes/"+nodeFor()+"/commands", body, v.schema, v.operation, v.inWords, fmt.Sprintf("command %s %s=%v", v.kind, v.field, v.value))
 		}
+	}
+}
+
+// TestFieldPathsPointIntoTheBody: every validation_failed field is one
+// style, a path into the body the caller sent with its segments joined by
+// "/" (a JSON pointer without its leading "/"), whichever door the same
+// check is reached through.
+func TestFieldPathsPointIntoTheBody(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	boot, sess := inviteAndEnroll(t, s)
+	node := []any{map[string]any{"kind": "node", "id": boot.NodeID}}
+	for _, c := range []struct {
+		name, method, path, token string
+		body                      any
+		field                     string
+	}{
+		{"LedgerCommand", http.MethodPost, "/api/v1/operations", s.AdminToken, map[string]any{"request_id": "fp-1",
+			"kind": "node.prepare_image", "targets": node, "operation": map[string]any{"image": "has space"}}, "operation/image"},
+		{"WrapperCommand", http.MethodPost, "/api/v1/nodes/" + boot.NodeID + "/commands", s.AdminToken, map[string]any{
+			"kind": "prepare_image", "operation_id": "fp-2", "payload": map[string]any{"image": "has space"}}, "payload/image"},
+		{"FanOutCommand", http.MethodPost, "/api/v1/operations", s.AdminToken, map[string]any{"request_id": "fp-3",
+			"kind": "fleet.command", "targets": node, "operation": map[string]any{"kind": "node.prepare_image",
+				"payload": map[string]any{"image": "has space"}}}, "operation/payload/image"},
+		{"LedgerInvite", http.MethodPost, "/api/v1/operations", s.AdminToken, map[string]any{"request_id": "fp-4",
+			"kind": "node.invite", "operation": map[string]any{"rental_id": "fp-4", "generation": 1,
+				"purchase": map[string]any{"billing_interval_seconds": 0}}}, "operation/purchase/billing_interval_seconds"},
+		{"LedgerInviteNoRental", http.MethodPost, "/api/v1/operations", s.AdminToken, map[string]any{"request_id": "fp-5",
+			"kind": "node.invite", "operation": map[string]any{"generation": 1}}, "operation/rental_id"},
+		{"WrapperInvite", http.MethodPost, "/api/v1/nodes/invitations", s.AdminToken, map[string]any{"rental_id": "fp-6", "generation": 1,
+			"purchase": map[string]any{"billing_interval_seconds": 0}}, "purchase/billing_interval_seconds"},
+		{"WrapperInviteClass", http.MethodPost, "/api/v1/nodes/invitations", s.AdminToken, map[string]any{"rental_id": "fp-7", "generation": 1,
+			"purchase": map[string]any{"eligible_classes": []any{"ok", nil}}}, "purchase/eligible_classes/1"},
+		{"AgentFacts", http.MethodPost, "/agent/v1/events", sess.SessionToken, map[string]any{"events": []any{
+			map[string]any{"id": "fp-8", "kind": "heartbeat", "observed_at": time.Now().UTC(), "facts": map[string]any{
+				"hostname": "h", "os": "linux", "arch": "amd64", "cpus": -1, "memory_bytes": 1, "agent_version": "x",
+				"runtimes": []string{}, "observed_at": time.Now().UTC()}}}}, "events/0/facts/cpus"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := s.Problem(t, c.method, c.path, c.body, c.token, http.StatusUnprocessableEntity, "validation_failed")
+			require.NotEmpty(t, p.Errors, "%s", p.Raw)
+			require.Equal(t, c.field, p.Errors[0].Field, "%s", p.Raw)
+			require.True(t, strings.HasPrefix(p.Detail, c.field+": "), "the detail names the same path: %s", p.Detail)
+		})
 	}
 }

@@ -79,7 +79,7 @@ func (h *handler) runCredential(r *http.Request, rid, kind string, targets []led
 	})
 	switch {
 	case err != nil:
-		return op, false, err
+		return op, false, rebaseFields(err, "operation", "")
 	case op.State == ledger.StateSucceeded:
 		return op, created, nil
 	case op.Terminal():

@@ -51,13 +51,13 @@ func checkDisplayable(v *errcode.Validation, field, s string) {
 // checkFacts holds the names in a node's facts, which the console shows,
 // to displayable text. (The domain bounds their count and size.)
 func checkFacts(v *errcode.Validation, field string, f api.Facts) {
-	checkDisplayable(v, field+".hostname", f.Hostname)
-	checkDisplayable(v, field+".os", f.OS)
-	checkDisplayable(v, field+".arch", f.Arch)
-	checkDisplayable(v, field+".agent_version", f.AgentVersion)
+	checkDisplayable(v, field+"/hostname", f.Hostname)
+	checkDisplayable(v, field+"/os", f.OS)
+	checkDisplayable(v, field+"/arch", f.Arch)
+	checkDisplayable(v, field+"/agent_version", f.AgentVersion)
 	for i, rt := range f.Runtimes {
 		if !displayable(rt) {
-			v.Add(field+".runtimes", "runtime %d: %s", i, notDisplayable)
+			v.Add(field+"/runtimes", "runtime %d: %s", i, notDisplayable)
 			break
 		}
 	}
@@ -69,7 +69,7 @@ func checkFacts(v *errcode.Validation, field string, f api.Facts) {
 	for _, k := range keys {
 		if !displayable(k) || !displayable(f.Labels[k]) {
 			// The label's name is not echoed: it is the text at fault.
-			v.Add(field+".labels", "label names and values "+notDisplayable)
+			v.Add(field+"/labels", "label names and values "+notDisplayable)
 			break
 		}
 	}

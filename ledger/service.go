@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -345,7 +346,7 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 	}
 	d := &Draft{Principal: p, Kind: kind, Targets: sub.Targets, Operation: canon}
 	if err := kind.Prepare(ctx, d); err != nil {
-		return Operation{}, err
+		return Operation{}, underOperation(err, kind)
 	}
 	if err := s.checkCapability(ctx, kind, d.Targets); err != nil {
 		return Operation{}, err
@@ -408,7 +409,7 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 			// nothing here waits on the operation yet.
 			recorded, err := kind.Record(ctx, tx, op)
 			if err != nil {
-				return err
+				return underOperation(err, kind)
 			}
 			op, recorded = asRecorded(op, recorded)
 			op.Recorded = recorded
@@ -965,4 +966,37 @@ func NewID() string { return uuid.Must(uuid.NewV7()).String() }
 
 func itoa(i int) string {
 	return string(mustJSON(i))
+}
+
+// underOperation answers err with the fields a kind's own checks name
+// placed in the submission's body, "operation/…", so every field a submit
+// refuses is a path into what was sent. A command kind's operation is the
+// command's payload: its "payload/…" fields are "operation/…".
+func underOperation(err error, kind *Kind) error {
+	var e *errcode.Error
+	if !errors.As(err, &e) || len(e.Fields) == 0 {
+		return err
+	}
+	_, command := CommandKinds[kind.Name]
+	out := *e
+	out.Fields = make([]errcode.FieldError, len(e.Fields))
+	for i, f := range e.Fields {
+		switch {
+		case pathUnder(f.Field, "operation") || pathUnder(f.Field, "targets"):
+		case command && pathUnder(f.Field, "payload"):
+			f.Field = "operation" + strings.TrimPrefix(f.Field, "payload")
+		default:
+			f.Field = "operation/" + f.Field
+		}
+		out.Fields[i] = f
+	}
+	if old := e.Fields[0].Field + ": "; strings.HasPrefix(e.Message, old) {
+		out.Message = out.Fields[0].Field + ": " + strings.TrimPrefix(e.Message, old)
+	}
+	return &out
+}
+
+// pathUnder reports whether field is root or a path below it.
+func pathUnder(field, root string) bool {
+	return field == root || strings.HasPrefix(field, root+"/")
 }

@@ -431,10 +431,27 @@ func (p *Process) Stop(ctx context.Context, s api.StopWorkload) error {
 	}
 	now := p.now()
 	killAt := now.Add(grace)
+	// A supervisor that keeps the deadline itself is signalled instead of
+	// the workload (ShimMain): the stop then holds if this agent dies.
+	var shim shimRecord
+	viaShim := state.ReadJSON(filepath.Join(dir, fileShim), &shim) == nil && shim.EnforcesStop && shim.PID > 0 && lockHeld(dir)
 	var prior stopRecord
 	if state.ReadJSON(filepath.Join(dir, fileStop), &prior) == nil {
-		if prior.KillAt.Before(killAt) {
+		switch {
+		case prior.KillAt.Before(killAt):
 			killAt = prior.KillAt
+		case viaShim:
+			// A shorter grace brings SIGKILL forward, for the supervisor
+			// too.
+			if err := state.WriteJSONAtomic(filepath.Join(dir, fileStop), stopRecord{TermSentAt: prior.TermSentAt, KillAt: killAt.UTC()}, p.durable); err != nil {
+				return err
+			}
+		}
+		if viaShim {
+			// Told again: it re-reads the record and forwards the stop's
+			// SIGTERM only if it never did (this agent may have died
+			// between recording the stop and signalling it).
+			_ = syscall.Kill(shim.PID, syscall.SIGTERM)
 		}
 		p.log.Info("resuming the stop of a workload already sent SIGTERM", "run_id", s.RunID, "attempt_id", s.AttemptID,
 			"pgid", st.PGID, "term_sent_at", prior.TermSentAt, "kill_at", killAt)
@@ -445,7 +462,11 @@ func (p *Process) Stop(ctx context.Context, s api.StopWorkload) error {
 			return err
 		}
 		p.log.Info("stopping workload", "run_id", s.RunID, "attempt_id", s.AttemptID, "pgid", st.PGID, "grace", grace)
-		_ = syscall.Kill(-st.PGID, syscall.SIGTERM)
+		if viaShim {
+			_ = syscall.Kill(shim.PID, syscall.SIGTERM)
+		} else {
+			_ = syscall.Kill(-st.PGID, syscall.SIGTERM)
+		}
 	}
 	// Wall-clock time across an agent restart: a clock stepped back
 	// cannot stretch the wait past this stop's own grace.

@@ -228,6 +228,43 @@ func TestProcess(t *testing.T) {
 		}
 	})
 
+	t.Run("StopDeadlineHoldsWithoutTheAgent", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		p := newProcess(t, dir)
+		terms := filepath.Join(t.TempDir(), "terms")
+		ready := filepath.Join(t.TempDir(), "ready")
+		err := p.Launch(context.Background(), api.LaunchWorkload{RunID: "r", AttemptID: "a", Command: "sh",
+			Args: []string{"-c", `trap 'echo term >> "$TERMS"' TERM; touch "$READY"; while :; do sleep 0.05; done`},
+			Env:  map[string]string{"TERMS": terms, "READY": ready}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testwait.For(t, "the trap to be installed", 20*time.Second, func() bool { _, err := os.Stat(ready); return err == nil })
+		// The agent stops the workload (grace 1 s) and goes away at once,
+		// never to come back: the supervisor keeps the deadline.
+		ctx, cancel := context.WithCancel(context.Background())
+		stopped := make(chan error, 1)
+		go func() { stopped <- p.Stop(ctx, api.StopWorkload{RunID: "r", AttemptID: "a", GraceSeconds: 1}) }()
+		testwait.For(t, "the workload to see SIGTERM", 20*time.Second, func() bool {
+			b, _ := os.ReadFile(terms)
+			return strings.Count(string(b), "term") == 1
+		})
+		cancel()
+		<-stopped
+		var o Observation
+		testwait.For(t, "the supervisor to kill the workload at the deadline", 30*time.Second, func() bool {
+			o, _ = observation(t, p, "r", "a")
+			return o.State == api.WorkloadExited
+		})
+		if o.Signal != "SIGKILL" {
+			t.Fatalf("after the deadline: %+v", o)
+		}
+		if b, _ := os.ReadFile(terms); strings.Count(string(b), "term") != 1 {
+			t.Fatalf("the workload saw SIGTERM %d times, want once", strings.Count(string(b), "term"))
+		}
+	})
+
 	t.Run("StopHonoursTerm", func(t *testing.T) {
 		t.Parallel()
 		p := newProcess(t, t.TempDir())

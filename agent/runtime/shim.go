@@ -53,6 +53,10 @@ type workloadRecord struct {
 type shimRecord struct {
 	PID       int       `json:"pid"`
 	StartedAt time.Time `json:"started_at"`
+	// EnforcesStop: this supervisor keeps a stop's deadline itself (see
+	// ShimMain), so the agent signals it rather than the workload. A
+	// supervisor started by an older agent binary lacks it.
+	EnforcesStop bool `json:"enforces_stop"`
 }
 
 type statusRecord struct {
@@ -81,7 +85,15 @@ const shimLockFD = 3
 // terminal or a service manager would send the agent, so stopping or
 // restarting the agent leaves workloads running (with KillMode=process);
 // SIGTERM sent to the supervisor itself is forwarded to the workload's group.
-// The return value is the supervisor's own exit code.
+//
+// A stop reaches the workload through the supervisor: the agent records
+// the stop (stop.json: SIGTERM sent, SIGKILL due) and signals SIGTERM
+// here. The supervisor forwards that stop's SIGTERM once and kills the
+// group itself when SIGKILL is due, so a stop's deadline holds even when
+// the agent dies or stays down inside the grace. A later SIGTERM re-reads
+// the record (a later stop may bring SIGKILL forward) without forwarding
+// the stop's SIGTERM again. The return value is the supervisor's own exit
+// code.
 func ShimMain(args []string) int {
 	fs := flag.NewFlagSet("shim", flag.ContinueOnError)
 	dir := fs.String("dir", "", "attempt directory")
@@ -115,7 +127,7 @@ func ShimMain(args []string) int {
 		}
 		return 0
 	}
-	if err := state.WriteJSONAtomic(filepath.Join(*dir, fileShim), shimRecord{PID: os.Getpid(), StartedAt: time.Now().UTC()}, durable); err != nil {
+	if err := state.WriteJSONAtomic(filepath.Join(*dir, fileShim), shimRecord{PID: os.Getpid(), StartedAt: time.Now().UTC(), EnforcesStop: true}, durable); err != nil {
 		logf("write shim record: %v", err)
 		return 1
 	}
@@ -156,15 +168,38 @@ func ShimMain(args []string) int {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	var werr error
+	var killAt time.Time // the recorded stop's SIGKILL deadline; zero: none
+	stopTermSent := false
+	kill := time.NewTimer(time.Hour)
+	kill.Stop()
 wait:
 	for {
 		select {
 		case <-sigs:
-			_ = syscall.Kill(-pid, syscall.SIGTERM)
+			var stop stopRecord
+			if state.ReadJSON(filepath.Join(*dir, fileStop), &stop) != nil || stop.KillAt.IsZero() {
+				// Not a recorded stop (someone signalled us by hand):
+				// forwarded, as it always was.
+				_ = syscall.Kill(-pid, syscall.SIGTERM)
+				continue
+			}
+			if !stopTermSent {
+				stopTermSent = true
+				_ = syscall.Kill(-pid, syscall.SIGTERM)
+			}
+			if killAt.IsZero() || stop.KillAt.Before(killAt) {
+				killAt = stop.KillAt
+				kill.Reset(max(time.Until(killAt), 0))
+				logf("stop recorded: SIGKILL due at %s", killAt.UTC().Format(time.RFC3339Nano))
+			}
+		case <-kill.C:
+			logf("stop's grace over: killing the workload's group")
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
 		case werr = <-done:
 			break wait
 		}
 	}
+	kill.Stop()
 	// Like a container whose init exits: whatever the workload left behind in
 	// its group goes with it, so a finished attempt holds no processes.
 	_ = syscall.Kill(-pid, syscall.SIGKILL)

@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -207,4 +208,61 @@ func TestNodeTimelineHTTP(t *testing.T) {
 		require.Equal(t, op.OperationID, *tl.Entries[0].OperationID)
 		s.Problem(t, http.MethodGet, "/api/v1/nodes/ghost/timeline", nil, s.AdminToken, http.StatusNotFound, "not_found")
 	})
+}
+
+// TestListingsPageByCursor: the node's commands (newest first), its audit
+// and the API tokens page with before = next_before until a page is not
+// full, every row once.
+func TestListingsPageByCursor(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	boot, _ := inviteAndEnroll(t, s)
+	node := "/api/v1/nodes/" + boot.NodeID
+	for i := range 5 {
+		s.Admin(t, http.MethodPost, node+"/commands", map[string]any{"kind": "prepare_image",
+			"operation_id": fmt.Sprintf("page-%d", i), "payload": map[string]any{"image": "alpine"}}, http.StatusCreated, nil)
+		s.Admin(t, http.MethodPost, "/api/v1/tokens", map[string]any{"name": fmt.Sprintf("page-%d", i)}, http.StatusCreated, nil)
+	}
+	// walk pages the listing at path, answering every row's key in order.
+	walk := func(path, rows, key string) []string {
+		var keys []string
+		next := ""
+		for pages := 0; ; pages++ {
+			require.Less(t, pages, 20, "the paging ends")
+			url := path + "?limit=2"
+			if next != "" {
+				url += "&before=" + next
+			}
+			var page map[string]json.RawMessage
+			s.Admin(t, http.MethodGet, url, nil, http.StatusOK, &page)
+			var items []map[string]any
+			require.NoError(t, json.Unmarshal(page[rows], &items))
+			for _, it := range items {
+				keys = append(keys, fmt.Sprint(it[key]))
+			}
+			var cursor *string
+			require.NoError(t, json.Unmarshal(page["next_before"], &cursor))
+			if cursor == nil {
+				require.Less(t, len(items), 2, "only a page that is not full ends the listing")
+				return keys
+			}
+			require.Len(t, items, 2)
+			next = *cursor
+		}
+	}
+	require.Equal(t, []string{"page-4", "page-3", "page-2", "page-1", "page-0"}, walk(node+"/commands", "commands", "operation_id"), "newest first")
+	tokens := walk("/api/v1/tokens", "tokens", "name")
+	require.Len(t, tokens, 6, "the administrator's own token and five more: %v", tokens)
+	require.Equal(t, []string{"page-4", "page-3", "page-2", "page-1", "page-0"}, tokens[:5])
+	audit := walk(node+"/audit", "entries", "id")
+	require.GreaterOrEqual(t, len(audit), 2, "invited and enrolled at least")
+	seen := map[string]bool{}
+	for _, id := range audit {
+		require.False(t, seen[id], "entry %s listed twice", id)
+		seen[id] = true
+	}
+	s.Problem(t, http.MethodGet, node+"/commands?before=not-a-cursor", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+	s.Problem(t, http.MethodGet, "/api/v1/tokens?before=not-a-cursor", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+	s.Problem(t, http.MethodGet, node+"/audit?before=abc", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+	s.Problem(t, http.MethodGet, node+"/timeline?before=1", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
 }

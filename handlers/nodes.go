@@ -310,10 +310,13 @@ func (h *handler) listNodes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	before, err := q.get("before")
+	at, id, paged, err := q.keyCursor("before")
 	if err != nil {
 		writeError(w, r, err)
 		return
+	}
+	if paged {
+		f.BeforeCreated, f.BeforeID = &at, id
 	}
 	if state != "" {
 		if !fleet.State(state).Valid() {
@@ -321,14 +324,6 @@ func (h *handler) listNodes(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		f.State = fleet.State(state)
-	}
-	if before != "" {
-		t, id, ok := decodeKeyCursor(before)
-		if !ok {
-			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
-			return
-		}
-		f.BeforeCreated, f.BeforeID = &t, id
 	}
 	limit, err := queryLimit(r, 100, 500)
 	if err != nil {
@@ -627,37 +622,25 @@ func (h *handler) listNodeCommands(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, invalidParameter("state", "one of pending, applied, refused, cancelled"))
 		return
 	}
-	limit, err := queryLimit(r, 100, 500)
+	page, err := keyPageParams(r)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
 	var before *fleet.CommandKey
-	if s, err := queryOf(r).get("before"); err != nil {
-		writeError(w, r, err)
-		return
-	} else if s != "" {
-		at, id, ok := decodeKeyCursor(s)
-		if !ok {
-			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
-			return
-		}
-		before = &fleet.CommandKey{IssuedAt: at, OperationID: id}
+	if page.paged {
+		before = &fleet.CommandKey{IssuedAt: page.at, OperationID: page.id}
 	}
-	cmds, err := h.Fleet.CommandHistory(r.Context(), chi.URLParam(r, "id"), state, before, limit)
+	cmds, err := h.Fleet.CommandHistory(r.Context(), chi.URLParam(r, "id"), state, before, page.limit)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
 	out := make([]commandView, len(cmds))
+	var next *string
 	for i, c := range cmds {
 		out[i] = viewCommand(c)
-	}
-	var next *string
-	if len(cmds) == limit {
-		last := cmds[len(cmds)-1]
-		c := encodeKeyCursor(last.IssuedAt, last.OperationID)
-		next = &c
+		next = page.next(len(cmds), c.IssuedAt, c.OperationID)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"commands": out, "next_before": next})
 }

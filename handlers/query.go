@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nodeward/nodeward/errcode"
 )
@@ -96,6 +97,20 @@ func (q query) cursor(name, format string) (int64, error) {
 		return 0, invalidParameter(name, "%s", format)
 	}
 	return n, nil
+}
+
+// keyCursor reads name as a keyset cursor encodeKeyCursor wrote (a
+// time and an id); ok is false when it is absent.
+func (q query) keyCursor(name string) (at time.Time, id string, ok bool, err error) {
+	s, err := q.get(name)
+	if err != nil || s == "" {
+		return time.Time{}, "", false, err
+	}
+	at, id, ok = decodeKeyCursor(s)
+	if !ok {
+		return time.Time{}, "", false, invalidParameter(name, "a cursor from next_before")
+	}
+	return at, id, true, nil
 }
 
 // number reads name as a whole number from min to max; ok is false when

@@ -57,37 +57,25 @@ func (h *handler) createToken(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) listTokens(w http.ResponseWriter, r *http.Request) {
-	limit, err := queryLimit(r, 100, 500)
+	page, err := keyPageParams(r)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
 	var before *auth.TokenKey
-	if s, err := queryOf(r).get("before"); err != nil {
-		writeError(w, r, err)
-		return
-	} else if s != "" {
-		at, id, ok := decodeKeyCursor(s)
-		if !ok {
-			writeError(w, r, invalidParameter("before", "a cursor from next_before"))
-			return
-		}
-		before = &auth.TokenKey{CreatedAt: at, ID: id}
+	if page.paged {
+		before = &auth.TokenKey{CreatedAt: page.at, ID: page.id}
 	}
-	rows, err := h.Auth.ListTokens(r.Context(), before, limit)
+	rows, err := h.Auth.ListTokens(r.Context(), before, page.limit)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
 	out := make([]tokenView, 0, len(rows))
+	var next *string
 	for _, t := range rows {
 		out = append(out, viewToken(t))
-	}
-	var next *string
-	if len(rows) == limit {
-		last := rows[len(rows)-1]
-		c := encodeKeyCursor(last.CreatedAt, last.ID)
-		next = &c
+		next = page.next(len(rows), t.CreatedAt, t.ID)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tokens": out, "next_before": next})
 }
@@ -146,6 +134,35 @@ func (h *handler) adminAudit(w http.ResponseWriter, r *http.Request) {
 }
 
 // pageParams reads limit (1-500, default 100) and an integer `before` cursor.
+// keyPage is a page of a listing ordered by (time, id): its size, and the
+// key it starts below when paged.
+type keyPage struct {
+	limit int
+	at    time.Time
+	id    string
+	paged bool
+}
+
+// keyPageParams reads a keyed listing's limit and before cursor.
+func keyPageParams(r *http.Request) (keyPage, error) {
+	limit, err := queryLimit(r, 100, 500)
+	if err != nil {
+		return keyPage{}, err
+	}
+	at, id, paged, err := queryOf(r).keyCursor("before")
+	return keyPage{limit: limit, at: at, id: id, paged: paged}, err
+}
+
+// next answers the next page's cursor after a page of n rows whose last is
+// keyed (at, id): nil when the page was not full (the last).
+func (p keyPage) next(n int, at time.Time, id string) *string {
+	if n < p.limit {
+		return nil
+	}
+	c := encodeKeyCursor(at, id)
+	return &c
+}
+
 func pageParams(r *http.Request) (int, int64, error) {
 	limit, err := queryLimit(r, 100, 500)
 	if err != nil {

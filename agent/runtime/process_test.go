@@ -72,6 +72,25 @@ func observation(t *testing.T, p *Process, run, attempt string) (Observation, bo
 	return Observation{}, false
 }
 
+// launchCountingTerms launches run r attempt a: a shell that notes every
+// SIGTERM it gets and runs on. It answers how many it got so far.
+func launchCountingTerms(t *testing.T, p *Process) func() int {
+	t.Helper()
+	terms := filepath.Join(t.TempDir(), "terms")
+	ready := filepath.Join(t.TempDir(), "ready")
+	err := p.Launch(context.Background(), api.LaunchWorkload{RunID: "r", AttemptID: "a", Command: "sh",
+		Args: []string{"-c", `trap 'echo term >> "$TERMS"' TERM; touch "$READY"; while :; do sleep 0.05; done`},
+		Env:  map[string]string{"TERMS": terms, "READY": ready}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, "the trap to be installed", 20*time.Second, func() bool { _, err := os.Stat(ready); return err == nil })
+	return func() int {
+		b, _ := os.ReadFile(terms)
+		return strings.Count(string(b), "term")
+	}
+}
+
 func TestProcess(t *testing.T) {
 	t.Run("ExitCodeSurvivesAgentObjectLoss", func(t *testing.T) {
 		t.Parallel()
@@ -190,19 +209,7 @@ func TestProcess(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
 		p := newProcess(t, dir)
-		terms := filepath.Join(t.TempDir(), "terms")
-		ready := filepath.Join(t.TempDir(), "ready")
-		err := p.Launch(context.Background(), api.LaunchWorkload{RunID: "r", AttemptID: "a", Command: "sh",
-			Args: []string{"-c", `trap 'echo term >> "$TERMS"' TERM; touch "$READY"; while :; do sleep 0.05; done`},
-			Env:  map[string]string{"TERMS": terms, "READY": ready}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		testwait.For(t, "the trap to be installed", 20*time.Second, func() bool { _, err := os.Stat(ready); return err == nil })
-		termCount := func() int {
-			b, _ := os.ReadFile(terms)
-			return strings.Count(string(b), "term")
-		}
+		termCount := launchCountingTerms(t, p)
 		// The agent stops the workload and dies inside the grace.
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan error, 1)
@@ -230,26 +237,14 @@ func TestProcess(t *testing.T) {
 
 	t.Run("StopDeadlineHoldsWithoutTheAgent", func(t *testing.T) {
 		t.Parallel()
-		dir := t.TempDir()
-		p := newProcess(t, dir)
-		terms := filepath.Join(t.TempDir(), "terms")
-		ready := filepath.Join(t.TempDir(), "ready")
-		err := p.Launch(context.Background(), api.LaunchWorkload{RunID: "r", AttemptID: "a", Command: "sh",
-			Args: []string{"-c", `trap 'echo term >> "$TERMS"' TERM; touch "$READY"; while :; do sleep 0.05; done`},
-			Env:  map[string]string{"TERMS": terms, "READY": ready}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		testwait.For(t, "the trap to be installed", 20*time.Second, func() bool { _, err := os.Stat(ready); return err == nil })
+		p := newProcess(t, t.TempDir())
+		termCount := launchCountingTerms(t, p)
 		// The agent stops the workload (grace 1 s) and goes away at once,
 		// never to come back: the supervisor keeps the deadline.
 		ctx, cancel := context.WithCancel(context.Background())
 		stopped := make(chan error, 1)
 		go func() { stopped <- p.Stop(ctx, api.StopWorkload{RunID: "r", AttemptID: "a", GraceSeconds: 1}) }()
-		testwait.For(t, "the workload to see SIGTERM", 20*time.Second, func() bool {
-			b, _ := os.ReadFile(terms)
-			return strings.Count(string(b), "term") == 1
-		})
+		testwait.For(t, "the workload to see SIGTERM", 20*time.Second, func() bool { return termCount() == 1 })
 		cancel()
 		<-stopped
 		var o Observation
@@ -260,8 +255,8 @@ func TestProcess(t *testing.T) {
 		if o.Signal != "SIGKILL" {
 			t.Fatalf("after the deadline: %+v", o)
 		}
-		if b, _ := os.ReadFile(terms); strings.Count(string(b), "term") != 1 {
-			t.Fatalf("the workload saw SIGTERM %d times, want once", strings.Count(string(b), "term"))
+		if n := termCount(); n != 1 {
+			t.Fatalf("the workload saw SIGTERM %d times, want once", n)
 		}
 	})
 

@@ -64,7 +64,7 @@ func run(args []string) int {
 	rtName := fs.String("runtime", "process", "workload runtime: process or simulated")
 	labels := labelsFlag{}
 	fs.Var(labels, "label", "node label key=value (repeatable, or comma separated; env NODEWARD_AGENT_LABELS)")
-	pollWait := fs.Duration("poll-wait", 25*time.Second, "long-poll wait asked of the control plane (0-60s; from 5s up, each poll asks up to a fifth less, at random, so a fleet's polls spread)")
+	pollWait := fs.Duration("poll-wait", 25*time.Second, "long-poll wait asked of the control plane (1s-60s; from 5s up, each poll asks up to a fifth less, at random, so a fleet's polls spread)")
 	retireGrace := fs.Duration("retire-grace", 10*time.Second, "SIGTERM grace for workloads when the node is retired")
 	configHook := fs.String("config-hook", os.Getenv("NODEWARD_AGENT_CONFIG_HOOK"), "program run after the desired configuration is written: split on white space (no shell), the document's path appended (\"\" when cleared) (env NODEWARD_AGENT_CONFIG_HOOK)")
 	hookTimeout := 60 * time.Second
@@ -81,11 +81,28 @@ func run(args []string) int {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
-		return 1
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // asked for: the usage is printed
+		}
+		return 1 // not 2: that status means "needs a reinvite"
 	}
 	if *showVersion {
 		fmt.Println(version)
 		return 0
+	}
+	// Out-of-range settings are refused, not clamped: an agent quietly
+	// polling differently from what its unit file says is worse than one
+	// that does not start.
+	switch {
+	case *pollWait < time.Second || *pollWait > 60*time.Second:
+		fmt.Fprintf(os.Stderr, "nodeward-agent: --poll-wait %s: want 1s to 60s (the control plane holds a poll at most 60s)\n", *pollWait)
+		return 1
+	case *retireGrace < 0 || *retireGrace > time.Hour:
+		fmt.Fprintf(os.Stderr, "nodeward-agent: --retire-grace %s: want 0s to 1h\n", *retireGrace)
+		return 1
+	case *logFormat != "text" && *logFormat != "json":
+		fmt.Fprintf(os.Stderr, "nodeward-agent: --log-format %q: want text or json\n", *logFormat)
+		return 1
 	}
 	if env := os.Getenv("NODEWARD_AGENT_LABELS"); env != "" && len(labels) == 0 {
 		if err := labels.Set(env); err != nil {

@@ -214,6 +214,20 @@ func TestBinary(t *testing.T) {
 		return cmd, log
 	}
 
+	t.Run("HelpAndBadFlags", func(t *testing.T) {
+		cmd, log := start("--help")
+		if code := exitCode(t, cmd, log); code != 0 || !strings.Contains(log.String(), "-bootstrap") {
+			t.Fatalf("--help: exit %d; log:\n%s", code, log.String())
+		}
+		// Not 2: that status tells a supervisor the node needs a reinvite.
+		for _, bad := range [][]string{{"--no-such-flag"}, {"--poll-wait", "90s"}, {"--poll-wait", "0s"}, {"--retire-grace", "-1s"}, {"--log-format", "xml"}} {
+			cmd, log = start(bad...)
+			if code := exitCode(t, cmd, log); code != 1 {
+				t.Fatalf("%v: exit %d; log:\n%s", bad, code, log.String())
+			}
+		}
+	})
+
 	t.Run("PlainHTTPRefusedWithoutFlag", func(t *testing.T) {
 		cmd, log := start("--bootstrap", bsFile)
 		if code := exitCode(t, cmd, log); code != 1 || !strings.Contains(log.String(), "allow-insecure-http") {

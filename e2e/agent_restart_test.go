@@ -58,7 +58,7 @@ func TestAgentServerRestart(t *testing.T) {
 			s.Stop(t, syscall.SIGTERM)
 			s.Start(t)
 			testwait.For(t, "the agent to reconnect to the restarted server", 2*time.Minute, func() bool { return f.sessionHeld(node) })
-			drained, failed := len(a.RunLogs("control plane draining; polling again after its Retry-After")), len(a.RunLogs("poll failed; backing off"))
+			drained, failed := len(a.RunLogs("control plane asked to wait; polling again after its Retry-After")), len(a.RunLogs("poll failed; backing off"))
 			if drained+failed == 0 {
 				t.Errorf("the agent logged neither a draining answer nor a failed poll across the server restart")
 			}

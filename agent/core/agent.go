@@ -83,6 +83,8 @@ var ErrRetired = errors.New("node retired")
 type FatalError struct {
 	Code string // the refusal code, e.g. "fenced"
 	Err  error
+	// remembered: read back from fatal.json at start, so recorded already.
+	remembered bool
 }
 
 func (e *FatalError) Error() string {
@@ -256,10 +258,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Interrupted operations first, so their results are among those the
 	// enroll request carries (DECISIONS §1).
 	if err := a.recoverOps(ctx); err != nil {
-		return err
+		return a.stoppedEarly(ctx, err)
 	}
 	fresh, err := a.establish(ctx)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return a.stoppedEarly(ctx, err)
+		}
 		var fe *FatalError
 		if errors.As(err, &fe) {
 			a.recordFatal(fe)
@@ -319,6 +324,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+// stoppedEarly answers Run's result when it ends before a session was
+// established: a SIGTERM then (mid-enrollment, say) is a clean stop like
+// any other, not a failure; anything else is err.
+func (a *Agent) stoppedEarly(ctx context.Context, err error) error {
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		a.log.Info("agent stopped before a session was established; the next start carries on")
+		return nil
+	}
+	return err
+}
+
 // fatalRecord is written to the state directory so the next start fails fast
 // with the same explanation unless a new bootstrap is given.
 type fatalRecord struct {
@@ -328,6 +344,12 @@ type fatalRecord struct {
 }
 
 func (a *Agent) recordFatal(fe *FatalError) {
+	if fe.remembered {
+		// Rewriting it would nest the detail once more at every start.
+		a.log.Error("fatal: this node needs a reinvite", "code", fe.Code, "err", fe.Err)
+		return
+	}
+	a.explainExpiry(fe)
 	if fe.Code == client.CodeFenced || fe.Code == client.CodeSessionInvalid {
 		if err := a.store.ClearSession(); err != nil {
 			a.log.Error("clear session", "err", err)
@@ -335,6 +357,27 @@ func (a *Agent) recordFatal(fe *FatalError) {
 	}
 	_ = state.WriteJSONAtomic(a.store.Path("fatal.json"), fatalRecord{Code: fe.Code, Detail: fe.Err.Error(), At: a.clock.Now().UTC()}, a.store.Durable())
 	a.log.Error("fatal: this node needs a reinvite", "code", fe.Code, "err", fe.Err)
+}
+
+// explainExpiry says why when session_invalid answers a session whose
+// expiry has passed: renewal needs a session that is still valid
+// (ARCHITECTURE.md, sessions), so an agent that could not reach the
+// control plane for longer than the session lifetime (an outage, a
+// partition, the machine switched off) needs a reinvite. The operator
+// reading the log or fatal.json learns that, rather than suspecting a
+// forgery or a key change.
+func (a *Agent) explainExpiry(fe *FatalError) {
+	if fe.Code != client.CodeSessionInvalid {
+		return
+	}
+	sess := a.Session()
+	if sess.SessionExpiresAt.IsZero() || a.clock.Now().Before(sess.SessionExpiresAt) {
+		return
+	}
+	ttl := time.Duration(sess.SessionTTLSeconds) * time.Second
+	fe.Err = fmt.Errorf("the session expired at %s before it could be renewed: this agent could not reach the control plane "+
+		"(or was not running) for longer than the session lifetime of %s; a reinvite brings it back: %w",
+		sess.SessionExpiresAt.UTC().Format(time.RFC3339), ttl, fe.Err)
 }
 
 func tokenDigest(tok string) string {
@@ -365,7 +408,7 @@ func (a *Agent) establish(ctx context.Context) (fresh bool, err error) {
 		if b == nil {
 			var fr fatalRecord
 			if state.ReadJSON(a.store.Path("fatal.json"), &fr) == nil {
-				return false, &FatalError{Code: fr.Code, Err: fmt.Errorf("stopped earlier at %s: %s", fr.At.Format(time.RFC3339), fr.Detail)}
+				return false, &FatalError{Code: fr.Code, Err: fmt.Errorf("stopped earlier at %s: %s", fr.At.Format(time.RFC3339), fr.Detail), remembered: true}
 			}
 			return false, errors.New("no session in the state dir and no bootstrap: pass --bootstrap")
 		}
@@ -550,7 +593,7 @@ func (a *Agent) renewLoop(ctx context.Context, fresh bool) error {
 				return t
 			}
 			next = bo.next()
-			a.log.Warn("session renewal failed; retrying", "err", err, "in", next)
+			a.warnRenewal(err, next)
 			continue
 		}
 		bo.reset()
@@ -571,6 +614,21 @@ func (a *Agent) renewLoop(ctx context.Context, fresh bool) error {
 		next = a.renewDelay(sess.SessionTTLSeconds)
 		a.log.Debug("session renewed", "expires_at", sess.SessionExpiresAt, "next_renewal_in", next)
 	}
+}
+
+// warnRenewal logs a failed renewal. Within the last quarter of the
+// session's life it is an error naming the expiry: past it the node
+// needs a reinvite, and an operator who sees this in time can bring the
+// control plane back before then.
+func (a *Agent) warnRenewal(err error, retryIn time.Duration) {
+	sess := a.Session()
+	left := sess.SessionExpiresAt.Sub(a.clock.Now())
+	if sess.SessionExpiresAt.IsZero() || left > time.Duration(sess.SessionTTLSeconds)*time.Second/4 {
+		a.log.Warn("session renewal failed; retrying", "err", err, "in", retryIn, "session_expires_at", sess.SessionExpiresAt)
+		return
+	}
+	a.log.Error("session renewal keeps failing: if the control plane is not reached before the session expires, this node needs a reinvite",
+		"err", err, "in", retryIn, "session_expires_at", sess.SessionExpiresAt, "left", left.Truncate(time.Second))
 }
 
 func (a *Agent) renewDelay(ttlSeconds int64) time.Duration {
@@ -654,7 +712,7 @@ func (a *Agent) pollLoop(ctx, applyCtx context.Context) error {
 			switch {
 			case errors.As(err, &ce) && (ce.Code == client.CodeDraining || ce.Status == http.StatusServiceUnavailable || ce.Status == http.StatusTooManyRequests) && ce.RetryAfter > 0:
 				d = ce.RetryAfter + jitter(time.Second, 0, 1, a.cfg.Rand)
-				a.log.Info("control plane draining; polling again after its Retry-After", "retry_after", ce.RetryAfter)
+				a.log.Info("control plane asked to wait; polling again after its Retry-After", "code", ce.Code, "status", ce.Status, "retry_after", ce.RetryAfter)
 			case client.ConnectionLost(err):
 				d = bo.nextUpTo(lostConnectionRetryMax)
 				a.log.Warn("control plane unreachable (restarting?); polling again soon", "err", err, "in", d)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -399,6 +400,61 @@ func TestAgent(t *testing.T) {
 		b.start(nil)
 		if err := b.wait(); !errors.As(err, &fe) || fe.Code != client.CodeFenced {
 			t.Fatalf("restart = %v", err)
+		}
+	})
+
+	t.Run("SessionExpiredWhileAwaySaysWhy", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.ttl, b.cp.enforceExpiry = 60, true })
+		b.start(b.cp.bootstrap())
+		b.eventually("a poll", 0, func() bool { return b.agent.Stats().Polls > 0 })
+		if err := b.stop(); err != nil {
+			t.Fatal(err)
+		}
+		// The machine was off for longer than the session lifetime.
+		b.clk.Advance(2 * time.Minute)
+		b.start(nil)
+		var fe *FatalError
+		err := b.wait()
+		if !errors.As(err, &fe) || fe.Code != client.CodeSessionInvalid {
+			t.Fatalf("Run = %v, want session_invalid", err)
+		}
+		if !strings.Contains(err.Error(), "session expired at") || !strings.Contains(err.Error(), "reinvite") {
+			t.Fatalf("the refusal does not say the session expired: %v", err)
+		}
+		b.stop()
+		var fr fatalRecord
+		if err := state.ReadJSON(b.dir+"/fatal.json", &fr); err != nil || !strings.Contains(fr.Detail, "session expired at") {
+			t.Fatalf("fatal.json = %+v, %v", fr, err)
+		}
+		// Each start without a new bootstrap fails fast with the same
+		// reason, which is not rewritten (nor nested) by the restarts.
+		for range 2 {
+			b.start(nil)
+			if err := b.wait(); !errors.As(err, &fe) || fe.Code != client.CodeSessionInvalid || !strings.Contains(err.Error(), "session expired at") {
+				t.Fatalf("restart = %v", err)
+			}
+			b.stop()
+		}
+		var again fatalRecord
+		if err := state.ReadJSON(b.dir+"/fatal.json", &again); err != nil || again != fr {
+			t.Fatalf("fatal.json rewritten by a restart: %+v, was %+v (%v)", again, fr, err)
+		}
+	})
+
+	t.Run("StoppedWhileEnrollingIsACleanStop", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.enrollCuts = 1 << 30 })
+		b.start(b.cp.bootstrap())
+		b.eventually("an attempt", 0, func() bool {
+			var n int
+			b.cp.with(func() { n = len(b.cp.enrollTries) })
+			return n > 0
+		})
+		if err := b.stop(); err != nil {
+			t.Fatalf("SIGTERM while enrolling: Run = %v, want nil (exit 0)", err)
 		}
 	})
 

@@ -100,37 +100,39 @@ type fakeCP struct {
 	srv *httptest.Server
 	clk *fakeClock
 
-	mu           sync.Mutex
-	enrollToken  string
-	spent        bool
-	retired      bool
-	fencing      int64
-	tokens       map[string]int64 // session token -> fencing token
-	ttl          int64
-	heartbeatSec int64
-	queue        []api.Command
-	wake         chan struct{}
-	pollScript   []func(http.ResponseWriter) // answers for the next polls, in order
-	eventsDown   int                         // answer 503 to this many events posts
-	enrolls      []api.EnrollRequest         // enrollments committed
-	enrollTries  []api.EnrollRequest         // every enroll request
-	enrollNonce  string                      // the nonce the committed enrollment carried
-	enrollCuts   int                         // cut this many committed enrollments' answers
-	renews       int
-	activePolls  int         // poll handlers running now
-	pollTimes    []time.Time // fake-clock time of each poll
-	pollTokens   []string
-	pollResumes  []bool        // each poll's resume=true
-	pollWaits    []string      // each poll's wait=
-	onResume     []api.Command // a resuming poll's answer: what the server holds delivered and unsettled
-	results      []api.Result
-	events       []api.Event
-	eventIDs     map[string]bool
-	outputDown   int                          // answer 503 to this many output posts
-	outputPosts  int                          // output posts answered 200
-	outputRefuse []string                     // run/attempt of each output post answered 422
-	refuseOutput bool                         // answer 422 to every output post
-	outputs      map[string]api.OutputRequest // by run/attempt, the first kept
+	mu            sync.Mutex
+	enrollToken   string
+	spent         bool
+	retired       bool
+	fencing       int64
+	tokens        map[string]int64     // session token -> fencing token
+	expiresAt     map[string]time.Time // session token -> expiry (fake clock), enforced when enforceExpiry
+	enforceExpiry bool
+	ttl           int64
+	heartbeatSec  int64
+	queue         []api.Command
+	wake          chan struct{}
+	pollScript    []func(http.ResponseWriter) // answers for the next polls, in order
+	eventsDown    int                         // answer 503 to this many events posts
+	enrolls       []api.EnrollRequest         // enrollments committed
+	enrollTries   []api.EnrollRequest         // every enroll request
+	enrollNonce   string                      // the nonce the committed enrollment carried
+	enrollCuts    int                         // cut this many committed enrollments' answers
+	renews        int
+	activePolls   int         // poll handlers running now
+	pollTimes     []time.Time // fake-clock time of each poll
+	pollTokens    []string
+	pollResumes   []bool        // each poll's resume=true
+	pollWaits     []string      // each poll's wait=
+	onResume      []api.Command // a resuming poll's answer: what the server holds delivered and unsettled
+	results       []api.Result
+	events        []api.Event
+	eventIDs      map[string]bool
+	outputDown    int                          // answer 503 to this many output posts
+	outputPosts   int                          // output posts answered 200
+	outputRefuse  []string                     // run/attempt of each output post answered 422
+	refuseOutput  bool                         // answer 422 to every output post
+	outputs       map[string]api.OutputRequest // by run/attempt, the first kept
 
 	// Desired configuration, served as DECISIONS.md §32 says: due while the
 	// last report does not name the desired revision and hash (a failed
@@ -149,7 +151,7 @@ type fakeCP struct {
 
 func newFakeCP(t *testing.T, clk *fakeClock) *fakeCP {
 	cp := &fakeCP{
-		t: t, clk: clk, enrollToken: "enroll-secret", tokens: map[string]int64{},
+		t: t, clk: clk, enrollToken: "enroll-secret", tokens: map[string]int64{}, expiresAt: map[string]time.Time{},
 		ttl: 1800, heartbeatSec: 30, wake: make(chan struct{}, 1), eventIDs: map[string]bool{},
 		outputs: map[string]api.OutputRequest{},
 	}
@@ -232,6 +234,7 @@ func (cp *fakeCP) enroll(w http.ResponseWriter, r *http.Request) {
 	cp.results = append(cp.results, req.UnacknowledgedResults...)
 	tok := fmt.Sprintf("session-%d", cp.fencing)
 	cp.tokens[tok] = cp.fencing
+	cp.expiresAt[tok] = cp.clk.Now().Add(time.Duration(cp.ttl) * time.Second)
 	if cp.enrollCuts > 0 {
 		cp.enrollCuts--
 		cutAnswer(w)
@@ -247,6 +250,9 @@ func (cp *fakeCP) auth(h http.HandlerFunc, reporting bool) http.HandlerFunc {
 		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 		cp.mu.Lock()
 		f, ok := cp.tokens[tok]
+		if exp, has := cp.expiresAt[tok]; ok && has && cp.enforceExpiry && !cp.clk.Now().Before(exp) {
+			ok = false // expired: refused as a forged one is
+		}
 		fenced := ok && f != cp.fencing
 		retired := cp.retired
 		cp.mu.Unlock()
@@ -269,6 +275,7 @@ func (cp *fakeCP) renew(w http.ResponseWriter, r *http.Request) {
 	cp.renews++
 	tok := fmt.Sprintf("session-%d-r%d", cp.fencing, cp.renews)
 	cp.tokens[tok] = cp.fencing
+	cp.expiresAt[tok] = cp.clk.Now().Add(time.Duration(cp.ttl) * time.Second)
 	writeJSON(w, api.RenewResponse{SessionToken: tok, SessionExpiresAt: cp.clk.Now().Add(time.Duration(cp.ttl) * time.Second), SessionTTLSeconds: cp.ttl})
 }
 

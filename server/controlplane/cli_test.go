@@ -47,6 +47,7 @@ func cleanEnv(t *testing.T) {
 		"NODEWARD_MASTER_KEY", "NODEWARD_MASTER_KEY_FILE", "NODEWARD_LOG_LEVEL", "NODEWARD_LOG_FORMAT",
 		"NODEWARD_TLS_CERT_FILE", "NODEWARD_TLS_KEY_FILE", "NODEWARD_TLS_CA_FILE", "NODEWARD_SHUTDOWN_GRACE",
 		"NODEWARD_READ_TIMEOUT", "NODEWARD_DIAGNOSE_ALLOW", "NODEWARD_DB_MAX_CONNS", "NODEWARD_DEBUG_ADDR", "NODEWARD_DB_WRITE_LANES",
+		"NODEWARD_LEASE", "NODEWARD_SESSION_TTL", "NODEWARD_LEDGER_WORKERS",
 	} {
 		t.Setenv(k, "")
 	}
@@ -220,6 +221,8 @@ func TestCLIBadConfigurationFailsFast(t *testing.T) {
 		{"ListenBusy", nil, []string{"serve", "--listen", busy.Addr().String(), "--data-dir", dir}, "listen on"},
 		{"ShutdownGrace", nil, []string{"serve", "--shutdown-grace", "0s", "--data-dir", dir}, "shutdown grace"},
 		{"ReadTimeout", nil, []string{"serve", "--read-timeout", "-1s", "--data-dir", dir}, "read timeout"},
+		{"LeaseWithoutUnit", map[string]string{"NODEWARD_LEASE": "300"}, []string{"serve", "--data-dir", dir}, "NODEWARD_LEASE"},
+		{"SessionTTLNotADuration", map[string]string{"NODEWARD_SESSION_TTL": "abc"}, []string{"serve", "--data-dir", dir}, "NODEWARD_SESSION_TTL"},
 		{"DBMaxConnsZero", map[string]string{"NODEWARD_DB_MAX_CONNS": "0"}, []string{"serve", "--data-dir", dir}, "NODEWARD_DB_MAX_CONNS"},
 		{"DBMaxConnsNotANumber", nil, []string{"serve", "--db-max-conns", "lots", "--data-dir", dir}, "whole number"},
 		{"DatabaseScheme", nil, []string{"serve", "--database-url", "mysql://db/x"}, "postgres://"},

@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,9 @@ type Config struct {
 	// a time. SQLite commits one.
 	DBWriteLanes int
 	dbWriteLanes poolSize
+	// envErrs holds environment values that did not parse, by variable
+	// name; Validate refuses the first (a flag given for it clears it).
+	envErrs map[string]error
 	// DiagnoseAllow is where diagnose.endpoint may probe: CIDRs and host
 	// names, comma-separated (NODEWARD_DIAGNOSE_ALLOW); empty refuses
 	// every destination.
@@ -118,6 +122,51 @@ func (p *poolSize) Set(v string) error {
 // DefaultReadTimeout is the default of Config.ReadTimeout.
 const DefaultReadTimeout = 10 * time.Second
 
+// durationSetting is a duration flag whose default may come from the
+// environment. An environment value that is not a duration is kept as an
+// error for Validate (the server must not start on a silently defaulted
+// lease or session lifetime), unless the flag, which wins, replaces it.
+type durationSetting struct {
+	dst  *time.Duration
+	env  string
+	errs map[string]error
+}
+
+func (d *durationSetting) String() string {
+	if d == nil || d.dst == nil {
+		return ""
+	}
+	return d.dst.String()
+}
+
+func (d *durationSetting) Set(v string) error {
+	n, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return errors.New("want a duration with its unit, like 90s or 30m")
+	}
+	*d.dst = n
+	delete(d.errs, d.env)
+	return nil
+}
+
+// bindDuration declares a duration flag defaulting to the environment
+// variable env, or def when env is unset.
+func bindDuration(fs *flag.FlagSet, c *Config, getenv func(string) string, dst *time.Duration, name, env string, def time.Duration, usage string) {
+	if c.envErrs == nil {
+		c.envErrs = map[string]error{}
+	}
+	*dst = def
+	if raw := getenv(env); raw != "" {
+		n, err := time.ParseDuration(strings.TrimSpace(raw))
+		if err != nil {
+			c.envErrs[env] = fmt.Errorf("%s %q: want a duration with its unit, like 90s or 30m (--%s sets it too)", env, raw, name)
+		} else {
+			*dst = n
+		}
+	}
+	fs.Var(&durationSetting{dst: dst, env: env, errs: c.envErrs}, name, usage)
+}
+
 // envOr returns the environment value of name, or def.
 func envOr(getenv func(string) string, name, def string) string {
 	if v := getenv(name); v != "" {
@@ -137,17 +186,13 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 	fs.StringVar(&c.TLSCertFile, "tls-cert", envOr(getenv, "NODEWARD_TLS_CERT_FILE", ""), "TLS certificate file (NODEWARD_TLS_CERT_FILE)")
 	fs.StringVar(&c.TLSKeyFile, "tls-key", envOr(getenv, "NODEWARD_TLS_KEY_FILE", ""), "TLS key file (NODEWARD_TLS_KEY_FILE)")
 	fs.StringVar(&c.TLSCAFile, "tls-ca", envOr(getenv, "NODEWARD_TLS_CA_FILE", ""), "private CA certificate handed to agents in bootstraps (NODEWARD_TLS_CA_FILE)")
-	grace, _ := time.ParseDuration(envOr(getenv, "NODEWARD_SHUTDOWN_GRACE", "15s"))
-	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", grace, "how long shutdown waits for requests (NODEWARD_SHUTDOWN_GRACE)")
+	bindDuration(fs, c, getenv, &c.ShutdownGrace, "shutdown-grace", "NODEWARD_SHUTDOWN_GRACE", 15*time.Second, "how long shutdown waits for requests (NODEWARD_SHUTDOWN_GRACE)")
 	fs.StringVar(&c.LogLevel, "log-level", envOr(getenv, "NODEWARD_LOG_LEVEL", "info"), "debug, info, warn or error (NODEWARD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", envOr(getenv, "NODEWARD_LOG_FORMAT", "json"), "json or text (NODEWARD_LOG_FORMAT)")
 	fs.StringVar(&c.ReplicaID, "replica-id", envOr(getenv, "NODEWARD_REPLICA_ID", ""), "this replica's name in session listings (NODEWARD_REPLICA_ID)")
-	lease, _ := time.ParseDuration(envOr(getenv, "NODEWARD_LEASE", "90s"))
-	fs.DurationVar(&c.Lease, "lease", lease, "node lease; heartbeats are asked for every third of it (NODEWARD_LEASE)")
-	ttl, _ := time.ParseDuration(envOr(getenv, "NODEWARD_SESSION_TTL", "30m"))
-	fs.DurationVar(&c.SessionTTL, "session-ttl", ttl, "agent session credential lifetime (NODEWARD_SESSION_TTL)")
-	readTimeout, _ := time.ParseDuration(envOr(getenv, "NODEWARD_READ_TIMEOUT", DefaultReadTimeout.String()))
-	fs.DurationVar(&c.ReadTimeout, "read-timeout", readTimeout, "time a client may take to send a request's headers, and its body (NODEWARD_READ_TIMEOUT)")
+	bindDuration(fs, c, getenv, &c.Lease, "lease", "NODEWARD_LEASE", 90*time.Second, "node lease; heartbeats are asked for every third of it (NODEWARD_LEASE)")
+	bindDuration(fs, c, getenv, &c.SessionTTL, "session-ttl", "NODEWARD_SESSION_TTL", 30*time.Minute, "agent session credential lifetime: an agent away longer than this needs a reinvite (NODEWARD_SESSION_TTL)")
+	bindDuration(fs, c, getenv, &c.ReadTimeout, "read-timeout", "NODEWARD_READ_TIMEOUT", DefaultReadTimeout, "time a client may take to send a request's headers, and its body (NODEWARD_READ_TIMEOUT)")
 	workers, err := strconv.Atoi(envOr(getenv, "NODEWARD_LEDGER_WORKERS", "16"))
 	if err != nil {
 		workers = -1 // refused by Validate, naming the setting
@@ -165,6 +210,14 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 // Validate checks the configuration and fills derived defaults. Each error
 // is one clear line.
 func (c *Config) Validate() error {
+	if len(c.envErrs) > 0 {
+		names := make([]string, 0, len(c.envErrs))
+		for name := range c.envErrs {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		return c.envErrs[names[0]]
+	}
 	if c.ShutdownGrace <= 0 {
 		return errors.New("shutdown grace must be a positive duration, like 15s")
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -114,4 +115,47 @@ func TestDBWriteLanes(t *testing.T) {
 		require.Contains(t, err.Error(), "NODEWARD_DB_WRITE_LANES")
 		require.Contains(t, err.Error(), "whole number from 1")
 	}
+}
+
+// TestDurationSettings: a duration from the environment that does not
+// parse (a bare number, a word) stops the server with a line naming the
+// variable, rather than starting on the default; the flag, which wins,
+// replaces it.
+func TestDurationSettings(t *testing.T) {
+	settings := []struct {
+		env, flag string
+		field     func(Config) time.Duration
+	}{
+		{"NODEWARD_LEASE", "--lease", func(c Config) time.Duration { return c.Lease }},
+		{"NODEWARD_SESSION_TTL", "--session-ttl", func(c Config) time.Duration { return c.SessionTTL }},
+		{"NODEWARD_READ_TIMEOUT", "--read-timeout", func(c Config) time.Duration { return c.ReadTimeout }},
+		{"NODEWARD_SHUTDOWN_GRACE", "--shutdown-grace", func(c Config) time.Duration { return c.ShutdownGrace }},
+	}
+	for _, s := range settings {
+		t.Run(s.env, func(t *testing.T) {
+			c, err := parseServe(t, s.env, " 2h ")
+			require.NoError(t, err)
+			require.Equal(t, 2*time.Hour, s.field(c))
+
+			for _, bad := range []string{"300", "abc", "5 minutes"} {
+				_, err := parseServe(t, s.env, bad)
+				require.Error(t, err, bad)
+				require.Contains(t, err.Error(), s.env)
+				require.Contains(t, err.Error(), bad)
+			}
+			c, err = parseServe(t, s.env, "300", s.flag, "3h")
+			require.NoError(t, err, "the flag replaces a bad environment value")
+			require.Equal(t, 3*time.Hour, s.field(c))
+
+			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			var cfg Config
+			bindFlags(fs, &cfg, func(string) string { return "" })
+			require.Error(t, fs.Parse([]string{s.flag, "300"}), "a flag without a unit is refused too")
+		})
+	}
+	c, err := parseServe(t, "", "")
+	require.NoError(t, err)
+	require.Equal(t, 90*time.Second, c.Lease)
+	require.Equal(t, 30*time.Minute, c.SessionTTL)
 }

@@ -47,6 +47,7 @@ type App struct {
 
 	fleetStore *models.FleetStore
 	debugLn    net.Listener // ListenDebug; served by Serve
+	tlsCert    *tls.Certificate
 	draining   atomic.Bool
 	bg         sync.WaitGroup
 }
@@ -72,6 +73,16 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The certificate is loaded before anything is opened or announced:
+	// a server that cannot serve TLS must not print a setup link first.
+	var cert *tls.Certificate
+	if cfg.TLSCertFile != "" {
+		c, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load TLS certificate (NODEWARD_TLS_CERT_FILE, NODEWARD_TLS_KEY_FILE): %w", err)
+		}
+		cert = &c
+	}
 	if generated != "" {
 		log.Warn("generated a new master key; back it up with the database: losing it invalidates every credential",
 			"path", generated)
@@ -85,7 +96,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	a := &App{Config: cfg, Log: log, DB: db, Keys: ring}
+	a := &App{Config: cfg, Log: log, DB: db, Keys: ring, tlsCert: cert}
 	caPEM := ""
 	if cfg.TLSCAFile != "" {
 		b, err := os.ReadFile(cfg.TLSCAFile)
@@ -313,15 +324,8 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(a.Log.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	if a.Config.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(a.Config.TLSCertFile, a.Config.TLSKeyFile)
-		if err != nil {
-			if a.debugLn != nil {
-				_ = a.debugLn.Close()
-			}
-			return fmt.Errorf("load TLS certificate: %w", err)
-		}
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if a.tlsCert != nil {
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*a.tlsCert}, MinVersion: tls.VersionTLS12}
 		ln = tls.NewListener(ln, srv.TLSConfig)
 	}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))

@@ -208,6 +208,8 @@ func TestCLIBadConfigurationFailsFast(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer busy.Close()
+	notPEM := filepath.Join(t.TempDir(), "garbage.pem")
+	require.NoError(t, os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600))
 
 	cases := []struct {
 		name string
@@ -230,6 +232,7 @@ func TestCLIBadConfigurationFailsFast(t *testing.T) {
 		{"MasterKeyTooShort", map[string]string{"NODEWARD_MASTER_KEY": "abc"}, []string{"serve", "--database-url", "postgres://nobody:hunter2@127.0.0.1:1/x"}, "too short"},
 		{"TLSHalf", nil, []string{"serve", "--tls-cert", "/nonexistent/cert.pem", "--data-dir", dir}, "TLS"},
 		{"TLSMissingFiles", nil, []string{"serve", "--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem", "--data-dir", dir}, "cannot read"},
+		{"TLSNotACertificate", nil, []string{"serve", "--tls-cert", notPEM, "--tls-key", notPEM, "--data-dir", dir}, "load TLS certificate"},
 		{"PublicURL", nil, []string{"serve", "--public-url", "ftp://x", "--data-dir", dir}, "public URL"},
 		{"DiagnoseAllow", nil, []string{"serve", "--diagnose-allow", "10.0.0.0/8, not a host!", "--data-dir", dir}, "diagnose allowlist"},
 		{"DiagnoseAllowEnv", map[string]string{"NODEWARD_DIAGNOSE_ALLOW": "300.1.1.1/8"}, []string{"serve", "--data-dir", dir}, "diagnose allowlist"},

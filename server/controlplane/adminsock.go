@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/nodeward/nodeward/auth"
@@ -97,7 +98,12 @@ func listenSocket(dataDir string) (*net.UnixListener, error) {
 	}
 	defer os.RemoveAll(tmp)
 	bound := filepath.Join(tmp, "s")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: bound, Net: "unix"})
+	name, release, err := unixName(bound)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: name, Net: "unix"})
+	release()
 	if err != nil {
 		return nil, err
 	}
@@ -112,6 +118,26 @@ func listenSocket(dataDir string) (*net.UnixListener, error) {
 		return nil, err
 	}
 	return ln, nil
+}
+
+// maxUnixName is the longest socket path the kernel takes (sockaddr_un's
+// 108 bytes, less its terminating NUL).
+const maxUnixName = 107
+
+// unixName answers a name for the socket at path that fits a socket
+// address: path itself, or on Linux, when a deep data folder makes it too
+// long, the same file reached through a descriptor of its folder
+// (/proc/self/fd/N/name). release closes that descriptor once the socket
+// is bound or dialled.
+func unixName(path string) (name string, release func(), err error) {
+	if len(path) <= maxUnixName || runtime.GOOS != "linux" {
+		return path, func() {}, nil
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return "", nil, err
+	}
+	return fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)), func() { _ = dir.Close() }, nil
 }
 
 // serveSocket serves the administrative socket on SQLite (on PostgreSQL the
@@ -195,16 +221,26 @@ type socketClient struct{ http *http.Client }
 // none answers there (no socket file, or one a killed server left).
 func dialSocket(dataDir string) (socketClient, bool) {
 	path := SocketPath(dataDir)
-	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	var d net.Dialer
+	dial := func(ctx context.Context) (net.Conn, error) {
+		name, release, err := unixName(path)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		return d.DialContext(ctx, "unix", name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	c, err := dial(ctx)
+	cancel()
 	if err != nil {
 		return socketClient{}, false
 	}
 	_ = c.Close()
-	var d net.Dialer
 	return socketClient{http: &http.Client{
 		Timeout: time.Minute,
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", path)
+			return dial(ctx)
 		}},
 	}}, true
 }

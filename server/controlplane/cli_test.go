@@ -138,6 +138,22 @@ func TestCLIAdminAndTokenCreate(t *testing.T) {
 		require.Contains(t, oneLine(t, r.stderr), `no administrator named "nobody"`)
 	})
 
+	t.Run("DeepDataFolder", func(t *testing.T) {
+		// A socket path longer than a socket address holds (108 bytes):
+		// the server still serves it and the commands still reach it.
+		deep := filepath.Join(t.TempDir(), strings.Repeat("deep-folder-", 12))
+		require.Greater(t, len(controlplane.SocketPath(deep)), 108)
+		r := mainRun(t, "a-long-enough-password\n", "admin", "create", "--username", "ops", "--password-stdin", "--data-dir", deep)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		apitest.Start(t, apitest.WithConfig(func(c *controlplane.Config) { c.DataDir = deep }))
+		fi, err := os.Stat(controlplane.SocketPath(deep))
+		require.NoError(t, err)
+		require.Equal(t, os.ModeSocket, fi.Mode().Type())
+		r = mainRun(t, "", "token", "create", "--name", "deep", "--data-dir", deep)
+		require.Equal(t, 0, r.code, "through the running server's socket; stderr: %s", r.stderr)
+		require.True(t, strings.HasPrefix(oneLine(t, r.stdout), "nwa_"))
+	})
+
 	t.Run("UnknownOwner", func(t *testing.T) {
 		other := t.TempDir()
 		r := mainRun(t, "", "token", "create", "--name", "ci", "--data-dir", other)

@@ -229,7 +229,7 @@ func New(pending func() float64) *Metrics {
 type operationStates struct{ m *Metrics }
 
 var operationStatesDesc = prometheus.NewDesc("nodeward_operations",
-	"Operations by state across replicas (pending is the queue depth).", []string{"state"}, nil)
+	"Open operations by state (pending: the queue depth; running) across replicas; ended ones are counted per replica by nodeward_operations_ended_total.", []string{"state"}, nil)
 
 func (c operationStates) Describe(ch chan<- *prometheus.Desc) { ch <- operationStatesDesc }
 

@@ -627,6 +627,13 @@ func (a *Agent) warnRenewal(err error, retryIn time.Duration) {
 		a.log.Warn("session renewal failed; retrying", "err", err, "in", retryIn, "session_expires_at", sess.SessionExpiresAt)
 		return
 	}
+	if left <= 0 {
+		// Still tried: only the control plane's answer is final (its
+		// clock, and its leeway, may differ from this machine's).
+		a.log.Error("the session expired before it could be renewed: this node will need a reinvite",
+			"err", err, "in", retryIn, "session_expires_at", sess.SessionExpiresAt)
+		return
+	}
 	a.log.Error("session renewal keeps failing: if the control plane is not reached before the session expires, this node needs a reinvite",
 		"err", err, "in", retryIn, "session_expires_at", sess.SessionExpiresAt, "left", left.Truncate(time.Second))
 }

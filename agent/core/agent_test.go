@@ -49,6 +49,9 @@ type bundle struct {
 	// for every draw).
 	pollWait time.Duration
 	rand     func() float64
+
+	logMu sync.Mutex
+	logs  []string // every line the bundle's agents logged
 }
 
 func setup(t *testing.T) *bundle {
@@ -77,7 +80,7 @@ func (b *bundle) start(bs *api.Bootstrap) {
 	a, err := New(Config{
 		Store: st, Runtime: b.sim, Bootstrap: bs, AllowInsecureHTTP: true,
 		Labels: map[string]string{"zone": "test"}, Version: "test", Clock: b.clk,
-		Logger:   slog.New(slog.NewTextHandler(testWriter{b.t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:   slog.New(slog.NewTextHandler(testWriter{b.t, &b.logMu, &b.logs}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		PollWait: b.pollWait, Rand: b.rand,
 		ConfigHook: b.hook, ConfigHookTimeout: b.hookTimeout,
 	})
@@ -138,11 +141,39 @@ func (b *bundle) eventually(what string, step time.Duration, cond func() bool) {
 	}
 }
 
-type testWriter struct{ t *testing.T }
+// testWriter passes the agent's log to the test's, and keeps it for
+// tests that read what an operator would.
+type testWriter struct {
+	t    *testing.T
+	mu   *sync.Mutex
+	kept *[]string
+}
 
 func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p[:len(p)-1]))
+	line := string(p[:len(p)-1])
+	w.t.Log(line)
+	w.mu.Lock()
+	*w.kept = append(*w.kept, line)
+	w.mu.Unlock()
 	return len(p), nil
+}
+
+// logged answers the lines the bundle's agents logged that hold every
+// one of parts.
+func (b *bundle) logged(parts ...string) []string {
+	b.logMu.Lock()
+	defer b.logMu.Unlock()
+	var out []string
+	for _, l := range b.logs {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(l, p)
+		}
+		if all {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 func command(op, kind string, payload any) api.Command {
@@ -441,6 +472,29 @@ func TestAgent(t *testing.T) {
 		if err := state.ReadJSON(b.dir+"/fatal.json", &again); err != nil || again != fr {
 			t.Fatalf("fatal.json rewritten by a restart: %+v, was %+v (%v)", again, fr, err)
 		}
+	})
+
+	t.Run("RenewalFailingNearExpiryIsAnError", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.ttl = 400; b.cp.renewDown = true })
+		b.start(b.cp.bootstrap())
+		b.eventually("a poll", 0, func() bool { return b.agent.Stats().Polls > 0 })
+		// Rand 0: the first renewal at 200 s; it fails and is retried
+		// with backoff. Past 300 s (the last quarter) each failure is an
+		// error naming the expiry; past 400 s one saying it expired.
+		b.eventually("a warning while time is left", time.Second, func() bool {
+			return len(b.logged("level=WARN", "session renewal failed; retrying", "session_expires_at=")) > 0
+		})
+		if n := len(b.logged("level=ERROR")); n != 0 {
+			t.Fatalf("%d errors logged with more than a quarter of the session left", n)
+		}
+		b.eventually("an error in the last quarter", time.Second, func() bool {
+			return len(b.logged("level=ERROR", "session renewal keeps failing", "session_expires_at=", "needs a reinvite")) > 0
+		})
+		b.eventually("an error once expired", time.Second, func() bool {
+			return len(b.logged("level=ERROR", "the session expired before it could be renewed")) > 0
+		})
 	})
 
 	t.Run("StoppedWhileEnrollingIsACleanStop", func(t *testing.T) {

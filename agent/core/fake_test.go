@@ -108,6 +108,7 @@ type fakeCP struct {
 	tokens        map[string]int64     // session token -> fencing token
 	expiresAt     map[string]time.Time // session token -> expiry (fake clock), enforced when enforceExpiry
 	enforceExpiry bool
+	renewDown     bool // answer 503 to every renewal
 	ttl           int64
 	heartbeatSec  int64
 	queue         []api.Command
@@ -272,6 +273,10 @@ func (cp *fakeCP) auth(h http.HandlerFunc, reporting bool) http.HandlerFunc {
 func (cp *fakeCP) renew(w http.ResponseWriter, r *http.Request) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
+	if cp.renewDown {
+		problem(w, 503, "unavailable")
+		return
+	}
 	cp.renews++
 	tok := fmt.Sprintf("session-%d-r%d", cp.fencing, cp.renews)
 	cp.tokens[tok] = cp.fencing

@@ -61,9 +61,14 @@ type NodeConfig struct {
 	// SealedPointers are the JSON pointers, into the document, of the
 	// values that were sealed handles when it was submitted.
 	SealedPointers []string
-	SizeBytes      int64
-	UpdatedAt      time.Time
-	OperationID    string
+	// EarlierKeyID and EarlierBox hold the sealed values of the revisions
+	// this one replaced (earlierSecrets), as KeyID and Box hold the
+	// document; a nil EarlierBox is none.
+	EarlierKeyID string
+	EarlierBox   []byte
+	SizeBytes    int64
+	UpdatedAt    time.Time
+	OperationID  string
 	// SubmittedCursor orders the configure that set Revision among all
 	// submitted requests (Configure.SubmittedCursor).
 	SubmittedCursor int64
@@ -337,6 +342,9 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 	next.SubmittedCursor = max(in.SubmittedCursor, cur.SubmittedCursor)
 	next.SizeBytes, next.UpdatedAt, next.OperationID = int64(len(doc)), now, in.OperationID
 	next.SealedPointers, next.Settled = in.SealedPointers, false
+	if next.EarlierKeyID, next.EarlierBox, err = s.carryEarlierSecrets(cur); err != nil {
+		return ConfigureOutcome{}, err
+	}
 	next.KeyID, next.Box = "", nil
 	if string(doc) != "null" {
 		next.Box = doc
@@ -391,6 +399,84 @@ func (s *Service) sealedValues(c NodeConfig) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// maxEarlierRevisions bounds the replaced revisions whose sealed values
+// a configuration keeps for scrubbing reports: a node reports on the
+// revision it was applying, rarely more than one or two behind.
+const maxEarlierRevisions = 16
+
+// earlierSecrets are the sealed values of one replaced revision.
+type earlierSecrets struct {
+	Revision int64    `json:"revision"`
+	Values   []string `json:"values"`
+}
+
+// earlierRevision is the revision the earlier secrets' box is bound to:
+// 0, which no document has (revisions start at 1).
+const earlierRevision = 0
+
+// earlierValues answers the sealed values of the revisions c replaced.
+func (s *Service) earlierValues(c NodeConfig) ([]earlierSecrets, error) {
+	if c.EarlierBox == nil {
+		return nil, nil
+	}
+	plain := c.EarlierBox
+	if c.EarlierKeyID != "" {
+		if s.sealer == nil {
+			return nil, errcode.New(errcode.Internal, "earlier configuration values sealed but no sealer configured")
+		}
+		var err error
+		if plain, err = s.sealer.OpenDocument(c.NodeID, earlierRevision, c.EarlierKeyID, c.EarlierBox); err != nil {
+			return nil, err
+		}
+	}
+	var out []earlierSecrets
+	return out, json.Unmarshal(plain, &out)
+}
+
+// carryEarlierSecrets answers the earlier values the revision replacing
+// cur keeps: cur's own sealed values added to those cur kept, the last
+// maxEarlierRevisions revisions that had any, sealed again.
+func (s *Service) carryEarlierSecrets(cur NodeConfig) (kid string, box []byte, err error) {
+	values, err := s.sealedValues(cur)
+	if err != nil || len(values) == 0 {
+		return cur.EarlierKeyID, cur.EarlierBox, err
+	}
+	earlier, err := s.earlierValues(cur)
+	if err != nil {
+		return "", nil, err
+	}
+	earlier = append(earlier, earlierSecrets{Revision: cur.Revision, Values: values})
+	if len(earlier) > maxEarlierRevisions {
+		earlier = earlier[len(earlier)-maxEarlierRevisions:]
+	}
+	plain, err := json.Marshal(earlier)
+	if err != nil {
+		return "", nil, err
+	}
+	if s.sealer == nil {
+		return "", plain, nil
+	}
+	return s.sealer.SealDocument(cur.NodeID, earlierRevision, plain)
+}
+
+// reportSecretValues answers every value a report's message is scrubbed
+// of: the desired revision's and those of the revisions it replaced,
+// since the report may name any of them.
+func (s *Service) reportSecretValues(c NodeConfig) ([]string, error) {
+	values, err := s.sealedValues(c)
+	if err != nil {
+		return nil, err
+	}
+	earlier, err := s.earlierValues(c)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range earlier {
+		values = append(values, e.Values...)
+	}
+	return values, nil
 }
 
 // ConfigView is a node's configuration as administrators read it
@@ -548,7 +634,7 @@ func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session,
 	if cur.Reported != nil && observed.Before(cur.Reported.ObservedAt) {
 		return nil
 	}
-	values, err := s.sealedValues(cur)
+	values, err := s.reportSecretValues(cur)
 	if err != nil {
 		return err
 	}

@@ -233,6 +233,50 @@ func TestSealedConfigHTTP(t *testing.T) {
 	})
 }
 
+// TestReplacedConfigSecretsScrubbedHTTP: a node reports on a revision a
+// later configure replaced (its hook was still running) or cleared; the
+// report's message is scrubbed of the replaced revision's sealed values,
+// in any encoding a hook prints them, before it is stored or shown.
+func TestReplacedConfigSecretsScrubbedHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, sess := inviteAndEnroll(t, s)
+		first := `old<pw>&"` + apitest.RandomID("v")
+		h := sealFor(t, s, s.AdminToken, "rot-1", boot.NodeID, "/document/db/password", first)
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("rot-1", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": map[string]any{"db": map[string]any{"password": h}}}),
+			http.StatusCreated, nil)
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.NotNil(t, polled.Config)
+		rev1 := *polled.Config
+
+		// Rotated while the node applies revision 1, then cleared.
+		second := "new-" + apitest.RandomID("v")
+		h2 := sealFor(t, s, s.AdminToken, "rot-2", boot.NodeID, "/document/db/password", second)
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("rot-2", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": map[string]any{"db": map[string]any{"password": h2}}}),
+			http.StatusCreated, nil)
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("rot-3", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": nil}), http.StatusCreated, nil)
+
+		printed, err := json.Marshal(map[string]any{"db": map[string]any{"password": first}})
+		require.NoError(t, err)
+		postConfigReport(t, s, sess.SessionToken, "rot-rep", rev1.Revision, rev1.Hash, api.ConfigFailed,
+			"hook exited 7; output (tail): "+string(printed)+" and "+first+" and "+second)
+		var cfg nodeConfigJSON
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &cfg)
+		require.Equal(t, rev1.Revision, cfg.Reported.Revision)
+		require.Equal(t, `hook exited 7; output (tail): {"db":{"password":"[secret]"}} and [secret] and [secret]`, cfg.Reported.Message)
+		_, err = s.App.Secrets.Sweep(t.Context())
+		require.NoError(t, err)
+		dump := dumpDatabase(t, s.App.DB)
+		for _, v := range []string{first, second, `\u003cpw\u003e`} {
+			require.NotContains(t, dump, v, "no column holds a replaced value in clear")
+		}
+	})
+}
+
 // TestFleetConfigureSealedHTTP: one document with a value sealed for the
 // fleet reaches every targeted node, and the fan-out ends with its counts.
 func TestFleetConfigureSealedHTTP(t *testing.T) {

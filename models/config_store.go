@@ -17,29 +17,33 @@ import (
 // NodeConfigRow is a row of node_configs: a node's desired configuration
 // and its last report (DECISIONS.md §32).
 type NodeConfigRow struct {
-	NodeID            string `gorm:"primaryKey"`
-	Revision          int64
-	Hash              string
-	Format            string
-	KeyID             string
-	Box               *string
-	SealedPointers    string
-	SizeBytes         int64
-	UpdatedAt         time.Time `gorm:"autoUpdateTime:false"`
-	OperationID       string
-	SubmittedCursor   int64
-	Settled           bool
-	ReportedRevision  *int64
-	ReportedHash      *string
-	ReportedState     *string
-	ReportedMessage   *string
-	ReportedAt        *time.Time
-	ReportedFencing   *int64
-	AppliedRevision   int64
-	Lagging           bool
-	DeliveredFencing  *int64
-	DeliveredRevision *int64
-	DeliveredAt       *time.Time
+	NodeID         string `gorm:"primaryKey"`
+	Revision       int64
+	Hash           string
+	Format         string
+	KeyID          string
+	Box            *string
+	SealedPointers string
+	// EarlierSecrets: base64 of fleet.NodeConfig.EarlierBox (migration
+	// 00026), under EarlierSecretsKeyID.
+	EarlierSecretsKeyID string
+	EarlierSecrets      *string
+	SizeBytes           int64
+	UpdatedAt           time.Time `gorm:"autoUpdateTime:false"`
+	OperationID         string
+	SubmittedCursor     int64
+	Settled             bool
+	ReportedRevision    *int64
+	ReportedHash        *string
+	ReportedState       *string
+	ReportedMessage     *string
+	ReportedAt          *time.Time
+	ReportedFencing     *int64
+	AppliedRevision     int64
+	Lagging             bool
+	DeliveredFencing    *int64
+	DeliveredRevision   *int64
+	DeliveredAt         *time.Time
 }
 
 // TableName pins the table name.
@@ -58,6 +62,11 @@ func rowFromConfig(c fleet.NodeConfig) NodeConfigRow {
 	if c.Box != nil {
 		b := base64.StdEncoding.EncodeToString(c.Box)
 		r.Box = &b
+	}
+	r.EarlierSecretsKeyID = c.EarlierKeyID
+	if c.EarlierBox != nil {
+		b := base64.StdEncoding.EncodeToString(c.EarlierBox)
+		r.EarlierSecrets = &b
 	}
 	if rep := c.Reported; rep != nil {
 		at := dbtime.Norm(rep.ObservedAt)
@@ -80,6 +89,14 @@ func configFromRow(r NodeConfigRow) (fleet.NodeConfig, error) {
 			return fleet.NodeConfig{}, err
 		}
 		c.Box = b
+	}
+	c.EarlierKeyID = r.EarlierSecretsKeyID
+	if r.EarlierSecrets != nil {
+		b, err := base64.StdEncoding.DecodeString(*r.EarlierSecrets)
+		if err != nil {
+			return fleet.NodeConfig{}, err
+		}
+		c.EarlierBox = b
 	}
 	if r.ReportedAt != nil {
 		rep := &fleet.ConfigReport{ObservedAt: dbtime.Norm(*r.ReportedAt)}

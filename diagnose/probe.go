@@ -98,7 +98,38 @@ func (a Allowlist) addrAllowed(ip netip.Addr, byName bool) bool {
 	if a.inNets(ip) {
 		return true
 	}
-	return byName && ip.IsGlobalUnicast() && !ip.IsPrivate()
+	return byName && isPublic(ip)
+}
+
+// notPublic are the special-purpose ranges (IANA's registries) that
+// IsGlobalUnicast and IsPrivate let through but no public service is
+// reached at: shared carrier-grade NAT space (which holds a cloud's
+// metadata address, 100.100.100.200), benchmarking, documentation,
+// reserved space, and the IPv6 ranges that embed an IPv4 address (NAT64,
+// 6to4, Teredo, IPv4-compatible), through which a name could reach an
+// address the IPv4 checks refuse.
+var notPublic = func() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range []string{
+		"0.0.0.0/8", "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24",
+		"198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4",
+		"::/96", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "2001::/23", "2001:db8::/32", "2002::/16",
+	} {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}()
+
+func isPublic(ip netip.Addr) bool {
+	if !ip.IsGlobalUnicast() || ip.IsPrivate() {
+		return false
+	}
+	for _, p := range notPublic {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	return true
 }
 
 func validName(s string) bool {

@@ -88,7 +88,12 @@ func TestParseURL(t *testing.T) {
 // or metadata address is refused when the probe connects, unless a listed
 // CIDR covers it.
 func TestProbeRefusesRebinding(t *testing.T) {
-	for _, addr := range []string{"127.0.0.1", "169.254.169.254", "10.0.0.5", "::1", "fd00::1"} {
+	for _, addr := range []string{"127.0.0.1", "169.254.169.254", "10.0.0.5", "::1", "fd00::1",
+		// Not public either, though not private: carrier-grade NAT (a
+		// cloud's metadata address among them), benchmarking,
+		// documentation, reserved, and IPv6 forms embedding IPv4.
+		"100.100.100.200", "100.64.0.1", "198.18.0.1", "203.0.113.9", "240.0.0.1", "0.1.2.3",
+		"64:ff9b::7f00:1", "2002:7f00:1::1", "2001:0:4136:e378::1", "::7f00:1", "2001:db8::1"} {
 		p := prober(t, "api.example.com", fakeDNS{"api.example.com": {addr}})
 		_, err := p.Probe(context.Background(), mustURL(t, "http://api.example.com/"), "")
 		require.ErrorIs(t, err, diagnose.ErrNotAllowed, addr)

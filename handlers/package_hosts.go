@@ -127,9 +127,17 @@ func (h *handler) issuedHost(r *http.Request, op ledger.Operation) (auth.Package
 	if err != nil {
 		return auth.PackageHost{}, "", err
 	}
-	tok, err := h.Auth.PackageHostToken(r.Context(), op.ID, res.PackageHostID, res.Generation)
-	if err != nil {
-		return auth.PackageHost{}, "", err
+	// A submit that waited to the end holds the token, revealed inline
+	// (audited then). A replay of the request is shown it again, minted
+	// anew (the identical token): that showing is audited too.
+	tok := op.Secrets[ledger.FieldToken]
+	if tok == "" {
+		if tok, err = h.Auth.PackageHostToken(r.Context(), op.ID, res.PackageHostID, res.Generation); err != nil {
+			return auth.PackageHost{}, "", err
+		}
+		if err := h.Secrets.AuditShownAgain(r.Context(), sealPrincipal(r), op.RequestID, op.ID, ledger.FieldToken); err != nil {
+			return auth.PackageHost{}, "", err
+		}
 	}
 	host, err := h.Auth.PackageHost(r.Context(), res.PackageHostID)
 	if err != nil {

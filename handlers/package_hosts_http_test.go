@@ -189,6 +189,21 @@ func TestPackageHostsHTTP(t *testing.T) {
 			require.NoError(t, json.Unmarshal(raw, &again))
 			require.Equal(t, first.PackageHostID, again.PackageHostID)
 			require.Equal(t, first.Token, again.Token)
+			// Shown twice, audited twice: the first showing, then the
+			// replay's.
+			var audit struct {
+				Entries []struct {
+					Outcome string `json:"outcome"`
+					Field   string `json:"field"`
+				} `json:"entries"`
+			}
+			s.Admin(t, http.MethodGet, "/api/v1/secret-audit?action=reveal&operation_id="+first.OperationID, nil, http.StatusOK, &audit)
+			var outcomes []string
+			for _, e := range audit.Entries {
+				require.Equal(t, "token", e.Field)
+				outcomes = append(outcomes, e.Outcome)
+			}
+			require.ElementsMatch(t, []string{"ok", "replayed"}, outcomes)
 			status, raw = send(map[string]any{"name": "replayed-2", "families": []string{"nodes"}})
 			require.Equal(t, http.StatusConflict, status, "%s", raw)
 			require.Contains(t, string(raw), "request_conflict")

@@ -513,7 +513,8 @@ type ReportedView struct {
 // the document with its sealed values masked as "[sealed]". A node never
 // configured answers desired null. Errors: ErrNotFound.
 func (s *Service) NodeConfig(ctx context.Context, nodeID string) (ConfigView, error) {
-	if _, err := s.Node(ctx, nodeID); err != nil {
+	n, err := s.Node(ctx, nodeID)
+	if err != nil {
 		return ConfigView{}, err
 	}
 	c, err := s.store.NodeConfig(ctx, nodeID)
@@ -523,7 +524,9 @@ func (s *Service) NodeConfig(ctx context.Context, nodeID string) (ConfigView, er
 	if err != nil {
 		return ConfigView{}, err
 	}
-	out := ConfigView{AppliedRevision: c.AppliedRevision, Verdict: c.Verdict(), Lagging: c.Lagging}
+	// A retired node never lags (the lagging listing and gauge leave it
+	// out): it will apply nothing more.
+	out := ConfigView{AppliedRevision: c.AppliedRevision, Verdict: c.Verdict(), Lagging: c.Lagging && n.State != StateRetired}
 	if c.Revision > 0 {
 		doc, err := s.document(c)
 		if err != nil {

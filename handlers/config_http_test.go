@@ -123,6 +123,10 @@ func TestNodeConfigHTTP(t *testing.T) {
 		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/retire", map[string]any{}, http.StatusOK, nil)
 		s.Admin(t, http.MethodGet, "/api/v1/config/lagging", nil, http.StatusOK, &lag)
 		require.Zero(t, lag.Count)
+		var retired nodeConfigJSON
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &retired)
+		require.False(t, retired.Lagging, "the node's own read agrees with the listing")
+		require.Equal(t, int64(1), retired.AppliedRevision)
 		s.Problem(t, http.MethodPost, "/api/v1/operations", configureBody("cfg-3", boot.NodeID,
 			map[string]any{"format": "nginx.site/v1", "document": nil}), s.AdminToken, http.StatusGone, "node_retired")
 		s.Problem(t, http.MethodGet, "/api/v1/nodes/no-such-node/config", nil, s.AdminToken, http.StatusNotFound, "not_found")

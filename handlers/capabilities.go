@@ -61,7 +61,7 @@ func (h *handler) capabilities(w http.ResponseWriter, r *http.Request) {
 		AgentCapabilities: []string{api.CapCommands, api.CapConfig, api.CapOutput, api.CapDiag},
 	}
 	for _, k := range h.Ledger.Kinds().Kinds() {
-		kv := kindView{Kind: k.Name, Family: k.Family, LevelTriggered: k.LevelTriggered, AdminOnly: k.AdminOnly}
+		kv := kindView{Kind: k.Name, Family: k.Family, LevelTriggered: k.RerunOnRecovery(), AdminOnly: k.AdminOnly}
 		if k.Capability != "" {
 			c := k.Capability
 			kv.Capability = &c

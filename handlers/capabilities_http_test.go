@@ -46,14 +46,26 @@ func TestCapabilitiesHTTP(t *testing.T) {
 
 		var caps struct {
 			Kinds []struct {
-				Kind       string  `json:"kind"`
-				Capability *string `json:"capability"`
+				Kind           string  `json:"kind"`
+				Capability     *string `json:"capability"`
+				LevelTriggered bool    `json:"level_triggered"`
 			} `json:"kinds"`
 			AgentVersion *string `json:"agent_version"`
 		}
 		s.Admin(t, http.MethodGet, "/api/v1/capabilities", nil, http.StatusOK, &caps)
 		require.Equal(t, "0.0.0-test", *caps.AgentVersion)
 		require.NotEmpty(t, caps.Kinds)
+		// level_triggered says what restart recovery does: fan-outs and
+		// kinds run in one transaction are run again, as node commands
+		// are (ledger/dispatcher.go), never failed interrupted.
+		rerun := map[string]bool{}
+		for _, k := range caps.Kinds {
+			rerun[k.Kind] = k.LevelTriggered
+		}
+		for _, k := range []string{"fleet.configure", "fleet.command", "fleet.diagnose", "node.invite", "node.reinvite",
+			"node.retire", "credential.issue", "credential.revoke", "node.configure", "node.launch_workload", "diagnose.endpoint"} {
+			require.True(t, rerun[k], "%s is run again after a restart", k)
+		}
 		host := createHost(t, s, apitest.RandomID("caps-host-"), "commands")
 		s.JSON(t, http.MethodGet, "/api/v1/capabilities", nil, host.Token, http.StatusOK, &caps)
 	})

@@ -477,7 +477,7 @@ func (s *Service) recoverOne(ctx context.Context, o Operation, now time.Time) (t
 		}
 		took = true
 		kind, ok := s.kinds.Kind(cur.Kind)
-		if ok && (kind.LevelTriggered || kind.RunTx != nil || kind.FanOut != nil) && cur.CancelRequestedAt == nil {
+		if ok && kind.RerunOnRecovery() && cur.CancelRequestedAt == nil {
 			if !CanTransition(cur.State, StatePending) {
 				took = false
 				return nil

@@ -47,7 +47,10 @@ type Kind struct {
 	// kinds the control plane runs).
 	Capability string
 	// LevelTriggered kinds may be run again after a crash: restart
-	// recovery re-runs them instead of failing them `interrupted`.
+	// recovery re-runs them instead of failing them `interrupted`. So
+	// are kinds that run in one transaction (RunTx: nothing of them
+	// survives a crash) and fan-outs (their children are idempotent);
+	// RerunOnRecovery answers all three.
 	LevelTriggered bool
 	// AdminOnly kinds are refused to package hosts whatever their grants.
 	AdminOnly bool
@@ -195,6 +198,13 @@ func (r *Registry) Narrow(f Filter) Filter {
 	}
 	f.Kinds = pairs
 	return f
+}
+
+// RerunOnRecovery answers whether restart recovery runs an operation of
+// the kind again, rather than failing it interrupted: what the
+// capabilities listing calls level_triggered.
+func (k *Kind) RerunOnRecovery() bool {
+	return k.LevelTriggered || k.RunTx != nil || k.FanOut != nil
 }
 
 // IndexedAs answers whether the kind's operations may be indexed under

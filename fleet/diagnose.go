@@ -98,10 +98,15 @@ func withClockBounds(evidence json.RawMessage, delivered, received time.Time) js
 	if err := json.Unmarshal(doc["node_time"], &nodeTime); err != nil || nodeTime.IsZero() {
 		return evidence
 	}
-	lo := nodeTime.Sub(received).Milliseconds()
-	hi := nodeTime.Sub(delivered).Milliseconds()
+	// Whole milliseconds that still hold the true skew: the lower bound
+	// rounded down, the upper up, and the uncertainty about the midpoint
+	// rounded up (Milliseconds truncates toward zero, which narrowed
+	// both bounds whenever one was negative or fractional).
+	lo := floorMs(nodeTime.Sub(received))
+	hi := ceilMs(nodeTime.Sub(delivered))
+	mid := lo + (hi-lo)/2
 	b := api.ClockBounds{DeliveredAt: delivered.UTC(), ReceivedAt: received.UTC(), SkewMinMs: lo, SkewMaxMs: hi,
-		SkewMs: lo + (hi-lo)/2, UncertaintyMs: (hi - lo) / 2}
+		SkewMs: mid, UncertaintyMs: max(mid-lo, hi-mid)}
 	raw, err := json.Marshal(b)
 	if err != nil {
 		return evidence
@@ -112,4 +117,21 @@ func withClockBounds(evidence json.RawMessage, delivered, received time.Time) js
 		return evidence
 	}
 	return out
+}
+
+// floorMs and ceilMs round d to whole milliseconds down and up.
+func floorMs(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if time.Duration(ms)*time.Millisecond > d {
+		ms--
+	}
+	return ms
+}
+
+func ceilMs(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if time.Duration(ms)*time.Millisecond < d {
+		ms++
+	}
+	return ms
 }

@@ -471,10 +471,23 @@ func (h *handler) plainPath(skip func(path string) bool) func(http.Handler) http
 }
 
 // loggedPath is the path as the request log shows it: a reveal handle in
-// the path is a one-time credential and is never written out.
+// the path is a one-time credential and is never written out — nor is
+// one in a mistyped path, nor a sealed handle pasted into one (any
+// segment that holds a handle's prefix, escaped or not, is masked).
 func loggedPath(p string) string {
 	if strings.HasPrefix(p, "/api/v1/reveals/") {
 		return "/api/v1/reveals/[handle]"
 	}
-	return p
+	lower := strings.ToLower(p)
+	if !strings.Contains(lower, "nw-reveal") && !strings.Contains(lower, "nw-sealed") {
+		return p
+	}
+	segs := strings.Split(p, "/")
+	for i, seg := range segs {
+		l := strings.ToLower(seg)
+		if strings.Contains(l, "nw-reveal") || strings.Contains(l, "nw-sealed") {
+			segs[i] = "[handle]"
+		}
+	}
+	return strings.Join(segs, "/")
 }

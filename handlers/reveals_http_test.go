@@ -3,6 +3,7 @@ package handlers_test
 import (
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -89,7 +90,13 @@ func TestRevealHandlesHTTP(t *testing.T) {
 		outcomes := revealAudit(t, s, rv.Value)
 		// ok twice: this reveal, and the host's token its wrapper showed.
 		require.Equal(t, map[string]int{"reveal/denied": 1, "reveal/ok": 2, "reveal/spent": 1}, outcomes)
+		// A mistyped path, the handle pasted raw or escaped: 404, and the
+		// log still names no handle.
+		for _, p := range []string{"/api/v1/revealz/" + handle, "/api/v1/reveal/" + url.PathEscape(handle) + "/x"} {
+			s.Problem(t, http.MethodGet, p, nil, s.AdminToken, http.StatusNotFound, "not_found")
+		}
 		require.NotContains(t, log.String(), handle, "the request log names no handle")
+		require.NotContains(t, log.String(), url.PathEscape(handle))
 		require.NotContains(t, log.String(), rv.Value)
 	}, apitest.WithLog(log))
 }

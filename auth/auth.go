@@ -287,7 +287,7 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 	now := s.now()
 	host := remoteHost(remote)
 	key := limiterKey(username, host)
-	if !s.limiter.allow(key, now) {
+	if !s.limiter.reserve(key, now) {
 		s.auditRefusal(ctx, username, "rate_limited", host)
 		return "", time.Time{}, ErrRateLimited
 	}
@@ -298,6 +298,7 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 	}
 	u, err := s.store.UserByName(ctx, username)
 	if err != nil && !errors.Is(err, ErrNoRows) {
+		s.limiter.release(key)
 		return "", time.Time{}, err
 	}
 	hash := u.PasswordHash
@@ -309,6 +310,7 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 	ok, err := s.checkPassword(ctx, hash, password)
 	if errors.Is(err, ErrOverloaded) || (err != nil && ctx.Err() != nil) {
 		// Shed or abandoned before the password was judged: not a guess.
+		s.limiter.release(key)
 		return "", time.Time{}, err
 	}
 	if err != nil || !ok || u.ID == "" {

@@ -41,6 +41,10 @@ type loginLimiter struct {
 	keys      map[limiterKeyOf]*list.Element
 	lru       *list.List // of *limiterEntry, most recently failed first
 	lastSweep time.Time
+	// pending counts each key's tries being judged now (reserve); a key
+	// is here only while one is, so it holds at most the requests in
+	// flight.
+	pending map[limiterKeyOf]int
 }
 
 type limiterEntry struct {
@@ -51,7 +55,7 @@ type limiterEntry struct {
 
 func newLoginLimiter(max int, window time.Duration, maxKeys int) *loginLimiter {
 	return &loginLimiter{max: max, window: window, maxKeys: maxKeys,
-		keys: map[limiterKeyOf]*list.Element{}, lru: list.New()}
+		keys: map[limiterKeyOf]*list.Element{}, lru: list.New(), pending: map[limiterKeyOf]int{}}
 }
 
 // recentLocked answers the key's failures inside the window, dropping the
@@ -98,16 +102,46 @@ func (l *loginLimiter) sweepLocked(now time.Time) {
 	}
 }
 
-func (l *loginLimiter) allow(key limiterKeyOf, now time.Time) bool {
+// reserve takes a try for key, or answers false when its failures inside
+// the window and the tries being judged now reach max. Counting a try
+// before its password is hashed is what bounds guesses sent in parallel:
+// checked one by one, a burst would all pass before any failed. Every
+// reserved try ends in exactly one of fail, reset or release.
+func (l *loginLimiter) reserve(key limiterKeyOf, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.recentLocked(key, now)
-	return e == nil || len(e.failures) < l.max
+	n := l.pending[key]
+	if e := l.recentLocked(key, now); e != nil {
+		n += len(e.failures)
+	}
+	if n >= l.max {
+		return false
+	}
+	l.pending[key]++
+	return true
 }
 
+// release ends a reserved try that was not judged (shed, abandoned, a
+// store error).
+func (l *loginLimiter) release(key limiterKeyOf) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.releaseLocked(key)
+}
+
+func (l *loginLimiter) releaseLocked(key limiterKeyOf) {
+	if l.pending[key] <= 1 {
+		delete(l.pending, key)
+		return
+	}
+	l.pending[key]--
+}
+
+// fail ends a reserved try as a failure.
 func (l *loginLimiter) fail(key limiterKeyOf, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.releaseLocked(key)
 	l.sweepLocked(now)
 	e := l.recentLocked(key, now)
 	if e == nil {
@@ -125,9 +159,12 @@ func (l *loginLimiter) fail(key limiterKeyOf, now time.Time) {
 	}
 }
 
+// reset ends a reserved try as a success: the key's failures are
+// forgiven.
 func (l *loginLimiter) reset(key limiterKeyOf) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.releaseLocked(key)
 	if el, ok := l.keys[key]; ok {
 		l.removeLocked(el)
 	}

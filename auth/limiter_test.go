@@ -18,12 +18,12 @@ func TestLoginLimiter(t *testing.T) {
 		k := limiterKey("Alice", "192.0.2.1")
 		require.Equal(t, k, limiterKey("alice", "192.0.2.1"), "usernames compare case-insensitively")
 		for range 3 {
-			require.True(t, l.allow(k, t0))
+			require.True(t, l.reserve(k, t0))
 			l.fail(k, t0)
 		}
-		require.False(t, l.allow(k, t0))
-		require.True(t, l.allow(limiterKey("alice", "192.0.2.2"), t0), "another client is not refused")
-		require.True(t, l.allow(k, t0.Add(window)), "failures expire with the window")
+		require.False(t, l.reserve(k, t0))
+		require.True(t, l.reserve(limiterKey("alice", "192.0.2.2"), t0), "another client is not refused")
+		require.True(t, l.reserve(k, t0.Add(window)), "failures expire with the window")
 		l.fail(k, t0)
 		l.reset(k)
 		require.Zero(t, l.size(), "a success forgets the key")
@@ -36,7 +36,7 @@ func TestLoginLimiter(t *testing.T) {
 		for i := range 5000 {
 			now := t0.Add(time.Duration(i) * time.Millisecond)
 			k := limiterKey(fmt.Sprintf("%s-%d", big, i), "192.0.2.1")
-			require.True(t, l.allow(k, now))
+			require.True(t, l.reserve(k, now))
 			l.fail(k, now)
 			require.LessOrEqual(t, l.size(), maxKeys)
 		}
@@ -61,7 +61,27 @@ func TestLoginLimiter(t *testing.T) {
 				l.fail(hot, t0)
 			}
 		}
-		require.False(t, l.allow(hot, t0), "a key failing recently is kept, and stays refused")
+		require.False(t, l.reserve(hot, t0), "a key failing recently is kept, and stays refused")
+	})
+
+	t.Run("TriesInFlightCount", func(t *testing.T) {
+		// Guesses sent together: each is counted when taken, before its
+		// password is hashed, so no more than max are ever judged.
+		l := newLoginLimiter(3, window, 100)
+		k := limiterKey("alice", "192.0.2.1")
+		for range 3 {
+			require.True(t, l.reserve(k, t0))
+		}
+		require.False(t, l.reserve(k, t0), "three tries being judged: the fourth waits for none of them")
+		l.release(k) // one was shed before its hash: not a guess
+		require.True(t, l.reserve(k, t0))
+		l.fail(k, t0)
+		l.fail(k, t0)
+		require.False(t, l.reserve(k, t0), "two failures and one try in flight")
+		l.reset(k) // the try in flight succeeded
+		require.True(t, l.reserve(k, t0))
+		l.release(k)
+		require.Empty(t, l.pending, "nothing in flight is kept")
 	})
 
 	t.Run("SweepDropsExpiredKeys", func(t *testing.T) {

@@ -3,6 +3,7 @@ package auth_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -100,6 +101,34 @@ func TestLoginRefusals(t *testing.T) {
 			require.Less(t, len(long.Detail), 100)
 			require.Equal(t, `evil\x0a2026-01-01 login admin ok\x1b[0m`, ctl.Actor)
 			require.NotContains(t, ctl.Detail, "\n")
+		})
+	})
+
+	t.Run("ParallelGuessesAreLimitedToo", func(t *testing.T) {
+		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			s := newService(t, db, auth.Options{})
+			var judged, limited atomic.Int64
+			var wg sync.WaitGroup
+			for i := range 40 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, _, err := s.Login(ctx, adminName, fmt.Sprintf("guess-%d", i), "192.0.2.77:1")
+					switch {
+					case errors.Is(err, auth.ErrUnauthenticated):
+						judged.Add(1)
+					case errors.Is(err, auth.ErrRateLimited):
+						limited.Add(1)
+					default:
+						t.Errorf("guess %d: %v", i, err)
+					}
+				}()
+			}
+			wg.Wait()
+			require.Equal(t, int64(5), judged.Load(), "at most five guesses judged in the window, however they arrive")
+			require.Equal(t, int64(35), limited.Load())
+			_, _, err := s.Login(ctx, adminName, adminPassword, "192.0.2.77:1")
+			require.ErrorIs(t, err, auth.ErrRateLimited, "the right password is no way past the limit")
 		})
 	})
 

@@ -3,6 +3,7 @@ package handlers
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -241,7 +242,7 @@ func diagnosePayload(action string, pf url.Values) (map[string]any, map[string]s
 				}
 				op[p.Name] = n
 			case p.Numeric:
-				n, err := strconv.ParseFloat(s, 64)
+				n, err := parseFiniteFloat(s)
 				if err != nil {
 					errs[p.Name] = "A number of seconds, like 2.5."
 					continue
@@ -383,4 +384,14 @@ func (h *handler) consoleLagging(w http.ResponseWriter, r *http.Request) {
 		v.NextBefore = *page.NextBefore
 	}
 	h.render(w, r, http.StatusOK, views.LaggingPage(h.shell(r, views.NavOverview), v))
+}
+
+// parseFiniteFloat reads a form's number: ParseFloat also takes NaN and
+// ±Inf, which no field means and JSON cannot carry.
+func parseFiniteFloat(s string) (float64, error) {
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err == nil && (math.IsNaN(f) || math.IsInf(f, 0)) {
+		return 0, strconv.ErrSyntax
+	}
+	return f, err
 }

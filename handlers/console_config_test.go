@@ -261,6 +261,11 @@ func TestConsoleDiagnose(t *testing.T) {
 			require.Equal(t, "not a host", attr(bad.one(t, "diag-connect-host"), "value"), "values kept")
 			require.Equal(t, "true", attr(bad.one(t, "diag-connect-port"), "aria-invalid"))
 			require.Empty(t, byTestID(bad.doc, "diag-resolve-names-error"), "only the submitted form shows errors")
+			for _, timeout := range []string{"NaN", "Inf"} {
+				bad := u.post(diagPath, with(connect, "host", "127.0.0.1", "port", "9", "timeout_seconds", timeout))
+				require.Equal(t, http.StatusUnprocessableEntity, bad.status, timeout)
+				require.NotEmpty(t, text(bad.one(t, "diag-connect-timeout_seconds-error")), timeout)
+			}
 
 			notNumber := u.post(diagPath, with(connect, "host", "db", "port", "http"))
 			require.Equal(t, http.StatusUnprocessableEntity, notNumber.status)

@@ -590,7 +590,7 @@ func (h *handler) consoleInvite(w http.ResponseWriter, r *http.Request) {
 		f.Errors["generation"] = "A whole number, 1 or more."
 	}
 	if f.Price != "" {
-		if p, err := strconv.ParseFloat(f.Price, 64); err == nil {
+		if p, err := parseFiniteFloat(f.Price); err == nil {
 			body.ShadowPriceUSD = &p
 		} else {
 			f.Errors["shadow_price_usd_per_hour"] = "A number of dollars, like 0.25."

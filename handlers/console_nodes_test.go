@@ -220,6 +220,12 @@ func TestConsoleInvite(t *testing.T) {
 			require.NotEmpty(t, text(bad.one(t, "shadow_price_usd_per_hour-error")))
 			// Echoed, escaped, into the form again.
 			require.Equal(t, "cheap", attr(bad.one(t, "invite-price"), "value"))
+			// Numbers ParseFloat reads but JSON cannot carry.
+			for _, price := range []string{"NaN", "Inf", "-Inf"} {
+				bad := u.post("/console/nodes/invite", with(hidden, "rental_id", "r", "generation", "1", "shadow_price_usd_per_hour", price))
+				require.Equal(t, http.StatusUnprocessableEntity, bad.status, price)
+				require.NotEmpty(t, text(bad.one(t, "shadow_price_usd_per_hour-error")), price)
+			}
 
 			// The domain's own checks, shown on the form too.
 			missing := u.post("/console/nodes/invite", with(u.get("/console/nodes/invite").form(t, "invite-form"), "rental_id", "", "generation", "1"))

@@ -162,7 +162,7 @@ func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 		var id string
 		r, id = e.h.withRequestID(limitBodyTime(w, r, e.bodyTimeout))
 		start = time.Now()
-		ww = middleware.NewWrapResponseWriter(&lateHeaders{ResponseWriter: w, id: id, tls: r.TLS != nil}, r.ProtoMajor)
+		ww = middleware.NewWrapResponseWriter(&lateHeaders{ResponseWriter: w, id: id, tls: r.TLS != nil || e.h.SecureCookies}, r.ProtoMajor)
 		ok = e.h.admitted(ww, r, e.limit, e.cop)
 	})
 	defer func() {
@@ -182,7 +182,7 @@ func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 // (403) or its path is not plain text (404); it reports whether the
 // request goes on. The body is capped at limit from here.
 func (h *handler) admit(w http.ResponseWriter, r *http.Request, limit int64, cop *http.CrossOriginProtection) bool {
-	setSecurityHeaders(w, r.TLS != nil)
+	setSecurityHeaders(w, r.TLS != nil || h.SecureCookies)
 	return h.admitted(w, r, limit, cop)
 }
 

@@ -49,7 +49,9 @@ type Deps struct {
 	Static fs.FS
 	// Draining reports that the server is shutting down.
 	Draining func() bool
-	// SecureCookies marks cookies Secure (the server terminates TLS).
+	// SecureCookies: browsers reach the server over https (it terminates
+	// TLS, or a proxy in front does): cookies are Secure and every answer
+	// carries Strict-Transport-Security.
 	SecureCookies bool
 	// BodyReadTimeout overrides DefaultBodyReadTimeout when > 0.
 	BodyReadTimeout time.Duration

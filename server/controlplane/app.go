@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -286,17 +287,21 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.notifications().Deliver(notes, "local") })
 	a.Handler = handlers.New(handlers.Deps{
-		Logger:        log,
-		Ready:         db,
-		Auth:          a.Auth,
-		Fleet:         a.Fleet,
-		Ledger:        a.Ledger,
-		Secrets:       a.Secrets,
-		Metrics:       a.Metrics,
-		OpenAPI:       nodeward.OpenAPI,
-		Static:        static.Files,
-		Draining:      a.draining.Load,
-		SecureCookies: cfg.TLSCertFile != "",
+		Logger:   log,
+		Ready:    db,
+		Auth:     a.Auth,
+		Fleet:    a.Fleet,
+		Ledger:   a.Ledger,
+		Secrets:  a.Secrets,
+		Metrics:  a.Metrics,
+		OpenAPI:  nodeward.OpenAPI,
+		Static:   static.Files,
+		Draining: a.draining.Load,
+		// Browsers reach the console over https when this server serves
+		// TLS, or when its public URL is https (a proxy terminating TLS
+		// in front, as the README suggests): either way the cookie is
+		// Secure and answers carry HSTS.
+		SecureCookies: cfg.TLSCertFile != "" || strings.HasPrefix(cfg.PublicURL, "https://"),
 		// The same bound for the body as the server sets for the headers.
 		BodyReadTimeout: cfg.ReadTimeout,
 	})

@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,6 +128,35 @@ func TestServesTLS(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &boot))
 	require.Equal(t, string(caPEM), boot.CACertificatePEM)
 	require.Equal(t, "https://"+addr, boot.ControlPlaneURL)
+}
+
+// TestBehindATLSProxy: a server whose public URL is https serves plain
+// HTTP to a proxy that terminates TLS; browsers still reach it over https,
+// so its session cookie is Secure and its answers carry HSTS.
+func TestBehindATLSProxy(t *testing.T) {
+	cleanEnv(t)
+	app, addr := serve(t, controlplane.Config{DataDir: t.TempDir(), PublicURL: "https://nodeward.example.com"})
+	resp, err := http.Get("http://" + addr + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Contains(t, resp.Header.Get("Strict-Transport-Security"), "max-age=")
+
+	_, err = app.Auth.CreateAdmin(context.Background(), "proxied", "a-long-enough-password")
+	require.NoError(t, err)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err = noRedirect.PostForm("http://"+addr+"/console/login", url.Values{"username": {"proxied"}, "password": {"a-long-enough-password"}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "nodeward_session" {
+			session = c
+		}
+	}
+	require.NotNil(t, session)
+	require.True(t, session.Secure, "the session cookie is Secure behind an https public URL")
+	require.True(t, session.HttpOnly)
 }
 
 // TestGeneratedMasterKey: the embedded default makes its own key, private to

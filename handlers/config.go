@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"net/http"
+	"regexp"
 
 	"github.com/go-chi/chi/v5"
 )
@@ -24,7 +25,7 @@ func (h *handler) listLaggingConfigs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	if len(before) > 128 {
+	if !laggingCursor(before) {
 		writeError(w, r, invalidParameter("before", "a cursor from next_before"))
 		return
 	}
@@ -39,4 +40,15 @@ func (h *handler) listLaggingConfigs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// laggingCursorPattern is what the lagging listing's cursor can be: a
+// node id, as next_before answers it.
+var laggingCursorPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// laggingCursor reports whether before is absent or a cursor the listing
+// could have answered (anything else, NUL or bytes that are not UTF-8
+// among them, would reach the database's text comparison).
+func laggingCursor(before string) bool {
+	return before == "" || laggingCursorPattern.MatchString(before)
 }

@@ -115,6 +115,9 @@ func TestNodeConfigHTTP(t *testing.T) {
 		require.Equal(t, int64(1), lag.Nodes[0].AppliedRevision)
 		require.Nil(t, lag.NextBefore)
 		s.Problem(t, http.MethodGet, "/api/v1/config/lagging?limit=0", nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+		for _, bad := range []string{"%00", "%ff", "a%20b"} {
+			s.Problem(t, http.MethodGet, "/api/v1/config/lagging?before="+bad, nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
+		}
 		status, _, raw := s.Do(t, http.MethodGet, "/metrics", nil, "")
 		require.Equal(t, http.StatusOK, status)
 		require.Contains(t, string(raw), "\nnodeward_config_lagging_nodes 1\n", "the lagging gauge")

@@ -361,7 +361,7 @@ func (h *handler) consoleLagging(w http.ResponseWriter, r *http.Request) {
 	v := views.LaggingView{Now: h.Fleet.Now()}
 	before := r.URL.Query().Get("before")
 	v.Paged = before != ""
-	if len(before) > 128 {
+	if !laggingCursor(before) {
 		v.Error = "This page link is not valid. Start again from the first page."
 		h.render(w, r, http.StatusBadRequest, views.LaggingPage(h.shell(r, views.NavOverview), v))
 		return

@@ -55,6 +55,12 @@ func TestConsoleConfig(t *testing.T) {
 		configPath := nodePath + "/config"
 		const hostile = `<img src=x onerror=alert(1)>`
 
+		// A page link that no listing answered: a 400 page, whatever the
+		// bytes (NUL and non-UTF-8 ones never reach the database).
+		for _, bad := range []string{"%00", "%ff", "a%20b"} {
+			require.Equal(t, http.StatusBadRequest, u.get("/console/config/lagging?before="+bad).status, bad)
+		}
+
 		page := u.get(nodePath)
 		require.Equal(t, http.StatusOK, page.status)
 		page.one(t, "config-none")

@@ -34,9 +34,11 @@ type User struct {
 
 // APIToken is an administrator's token for scripts; only its SHA-256 is kept.
 type APIToken struct {
-	ID         string
-	Name       string
-	UserID     string
+	ID     string
+	Name   string
+	UserID string
+	// Username is the owner's, as listings answer it (Store.Tokens).
+	Username   string
 	TokenHash  string
 	CreatedAt  time.Time
 	LastUsedAt *time.Time

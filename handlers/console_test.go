@@ -551,6 +551,7 @@ func TestConsoleTokens(t *testing.T) {
 		doc = c.page(list)
 		row := one(t, doc, "token-"+id)
 		require.Equal(t, "deploy script", text(one(t, row, "token-row-name")))
+		require.Equal(t, adminName, text(one(t, row, "token-row-owner")), "whose token it is, before anyone revokes it")
 		require.Equal(t, "active", text(one(t, row, "token-status")))
 
 		// A nameless token is refused with the field marked.

@@ -15,7 +15,7 @@ import (
 func tokenRows(rows []auth.APIToken) []views.TokenRow {
 	out := make([]views.TokenRow, 0, len(rows))
 	for _, t := range rows {
-		out = append(out, views.TokenRow{ID: t.ID, Name: t.Name, CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt})
+		out = append(out, views.TokenRow{ID: t.ID, Name: t.Name, Owner: t.Username, CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt})
 	}
 	return out
 }

@@ -263,9 +263,27 @@ func (s *AuthStore) Tokens(ctx context.Context, before *auth.TokenKey, limit int
 	if err := q.Find(&rows).Error; err != nil {
 		return nil, err
 	}
+	// The owners' names, so a listing says whose each token is: one
+	// read of the page's owners (a handful of administrators).
+	ids := make([]string, 0, len(rows))
+	for _, t := range rows {
+		ids = append(ids, t.UserID)
+	}
+	var owners []AdminUser
+	if len(ids) > 0 {
+		if err := s.q(ctx).Select("id", "username").Where("id IN ?", ids).Find(&owners).Error; err != nil {
+			return nil, err
+		}
+	}
+	names := make(map[string]string, len(owners))
+	for _, u := range owners {
+		names[u.ID] = u.Username
+	}
 	out := make([]auth.APIToken, 0, len(rows))
 	for _, t := range rows {
-		out = append(out, tokenOf(t))
+		tok := tokenOf(t)
+		tok.Username = names[t.UserID]
+		out = append(out, tok)
 	}
 	return out, nil
 }

@@ -126,8 +126,10 @@ func (o Overview) Total() int {
 
 // TokenRow is one API token in the list (never the token itself).
 type TokenRow struct {
-	ID         string
-	Name       string
+	ID   string
+	Name string
+	// Owner is the username of the administrator the token acts as.
+	Owner      string
 	CreatedAt  time.Time
 	LastUsedAt *time.Time
 	RevokedAt  *time.Time

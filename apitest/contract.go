@@ -173,6 +173,12 @@ func (tr *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	send := withBody(req, reqBody)
 	check := withBody(req, reqBody)
+	// HEAD is GET without a body (RFC 9110 §9.3.2): checked as the GET
+	// it stands for, its answer's headers and status only.
+	head := req.Method == http.MethodHead
+	if head {
+		check.Method = http.MethodGet
+	}
 
 	route, input, findErr, reqErr := tr.Contract.checkRequest(check)
 
@@ -217,7 +223,7 @@ func (tr *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		Body:                   io.NopCloser(bytes.NewReader(respBody)),
 		Options: &openapi3filter.Options{
 			IncludeResponseStatus: true,
-			ExcludeResponseBody:   streaming || req.URL.Path == "/metrics",
+			ExcludeResponseBody:   streaming || head || req.URL.Path == "/metrics",
 			MultiError:            true,
 		},
 	}

@@ -231,17 +231,31 @@ func TestRouting(t *testing.T) {
 			p := s.Problem(t, http.MethodGet, path, nil, s.AdminToken, http.StatusNotFound, "not_found")
 			require.Equal(t, path, p.Instance)
 		}
-		for _, c := range []struct{ method, path string }{
-			{"DELETE", "/api/v1/tokens"},
-			{"PUT", "/api/v1/whoami"},
-			{"GET", "/api/v1/tokens/x/revoke"},
+		for _, c := range []struct{ method, path, allow string }{
+			{"DELETE", "/api/v1/tokens", "GET, HEAD, POST"},
+			{"PUT", "/api/v1/whoami", "GET, HEAD"},
+			{"GET", "/api/v1/tokens/x/revoke", "POST"},
 		} {
 			p := s.Problem(t, c.method, c.path, nil, s.AdminToken, http.StatusMethodNotAllowed, "method_not_allowed")
 			require.Contains(t, p.Detail, c.method)
+			_, hd, _ := s.Do(t, c.method, c.path, nil, s.AdminToken)
+			require.Equal(t, c.allow, hd.Get("Allow"), "405 names what the path takes")
 		}
 		// Outside /api the same shapes hold.
 		s.Problem(t, http.MethodGet, "/agent/v1/no-such-door", nil, "", http.StatusUnauthorized, "session_invalid")
 		s.Problem(t, http.MethodPost, "/healthz", map[string]any{}, "", http.StatusMethodNotAllowed, "method_not_allowed")
+		// HEAD wherever GET is served (a balancer's health check).
+		for _, path := range []string{"/healthz", "/readyz"} {
+			status, _, raw := s.Do(t, http.MethodHead, path, nil, "")
+			require.Equal(t, http.StatusOK, status, path)
+			require.Empty(t, raw)
+		}
+		// A console address that only answers a form: a page, not JSON.
+		status, hd, raw := s.Do(t, http.MethodGet, "/console/tokens/x/revoke", nil, "")
+		require.Equal(t, http.StatusMethodNotAllowed, status)
+		require.Equal(t, "POST", hd.Get("Allow"))
+		require.Contains(t, hd.Get("Content-Type"), "text/html")
+		require.Contains(t, string(raw), "Not available this way")
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nodeward/nodeward/auth"
@@ -63,6 +64,8 @@ type handler struct {
 	Deps
 	log     *slog.Logger
 	metrics *metrics.Metrics
+	// root is the router, asked which methods a path takes (Allow).
+	root chi.Routes
 }
 
 // apiRoute is one endpoint under /api/v1 and the query parameters it
@@ -139,7 +142,11 @@ func New(d Deps) http.Handler {
 
 	r := chi.NewRouter()
 	cop := http.NewCrossOriginProtection()
+	h.root = r
 	r.Use(h.edge(d.BodyReadTimeout, d.BodyLimit, cop))
+	// HEAD is GET without the body (a balancer's health check, a link
+	// checker), wherever GET is served.
+	r.Use(middleware.GetHead)
 	r.NotFound(h.notFound)
 	r.MethodNotAllowed(h.methodNotAllowed)
 
@@ -241,9 +248,32 @@ func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
 		h.consoleNotFound(w, r)
 		return
 	}
-	writeError(w, r, errcode.Errorf(errcode.NotFound, "no such resource: %s", clip(r.URL.Path, maxLoggedText)))
+	writeError(w, r, errcode.Errorf(errcode.NotFound, "no such resource: %s", clip(loggedPath(r.URL.Path), maxLoggedText)))
 }
 
+// methodNotAllowed answers 405 with the methods the path does take in
+// Allow (RFC 9110): a console page as a page, the rest as a problem.
 func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if h.root != nil && h.root.Match(chi.NewRouteContext(), m, r.URL.Path) {
+			allowed = append(allowed, m)
+			if m == http.MethodGet {
+				allowed = append(allowed, http.MethodHead)
+			}
+		}
+	}
+	if len(allowed) > 0 {
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+	}
+	if !isAPIPath(r.URL.Path) && strings.HasPrefix(r.URL.Path, "/console") {
+		var cc consoleCtx
+		if p, cookie, err := h.sessionFromCookie(r); err == nil {
+			cc = consoleCtx{principal: p, csrf: csrfToken(cookie)}
+		}
+		h.consoleError(w, r, cc, http.StatusMethodNotAllowed, "Not available this way",
+			"This address answers a form; it cannot be opened on its own. Go back to the page the form was on.")
+		return
+	}
 	writeError(w, r, errcode.Errorf(errcode.MethodNotAllowed, "method %s is not allowed here", clip(r.Method, 16)))
 }

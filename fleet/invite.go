@@ -35,6 +35,10 @@ var (
 	classPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 )
 
+// ValidID reports whether s is an id as the fleet's records take them
+// (a node id, a run or attempt id): what a cursor naming one must be.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
 // maxPriceUSD bounds a shadow price: a typo of a million dollars an hour is
 // refused rather than published.
 const maxPriceUSD = 100000

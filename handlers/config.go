@@ -2,9 +2,10 @@ package handlers
 
 import (
 	"net/http"
-	"regexp"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/nodeward/nodeward/fleet"
 )
 
 // Desired configuration reads (DECISIONS.md §32); administrators only
@@ -42,13 +43,9 @@ func (h *handler) listLaggingConfigs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, page)
 }
 
-// laggingCursorPattern is what the lagging listing's cursor can be: a
-// node id, as next_before answers it.
-var laggingCursorPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-
 // laggingCursor reports whether before is absent or a cursor the listing
-// could have answered (anything else, NUL or bytes that are not UTF-8
-// among them, would reach the database's text comparison).
+// could have answered, a node id (anything else, NUL or bytes that are
+// not UTF-8 among them, would reach the database's text comparison).
 func laggingCursor(before string) bool {
-	return before == "" || laggingCursorPattern.MatchString(before)
+	return before == "" || fleet.ValidID(before)
 }

@@ -244,11 +244,17 @@ func (h *handler) consoleInternal(w http.ResponseWriter, r *http.Request, err er
 // consoleNotFound answers unknown console paths with a page, in the
 // signed-in frame when the visitor has a session.
 func (h *handler) consoleNotFound(w http.ResponseWriter, r *http.Request) {
-	var cc consoleCtx
+	h.consoleError(w, r, h.cookieConsoleCtx(r), http.StatusNotFound, "Page not found", "There is no console page at this address.")
+}
+
+// cookieConsoleCtx is the signed-in administrator, if any, of a request
+// answered outside the console's routes (404, 405): the page shows the
+// navigation to whoever is signed in.
+func (h *handler) cookieConsoleCtx(r *http.Request) consoleCtx {
 	if p, cookie, err := h.sessionFromCookie(r); err == nil {
-		cc = consoleCtx{principal: p, csrf: csrfToken(cookie)}
+		return consoleCtx{principal: p, csrf: csrfToken(cookie)}
 	}
-	h.consoleError(w, r, cc, http.StatusNotFound, "Page not found", "There is no console page at this address.")
+	return consoleCtx{}
 }
 
 // newRequestID mints the request id a rendered form carries.

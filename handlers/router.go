@@ -267,11 +267,7 @@ func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", strings.Join(allowed, ", "))
 	}
 	if !isAPIPath(r.URL.Path) && strings.HasPrefix(r.URL.Path, "/console") {
-		var cc consoleCtx
-		if p, cookie, err := h.sessionFromCookie(r); err == nil {
-			cc = consoleCtx{principal: p, csrf: csrfToken(cookie)}
-		}
-		h.consoleError(w, r, cc, http.StatusMethodNotAllowed, "Not available this way",
+		h.consoleError(w, r, h.cookieConsoleCtx(r), http.StatusMethodNotAllowed, "Not available this way",
 			"This address answers a form; it cannot be opened on its own. Go back to the page the form was on.")
 		return
 	}

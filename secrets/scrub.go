@@ -31,10 +31,16 @@ func Scrub(text string, values []string) string {
 		return text
 	}
 	forms := encodedForms(values)
+	return scrubCutFragments(replaceForms(text, forms), forms)
+}
+
+// replaceForms replaces every whole occurrence of each form, longest
+// first (encodedForms' order).
+func replaceForms(text string, forms []string) string {
 	for _, f := range forms {
 		text = strings.ReplaceAll(text, f, Placeholder)
 	}
-	return scrubCutFragments(text, forms)
+	return text
 }
 
 // CutFragment is the shortest end of a secret value Scrub removes from
@@ -149,12 +155,7 @@ func ScrubJSON(raw json.RawMessage, values []string) json.RawMessage {
 	}
 	// A document's strings were not cut: only whole values are replaced.
 	forms := encodedForms(values)
-	whole := func(s string) string {
-		for _, f := range forms {
-			s = strings.ReplaceAll(s, f, Placeholder)
-		}
-		return s
-	}
+	whole := func(s string) string { return replaceForms(s, forms) }
 	var walk func(v any) any
 	walk = func(v any) any {
 		switch x := v.(type) {

@@ -18,14 +18,15 @@ const refusalWindow = 15 * time.Minute
 // submitted username cannot make an entry large.
 const maxActorLen = 64
 
-// auditRefusal records a refused login of username from host, folded into
-// the client's entry for this window (the count says how many; the detail
-// names the latest username tried). A failure to record is not the
-// caller's failure: the login is refused either way.
-func (s *Service) auditRefusal(ctx context.Context, username, outcome, host string) {
+// auditRefusal records a refused login (or another password check, as
+// action says) of username from host, folded into the client's entry for
+// this window (the count says how many; the detail names the latest
+// username tried). A failure to record is not the caller's failure: the
+// attempt is refused either way.
+func (s *Service) auditRefusal(ctx context.Context, username, action, outcome, host string) {
 	now := s.now()
 	actor := sanitizeActor(username)
-	e := AuditEntry{At: now, Actor: actor, Action: "login", Outcome: outcome, RemoteAddr: host,
+	e := AuditEntry{At: now, Actor: actor, Action: action, Outcome: outcome, RemoteAddr: host,
 		Detail: "last_username=" + actor, Count: 1}
 	// In one transaction so that, on SQLite, concurrent refusals of one
 	// client cannot both miss the entry and append two.

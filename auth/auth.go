@@ -195,13 +195,13 @@ func (s *Service) CreateAdmin(ctx context.Context, username, password string) (U
 	var u User
 	err = s.store.Tx(ctx, func(tx Store) error {
 		var err error
-		u, err = s.createAdminTx(ctx, tx, username, hash)
+		u, err = s.createAdminTx(ctx, tx, SystemActor.Username, "", username, hash)
 		return err
 	})
 	return u, err
 }
 
-func (s *Service) createAdminTx(ctx context.Context, tx Store, username, hash string) (User, error) {
+func (s *Service) createAdminTx(ctx context.Context, tx Store, actor, remote, username, hash string) (User, error) {
 	u := User{ID: uuid.NewString(), Username: username, PasswordHash: hash, CreatedAt: s.now()}
 	if err := tx.InsertUser(ctx, u); err != nil {
 		if errors.Is(err, ErrDuplicate) {
@@ -209,7 +209,7 @@ func (s *Service) createAdminTx(ctx context.Context, tx Store, username, hash st
 		}
 		return User{}, err
 	}
-	return u, s.audit(ctx, tx, AuditEntry{Actor: "system", Action: "admin.create", Target: username, Outcome: "ok"})
+	return u, s.audit(ctx, tx, AuditEntry{Actor: actor, Action: "admin.create", Target: username, Outcome: "ok", RemoteAddr: remote})
 }
 
 // HasAdmin reports whether any administrator exists.
@@ -266,7 +266,7 @@ func (s *Service) CompleteSetup(ctx context.Context, token, username, password, 
 		if n > 0 {
 			return ErrSetupClosed
 		}
-		u, err = s.createAdminTx(ctx, tx, username, hash)
+		u, err = s.createAdminTx(ctx, tx, SystemActor.Username, "", username, hash)
 		return err
 	})
 	if err != nil {
@@ -288,12 +288,12 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 	host := remoteHost(remote)
 	key := limiterKey(username, host)
 	if !s.limiter.reserve(key, now) {
-		s.auditRefusal(ctx, username, "rate_limited", host)
+		s.auditRefusal(ctx, username, "login", "rate_limited", host)
 		return "", time.Time{}, ErrRateLimited
 	}
 	if len(username) > MaxUsernameLen || len(password) > MaxPasswordLen {
 		s.limiter.fail(key, now)
-		s.auditRefusal(ctx, username, "failed", host)
+		s.auditRefusal(ctx, username, "login", "failed", host)
 		return "", time.Time{}, ErrUnauthenticated
 	}
 	u, err := s.store.UserByName(ctx, username)
@@ -315,7 +315,14 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 	}
 	if err != nil || !ok || u.ID == "" {
 		s.limiter.fail(key, now)
-		s.auditRefusal(ctx, username, "failed", host)
+		s.auditRefusal(ctx, username, "login", "failed", host)
+		return "", time.Time{}, ErrUnauthenticated
+	}
+	if u.DisabledAt != nil {
+		// The right password of a disabled account: refused like any
+		// other failure (the caller learns nothing), audited as what it is.
+		s.limiter.fail(key, now)
+		s.auditRefusal(ctx, username, "login", "disabled", host)
 		return "", time.Time{}, ErrUnauthenticated
 	}
 	s.limiter.reset(key)
@@ -370,11 +377,11 @@ func (s *Service) AuthenticateSession(ctx context.Context, cookie string) (Princ
 	if err != nil {
 		return Principal{}, err
 	}
-	if sess.RevokedAt != nil || !now.Before(sess.ExpiresAt) {
+	if sess.RevokedAt != nil || !now.Before(sess.ExpiresAt) || u.DisabledAt != nil {
 		return Principal{}, ErrUnauthenticated
 	}
 	p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "session", SessionID: sess.ID}
-	s.cache.put(k, cacheEntry{p: p, subject: SessionSubject(sess.ID)}, epoch, now, sess.ExpiresAt)
+	s.cache.put(k, cacheEntry{p: p, subject: SessionSubject(sess.ID), user: UserSubject(u.ID)}, epoch, now, sess.ExpiresAt)
 	return p, nil
 }
 
@@ -445,7 +452,7 @@ func (s *Service) FirstAdmin(ctx context.Context) (User, error) {
 // ListTokens lists API tokens newest first (never the token itself): those
 // created before before (nil: from the newest), at most limit (0: every
 // one).
-func (s *Service) ListTokens(ctx context.Context, before *TokenKey, limit int) ([]APIToken, error) {
+func (s *Service) ListTokens(ctx context.Context, before *PageKey, limit int) ([]APIToken, error) {
 	return s.store.Tokens(ctx, before, limit)
 }
 
@@ -510,7 +517,7 @@ func (s *Service) AuthenticateToken(ctx context.Context, token string) (Principa
 	if err != nil {
 		return Principal{}, err
 	}
-	if row.RevokedAt != nil {
+	if row.RevokedAt != nil || u.DisabledAt != nil {
 		return Principal{}, ErrUnauthenticated
 	}
 	var lastUsed time.Time
@@ -524,7 +531,7 @@ func (s *Service) AuthenticateToken(ctx context.Context, token string) (Principa
 		lastUsed = now
 	}
 	p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "token", TokenID: row.ID}
-	s.cache.put(k, cacheEntry{p: p, subject: TokenSubject(row.ID), lastUsed: lastUsed}, epoch, now, time.Time{})
+	s.cache.put(k, cacheEntry{p: p, subject: TokenSubject(row.ID), user: UserSubject(u.ID), lastUsed: lastUsed}, epoch, now, time.Time{})
 	return p, nil
 }
 

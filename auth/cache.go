@@ -41,19 +41,23 @@ const DefaultCacheTTL = 5 * time.Second
 const DefaultCacheSize = 4096
 
 // Subjects name what a revocation invalidates: every cached credential of
-// that API token, package host (all its tokens) or console session.
+// that API token, package host (all its tokens), console session or
+// administrator (all their tokens and sessions).
 const (
 	subjectToken   = "t:"
 	subjectHost    = "h:"
 	subjectSession = "s:"
+	subjectUser    = "u:"
 )
 
-// TokenSubject, HostSubject and SessionSubject name the cache subject of
-// an API token, a package host and a console session (what
-// Store.AnnounceRevoked carries to the other replicas).
+// TokenSubject, HostSubject, SessionSubject and UserSubject name the
+// cache subject of an API token, a package host, a console session and an
+// administrator (what Store.AnnounceRevoked carries to the other
+// replicas).
 func TokenSubject(id string) string   { return subjectToken + id }
 func HostSubject(id string) string    { return subjectHost + id }
 func SessionSubject(id string) string { return subjectSession + id }
+func UserSubject(id string) string    { return subjectUser + id }
 
 // CacheStats are the credential cache's counters since the start.
 type CacheStats struct {
@@ -77,6 +81,9 @@ type cacheKey [sha256.Size]byte
 type cacheEntry struct {
 	p       Principal
 	subject string
+	// user is the administrator's subject (UserSubject) for their tokens
+	// and sessions: disabling them forgets every one.
+	user string
 	// until is when the entry stops being trusted (verified + TTL, or the
 	// session's expiry if sooner).
 	until time.Time
@@ -185,7 +192,7 @@ func (c *credCache) claimTouch(k cacheKey, now time.Time, resolution time.Durati
 func (c *credCache) forget(subject, source string) {
 	c.mu.Lock()
 	for k, e := range c.entries {
-		if e.subject == subject {
+		if e.subject == subject || (e.user != "" && e.user == subject) {
 			delete(c.entries, k)
 		}
 	}
@@ -234,7 +241,11 @@ func (s *Service) CacheStats() CacheStats { return s.cache.stats() }
 // TokenSubject): by this replica's commit (source "local") or another
 // replica's (source "notify"). Unknown subjects are ignored.
 func (s *Service) CredentialsChanged(subject, source string) {
-	if !strings.HasPrefix(subject, subjectToken) && !strings.HasPrefix(subject, subjectHost) && !strings.HasPrefix(subject, subjectSession) {
+	known := false
+	for _, prefix := range []string{subjectToken, subjectHost, subjectSession, subjectUser} {
+		known = known || strings.HasPrefix(subject, prefix)
+	}
+	if !known {
 		return
 	}
 	s.cache.forget(subject, source)

@@ -30,6 +30,16 @@ type User struct {
 	Username     string
 	PasswordHash string
 	CreatedAt    time.Time
+	// DisabledAt is when the administrator was disabled; nil while
+	// enabled. A disabled administrator cannot sign in and their API
+	// tokens are refused.
+	DisabledAt *time.Time
+	// PasswordChangedAt is when the password was last set after the
+	// account was created; nil when never.
+	PasswordChangedAt *time.Time
+	// LiveSessions is how many console sessions are open now, as
+	// listings answer it (Store.Users); 0 elsewhere.
+	LiveSessions int64
 }
 
 // APIToken is an administrator's token for scripts; only its SHA-256 is kept.
@@ -45,9 +55,9 @@ type APIToken struct {
 	RevokedAt  *time.Time
 }
 
-// TokenKey is a token's place in the listing (newest first): a page's
-// cursor.
-type TokenKey struct {
+// PageKey is a row's place in a listing ordered newest first by creation
+// (API tokens, administrators): a page's cursor.
+type PageKey struct {
 	CreatedAt time.Time
 	ID        string
 }
@@ -100,6 +110,21 @@ type Store interface {
 	// FirstUser answers the oldest administrator, or ErrNoRows when none
 	// exists.
 	FirstUser(ctx context.Context) (User, error)
+	// LockUser answers the administrator of that exact username, or
+	// ErrNoRows. Inside a transaction the row is locked until it ends.
+	LockUser(ctx context.Context, username string) (User, error)
+	// EnabledUsers answers every administrator not disabled. Inside a
+	// transaction their rows are locked until it ends, so two
+	// transactions each disabling another administrator are serialised
+	// and the second sees the first's change.
+	EnabledUsers(ctx context.Context) ([]User, error)
+	// Users answers administrators newest first: only those created
+	// before before (nil: from the newest), at most limit, each with its
+	// LiveSessions counted at now.
+	Users(ctx context.Context, before *PageKey, limit int, now time.Time) ([]User, error)
+	// UpdateUser writes the administrator's password hash, its change time
+	// and DisabledAt.
+	UpdateUser(ctx context.Context, u User) error
 
 	// InsertSession adds a console session; ErrDuplicate when the id exists.
 	InsertSession(ctx context.Context, s ConsoleSession) error
@@ -110,6 +135,10 @@ type Store interface {
 	// RevokeSession marks the session revoked at at; a missing or already
 	// revoked session is left alone and is not an error.
 	RevokeSession(ctx context.Context, id string, at time.Time) error
+	// RevokeUserSessions marks every session of userID still open at at
+	// revoked at at, except the session exceptID (""; none), and answers
+	// how many it ended.
+	RevokeUserSessions(ctx context.Context, userID, exceptID string, at time.Time) (int64, error)
 
 	// InsertToken adds an API token; ErrDuplicate when the id or the digest
 	// exists.
@@ -122,7 +151,7 @@ type Store interface {
 	TokenByHash(ctx context.Context, hash string) (APIToken, User, error)
 	// Tokens answers tokens newest first: only those created before
 	// before (nil: from the newest), at most limit (0: every one).
-	Tokens(ctx context.Context, before *TokenKey, limit int) ([]APIToken, error)
+	Tokens(ctx context.Context, before *PageKey, limit int) ([]APIToken, error)
 	// RevokeToken marks the token revoked at at; a missing or already
 	// revoked token is left alone and is not an error.
 	RevokeToken(ctx context.Context, id string, at time.Time) error
@@ -153,10 +182,10 @@ type Store interface {
 	PackageHostByToken(ctx context.Context, hash string) (PackageHostToken, PackageHost, error)
 
 	// AnnounceRevoked tells the other replicas that the credentials of
-	// subject (TokenSubject, HostSubject, SessionSubject) changed, so they
-	// drop what they cached of it. Inside a transaction it is sent when,
-	// and only if, it commits (on Postgres, a NOTIFY); a single-process
-	// database (SQLite) has nobody to tell. Inside a ledger transaction the
+	// subject (TokenSubject, HostSubject, SessionSubject, UserSubject)
+	// changed, so they drop what they cached of it. Inside a transaction
+	// it is sent when, and only if, it commits (on Postgres, a NOTIFY); a
+	// single-process database (SQLite) has nobody to tell. Inside a ledger transaction the
 	// commit also hands it to this replica (the fleet's commit hook).
 	AnnounceRevoked(ctx context.Context, subject string) error
 

@@ -58,6 +58,12 @@ const (
 	// DestinationNotAllowed: a control-plane probe to a host the operator
 	// did not allow (DECISIONS.md §46).
 	DestinationNotAllowed Code = "destination_not_allowed"
+	// LastAdministrator: disabling the only enabled administrator would
+	// leave nobody able to sign in.
+	LastAdministrator Code = "last_administrator"
+	// SelfDisable: an administrator may not disable their own account
+	// (another administrator, or the CLI, does it).
+	SelfDisable Code = "self_disable"
 )
 
 // FieldError names one invalid input field (a JSON pointer or field name).

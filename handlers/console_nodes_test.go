@@ -30,9 +30,14 @@ type consoleUser struct {
 
 func signIn(t *testing.T, s *apitest.Server) *consoleUser {
 	t.Helper()
+	return signInAs(t, s, apitest.AdminUsername, apitest.AdminPassword)
+}
+
+func signInAs(t *testing.T, s *apitest.Server, username, password string) *consoleUser {
+	t.Helper()
 	u := &consoleUser{t: t, s: s, client: &http.Client{
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
-	res := u.send(http.MethodPost, "/console/login", url.Values{"username": {apitest.AdminUsername}, "password": {apitest.AdminPassword}})
+	res := u.send(http.MethodPost, "/console/login", url.Values{"username": {username}, "password": {password}})
 	res.Body.Close()
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	for _, c := range res.Cookies() {

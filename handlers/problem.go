@@ -28,6 +28,8 @@ var statusOf = map[errcode.Code]int{
 	errcode.Overloaded:           http.StatusServiceUnavailable,
 	errcode.Internal:             http.StatusInternalServerError,
 	errcode.Conflict:             http.StatusConflict,
+	errcode.LastAdministrator:    http.StatusConflict,
+	errcode.SelfDisable:          http.StatusConflict,
 	errcode.InvalidParameter:     http.StatusBadRequest,
 	errcode.IdentityExists:       http.StatusConflict,
 	errcode.GenerationStale:      http.StatusConflict,

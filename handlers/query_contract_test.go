@@ -118,7 +118,8 @@ func TestOnlyDocumentedQueryParameters(t *testing.T) {
 			require.True(t, ok, "%s is documented but not routed", key)
 			require.ElementsMatch(t, want, append([]string{}, got...), "%s: the query parameters documented and served differ", key)
 
-			concrete, _ := fillPath(path, map[string]string{"id": "n1", "run_id": "r1", "attempt_id": "a1", "operation_id": "o1", "handle": "h1"})
+			concrete, filled := fillPath(path, map[string]string{"id": "n1", "run_id": "r1", "attempt_id": "a1", "operation_id": "o1", "handle": "h1", "username": "u1"})
+			require.True(t, filled, "%s: a path parameter the walk has no value for", key)
 			status, h, raw := s.Send(t, s.NewRequest(t, method, concrete+"?limt=5", nil, s.AdminToken))
 			p := apitest.RequireProblem(t, status, h, raw, http.StatusBadRequest, "invalid_parameter")
 			require.Len(t, p.Errors, 1, "%s", raw)

@@ -86,6 +86,13 @@ var (
 		{http.MethodGet, "/tokens", (*handler).listTokens, pageQuery},
 		{http.MethodPost, "/tokens/{id}/revoke", (*handler).revokeToken, nil},
 		{http.MethodGet, "/admin-audit", (*handler).adminAudit, pageQuery},
+		{http.MethodGet, "/admins", (*handler).listAdmins, pageQuery},
+		{http.MethodPost, "/admins", (*handler).createAdmin, nil},
+		{http.MethodGet, "/admins/{username}", (*handler).getAdmin, nil},
+		{http.MethodPost, "/admins/{username}/disable", (*handler).disableAdmin, nil},
+		{http.MethodPost, "/admins/{username}/enable", (*handler).enableAdmin, nil},
+		{http.MethodPost, "/admins/{username}/sign-out", (*handler).signOutAdmin, nil},
+		{http.MethodPost, "/account/password", (*handler).changePassword, nil},
 
 		{http.MethodPost, "/nodes/invitations", (*handler).inviteNode, nil},
 		{http.MethodGet, "/nodes", (*handler).listNodes, []string{"state", "limit", "before"}},

@@ -62,9 +62,9 @@ func (h *handler) listTokens(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	var before *auth.TokenKey
+	var before *auth.PageKey
 	if page.paged {
-		before = &auth.TokenKey{CreatedAt: page.at, ID: page.id}
+		before = &auth.PageKey{CreatedAt: page.at, ID: page.id}
 	}
 	rows, err := h.Auth.ListTokens(r.Context(), before, page.limit)
 	if err != nil {

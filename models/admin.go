@@ -4,10 +4,12 @@ import "time"
 
 // AdminUser is an administrator who signs in to the console.
 type AdminUser struct {
-	ID           string `gorm:"primaryKey"`
-	Username     string
-	PasswordHash string
-	CreatedAt    time.Time
+	ID                string `gorm:"primaryKey"`
+	Username          string
+	PasswordHash      string
+	CreatedAt         time.Time
+	DisabledAt        *time.Time
+	PasswordChangedAt *time.Time
 }
 
 // APIToken is an administrator's token for scripts; only its SHA-256 is kept.

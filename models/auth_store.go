@@ -121,7 +121,8 @@ func authErr(err error) error {
 }
 
 func userOf(u AdminUser) auth.User {
-	return auth.User{ID: u.ID, Username: u.Username, PasswordHash: u.PasswordHash, CreatedAt: u.CreatedAt}
+	return auth.User{ID: u.ID, Username: u.Username, PasswordHash: u.PasswordHash, CreatedAt: u.CreatedAt,
+		DisabledAt: dbtime.NormPtr(u.DisabledAt), PasswordChangedAt: dbtime.NormPtr(u.PasswordChangedAt)}
 }
 
 func tokenOf(t APIToken) auth.APIToken {
@@ -155,6 +156,93 @@ func (s *AuthStore) UserByName(ctx context.Context, username string) (auth.User,
 	return userOf(u), nil
 }
 
+// LockUser implements auth.Store; inside a transaction on Postgres the row
+// is locked (SQLite transactions hold the write lock from their start).
+func (s *AuthStore) LockUser(ctx context.Context, username string) (auth.User, error) {
+	q := s.q(ctx).Where("username = ?", username)
+	if s.inTx && s.db.Dialect == Postgres {
+		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	var u AdminUser
+	if err := q.Take(&u).Error; err != nil {
+		return auth.User{}, authErr(err)
+	}
+	return userOf(u), nil
+}
+
+// EnabledUsers implements auth.Store. On Postgres, inside a transaction, a
+// row another transaction disabled meanwhile is read again after its lock
+// is released and drops out of the answer (READ COMMITTED re-checks the
+// WHERE of a locked row).
+func (s *AuthStore) EnabledUsers(ctx context.Context) ([]auth.User, error) {
+	q := s.q(ctx).Where("disabled_at IS NULL").Order("id")
+	if s.inTx && s.db.Dialect == Postgres {
+		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
+	}
+	var rows []AdminUser
+	if err := q.Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	out := make([]auth.User, 0, len(rows))
+	for _, u := range rows {
+		out = append(out, userOf(u))
+	}
+	return out, nil
+}
+
+// Users implements auth.Store.
+func (s *AuthStore) Users(ctx context.Context, before *auth.PageKey, limit int, now time.Time) ([]auth.User, error) {
+	q := s.q(ctx).Order("created_at DESC, id DESC")
+	if before != nil {
+		at := dbtime.Norm(before.CreatedAt)
+		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", at, at, before.ID)
+	}
+	if limit > 0 {
+		q = q.Limit(limit)
+	}
+	var rows []AdminUser
+	if err := q.Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(rows))
+	for _, u := range rows {
+		ids = append(ids, u.ID)
+	}
+	// The page's open sessions, counted in one read.
+	var counts []struct {
+		UserID string
+		N      int64
+	}
+	if len(ids) > 0 {
+		err := s.q(ctx).Model(&ConsoleSession{}).Select("user_id, COUNT(*) AS n").
+			Where("user_id IN ? AND revoked_at IS NULL AND expires_at > ?", ids, dbtime.Norm(now)).
+			Group("user_id").Find(&counts).Error
+		if err != nil {
+			return nil, err
+		}
+	}
+	live := make(map[string]int64, len(counts))
+	for _, c := range counts {
+		live[c.UserID] = c.N
+	}
+	out := make([]auth.User, 0, len(rows))
+	for _, r := range rows {
+		u := userOf(r)
+		u.PasswordHash = "" // a listing has no use for it
+		u.LiveSessions = live[r.ID]
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// UpdateUser implements auth.Store.
+func (s *AuthStore) UpdateUser(ctx context.Context, u auth.User) error {
+	return s.q(ctx).Model(&AdminUser{}).Where("id = ?", u.ID).Updates(map[string]any{
+		"password_hash": u.PasswordHash, "password_changed_at": dbtime.NormPtr(u.PasswordChangedAt),
+		"disabled_at": dbtime.NormPtr(u.DisabledAt),
+	}).Error
+}
+
 // FirstUser implements auth.Store.
 func (s *AuthStore) FirstUser(ctx context.Context) (auth.User, error) {
 	var u AdminUser
@@ -178,13 +266,15 @@ type withUser struct {
 	UserName         string
 	UserPasswordHash string
 	UserCreatedAt    time.Time
+	UserDisabledAt   *time.Time
 }
 
 const userColumns = "admin_users.username AS user_name, admin_users.password_hash AS user_password_hash, " +
-	"admin_users.created_at AS user_created_at"
+	"admin_users.created_at AS user_created_at, admin_users.disabled_at AS user_disabled_at"
 
 func (w withUser) user(id string) auth.User {
-	return auth.User{ID: id, Username: w.UserName, PasswordHash: w.UserPasswordHash, CreatedAt: w.UserCreatedAt}
+	return auth.User{ID: id, Username: w.UserName, PasswordHash: w.UserPasswordHash, CreatedAt: w.UserCreatedAt,
+		DisabledAt: dbtime.NormPtr(w.UserDisabledAt)}
 }
 
 // Session implements auth.Store: one query, the session with its user.
@@ -211,6 +301,19 @@ func (s *AuthStore) RevokeSession(ctx context.Context, id string, at time.Time) 
 	return s.write(ctx, func(g *gorm.DB) error {
 		return g.Model(&ConsoleSession{}).Where("id = ? AND revoked_at IS NULL", id).Update("revoked_at", at).Error
 	})
+}
+
+// RevokeUserSessions implements auth.Store.
+func (s *AuthStore) RevokeUserSessions(ctx context.Context, userID, exceptID string, at time.Time) (int64, error) {
+	var n int64
+	err := s.write(ctx, func(g *gorm.DB) error {
+		res := g.Model(&ConsoleSession{}).
+			Where("user_id = ? AND id <> ? AND revoked_at IS NULL AND expires_at > ?", userID, exceptID, dbtime.Norm(at)).
+			Update("revoked_at", dbtime.Norm(at))
+		n = res.RowsAffected
+		return res.Error
+	})
+	return n, err
 }
 
 // InsertToken implements auth.Store.
@@ -250,7 +353,7 @@ func (s *AuthStore) TokenByHash(ctx context.Context, hash string) (auth.APIToken
 }
 
 // Tokens implements auth.Store.
-func (s *AuthStore) Tokens(ctx context.Context, before *auth.TokenKey, limit int) ([]auth.APIToken, error) {
+func (s *AuthStore) Tokens(ctx context.Context, before *auth.PageKey, limit int) ([]auth.APIToken, error) {
 	q := s.q(ctx).Order("created_at DESC, id DESC")
 	if before != nil {
 		at := dbtime.Norm(before.CreatedAt)

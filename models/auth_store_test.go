@@ -56,6 +56,70 @@ func TestAuthStoreUsers(t *testing.T) {
 	})
 }
 
+func TestAuthStoreManagedUsers(t *testing.T) {
+	withAuthStore(t, func(t *testing.T, s *models.AuthStore) {
+		for i, name := range []string{"alice", "bob", "carol"} {
+			u := sampleUser("u"+name, name)
+			u.CreatedAt = t0.Add(time.Duration(i) * time.Second)
+			require.NoError(t, s.InsertUser(ctx, u))
+		}
+		now := t0.Add(time.Hour)
+		for _, cs := range []auth.ConsoleSession{
+			{ID: "s1", UserID: "ubob", CreatedAt: t0, ExpiresAt: now.Add(time.Hour)},
+			{ID: "s2", UserID: "ubob", CreatedAt: t0, ExpiresAt: now.Add(time.Hour)},
+			{ID: "s3", UserID: "ubob", CreatedAt: t0, ExpiresAt: now.Add(-time.Second)}, // expired
+			{ID: "s4", UserID: "ualice", CreatedAt: t0, ExpiresAt: now.Add(time.Hour)},
+		} {
+			require.NoError(t, s.InsertSession(ctx, cs))
+		}
+
+		page, err := s.Users(ctx, nil, 2, now)
+		require.NoError(t, err)
+		require.Equal(t, []string{"carol", "bob"}, []string{page[0].Username, page[1].Username}, "newest first")
+		require.Equal(t, []int64{0, 2}, []int64{page[0].LiveSessions, page[1].LiveSessions}, "open sessions only")
+		require.Empty(t, page[1].PasswordHash, "a listing carries no hash")
+		rest, err := s.Users(ctx, &auth.PageKey{CreatedAt: page[1].CreatedAt, ID: page[1].ID}, 2, now)
+		require.NoError(t, err)
+		require.Len(t, rest, 1)
+		require.Equal(t, "alice", rest[0].Username)
+
+		bob, err := s.LockUser(ctx, "bob")
+		require.NoError(t, err)
+		disabled, changed := now, now.Add(time.Second)
+		bob.DisabledAt, bob.PasswordChangedAt, bob.PasswordHash = &disabled, &changed, "$argon2id$new"
+		require.NoError(t, s.UpdateUser(ctx, bob))
+		got, err := s.UserByName(ctx, "bob")
+		require.NoError(t, err)
+		require.True(t, disabled.Equal(*got.DisabledAt))
+		require.True(t, changed.Equal(*got.PasswordChangedAt))
+		require.Equal(t, "$argon2id$new", got.PasswordHash)
+		_, _, err = s.Session(ctx, "s1", "ubob")
+		require.NoError(t, err)
+		enabled, err := s.EnabledUsers(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []string{"ualice", "ucarol"}, []string{enabled[0].ID, enabled[1].ID})
+		_, err = s.LockUser(ctx, "nobody")
+		require.ErrorIs(t, err, auth.ErrNoRows)
+
+		n, err := s.RevokeUserSessions(ctx, "ubob", "s2", now)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "open sessions but the one kept; the expired one is left alone")
+		cs, u, err := s.Session(ctx, "s1", "ubob")
+		require.NoError(t, err)
+		require.NotNil(t, cs.RevokedAt)
+		require.NotNil(t, u.DisabledAt, "a session answers its user's state")
+		cs, _, err = s.Session(ctx, "s2", "ubob")
+		require.NoError(t, err)
+		require.Nil(t, cs.RevokedAt)
+		n, err = s.RevokeUserSessions(ctx, "ubob", "", now)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		cs, _, err = s.Session(ctx, "s4", "ualice")
+		require.NoError(t, err)
+		require.Nil(t, cs.RevokedAt, "another administrator's sessions are untouched")
+	})
+}
+
 func TestAuthStoreSessions(t *testing.T) {
 	withAuthStore(t, func(t *testing.T, s *models.AuthStore) {
 		require.NoError(t, s.InsertUser(ctx, sampleUser("u1", "alice")))
@@ -107,7 +171,7 @@ func TestAuthStoreTokens(t *testing.T) {
 		page, err := s.Tokens(ctx, nil, 2)
 		require.NoError(t, err)
 		require.Equal(t, []string{"t2", "t1"}, []string{page[0].ID, page[1].ID})
-		rest, err := s.Tokens(ctx, &auth.TokenKey{CreatedAt: page[1].CreatedAt, ID: page[1].ID}, 2)
+		rest, err := s.Tokens(ctx, &auth.PageKey{CreatedAt: page[1].CreatedAt, ID: page[1].ID}, 2)
 		require.NoError(t, err)
 		require.Len(t, rest, 1)
 		require.Equal(t, "t0", rest[0].ID)

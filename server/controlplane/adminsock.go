@@ -20,7 +20,7 @@ import (
 	"github.com/nodeward/nodeward/models"
 )
 
-// The administrative socket lets `admin create` and `token create` reach a
+// The administrative socket lets `admin …` and `token create` reach a
 // running server whose SQLite data folder is locked. It is a unix socket in
 // the data folder, owner-only: whoever may open the data folder may
 // administer the server, and nobody else. It speaks a tiny internal JSON API
@@ -42,6 +42,17 @@ type (
 	adminCreateResponse struct {
 		Username string `json:"username"`
 	}
+	// adminRequest names an administrator, with a password for a reset.
+	adminRequest struct {
+		Username string `json:"username"`
+		Password string `json:"password,omitempty"`
+	}
+	adminChangeResponse struct {
+		SessionsEnded int64 `json:"sessions_ended"`
+	}
+	adminListResponse struct {
+		Admins []adminRow `json:"admins"`
+	}
 	tokenCreateRequest struct {
 		Name     string `json:"name"`
 		Username string `json:"username,omitempty"`
@@ -57,10 +68,25 @@ type (
 	}
 )
 
+// adminRow is one administrator as `admin list` prints it.
+type adminRow struct {
+	Username     string     `json:"username"`
+	CreatedAt    time.Time  `json:"created_at"`
+	DisabledAt   *time.Time `json:"disabled_at"`
+	LiveSessions int64      `json:"live_sessions"`
+}
+
 // adminOps is what the administrative subcommands do, either in this process
 // on an open database or through a running server's socket.
 type adminOps interface {
 	createAdmin(ctx context.Context, username, password string) (string, error)
+	// resetPassword sets the password and answers how many console
+	// sessions it ended.
+	resetPassword(ctx context.Context, username, password string) (int64, error)
+	// setDisabled disables (or enables) the administrator and answers how
+	// many console sessions it ended.
+	setDisabled(ctx context.Context, username string, disabled bool) (int64, error)
+	listAdmins(ctx context.Context) ([]adminRow, error)
 	// createToken answers the token and its owner's username; an empty
 	// username means the first administrator.
 	createToken(ctx context.Context, username, name string) (token, owner string, err error)
@@ -72,6 +98,38 @@ type direct struct{ auth *auth.Service }
 func (d direct) createAdmin(ctx context.Context, username, password string) (string, error) {
 	u, err := d.auth.CreateAdmin(ctx, username, password)
 	return u.Username, err
+}
+
+func (d direct) resetPassword(ctx context.Context, username, password string) (int64, error) {
+	return d.auth.ResetPassword(ctx, auth.SystemActor, username, password, "cli")
+}
+
+func (d direct) setDisabled(ctx context.Context, username string, disabled bool) (int64, error) {
+	if !disabled {
+		_, err := d.auth.EnableAdmin(ctx, auth.SystemActor, username, "cli")
+		return 0, err
+	}
+	_, ended, err := d.auth.DisableAdmin(ctx, auth.SystemActor, username, "cli")
+	return ended, err
+}
+
+func (d direct) listAdmins(ctx context.Context) ([]adminRow, error) {
+	var out []adminRow
+	var before *auth.PageKey
+	for {
+		page, err := d.auth.ListAdmins(ctx, before, 500)
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range page {
+			out = append(out, adminRow{Username: u.Username, CreatedAt: u.CreatedAt, DisabledAt: u.DisabledAt, LiveSessions: u.LiveSessions})
+		}
+		if len(page) < 500 {
+			return out, nil
+		}
+		last := page[len(page)-1]
+		before = &auth.PageKey{CreatedAt: last.CreatedAt, ID: last.ID}
+	}
 }
 
 func (d direct) createToken(ctx context.Context, username, name string) (string, string, error) {
@@ -161,9 +219,36 @@ func (a *App) serveSocket() (stop func()) {
 	}
 }
 
-// socketHandler is the internal API: POST /v1/admins and POST /v1/tokens.
+// socketHandler is the internal API: POST /v1/admins (create),
+// /v1/admins/password, /v1/admins/disable, /v1/admins/enable,
+// /v1/admins/list and /v1/tokens.
 func socketHandler(ops adminOps, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/admins/password", func(w http.ResponseWriter, r *http.Request) {
+		var req adminRequest
+		if !decodeSocket(w, r, &req) {
+			return
+		}
+		n, err := ops.resetPassword(r.Context(), req.Username, req.Password)
+		answerSocket(w, log, adminChangeResponse{SessionsEnded: n}, err)
+	})
+	for path, disabled := range map[string]bool{"/v1/admins/disable": true, "/v1/admins/enable": false} {
+		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
+			var req adminRequest
+			if !decodeSocket(w, r, &req) {
+				return
+			}
+			n, err := ops.setDisabled(r.Context(), req.Username, disabled)
+			answerSocket(w, log, adminChangeResponse{SessionsEnded: n}, err)
+		})
+	}
+	mux.HandleFunc("POST /v1/admins/list", func(w http.ResponseWriter, r *http.Request) {
+		if !decodeSocket(w, r, &struct{}{}) {
+			return
+		}
+		rows, err := ops.listAdmins(r.Context())
+		answerSocket(w, log, adminListResponse{Admins: rows}, err)
+	})
 	mux.HandleFunc("POST /v1/admins", func(w http.ResponseWriter, r *http.Request) {
 		var req adminCreateRequest
 		if !decodeSocket(w, r, &req) {
@@ -251,6 +336,28 @@ func (s socketClient) createAdmin(ctx context.Context, username, password string
 	return out.Username, err
 }
 
+func (s socketClient) resetPassword(ctx context.Context, username, password string) (int64, error) {
+	var out adminChangeResponse
+	err := s.call(ctx, "/v1/admins/password", adminRequest{Username: username, Password: password}, &out)
+	return out.SessionsEnded, err
+}
+
+func (s socketClient) setDisabled(ctx context.Context, username string, disabled bool) (int64, error) {
+	path := "/v1/admins/enable"
+	if disabled {
+		path = "/v1/admins/disable"
+	}
+	var out adminChangeResponse
+	err := s.call(ctx, path, adminRequest{Username: username}, &out)
+	return out.SessionsEnded, err
+}
+
+func (s socketClient) listAdmins(ctx context.Context) ([]adminRow, error) {
+	var out adminListResponse
+	err := s.call(ctx, "/v1/admins/list", struct{}{}, &out)
+	return out.Admins, err
+}
+
 func (s socketClient) createToken(ctx context.Context, username, name string) (string, string, error) {
 	var out tokenCreateResponse
 	err := s.call(ctx, "/v1/tokens", tokenCreateRequest{Name: name, Username: username}, &out)
@@ -272,7 +379,8 @@ func (s socketClient) call(ctx context.Context, path string, in, out any) error 
 		return fmt.Errorf("the running server's administrative socket: %w", err)
 	}
 	defer resp.Body.Close()
-	dec := json.NewDecoder(io.LimitReader(resp.Body, 64<<10))
+	// Answers are small, but a listing of many administrators is not tiny.
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 8<<20))
 	if resp.StatusCode != http.StatusOK {
 		var e socketError
 		if err := dec.Decode(&e); err != nil || e.Code == "" {

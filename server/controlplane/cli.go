@@ -14,6 +14,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"text/tabwriter"
+	"time"
 
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/internal/memorypolicy"
@@ -34,11 +36,18 @@ var (
 	cmdServe   = subcommand{"serve", "", "serve the control plane (the default command)"}
 	cmdMigrate = subcommand{"migrate", "", "apply database migrations and exit"}
 	cmdAdmin   = subcommand{"admin create", "--username U --password-stdin", "create an administrator (through the running server, if any)"}
-	cmdToken   = subcommand{"token create", "--name N [--username U]", "print a new API token (through the running server, if any)"}
-	cmdKeygen  = subcommand{"keygen", "--master-key-file F [--force]", "write a new master key file (mode 0600)"}
-	cmdVersion = subcommand{"version", "", "print the version"}
-	cmdHelp    = subcommand{"help", "[command]", "show this list, or a command's flags"}
-	commands   = []subcommand{cmdServe, cmdMigrate, cmdAdmin, cmdToken, cmdKeygen, cmdVersion, cmdHelp}
+	// The way back in when every administrator is locked out, and the way
+	// to lock one out from the machine.
+	cmdAdminPassword = subcommand{"admin password", "--username U --password-stdin", "set an administrator's password; ends their console sessions"}
+	cmdAdminDisable  = subcommand{"admin disable", "--username U", "disable an administrator: no sign-in, sessions ended, API tokens refused"}
+	cmdAdminEnable   = subcommand{"admin enable", "--username U", "enable a disabled administrator again"}
+	cmdAdminList     = subcommand{"admin list", "", "list administrators: created, disabled, open console sessions"}
+	cmdToken         = subcommand{"token create", "--name N [--username U]", "print a new API token (through the running server, if any)"}
+	cmdKeygen        = subcommand{"keygen", "--master-key-file F [--force]", "write a new master key file (mode 0600)"}
+	cmdVersion       = subcommand{"version", "", "print the version"}
+	cmdHelp          = subcommand{"help", "[command]", "show this list, or a command's flags"}
+	commands         = []subcommand{cmdServe, cmdMigrate, cmdAdmin, cmdAdminPassword, cmdAdminDisable, cmdAdminEnable, cmdAdminList,
+		cmdToken, cmdKeygen, cmdVersion, cmdHelp}
 )
 
 // usage is the top-level help: every command, one line each.
@@ -259,37 +268,113 @@ func runAdmin(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) > 0 && isHelp(args[0]) {
 		args = []string{"create", "--help"}
 	}
-	if len(args) == 0 || args[0] != "create" {
-		return usageError{"usage: nodeward admin create --username U --password-stdin (see nodeward admin create --help)"}
+	const usage = "usage: nodeward admin create|password|disable|enable|list ... (see nodeward admin create --help)"
+	if len(args) == 0 {
+		return usageError{usage}
 	}
-	var username string
-	var fromStdin bool
-	cfg, err := parseConfig(cmdAdmin, args[1:], stdout, func(fs *flag.FlagSet) {
+	var (
+		c         subcommand
+		username  string
+		fromStdin bool
+	)
+	switch args[0] {
+	case "create":
+		c = cmdAdmin
+	case "password":
+		c = cmdAdminPassword
+	case "disable":
+		c = cmdAdminDisable
+	case "enable":
+		c = cmdAdminEnable
+	case "list":
+		c = cmdAdminList
+	default:
+		return usageError{usage}
+	}
+	cfg, err := parseConfig(c, args[1:], stdout, func(fs *flag.FlagSet) {
+		if c == cmdAdminList {
+			return
+		}
 		fs.StringVar(&username, "username", "", "the administrator's username")
-		fs.BoolVar(&fromStdin, "password-stdin", false, "read the password from the first line of standard input")
+		if c == cmdAdmin || c == cmdAdminPassword {
+			fs.BoolVar(&fromStdin, "password-stdin", false, "read the password from the first line of standard input")
+		}
 	})
 	if err != nil {
 		return err
 	}
-	if username == "" || !fromStdin {
-		return usageError{"admin create needs --username and --password-stdin (passwords are never taken as arguments)"}
+	var password string
+	switch {
+	case c == cmdAdminList:
+	case c == cmdAdmin || c == cmdAdminPassword:
+		if username == "" || !fromStdin {
+			return usageError{c.name + " needs --username and --password-stdin (passwords are never taken as arguments)"}
+		}
+		line, err := bufio.NewReader(stdin).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("read password: %w", err)
+		}
+		password = strings.TrimRight(line, "\r\n")
+	case username == "":
+		return usageError{c.name + " needs --username"}
 	}
-	line, err := bufio.NewReader(stdin).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("read password: %w", err)
+	if c == cmdAdminList {
+		// Logs go to stderr at warn so stdout carries the listing only.
+		cfg.LogLevel = "warn"
 	}
-	password := strings.TrimRight(line, "\r\n")
 	ops, done, err := openAdminOps(cfg, stderr)
 	if err != nil {
 		return err
 	}
 	defer done()
-	name, err := ops.createAdmin(context.Background(), username, password)
-	if err != nil {
-		return describe(err)
+	ctx := context.Background()
+	switch c {
+	case cmdAdmin:
+		name, err := ops.createAdmin(ctx, username, password)
+		if err != nil {
+			return describe(err)
+		}
+		fmt.Fprintf(stdout, "created administrator %s\n", name)
+	case cmdAdminPassword:
+		n, err := ops.resetPassword(ctx, username, password)
+		if err != nil {
+			return describe(err)
+		}
+		fmt.Fprintf(stdout, "set the password of administrator %s (%s)\n", username, sessionsEnded(n))
+	case cmdAdminDisable, cmdAdminEnable:
+		n, err := ops.setDisabled(ctx, username, c == cmdAdminDisable)
+		if err != nil {
+			return describe(err)
+		}
+		if c == cmdAdminDisable {
+			fmt.Fprintf(stdout, "administrator %s is disabled (%s; their API tokens are refused until enabled)\n", username, sessionsEnded(n))
+		} else {
+			fmt.Fprintf(stdout, "administrator %s is enabled\n", username)
+		}
+	case cmdAdminList:
+		rows, err := ops.listAdmins(ctx)
+		if err != nil {
+			return describe(err)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "USERNAME\tCREATED\tSTATE\tCONSOLE SESSIONS")
+		for _, r := range rows {
+			state := "enabled"
+			if r.DisabledAt != nil {
+				state = "disabled " + r.DisabledAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", r.Username, r.CreatedAt.UTC().Format(time.RFC3339), state, r.LiveSessions)
+		}
+		return tw.Flush()
 	}
-	fmt.Fprintf(stdout, "created administrator %s\n", name)
 	return nil
+}
+
+func sessionsEnded(n int64) string {
+	if n == 1 {
+		return "1 console session ended"
+	}
+	return fmt.Sprintf("%d console sessions ended", n)
 }
 
 func runToken(args []string, stdout, stderr io.Writer) error {

@@ -331,9 +331,95 @@ func TestCLIPostgresWhileServing(t *testing.T) {
 	require.Equal(t, "ops", who.Username)
 }
 
+// TestCLIAdminManagement: from the machine, an operator resets a
+// password, disables and enables an administrator and lists them, with the
+// server stopped (the database opened directly) and running (through its
+// socket); the running server honours each change at once.
+func TestCLIAdminManagement(t *testing.T) {
+	cleanEnv(t)
+	dir := t.TempDir()
+	for _, name := range []string{"ops", "dev"} {
+		r := mainRun(t, "a-long-enough-password\n", "admin", "create", "--username", name, "--password-stdin", "--data-dir", dir)
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	}
+	r := mainRun(t, "", "token", "create", "--name", "devs", "--username", "dev", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	devToken := oneLine(t, r.stdout)
+
+	// Stopped: the commands open the database themselves.
+	r = mainRun(t, "", "admin", "disable", "--username", "dev", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, oneLine(t, r.stdout), "administrator dev is disabled")
+	r = mainRun(t, "", "admin", "list", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Regexp(t, `(?m)^dev +\S+ +disabled \S+ +0$`, r.stdout)
+	require.Regexp(t, `(?m)^ops +\S+ +enabled +0$`, r.stdout)
+	require.Empty(t, r.stderr)
+
+	s := apitest.Start(t, apitest.WithConfig(func(c *controlplane.Config) { c.DataDir = dir }))
+	s.Problem(t, http.MethodGet, "/api/v1/whoami", nil, devToken, http.StatusUnauthorized, "unauthenticated")
+
+	// Running: through the socket.
+	r = mainRun(t, "", "admin", "enable", "--username", "dev", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Equal(t, "administrator dev is enabled\n", r.stdout)
+	s.JSON(t, http.MethodGet, "/api/v1/whoami", nil, devToken, http.StatusOK, nil)
+
+	r = mainRun(t, "", "admin", "disable", "--username", "dev", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	s.Problem(t, http.MethodGet, "/api/v1/whoami", nil, devToken, http.StatusUnauthorized, "unauthenticated")
+
+	r = mainRun(t, "a-password-set-by-hand\n", "admin", "password", "--username", "ops", "--password-stdin", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, oneLine(t, r.stdout), "set the password of administrator ops")
+	require.NotContains(t, r.stdout+r.stderr, "a-password-set-by-hand")
+
+	// Refusals, in the domain's words.
+	for _, c := range []struct {
+		stdin string
+		args  []string
+		code  int
+		says  string
+	}{
+		{"", []string{"admin", "disable", "--username", "nobody", "--data-dir", dir}, 1, "no such administrator"},
+		{"short\n", []string{"admin", "password", "--username", "ops", "--password-stdin", "--data-dir", dir}, 1, "password: at least"},
+		{"", []string{"admin", "password", "--username", "ops", "--data-dir", dir}, 2, "--password-stdin"},
+		{"", []string{"admin", "disable", "--data-dir", dir}, 2, "needs --username"},
+		{"", []string{"admin", "remove", "--username", "ops"}, 2, "usage: nodeward admin"},
+	} {
+		r := mainRun(t, c.stdin, c.args...)
+		require.Equal(t, c.code, r.code, "%v: %s", c.args, r.stderr)
+		require.Empty(t, r.stdout, "%v", c.args)
+		require.Contains(t, oneLine(t, r.stderr), c.says, "%v", c.args)
+	}
+
+	// The last enabled administrator stays so (the test server's own is
+	// disabled for this, and enabled again).
+	r = mainRun(t, "", "admin", "disable", "--username", apitest.AdminUsername, "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	r = mainRun(t, "", "admin", "disable", "--username", "ops", "--data-dir", dir)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, oneLine(t, r.stderr), "only enabled administrator")
+	r = mainRun(t, "", "admin", "enable", "--username", apitest.AdminUsername, "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+
+	var audit struct {
+		Entries []struct{ Actor, Action, Target, RemoteAddr string } `json:"entries"`
+	}
+	s.Admin(t, http.MethodGet, "/api/v1/admin-audit", nil, http.StatusOK, &audit)
+	var seen []string
+	for i := len(audit.Entries) - 1; i >= 0; i-- {
+		if e := audit.Entries[i]; e.Actor == "system" && (e.Target == "dev" || e.Target == "ops") && e.Action != "admin.create" {
+			seen = append(seen, e.Action+" "+e.Target)
+		}
+	}
+	require.Equal(t, []string{"admin.disable dev", "admin.enable dev", "admin.disable dev", "admin.password_reset ops"}, seen)
+}
+
 func TestCLIHelp(t *testing.T) {
 	cleanEnv(t)
-	commands := []string{"serve", "migrate", "admin create", "token create", "keygen", "version", "help"}
+	commands := []string{"serve", "migrate", "admin create", "admin password", "admin disable", "admin enable", "admin list",
+		"token create", "keygen", "version", "help"}
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		r := mainRun(t, "", args...)
 		require.Equal(t, 0, r.code, "%v", args)
@@ -344,17 +430,26 @@ func TestCLIHelp(t *testing.T) {
 	}
 
 	flags := map[string][]string{
-		"serve":        {"-listen", "-data-dir", "-database-url"},
-		"migrate":      {"-data-dir", "-database-url"},
-		"admin create": {"-username", "-password-stdin", "-data-dir"},
-		"token create": {"-name", "-username", "-data-dir"},
-		"keygen":       {"-master-key-file", "-force"},
-		"version":      nil,
+		"serve":          {"-listen", "-data-dir", "-database-url"},
+		"migrate":        {"-data-dir", "-database-url"},
+		"admin create":   {"-username", "-password-stdin", "-data-dir"},
+		"admin password": {"-username", "-password-stdin", "-data-dir"},
+		"admin disable":  {"-username", "-data-dir"},
+		"admin enable":   {"-username", "-data-dir"},
+		"admin list":     {"-data-dir", "-database-url"},
+		"token create":   {"-name", "-username", "-data-dir"},
+		"keygen":         {"-master-key-file", "-force"},
+		"version":        nil,
 	}
 	for c, want := range flags {
-		argsets := [][]string{append(strings.Fields(c), "--help"), {"help", strings.Fields(c)[0]}}
-		if strings.Contains(c, " ") {
-			argsets = append(argsets, []string{strings.Fields(c)[0], "-h"})
+		words := strings.Fields(c)
+		argsets := [][]string{append(words, "--help")}
+		// "help admin" and "admin -h" show the group's first command.
+		if len(words) == 1 || words[1] == "create" {
+			argsets = append(argsets, []string{"help", words[0]})
+		}
+		if len(words) > 1 && words[1] == "create" {
+			argsets = append(argsets, []string{words[0], "-h"})
 		}
 		for _, args := range argsets {
 			r := mainRun(t, "", args...)

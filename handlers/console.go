@@ -48,6 +48,7 @@ func (h *handler) consoleRoutes(r chi.Router) {
 		r.Post("/console/tokens", h.consoleCreateToken)
 		r.Post("/console/tokens/{id}/revoke", h.consoleRevokeToken)
 		r.Get("/console/audit", h.consoleAudit)
+		h.consoleAdminRoutes(r)
 		// Sections whose pages land with the fleet, ledger and secrets work.
 		h.consoleNodeRoutes(r)
 		// Operations, secret audit and package hosts.

@@ -16,7 +16,11 @@ const (
 	NavSecretAudit = "secret-audit"
 	NavHosts       = "package-hosts"
 	NavTokens      = "tokens"
+	NavAdmins      = "admins"
 	NavAudit       = "audit"
+	// NavAccount is the signed-in administrator's own page (linked from
+	// their name, not the navigation).
+	NavAccount = "account"
 )
 
 // NavItem is one entry of the main navigation.
@@ -34,6 +38,7 @@ var Nav = []NavItem{
 	{NavSecretAudit, "Secret audit", "/console/secret-audit"},
 	{NavHosts, "Package hosts", "/console/package-hosts"},
 	{NavTokens, "API tokens", "/console/tokens"},
+	{NavAdmins, "Administrators", "/console/admins"},
 	{NavAudit, "Admin audit", "/console/audit"},
 }
 

@@ -205,6 +205,19 @@ func TestCredentialCacheAcrossReplicas(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, status)
 	require.False(t, hit)
 
+	// An administrator disabled on A: every token of theirs cached on B
+	// is refused at once (one announcement names them all).
+	a.Admin(t, http.MethodPost, "/api/v1/admins", map[string]string{"username": "carol", "password": "carols-long-password"},
+		http.StatusCreated, nil)
+	carols, _, err := a.App.Auth.CreateTokenFor(context.Background(), "carol", "carols-script")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, capabilitiesStatus(t, b, carols))
+	requireHit(t, b, carols)
+	notified = cacheStats(b).Invalidations["notify"]
+	a.Admin(t, http.MethodPost, "/api/v1/admins/carol/disable", nil, http.StatusOK, nil)
+	heardOnB(notified)
+	requireRefusedFromStore(t, b, carols)
+
 	// B's listener connection drops: B empties its cache (it may have
 	// missed a notification), and reads again once it listens again.
 	require.Equal(t, http.StatusOK, capabilitiesStatus(t, b, b.AdminToken))

@@ -30,6 +30,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/server/controlplane"
 )
 
@@ -112,6 +113,20 @@ func run(ctx context.Context, out string, maxHeight int, verbose bool) error {
 	token, _, err := app.Auth.CreateTokenFor(ctx, adminUser, "screenshots")
 	if err != nil {
 		return err
+	}
+	// Colleagues for the administrators page: one who left (disabled).
+	admin, err := app.Auth.Admin(ctx, adminUser)
+	if err != nil {
+		return err
+	}
+	actor := auth.Principal{Kind: auth.KindAdmin, UserID: admin.ID, Username: admin.Username}
+	for _, name := range []string{"grace", "linus"} {
+		if _, err := app.Auth.AddAdmin(ctx, actor, name, adminPassword+"-"+name, "127.0.0.1:1"); err != nil {
+			return fmt.Errorf("add admin: %w", err)
+		}
+	}
+	if _, _, err := app.Auth.DisableAdmin(ctx, actor, "linus", "127.0.0.1:1"); err != nil {
+		return fmt.Errorf("disable admin: %w", err)
 	}
 	api := &apiClient{base: base, token: token}
 	fmt.Fprintln(os.Stderr, "screenshots: seeding a small fleet")

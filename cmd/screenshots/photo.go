@@ -60,6 +60,8 @@ func shots(s seeded) []shot {
 		{name: "secret-audit", path: "/console/secret-audit", ready: `[data-testid="secret-audit-table"]`},
 		{name: "package-hosts", path: "/console/package-hosts", ready: `[data-testid="host-table"]`},
 		{name: "tokens", path: "/console/tokens", ready: "main h1"},
+		{name: "admins", path: "/console/admins", ready: `[data-testid="admin-table"]`},
+		{name: "account", path: "/console/account", ready: `[data-testid="password-form"]`},
 		{name: "audit", path: "/console/audit", ready: "main h1"},
 	}
 }

@@ -175,6 +175,57 @@ func TestConsoleInBrowser(t *testing.T) {
 	do(ctx, t, chromedp.Navigate(base+"/console/tokens"), chromedp.WaitVisible(byTestID("login-form")))
 }
 
+// TestConsoleAdministratorsInBrowser: an administrator adds a colleague,
+// disables them, and changes their own password, as a person would.
+func TestConsoleAdministratorsInBrowser(t *testing.T) {
+	app, base := startServer(t)
+	_, err := app.Auth.CreateAdmin(context.Background(), "ada", "correct horse battery staple")
+	require.NoError(t, err)
+	ctx := browser(t)
+	signIn := func(password string) {
+		do(ctx, t,
+			chromedp.Navigate(base+"/console/login"),
+			chromedp.WaitVisible(byTestID("login-form")),
+			chromedp.SendKeys(byTestID("login-username"), "ada"),
+			chromedp.SendKeys(byTestID("login-password"), password),
+			chromedp.Click(byTestID("login-submit")),
+			chromedp.WaitVisible(byTestID("overview")),
+		)
+	}
+	signIn("correct horse battery staple")
+
+	do(ctx, t,
+		chromedp.Click(byTestID("nav-admins")),
+		chromedp.WaitVisible(byTestID("admin-add-form")),
+		chromedp.SendKeys(byTestID("admin-username"), "bob"),
+		chromedp.SendKeys(byTestID("admin-password"), "bobs-long-password"),
+		chromedp.Click(byTestID("admin-add")),
+		chromedp.WaitVisible(byTestID("admin-bob")),
+	)
+	require.Contains(t, get(ctx, t, chromedp.Text(byTestID("flash"))), "Added the administrator bob")
+	do(ctx, t,
+		chromedp.Click(chromedp.CSS(`[data-testid="admin-bob"] [data-testid="admin-disable"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid="admin-bob"] [data-testid="admin-enable"]`)),
+	)
+	require.Equal(t, "disabled", get(ctx, t, chromedp.Text(chromedp.CSS(`[data-testid="admin-bob"] [data-testid="admin-status"]`))))
+	_, _, err = app.Auth.Login(context.Background(), "bob", "bobs-long-password", "127.0.0.1:1")
+	require.Error(t, err, "a disabled administrator does not sign in")
+
+	// Your account, from your name in the header.
+	do(ctx, t,
+		chromedp.Click(byTestID("username")),
+		chromedp.WaitVisible(byTestID("password-form")),
+		chromedp.SendKeys(byTestID("current-password"), "correct horse battery staple"),
+		chromedp.SendKeys(byTestID("new-password"), "a brand new passphrase"),
+		chromedp.SendKeys(byTestID("confirm-password"), "a brand new passphrase"),
+		chromedp.Click(byTestID("password-submit")),
+		chromedp.WaitVisible(byTestID("flash")),
+	)
+	require.Contains(t, get(ctx, t, chromedp.Text(byTestID("flash"))), "Your password is changed")
+	do(ctx, t, chromedp.Click(byTestID("logout")), chromedp.WaitVisible(byTestID("login-form")))
+	signIn("a brand new passphrase")
+}
+
 func TestConsoleSetupInBrowser(t *testing.T) {
 	app, base := startServer(t)
 	setupToken, err := app.Auth.OpenSetup(context.Background())

@@ -406,16 +406,32 @@ func (s *Service) Logout(ctx context.Context, p Principal, remote string) error 
 // CreateToken mints an API token for the principal's user. The token is in
 // the answer only; the store keeps its digest. Errors: validation_failed.
 func (s *Service) CreateToken(ctx context.Context, p Principal, name, remote string) (string, APIToken, error) {
+	tok, row, _, err := s.CreateTokenOnce(ctx, p, name, "", remote)
+	return tok, row, err
+}
+
+// CreateTokenOnce is CreateToken for a form that may be sent twice: the
+// first request under requestID (per user; "" is none) mints the token, and
+// a later one answers that token's row, replayed, without the token (it
+// was shown once, to the first). Errors: validation_failed.
+func (s *Service) CreateTokenOnce(ctx context.Context, p Principal, name, requestID, remote string) (tok string, row APIToken, replayed bool, err error) {
 	var v errcode.Validation
 	v.Check(strings.TrimSpace(name) != "" && utf8.RuneCountInString(name) <= 128, "name", "1-128 characters")
 	if err := v.Err(); err != nil {
-		return "", APIToken{}, err
+		return "", APIToken{}, false, err
 	}
-	tok, err := randomToken(apiTokenPrefix)
+	if requestID != "" {
+		if row, err := s.store.TokenByRequest(ctx, p.UserID, requestID); err == nil {
+			return "", row, true, nil
+		} else if !errors.Is(err, ErrNoRows) {
+			return "", APIToken{}, false, err
+		}
+	}
+	tok, err = randomToken(apiTokenPrefix)
 	if err != nil {
-		return "", APIToken{}, err
+		return "", APIToken{}, false, err
 	}
-	row := APIToken{ID: uuid.NewString(), Name: name, UserID: p.UserID, TokenHash: digest(tok), CreatedAt: s.now()}
+	row = APIToken{ID: uuid.NewString(), Name: name, UserID: p.UserID, TokenHash: digest(tok), CreatedAt: s.now(), RequestID: requestID}
 	err = s.store.Tx(ctx, func(tx Store) error {
 		if err := tx.InsertToken(ctx, row); err != nil {
 			return err
@@ -423,7 +439,16 @@ func (s *Service) CreateToken(ctx context.Context, p Principal, name, remote str
 		return s.audit(ctx, tx, AuditEntry{Actor: p.Username, Action: "token.create", Target: row.ID, Outcome: "ok",
 			RemoteAddr: remote, Detail: "name=" + name})
 	})
-	return tok, row, err
+	if errors.Is(err, ErrDuplicate) && requestID != "" {
+		// The same form, sent twice at once: the other one minted it.
+		if first, ferr := s.store.TokenByRequest(ctx, p.UserID, requestID); ferr == nil {
+			return "", first, true, nil
+		}
+	}
+	if err != nil {
+		return "", APIToken{}, false, err
+	}
+	return tok, row, false, nil
 }
 
 // CreateTokenFor mints a token for the named user; used by the CLI.

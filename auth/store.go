@@ -53,6 +53,9 @@ type APIToken struct {
 	CreatedAt  time.Time
 	LastUsedAt *time.Time
 	RevokedAt  *time.Time
+	// RequestID is the console form's request id the token was made
+	// under ("" for none): the same form sent again finds it.
+	RequestID string
 }
 
 // PageKey is a row's place in a listing ordered newest first by creation
@@ -143,6 +146,9 @@ type Store interface {
 	// InsertToken adds an API token; ErrDuplicate when the id or the digest
 	// exists.
 	InsertToken(ctx context.Context, t APIToken) error
+	// TokenByRequest answers the token userID made under requestID, or
+	// ErrNoRows.
+	TokenByRequest(ctx context.Context, userID, requestID string) (APIToken, error)
 	// Token answers the token of that id, or ErrNoRows. Inside a
 	// transaction the row is locked until it ends.
 	Token(ctx context.Context, id string) (APIToken, error)

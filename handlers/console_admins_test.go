@@ -152,3 +152,35 @@ func byTestIDIn(t *testing.T, n *html.Node, testid string) *html.Node {
 	require.Len(t, ns, 1, "data-testid=%s", testid)
 	return ns[0]
 }
+
+// TestConsoleTokenFormSentTwice: the create-token form sent again (a double
+// click, a reload) mints one token; the second answer says it was shown.
+func TestConsoleTokenFormSentTwice(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		me := signIn(t, s)
+		form := with(me.get("/console/tokens").form(t, "token-create-form"), "name", "twice")
+		require.NotEmpty(t, form.Get("request_id"))
+		before := rowCounts(t, s)
+
+		first := me.post("/console/tokens", form)
+		require.Equal(t, http.StatusOK, first.status)
+		token := attr(first.one(t, "new-token"), "value")
+		require.True(t, strings.HasPrefix(token, "nwa_"))
+
+		res := me.send(http.MethodPost, "/console/tokens", form)
+		res.Body.Close()
+		require.Equal(t, http.StatusSeeOther, res.StatusCode)
+		again := me.get(res.Header.Get("Location"))
+		require.Contains(t, text(again.one(t, "flash")), "That form was sent already")
+		require.NotContains(t, again.raw, token, "shown once")
+		after := rowCounts(t, s)
+		require.Equal(t, before[0]+1, after[0], "one token")
+		require.Equal(t, before[1]+1, after[1], "one audit row")
+
+		// A fresh form is a fresh token.
+		second := me.post("/console/tokens", with(again.form(t, "token-create-form"), "name", "twice"))
+		require.Equal(t, http.StatusOK, second.status)
+		require.NotEqual(t, token, attr(second.one(t, "new-token"), "value"))
+	})
+}

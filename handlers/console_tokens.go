@@ -36,7 +36,15 @@ func (h *handler) consoleTokens(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	h.render(w, r, http.StatusOK, views.TokensPage(s, views.TokensView{Tokens: tokenRows(rows)}))
+	if id := r.URL.Query().Get("replayed"); id != "" {
+		for _, t := range rows {
+			if t.ID == id {
+				s.Flash = views.Flash{Kind: views.FlashInfo, Message: "That form was sent already: the token “" + t.Name +
+					"” was shown then and is not shown again. If it was lost, revoke it and create another."}
+			}
+		}
+	}
+	h.render(w, r, http.StatusOK, views.TokensPage(s, views.TokensView{Tokens: tokenRows(rows), RequestID: newRequestID()}))
 }
 
 func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
@@ -46,7 +54,11 @@ func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
 		h.refuseTokenName(w, r, name)
 		return
 	}
-	tok, row, err := h.Auth.CreateToken(r.Context(), p, name, r.RemoteAddr)
+	tok, row, replayed, err := h.Auth.CreateTokenOnce(r.Context(), p, name, formRequestID(r), r.RemoteAddr)
+	if err == nil && replayed {
+		http.Redirect(w, r, "/console/tokens?replayed="+url.QueryEscape(row.ID), http.StatusSeeOther)
+		return
+	}
 	var ce *errcode.Error
 	if errors.As(err, &ce) && ce.Code == errcode.ValidationFailed {
 		rows, lerr := h.Auth.ListTokens(r.Context(), nil, 0)
@@ -54,7 +66,8 @@ func (h *handler) consoleCreateToken(w http.ResponseWriter, r *http.Request) {
 			h.consoleInternal(w, r, lerr)
 			return
 		}
-		v := views.TokensView{Tokens: tokenRows(rows), Name: name, NameError: "A name of 1 to 128 characters is required."}
+		v := views.TokensView{Tokens: tokenRows(rows), Name: name, NameError: "A name of 1 to 128 characters is required.",
+			RequestID: formRequestID(r)}
 		h.render(w, r, statusFor(r, err), views.TokensPage(h.shell(r, views.NavTokens), v))
 		return
 	}
@@ -120,7 +133,7 @@ func (h *handler) refuseTokenName(w http.ResponseWriter, r *http.Request, name s
 		h.consoleInternal(w, r, err)
 		return
 	}
-	v := views.TokensView{Tokens: tokenRows(rows), Name: name,
+	v := views.TokensView{Tokens: tokenRows(rows), Name: name, RequestID: formRequestID(r),
 		NameError: "A name may not hold control characters, bidirectional formatting characters or invalid UTF-8."}
 	h.render(w, r, http.StatusUnprocessableEntity, views.TokensPage(h.shell(r, views.NavTokens), v))
 }

@@ -21,6 +21,8 @@ type APIToken struct {
 	CreatedAt  time.Time
 	LastUsedAt *time.Time
 	RevokedAt  *time.Time
+	// RequestID is NULL for tokens made without a form's request id.
+	RequestID *string
 }
 
 // ConsoleSession is one console login; the cookie's JWT names it, and

@@ -126,8 +126,12 @@ func userOf(u AdminUser) auth.User {
 }
 
 func tokenOf(t APIToken) auth.APIToken {
-	return auth.APIToken{ID: t.ID, Name: t.Name, UserID: t.UserID, TokenHash: t.TokenHash,
+	out := auth.APIToken{ID: t.ID, Name: t.Name, UserID: t.UserID, TokenHash: t.TokenHash,
 		CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt}
+	if t.RequestID != nil {
+		out.RequestID = *t.RequestID
+	}
+	return out
 }
 
 func auditOf(a AdminAudit) auth.AuditEntry {
@@ -318,8 +322,21 @@ func (s *AuthStore) RevokeUserSessions(ctx context.Context, userID, exceptID str
 
 // InsertToken implements auth.Store.
 func (s *AuthStore) InsertToken(ctx context.Context, t auth.APIToken) error {
-	return authErr(s.q(ctx).Create(&APIToken{ID: t.ID, Name: t.Name, UserID: t.UserID, TokenHash: t.TokenHash,
-		CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt}).Error)
+	row := &APIToken{ID: t.ID, Name: t.Name, UserID: t.UserID, TokenHash: t.TokenHash,
+		CreatedAt: t.CreatedAt, LastUsedAt: t.LastUsedAt, RevokedAt: t.RevokedAt}
+	if t.RequestID != "" {
+		row.RequestID = &t.RequestID
+	}
+	return authErr(s.q(ctx).Create(row).Error)
+}
+
+// TokenByRequest implements auth.Store.
+func (s *AuthStore) TokenByRequest(ctx context.Context, userID, requestID string) (auth.APIToken, error) {
+	var t APIToken
+	if err := s.q(ctx).Where("user_id = ? AND request_id = ?", userID, requestID).Take(&t).Error; err != nil {
+		return auth.APIToken{}, authErr(err)
+	}
+	return tokenOf(t), nil
 }
 
 // Token implements auth.Store; inside a transaction on Postgres the row is

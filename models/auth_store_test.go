@@ -176,6 +176,17 @@ func TestAuthStoreTokens(t *testing.T) {
 		require.Len(t, rest, 1)
 		require.Equal(t, "t0", rest[0].ID)
 
+		// A form's request id finds its token; one id mints once per user.
+		require.NoError(t, s.InsertToken(ctx, auth.APIToken{ID: "tr", Name: "form", UserID: "u1", TokenHash: "hr", CreatedAt: t0, RequestID: "console:r1"}))
+		require.ErrorIs(t, s.InsertToken(ctx, auth.APIToken{ID: "tr2", Name: "form", UserID: "u1", TokenHash: "hr2", CreatedAt: t0, RequestID: "console:r1"}),
+			auth.ErrDuplicate, "same user, same request id")
+		byReq, err := s.TokenByRequest(ctx, "u1", "console:r1")
+		require.NoError(t, err)
+		require.Equal(t, "tr", byReq.ID)
+		require.Equal(t, "console:r1", byReq.RequestID)
+		_, err = s.TokenByRequest(ctx, "u2", "console:r1")
+		require.ErrorIs(t, err, auth.ErrNoRows, "request ids are per user")
+
 		tok, u, err := s.TokenByHash(ctx, "h1")
 		require.NoError(t, err)
 		require.Equal(t, "t1", tok.ID)

@@ -143,6 +143,9 @@ type TokenRow struct {
 // TokensView is the API tokens page.
 type TokensView struct {
 	Tokens []TokenRow
+	// RequestID is the create form's request id, so the same form sent
+	// twice mints one token.
+	RequestID string
 	// Name and NameError echo a refused create form.
 	Name      string
 	NameError string

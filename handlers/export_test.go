@@ -23,3 +23,6 @@ func APIQueryParameters() map[string][]string {
 	}
 	return out
 }
+
+// ClientAddr is clientAddr, for the table test in package handlers_test.
+var ClientAddr = clientAddr

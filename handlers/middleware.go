@@ -135,6 +135,7 @@ func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.serveOffStack(w, r)
 		return
 	}
+	e.h.fromProxy(r)
 	r = e.h.requestID(w, limitBodyTime(w, r, e.bodyTimeout))
 	defer func() {
 		if v := recover(); v != nil {
@@ -160,6 +161,7 @@ func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 	)
 	offstack.Run(func() {
 		var id string
+		e.h.fromProxy(r)
 		r, id = e.h.withRequestID(limitBodyTime(w, r, e.bodyTimeout))
 		start = time.Now()
 		ww = middleware.NewWrapResponseWriter(&lateHeaders{ResponseWriter: w, id: id, tls: r.TLS != nil || e.h.SecureCookies}, r.ProtoMajor)

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"path"
 	"strings"
 	"time"
@@ -58,6 +59,11 @@ type Deps struct {
 	BodyReadTimeout time.Duration
 	// BodyLimit overrides DefaultBodyLimit when > 0.
 	BodyLimit int64
+	// TrustedProxies are the balancers and reverse proxies in front: a
+	// request from one of them is taken to come from the address it
+	// forwarded (X-Forwarded-For; see proxies.go). None: the TCP peer is
+	// the client.
+	TrustedProxies []netip.Prefix
 }
 
 type handler struct {

@@ -286,6 +286,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		return metrics.CredentialCacheCounts{Hits: st.Hits, StoreReads: st.StoreReads, Invalidations: st.Invalidations}
 	}
 	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.notifications().Deliver(notes, "local") })
+	proxies, err := handlers.ParseTrustedProxies(cfg.TrustedProxies) // checked by Validate
+	if err != nil {
+		return nil, err
+	}
 	a.Handler = handlers.New(handlers.Deps{
 		Logger:   log,
 		Ready:    db,
@@ -304,6 +308,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		SecureCookies: cfg.TLSCertFile != "" || strings.HasPrefix(cfg.PublicURL, "https://"),
 		// The same bound for the body as the server sets for the headers.
 		BodyReadTimeout: cfg.ReadTimeout,
+		TrustedProxies:  proxies,
 	})
 	return a, nil
 }

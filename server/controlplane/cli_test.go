@@ -47,6 +47,7 @@ func cleanEnv(t *testing.T) {
 		"NODEWARD_MASTER_KEY", "NODEWARD_MASTER_KEY_FILE", "NODEWARD_LOG_LEVEL", "NODEWARD_LOG_FORMAT",
 		"NODEWARD_TLS_CERT_FILE", "NODEWARD_TLS_KEY_FILE", "NODEWARD_TLS_CA_FILE", "NODEWARD_SHUTDOWN_GRACE",
 		"NODEWARD_READ_TIMEOUT", "NODEWARD_DIAGNOSE_ALLOW", "NODEWARD_DB_MAX_CONNS", "NODEWARD_DEBUG_ADDR", "NODEWARD_DB_WRITE_LANES",
+		"NODEWARD_TRUSTED_PROXIES",
 		"NODEWARD_LEASE", "NODEWARD_SESSION_TTL", "NODEWARD_LEDGER_WORKERS",
 	} {
 		t.Setenv(k, "")
@@ -252,6 +253,8 @@ func TestCLIBadConfigurationFailsFast(t *testing.T) {
 		{"PublicURL", nil, []string{"serve", "--public-url", "ftp://x", "--data-dir", dir}, "public URL"},
 		{"DiagnoseAllow", nil, []string{"serve", "--diagnose-allow", "10.0.0.0/8, not a host!", "--data-dir", dir}, "diagnose allowlist"},
 		{"DiagnoseAllowEnv", map[string]string{"NODEWARD_DIAGNOSE_ALLOW": "300.1.1.1/8"}, []string{"serve", "--data-dir", dir}, "diagnose allowlist"},
+		{"TrustedProxies", nil, []string{"serve", "--trusted-proxies", "10.0.0.0/8, lb.internal", "--data-dir", dir}, "NODEWARD_TRUSTED_PROXIES"},
+		{"TrustedProxiesEnv", map[string]string{"NODEWARD_TRUSTED_PROXIES": "10.0.0.0/40"}, []string{"serve", "--data-dir", dir}, "NODEWARD_TRUSTED_PROXIES"},
 		{"DebugAddrEveryInterface", nil, []string{"serve", "--debug-addr", ":6060", "--data-dir", dir}, "NODEWARD_DEBUG_ADDR"},
 		{"DebugAddrNotHostPort", map[string]string{"NODEWARD_DEBUG_ADDR": "6060"}, []string{"serve", "--data-dir", dir}, "NODEWARD_DEBUG_ADDR"},
 		{"DebugAddrBusy", nil, []string{"serve", "--listen", "127.0.0.1:0", "--debug-addr", busy.Addr().String(), "--data-dir", dir}, "debug listener (NODEWARD_DEBUG_ADDR, --debug-addr) on"},

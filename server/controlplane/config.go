@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/diagnose"
+	"github.com/nodeward/nodeward/handlers"
 	"github.com/nodeward/nodeward/keys"
 )
 
@@ -75,6 +76,12 @@ type Config struct {
 	// names, comma-separated (NODEWARD_DIAGNOSE_ALLOW); empty refuses
 	// every destination.
 	DiagnoseAllow string
+	// TrustedProxies are the balancers or reverse proxies in front of
+	// this replica, CIDRs and addresses, comma-separated
+	// (NODEWARD_TRUSTED_PROXIES): a request from one is taken to come from
+	// the address it forwards in X-Forwarded-For (the sign-in limit, the
+	// audit and the access log). Empty, the default: the header is ignored.
+	TrustedProxies string
 	// DebugAddr is where the debug listener serves the runtime's profiles
 	// (net/http/pprof), on its own loopback address, never the public one
 	// (NODEWARD_DEBUG_ADDR; empty, the default: off).
@@ -203,6 +210,7 @@ func bindFlags(fs *flag.FlagSet, c *Config, getenv func(string) string) {
 	c.dbWriteLanes = poolSize{raw: getenv("NODEWARD_DB_WRITE_LANES")}
 	fs.Var(&c.dbWriteLanes, "db-write-lanes", "write batches a PostgreSQL replica commits at once, each on its own connection (NODEWARD_DB_WRITE_LANES; default a quarter of the pool, at most 4)")
 	fs.StringVar(&c.DiagnoseAllow, "diagnose-allow", envOr(getenv, "NODEWARD_DIAGNOSE_ALLOW", ""), "CIDRs and host names diagnose.endpoint may probe, comma-separated; empty refuses all (NODEWARD_DIAGNOSE_ALLOW)")
+	fs.StringVar(&c.TrustedProxies, "trusted-proxies", envOr(getenv, "NODEWARD_TRUSTED_PROXIES", ""), "balancers or proxies in front, CIDRs and addresses, comma-separated: their X-Forwarded-For names the client; empty ignores the header (NODEWARD_TRUSTED_PROXIES)")
 	fs.StringVar(&c.DebugAddr, "debug-addr", envOr(getenv, "NODEWARD_DEBUG_ADDR", ""), "loopback host:port serving Go profiles under /debug/pprof/; empty is off (NODEWARD_DEBUG_ADDR)")
 	c.MasterKey = getenv("NODEWARD_MASTER_KEY")
 }
@@ -257,6 +265,9 @@ func (c *Config) Validate() error {
 		return errors.New("read timeout must be a positive duration, like 10s")
 	}
 	if _, err := diagnose.ParseAllowlist(c.DiagnoseAllow); err != nil {
+		return err
+	}
+	if _, err := handlers.ParseTrustedProxies(c.TrustedProxies); err != nil {
 		return err
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {

@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -27,12 +28,43 @@ func (s *Service) auditRefusal(ctx context.Context, username, action, outcome, h
 	now := s.now()
 	actor := sanitizeActor(username)
 	e := AuditEntry{At: now, Actor: actor, Action: action, Outcome: outcome, RemoteAddr: host,
-		Detail: "last_username=" + actor, Count: 1}
+		Detail: foldUsername("", actor), Count: 1}
 	// In one transaction so that, on SQLite, concurrent refusals of one
-	// client cannot both miss the entry and append two.
+	// client cannot both miss the entry and append two, and the usernames
+	// folded in are not lost to a race.
 	_ = s.store.Tx(ctx, func(tx Store) error {
-		return tx.CoalesceAudit(ctx, e, now.Add(-refusalWindow))
+		return tx.CoalesceAudit(ctx, e, now.Add(-refusalWindow), func(detail string) string {
+			return foldUsername(detail, actor)
+		})
 	})
+}
+
+// maxTried is how many distinct usernames a coalesced refusal names; past
+// it the list ends in "…" (the count still counts every refusal).
+const maxTried = 8
+
+// foldUsername is a refusal entry's detail once actor (sanitized) was
+// tried: `last_username=ACTOR tried="a","b"`, the distinct usernames in
+// the order first tried, each quoted (a submitted name may hold commas or
+// spaces).
+func foldUsername(detail, actor string) string {
+	const mark = " tried="
+	tried := ""
+	if i := strings.Index(detail, mark); i >= 0 {
+		tried = detail[i+len(mark):]
+	}
+	q := strconv.Quote(actor)
+	switch {
+	case tried == "":
+		tried = q
+	case tried == q || strings.HasPrefix(tried, q+",") || strings.Contains(tried, ","+q+",") || strings.HasSuffix(tried, ","+q):
+	case strings.HasSuffix(tried, ",…"):
+	case strings.Count(tried, `","`)+1 >= maxTried:
+		tried += ",…"
+	default:
+		tried += "," + q
+	}
+	return "last_username=" + actor + mark + tried
 }
 
 // sanitizeActor makes a submitted name safe to store and show: at most

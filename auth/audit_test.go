@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -29,4 +30,18 @@ func TestSanitizeActor(t *testing.T) {
 	huge := sanitizeActor(strings.Repeat("\x00", 1<<20))
 	require.LessOrEqual(t, len(huge), maxActorLen*len(`\x00`)+len("…"))
 	require.True(t, utf8.ValidString(huge))
+}
+
+func TestFoldUsername(t *testing.T) {
+	d := ""
+	for _, name := range []string{"root", "admin", "root", `a "quoted", name`, "admin"} {
+		d = foldUsername(d, name)
+	}
+	require.Equal(t, `last_username=admin tried="root","admin","a \"quoted\", name"`, d, "distinct, in first-tried order")
+	for i := range 20 {
+		d = foldUsername(d, fmt.Sprintf("guess%02d", i))
+	}
+	require.True(t, strings.HasSuffix(d, `"guess04",…`), d)
+	require.Equal(t, 8, strings.Count(d, `","`)+1, "eight names, then the ellipsis")
+	require.Equal(t, d, foldUsername(d, "guess19"), "nothing more once full")
 }

@@ -70,7 +70,8 @@ func TestLoginRefusals(t *testing.T) {
 			require.Len(t, rows, 1, "one entry for one client, whatever its ports and usernames")
 			require.Equal(t, int64(n), rows[0].Count)
 			require.Equal(t, "guess00", rows[0].Actor)
-			require.Equal(t, "last_username=guess11", rows[0].Detail)
+			require.Equal(t, `last_username=guess11 tried="guess00","guess01","guess02","guess03","guess04","guess05","guess06","guess07",…`,
+				rows[0].Detail, "the latest, and the first eight distinct")
 			require.Equal(t, "198.51.100.7", rows[0].RemoteAddr)
 
 			_, _, err := s.Login(ctx, "guess", "wrong password", "198.51.100.8:1")
@@ -98,7 +99,7 @@ func TestLoginRefusals(t *testing.T) {
 			require.Len(t, rows, 2)
 			long, ctl := rows[1], rows[0]
 			require.Equal(t, strings.Repeat("A", 64)+"…", long.Actor)
-			require.Less(t, len(long.Detail), 100)
+			require.Less(t, len(long.Detail), 200, "the name cut, in last_username and tried")
 			require.Equal(t, `evil\x0a2026-01-01 login admin ok\x1b[0m`, ctl.Actor)
 			require.NotContains(t, ctl.Detail, "\n")
 		})

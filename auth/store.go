@@ -200,10 +200,11 @@ type Store interface {
 	AppendAudit(ctx context.Context, e AuditEntry) error
 	// CoalesceAudit folds e into the newest entry with the same Action,
 	// Outcome and RemoteAddr whose At is at or after since: one more in its
-	// Count, its LastAt set to e.At and its Detail to e.Detail. When there
-	// is none it appends e. Outside a transaction two concurrent calls may
-	// both append: every event is still counted.
-	CoalesceAudit(ctx context.Context, e AuditEntry, since time.Time) error
+	// Count, its LastAt set to e.At and its Detail to merge(its Detail).
+	// When there is none it appends e. Inside a transaction the entry is
+	// locked while merged; outside one two concurrent calls may both
+	// append (every event is still counted) or merge one detail twice.
+	CoalesceAudit(ctx context.Context, e AuditEntry, since time.Time, merge func(detail string) string) error
 	// Audit answers up to limit entries with ID below before (any ID when
 	// before is 0), newest first.
 	Audit(ctx context.Context, before int64, limit int) ([]AuditEntry, error)

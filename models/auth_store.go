@@ -429,21 +429,25 @@ func (s *AuthStore) AppendAudit(ctx context.Context, e auth.AuditEntry) error {
 		Outcome: e.Outcome, RemoteAddr: e.RemoteAddr, Detail: e.Detail, Count: e.Count, LastAt: e.LastAt}).Error
 }
 
-// CoalesceAudit implements auth.Store. The fold is one UPDATE naming the
-// newest matching row, so it needs no transaction of its own; the
-// (remote_addr, action, outcome, id) index finds that row.
-func (s *AuthStore) CoalesceAudit(ctx context.Context, e auth.AuditEntry, since time.Time) error {
-	newest := s.q(ctx).Model(&AdminAudit{}).Select("MAX(id)").
-		Where("remote_addr = ? AND action = ? AND outcome = ? AND at >= ?", e.RemoteAddr, e.Action, e.Outcome, since)
-	res := s.q(ctx).Model(&AdminAudit{}).Where("id = (?)", newest).
-		Updates(map[string]any{"count": gorm.Expr("count + 1"), "last_at": e.At, "detail": e.Detail})
-	if res.Error != nil {
-		return res.Error
+// CoalesceAudit implements auth.Store: the newest matching entry, read
+// (locked in a transaction on Postgres; SQLite's holds the write lock) and
+// updated by its id; the (remote_addr, action, outcome, id) index finds it.
+func (s *AuthStore) CoalesceAudit(ctx context.Context, e auth.AuditEntry, since time.Time, merge func(string) string) error {
+	q := s.q(ctx).Model(&AdminAudit{}).Select("id", "detail").
+		Where("remote_addr = ? AND action = ? AND outcome = ? AND at >= ?", e.RemoteAddr, e.Action, e.Outcome, since).
+		Order("id DESC").Limit(1)
+	if s.inTx && s.db.Dialect == Postgres {
+		q = q.Clauses(clause.Locking{Strength: "UPDATE"})
 	}
-	if res.RowsAffected > 0 {
-		return nil
+	var newest []AdminAudit
+	if err := q.Find(&newest).Error; err != nil {
+		return err
 	}
-	return s.AppendAudit(ctx, e)
+	if len(newest) == 0 {
+		return s.AppendAudit(ctx, e)
+	}
+	return s.q(ctx).Model(&AdminAudit{}).Where("id = ?", newest[0].ID).
+		Updates(map[string]any{"count": gorm.Expr("count + 1"), "last_at": e.At, "detail": merge(newest[0].Detail)}).Error
 }
 
 // Audit implements auth.Store.

@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,12 +263,14 @@ func TestAuthStoreCoalesceAudit(t *testing.T) {
 		window := t0.Add(-time.Minute)
 		for i := range 5 {
 			at := t0.Add(time.Duration(i) * time.Second)
-			require.NoError(t, s.CoalesceAudit(ctx, refusal(at, "192.0.2.1", "failed", "u"+string(rune('a'+i))), window))
+			name := "u" + string(rune('a'+i))
+			require.NoError(t, s.CoalesceAudit(ctx, refusal(at, "192.0.2.1", "failed", name), window,
+				func(d string) string { return d + "," + name }))
 		}
 		// Another client, and another outcome of the same client, have
 		// entries of their own.
-		require.NoError(t, s.CoalesceAudit(ctx, refusal(t0, "192.0.2.2", "failed", "x"), window))
-		require.NoError(t, s.CoalesceAudit(ctx, refusal(t0, "192.0.2.1", "rate_limited", "x"), window))
+		require.NoError(t, s.CoalesceAudit(ctx, refusal(t0, "192.0.2.2", "failed", "x"), window, keep))
+		require.NoError(t, s.CoalesceAudit(ctx, refusal(t0, "192.0.2.1", "rate_limited", "x"), window, keep))
 
 		rows, err := s.Audit(ctx, 0, 100)
 		require.NoError(t, err)
@@ -276,7 +279,7 @@ func TestAuthStoreCoalesceAudit(t *testing.T) {
 		require.Equal(t, "192.0.2.1", first.RemoteAddr)
 		require.Equal(t, int64(5), first.Count)
 		require.Equal(t, "ua", first.Actor, "the first refusal names the entry")
-		require.Equal(t, "last_username=ue", first.Detail, "the detail names the latest")
+		require.Equal(t, "last_username=ua,ub,uc,ud,ue", first.Detail, "the detail is merged from the entry's own")
 		require.True(t, t0.Equal(first.At))
 		require.NotNil(t, first.LastAt)
 		require.True(t, t0.Add(4*time.Second).Equal(*first.LastAt))
@@ -285,7 +288,7 @@ func TestAuthStoreCoalesceAudit(t *testing.T) {
 
 		// Past the window, a refusal starts a new entry.
 		later := t0.Add(time.Hour)
-		require.NoError(t, s.CoalesceAudit(ctx, refusal(t0.Add(time.Hour), "192.0.2.1", "failed", "z"), later))
+		require.NoError(t, s.CoalesceAudit(ctx, refusal(t0.Add(time.Hour), "192.0.2.1", "failed", "z"), later, keep))
 		rows, err = s.Audit(ctx, 0, 100)
 		require.NoError(t, err)
 		require.Len(t, rows, 4)
@@ -298,13 +301,15 @@ func TestAuthStoreCoalesceAudit(t *testing.T) {
 func TestAuthStoreCoalesceAuditConcurrent(t *testing.T) {
 	withAuthStore(t, func(t *testing.T, s *models.AuthStore) {
 		e := auth.AuditEntry{At: t0, Actor: "x", Action: "login", Outcome: "failed", RemoteAddr: "192.0.2.1", Count: 1}
-		require.NoError(t, s.CoalesceAudit(ctx, e, t0))
+		require.NoError(t, s.CoalesceAudit(ctx, e, t0, keep))
 		const n = 20
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
 		for range n {
 			wg.Go(func() {
-				errs <- s.Tx(ctx, func(tx auth.Store) error { return tx.CoalesceAudit(ctx, e, t0) })
+				errs <- s.Tx(ctx, func(tx auth.Store) error {
+					return tx.CoalesceAudit(ctx, e, t0, func(d string) string { return d + "+" })
+				})
 			})
 		}
 		wg.Wait()
@@ -316,5 +321,8 @@ func TestAuthStoreCoalesceAuditConcurrent(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, rows, 1)
 		require.Equal(t, int64(n+1), rows[0].Count)
+		require.Equal(t, strings.Repeat("+", n), rows[0].Detail, "no merge lost to a race")
 	})
 }
+
+func keep(d string) string { return d }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,7 +48,7 @@ func (h *handler) consoleRoutes(r chi.Router) {
 		r.Get("/console/tokens", h.consoleTokens)
 		r.Post("/console/tokens", h.consoleCreateToken)
 		r.Post("/console/tokens/{id}/revoke", h.consoleRevokeToken)
-		r.Get("/console/audit", h.consoleAudit)
+		r.With(h.consoleOnlyQuery("before")).Get("/console/audit", h.consoleAudit)
 		h.consoleAdminRoutes(r)
 		// Sections whose pages land with the fleet, ledger and secrets work.
 		h.consoleNodeRoutes(r)
@@ -269,4 +270,35 @@ func formRequestID(r *http.Request) string {
 		return newRequestID()
 	}
 	return id
+}
+
+// consoleOnlyQuery refuses a listing page whose link carries a query
+// parameter it does not read (a misspelt filter, a hand-edited link): the
+// page would otherwise show everything while its reader believes it
+// filtered, as the API refuses the same (onlyQuery).
+func (h *handler) consoleOnlyQuery(names ...string) func(http.Handler) http.Handler {
+	allowed := make(map[string]bool, len(names))
+	for _, n := range names {
+		allowed[n] = true
+	}
+	sorted := append([]string(nil), names...)
+	slices.Sort(sorted)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for k := range r.URL.Query() {
+				if allowed[k] {
+					continue
+				}
+				name := "“" + clip(k, 64) + "”"
+				if !displayable(k) {
+					name = "a name that cannot be shown"
+				}
+				h.consoleError(w, r, consoleFrom(r.Context()), http.StatusBadRequest, "Unknown filter",
+					"This page has no filter "+name+", so it would show more than the link asks for. "+
+						"It takes: "+strings.Join(sorted, ", ")+".")
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }

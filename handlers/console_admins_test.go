@@ -184,3 +184,27 @@ func TestConsoleTokenFormSentTwice(t *testing.T) {
 		require.NotEqual(t, token, attr(second.one(t, "new-token"), "value"))
 	})
 }
+
+// TestConsoleUnknownFilters: a listing page whose link carries a filter
+// it does not know says so (400) instead of showing everything; the
+// filters it knows still work.
+func TestConsoleUnknownFilters(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	me := signIn(t, s)
+	for _, c := range []struct{ good, bad string }{
+		{"/console/nodes?state=ready", "/console/nodes?stat=ready"},
+		{"/console/operations?state=failed", "/console/operations?states=failed"},
+		{"/console/secret-audit?outcome=denied", "/console/secret-audit?outcom=denied"},
+		{"/console/audit", "/console/audit?page=2"},
+		{"/console/config/lagging", "/console/config/lagging?x=1"},
+	} {
+		require.Equal(t, http.StatusOK, me.get(c.good).status, c.good)
+		page := me.get(c.bad)
+		require.Equal(t, http.StatusBadRequest, page.status, c.bad)
+		require.Contains(t, page.raw, "This page has no filter", c.bad)
+	}
+	page := me.get("/console/nodes?%3Cscript%3E=1")
+	require.Equal(t, http.StatusBadRequest, page.status)
+	require.NotContains(t, page.raw, "<script>", "escaped, never markup")
+}

@@ -33,7 +33,7 @@ func (h *handler) consoleConfigRoutes(r chi.Router) {
 	r.Post("/console/nodes/{id}/config", h.consoleSetConfig)
 	r.Post("/console/nodes/{id}/config/clear", h.consoleClearConfig)
 	r.Post("/console/nodes/{id}/diagnose", h.consoleDiagnose)
-	r.Get("/console/config/lagging", h.consoleLagging)
+	r.With(h.consoleOnlyQuery("before")).Get("/console/config/lagging", h.consoleLagging)
 }
 
 // consoleLaggingPageSize is how many lagging nodes one page lists.

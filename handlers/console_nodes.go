@@ -31,7 +31,7 @@ const consoleNodePageSize = 50
 
 // consoleNodeRoutes mounts the node pages (inside the session group).
 func (h *handler) consoleNodeRoutes(r chi.Router) {
-	r.Get("/console/nodes", h.consoleNodes)
+	r.With(h.consoleOnlyQuery("state", "lease", "before")).Get("/console/nodes", h.consoleNodes)
 	r.Get("/console/nodes/invite", h.consoleInviteForm)
 	r.Post("/console/nodes/invite", h.consoleInvite)
 	r.Get("/console/nodes/{id}", h.consoleNode)

@@ -21,10 +21,10 @@ import (
 // through the API's domain calls and its parsing of filters; every action
 // is a ledger operation submitted by the signed-in administrator.
 func (h *handler) consoleOperationsRoutes(r chi.Router) {
-	r.Get("/console/operations", h.consoleOperations)
+	r.With(h.consoleOnlyQuery(append(operationFilterNames(), "limit")...)).Get("/console/operations", h.consoleOperations)
 	r.Get("/console/operations/{id}", h.consoleOperation)
 	r.Post("/console/operations/{id}/cancel", h.consoleCancelOperation)
-	r.Get("/console/secret-audit", h.consoleSecretAudit)
+	r.With(h.consoleOnlyQuery(append(secretAuditFilterNames(), "limit", "before")...)).Get("/console/secret-audit", h.consoleSecretAudit)
 	r.Get("/console/package-hosts", h.consolePackageHosts)
 	r.Post("/console/package-hosts", h.consoleCreatePackageHost)
 	r.Post("/console/package-hosts/{id}/revoke", h.consoleRevokePackageHost)

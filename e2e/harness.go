@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -203,7 +204,19 @@ func StartServer(t testing.TB, o ServerOptions) *Server {
 		s.run(t, strings.NewReader("e2e-admin-password\n"), "admin", "create", "--username", "e2e", "--password-stdin")
 		s.Token = strings.TrimSpace(s.run(t, nil, "token", "create", "--name", "e2e"))
 	}
-	s.Start(t)
+	// FreeAddr's port is free when it answers, not when the process binds
+	// it: a parallel test's server may take it first. Then this one cannot
+	// listen, and starts again on another port.
+	for attempt := 1; ; attempt++ {
+		err := s.start(t)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errAddrTaken) || attempt == 3 {
+			t.Fatalf("%v\n%s", err, s.log.String())
+		}
+		s.moveTo(FreeAddr(t))
+	}
 	t.Cleanup(func() { s.Stop(t, syscall.SIGTERM) })
 	return s
 }
@@ -222,8 +235,35 @@ func (s *Server) run(t testing.TB, stdin io.Reader, args ...string) string {
 	return string(out)
 }
 
+// errAddrTaken: the process could not listen, its address in use.
+var errAddrTaken = errors.New("server address taken by another process")
+
+// moveTo gives a server that never started another address.
+func (s *Server) moveTo(addr string) {
+	oldURL := s.URL
+	s.Addr, s.URL = addr, "http://"+addr
+	for i, kv := range s.Env {
+		switch {
+		case strings.HasPrefix(kv, "NODEWARD_LISTEN="):
+			s.Env[i] = "NODEWARD_LISTEN=" + addr
+		case kv == "NODEWARD_PUBLIC_URL="+oldURL:
+			s.Env[i] = "NODEWARD_PUBLIC_URL=" + s.URL
+		}
+	}
+}
+
 // Start starts the process (again) and waits until it is ready.
 func (s *Server) Start(t testing.TB) {
+	t.Helper()
+	if err := s.start(t); err != nil {
+		t.Fatalf("%v", err)
+	}
+}
+
+// start starts the process and waits until it is ready: /readyz answers
+// 200 and its own log says it listens (so the answer is not another
+// process's on a port taken first).
+func (s *Server) start(t testing.TB) error {
 	t.Helper()
 	cmd := exec.Command(s.bin, "serve")
 	cmd.Env = append(os.Environ(), s.Env...)
@@ -232,7 +272,7 @@ func (s *Server) Start(t testing.TB) {
 	cmd.Stdout = pw
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start server: %v", err)
+		return fmt.Errorf("start server: %w", err)
 	}
 	exited := make(chan struct{})
 	logDone := make(chan struct{})
@@ -264,17 +304,20 @@ func (s *Server) Start(t testing.TB) {
 		resp, err := http.Get(s.URL + "/readyz")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
+			if resp.StatusCode == http.StatusOK && strings.Contains(log.String(), `"msg":"listening"`) {
+				return nil
 			}
 		}
 		select {
 		case <-exited:
-			t.Fatalf("server exited before it was ready")
+			if strings.Contains(log.String(), "address already in use") {
+				return errAddrTaken
+			}
+			return errors.New("server exited before it was ready")
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("server not ready after 30s")
+			return errors.New("server not ready after 30s")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -182,23 +182,10 @@ func validateNewAdmin(username, password string) error {
 	return v.Err()
 }
 
-// CreateAdmin adds an administrator. Errors: validation_failed,
-// ErrUsernameTaken, ErrOverloaded.
+// CreateAdmin adds an administrator as SystemActor (the command line, a
+// test). Errors: validation_failed, ErrUsernameTaken, ErrOverloaded.
 func (s *Service) CreateAdmin(ctx context.Context, username, password string) (User, error) {
-	if err := validateNewAdmin(username, password); err != nil {
-		return User{}, err
-	}
-	hash, err := s.hashPassword(ctx, password)
-	if err != nil {
-		return User{}, err
-	}
-	var u User
-	err = s.store.Tx(ctx, func(tx Store) error {
-		var err error
-		u, err = s.createAdminTx(ctx, tx, SystemActor.Username, "", username, hash)
-		return err
-	})
-	return u, err
+	return s.AddAdmin(ctx, SystemActor, username, password, "")
 }
 
 func (s *Service) createAdminTx(ctx context.Context, tx Store, actor, remote, username, hash string) (User, error) {

@@ -34,11 +34,7 @@ func (h *handler) listAdmins(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	var before *auth.PageKey
-	if page.paged {
-		before = &auth.PageKey{CreatedAt: page.at, ID: page.id}
-	}
-	rows, err := h.Auth.ListAdmins(r.Context(), before, page.limit)
+	rows, err := h.Auth.ListAdmins(r.Context(), page.key(), page.limit)
 	if err != nil {
 		writeError(w, r, err)
 		return

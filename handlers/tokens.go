@@ -62,11 +62,7 @@ func (h *handler) listTokens(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err)
 		return
 	}
-	var before *auth.PageKey
-	if page.paged {
-		before = &auth.PageKey{CreatedAt: page.at, ID: page.id}
-	}
-	rows, err := h.Auth.ListTokens(r.Context(), before, page.limit)
+	rows, err := h.Auth.ListTokens(r.Context(), page.key(), page.limit)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -151,6 +147,15 @@ func keyPageParams(r *http.Request) (keyPage, error) {
 	}
 	at, id, paged, err := queryOf(r).keyCursor("before")
 	return keyPage{limit: limit, at: at, id: id, paged: paged}, err
+}
+
+// key is the page's place as the administrators' listings take it (nil:
+// from the newest).
+func (p keyPage) key() *auth.PageKey {
+	if !p.paged {
+		return nil
+	}
+	return &auth.PageKey{CreatedAt: p.at, ID: p.id}
 }
 
 // next answers the next page's cursor after a page of n rows whose last is

@@ -194,9 +194,10 @@ func (s *AuthStore) EnabledUsers(ctx context.Context) ([]auth.User, error) {
 	return out, nil
 }
 
-// Users implements auth.Store.
-func (s *AuthStore) Users(ctx context.Context, before *auth.PageKey, limit int, now time.Time) ([]auth.User, error) {
-	q := s.q(ctx).Order("created_at DESC, id DESC")
+// newestFirst orders q by (created_at, id) newest first, from below
+// before (nil: from the newest), at most limit rows (0: all).
+func newestFirst(q *gorm.DB, before *auth.PageKey, limit int) *gorm.DB {
+	q = q.Order("created_at DESC, id DESC")
 	if before != nil {
 		at := dbtime.Norm(before.CreatedAt)
 		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", at, at, before.ID)
@@ -204,8 +205,13 @@ func (s *AuthStore) Users(ctx context.Context, before *auth.PageKey, limit int, 
 	if limit > 0 {
 		q = q.Limit(limit)
 	}
+	return q
+}
+
+// Users implements auth.Store.
+func (s *AuthStore) Users(ctx context.Context, before *auth.PageKey, limit int, now time.Time) ([]auth.User, error) {
 	var rows []AdminUser
-	if err := q.Find(&rows).Error; err != nil {
+	if err := newestFirst(s.q(ctx), before, limit).Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	ids := make([]string, 0, len(rows))
@@ -371,16 +377,8 @@ func (s *AuthStore) TokenByHash(ctx context.Context, hash string) (auth.APIToken
 
 // Tokens implements auth.Store.
 func (s *AuthStore) Tokens(ctx context.Context, before *auth.PageKey, limit int) ([]auth.APIToken, error) {
-	q := s.q(ctx).Order("created_at DESC, id DESC")
-	if before != nil {
-		at := dbtime.Norm(before.CreatedAt)
-		q = q.Where("(created_at < ? OR (created_at = ? AND id < ?))", at, at, before.ID)
-	}
-	if limit > 0 {
-		q = q.Limit(limit)
-	}
 	var rows []APIToken
-	if err := q.Find(&rows).Error; err != nil {
+	if err := newestFirst(s.q(ctx), before, limit).Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	// The owners' names, so a listing says whose each token is: one

@@ -439,7 +439,8 @@ func (s *Service) CreateTokenOnce(ctx context.Context, p Principal, name, reques
 }
 
 // CreateTokenFor mints a token for the named user; used by the CLI.
-// Errors: not_found, validation_failed.
+// Errors: not_found, conflict (the administrator is disabled),
+// validation_failed.
 func (s *Service) CreateTokenFor(ctx context.Context, username, name string) (string, APIToken, error) {
 	u, err := s.store.UserByName(ctx, username)
 	if errors.Is(err, ErrNoRows) {
@@ -447,6 +448,10 @@ func (s *Service) CreateTokenFor(ctx context.Context, username, name string) (st
 	}
 	if err != nil {
 		return "", APIToken{}, err
+	}
+	if u.DisabledAt != nil {
+		// The token would be refused until they are enabled: say so now.
+		return "", APIToken{}, errcode.Errorf(errcode.Conflict, "administrator %q is disabled: enable them first", username)
 	}
 	return s.CreateToken(ctx, Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username}, name, "cli")
 }

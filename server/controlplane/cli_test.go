@@ -388,6 +388,7 @@ func TestCLIAdminManagement(t *testing.T) {
 		{"short\n", []string{"admin", "password", "--username", "ops", "--password-stdin", "--data-dir", dir}, 1, "password: at least"},
 		{"", []string{"admin", "password", "--username", "ops", "--data-dir", dir}, 2, "--password-stdin"},
 		{"", []string{"admin", "disable", "--data-dir", dir}, 2, "needs --username"},
+		{"", []string{"token", "create", "--name", "x", "--username", "dev", "--data-dir", dir}, 1, "is disabled"},
 		{"", []string{"admin", "remove", "--username", "ops"}, 2, "usage: nodeward admin"},
 	} {
 		r := mainRun(t, c.stdin, c.args...)

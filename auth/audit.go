@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,27 +45,65 @@ func (s *Service) auditRefusal(ctx context.Context, username, action, outcome, h
 const maxTried = 8
 
 // foldUsername is a refusal entry's detail once actor (sanitized) was
-// tried: `last_username=ACTOR tried="a","b"`, the distinct usernames in
-// the order first tried, each quoted (a submitted name may hold commas or
-// spaces).
+// tried: `last_username="ACTOR" tried="a","b"`, the distinct usernames in
+// the order first tried. Every name is a quoted Go string, so no submitted
+// text can end one early or pose as the list (the old detail is parsed
+// name by name, never searched).
 func foldUsername(detail, actor string) string {
-	const mark = " tried="
-	tried := ""
-	if i := strings.Index(detail, mark); i >= 0 {
-		tried = detail[i+len(mark):]
+	names, more := triedNames(detail)
+	if !slices.Contains(names, actor) {
+		if len(names) < maxTried {
+			names = append(names, actor)
+		} else {
+			more = true
+		}
 	}
-	q := strconv.Quote(actor)
-	switch {
-	case tried == "":
-		tried = q
-	case tried == q || strings.HasPrefix(tried, q+",") || strings.Contains(tried, ","+q+",") || strings.HasSuffix(tried, ","+q):
-	case strings.HasSuffix(tried, ",…"):
-	case strings.Count(tried, `","`)+1 >= maxTried:
-		tried += ",…"
-	default:
-		tried += "," + q
+	var b strings.Builder
+	b.WriteString("last_username=" + strconv.Quote(actor) + " tried=")
+	for i, n := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Quote(n))
 	}
-	return "last_username=" + actor + mark + tried
+	if more {
+		b.WriteString(",…")
+	}
+	return b.String()
+}
+
+// triedNames reads the names foldUsername wrote into detail, and whether
+// the list was full; a detail in any other form (an older entry) reads as
+// none.
+func triedNames(detail string) (names []string, more bool) {
+	rest, ok := strings.CutPrefix(detail, "last_username=")
+	if !ok {
+		return nil, false
+	}
+	last, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return nil, false
+	}
+	if rest, ok = strings.CutPrefix(rest[len(last):], " tried="); !ok {
+		return nil, false
+	}
+	for {
+		q, err := strconv.QuotedPrefix(rest)
+		if err != nil {
+			return names, false
+		}
+		n, _ := strconv.Unquote(q)
+		names = append(names, n)
+		rest = rest[len(q):]
+		switch {
+		case rest == ",…":
+			return names, true
+		case strings.HasPrefix(rest, ","):
+			rest = rest[1:]
+		default:
+			return names, false
+		}
+	}
 }
 
 // sanitizeActor makes a submitted name safe to store and show: at most

@@ -37,11 +37,27 @@ func TestFoldUsername(t *testing.T) {
 	for _, name := range []string{"root", "admin", "root", `a "quoted", name`, "admin"} {
 		d = foldUsername(d, name)
 	}
-	require.Equal(t, `last_username=admin tried="root","admin","a \"quoted\", name"`, d, "distinct, in first-tried order")
+	require.Equal(t, `last_username="admin" tried="root","admin","a \"quoted\", name"`, d, "distinct, in first-tried order")
 	for i := range 20 {
 		d = foldUsername(d, fmt.Sprintf("guess%02d", i))
 	}
 	require.True(t, strings.HasSuffix(d, `"guess04",…`), d)
-	require.Equal(t, 8, strings.Count(d, `","`)+1, "eight names, then the ellipsis")
-	require.Equal(t, d, foldUsername(d, "guess19"), "nothing more once full")
+	names, more := triedNames(d)
+	require.Len(t, names, maxTried)
+	require.True(t, more)
+	require.Equal(t, d[strings.Index(d, " tried="):], foldUsername(d, "guess19")[strings.Index(foldUsername(d, "guess19"), " tried="):],
+		"nothing more once full")
+
+	t.Run("SubmittedTextCannotPoseAsTheList", func(t *testing.T) {
+		d := ""
+		for _, name := range []string{`z tried="","","","","","","","",""`, "alice", `bob tried="ops"`, "carol"} {
+			d = foldUsername(d, name)
+		}
+		names, more := triedNames(d)
+		require.False(t, more)
+		require.Equal(t, []string{`z tried="","","","","","","","",""`, "alice", `bob tried="ops"`, "carol"}, names)
+	})
+	t.Run("AnOlderDetailStartsAfresh", func(t *testing.T) {
+		require.Equal(t, `last_username="bob" tried="bob"`, foldUsername("last_username=alice", "bob"))
+	})
 }

@@ -70,7 +70,7 @@ func TestLoginRefusals(t *testing.T) {
 			require.Len(t, rows, 1, "one entry for one client, whatever its ports and usernames")
 			require.Equal(t, int64(n), rows[0].Count)
 			require.Equal(t, "guess00", rows[0].Actor)
-			require.Equal(t, `last_username=guess11 tried="guess00","guess01","guess02","guess03","guess04","guess05","guess06","guess07",…`,
+			require.Equal(t, `last_username="guess11" tried="guess00","guess01","guess02","guess03","guess04","guess05","guess06","guess07",…`,
 				rows[0].Detail, "the latest, and the first eight distinct")
 			require.Equal(t, "198.51.100.7", rows[0].RemoteAddr)
 

@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 
 	"github.com/nodeward/nodeward/errcode"
@@ -43,6 +44,9 @@ func (s *Service) AddAdmin(ctx context.Context, actor Principal, username, passw
 	}
 	var u User
 	err = s.store.Tx(ctx, func(tx Store) error {
+		if err := actorStanding(ctx, tx, actor); err != nil {
+			return err
+		}
 		var err error
 		u, err = s.createAdminTx(ctx, tx, actor.Username, remote, username, hash)
 		return err
@@ -87,6 +91,10 @@ func (s *Service) DisableAdmin(ctx context.Context, actor Principal, username, r
 		if err != nil {
 			return err
 		}
+		if actor.UserID != "" && !slices.ContainsFunc(enabled, func(e User) bool { return e.ID == actor.UserID }) {
+			// Disabled while this request was on its way.
+			return ErrUnauthenticated
+		}
 		if u, err = lockAdmin(ctx, tx, username); err != nil {
 			return err
 		}
@@ -125,6 +133,9 @@ func (s *Service) DisableAdmin(ctx context.Context, actor Principal, username, r
 func (s *Service) EnableAdmin(ctx context.Context, actor Principal, username, remote string) (User, error) {
 	var u User
 	err := s.store.Tx(ctx, func(tx Store) error {
+		if err := actorStanding(ctx, tx, actor); err != nil {
+			return err
+		}
 		var err error
 		if u, err = lockAdmin(ctx, tx, username); err != nil || u.DisabledAt == nil {
 			return err
@@ -149,6 +160,9 @@ func (s *Service) SignOutAdmin(ctx context.Context, actor Principal, username, r
 		ended int64
 	)
 	err := s.store.Tx(ctx, func(tx Store) error {
+		if err := actorStanding(ctx, tx, actor); err != nil {
+			return err
+		}
 		var err error
 		if u, err = lockAdmin(ctx, tx, username); err != nil {
 			return err
@@ -253,6 +267,9 @@ func (s *Service) setPassword(ctx context.Context, actor Principal, username, pa
 		ended int64
 	)
 	err = s.store.Tx(ctx, func(tx Store) error {
+		if err := actorStanding(ctx, tx, actor); err != nil {
+			return err
+		}
 		var err error
 		if u, err = lockAdmin(ctx, tx, username); err != nil {
 			return err
@@ -275,6 +292,20 @@ func (s *Service) setPassword(ctx context.Context, actor Principal, username, pa
 		s.cache.forget(UserSubject(u.ID), "local")
 	}
 	return ended, err
+}
+
+// actorStanding refuses an administrator who was disabled (or removed)
+// after their request was authenticated: a change they asked for in that
+// window does not happen. SystemActor (no user) always stands.
+func actorStanding(ctx context.Context, tx Store, actor Principal) error {
+	if actor.UserID == "" {
+		return nil
+	}
+	u, err := tx.UserByName(ctx, actor.Username)
+	if errors.Is(err, ErrNoRows) || (err == nil && (u.ID != actor.UserID || u.DisabledAt != nil)) {
+		return ErrUnauthenticated
+	}
+	return err
 }
 
 func lockAdmin(ctx context.Context, tx Store, username string) (User, error) {

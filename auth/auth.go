@@ -456,12 +456,12 @@ func (s *Service) CreateTokenFor(ctx context.Context, username, name string) (st
 	return s.CreateToken(ctx, Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username}, name, "cli")
 }
 
-// FirstAdmin returns the oldest administrator, for the CLI's default owner.
-// Errors: not_found.
+// FirstAdmin returns the oldest enabled administrator, for the CLI's
+// default owner. Errors: not_found.
 func (s *Service) FirstAdmin(ctx context.Context) (User, error) {
 	u, err := s.store.FirstUser(ctx)
 	if errors.Is(err, ErrNoRows) {
-		return u, errcode.New(errcode.NotFound, "no administrator exists yet: run `admin create` first")
+		return u, errcode.New(errcode.NotFound, "no enabled administrator exists: run `admin create` (or `admin enable`) first")
 	}
 	return u, err
 }

@@ -110,8 +110,8 @@ type Store interface {
 	// UserByName answers the administrator of that exact username, or
 	// ErrNoRows.
 	UserByName(ctx context.Context, username string) (User, error)
-	// FirstUser answers the oldest administrator, or ErrNoRows when none
-	// exists.
+	// FirstUser answers the oldest administrator not disabled, or
+	// ErrNoRows when none is.
 	FirstUser(ctx context.Context) (User, error)
 	// LockUser answers the administrator of that exact username, or
 	// ErrNoRows. Inside a transaction the row is locked until it ends.

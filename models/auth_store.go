@@ -256,7 +256,7 @@ func (s *AuthStore) UpdateUser(ctx context.Context, u auth.User) error {
 // FirstUser implements auth.Store.
 func (s *AuthStore) FirstUser(ctx context.Context) (auth.User, error) {
 	var u AdminUser
-	if err := s.q(ctx).Order("created_at, id").Take(&u).Error; err != nil {
+	if err := s.q(ctx).Where("disabled_at IS NULL").Order("created_at, id").Take(&u).Error; err != nil {
 		return auth.User{}, authErr(err)
 	}
 	return userOf(u), nil

@@ -51,6 +51,16 @@ func TestAuthStoreUsers(t *testing.T) {
 		first, err := s.FirstUser(ctx)
 		require.NoError(t, err)
 		require.Equal(t, "alice", first.Username, "oldest first, whatever the id")
+		alice, err := s.LockUser(ctx, "alice")
+		require.NoError(t, err)
+		off := t0
+		alice.DisabledAt = &off
+		require.NoError(t, s.UpdateUser(ctx, alice))
+		first, err = s.FirstUser(ctx)
+		require.NoError(t, err)
+		require.Equal(t, "bob", first.Username, "the oldest enabled")
+		alice.DisabledAt = nil
+		require.NoError(t, s.UpdateUser(ctx, alice))
 		n, err = s.CountUsers(ctx)
 		require.NoError(t, err)
 		require.Equal(t, int64(2), n)

@@ -408,7 +408,7 @@ func runToken(args []string, stdout, stderr io.Writer) error {
 	}
 	if username == "" {
 		// Nobody asked for an owner: say whose token this is.
-		fmt.Fprintf(stderr, "nodeward: the token belongs to administrator %s, the first one (choose with --username)\n", owner)
+		fmt.Fprintf(stderr, "nodeward: the token belongs to administrator %s, the oldest enabled one (choose with --username)\n", owner)
 	}
 	fmt.Fprintln(stdout, tok)
 	return nil

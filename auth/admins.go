@@ -28,6 +28,10 @@ var (
 		"you cannot disable your own account: another administrator, or the CLI, can")
 )
 
+// MsgNotCurrentPassword is ChangePassword's refusal of a wrong current
+// password (the message of its current_password field).
+const MsgNotCurrentPassword = "is not your current password"
+
 // SystemActor is who the CLI acts as: the operator at the machine, with
 // the data folder or the database in reach.
 var SystemActor = Principal{Kind: KindAdmin, Username: "system", Via: "cli"}
@@ -195,8 +199,8 @@ func (s *Service) SignOutAdmin(ctx context.Context, actor Principal, username, r
 // or disabled).
 func (s *Service) ChangePassword(ctx context.Context, p Principal, current, next, remote string) (int64, error) {
 	var v errcode.Validation
-	v.Check(len(next) >= MinPasswordLen, "new_password", "at least %d characters", MinPasswordLen)
-	v.Check(len(next) <= MaxPasswordLen, "new_password", "at most %d characters", MaxPasswordLen)
+	v.Check(current != "", "current_password", "required")
+	checkNewPassword(&v, "new_password", next)
 	v.Check(next != current, "new_password", "must differ from the current password")
 	if err := v.Err(); err != nil {
 		return 0, err
@@ -229,7 +233,7 @@ func (s *Service) ChangePassword(ctx context.Context, p Principal, current, next
 		s.limiter.fail(key, now)
 		s.auditRefusal(ctx, p.Username, "password.change", "failed", host)
 		var v errcode.Validation
-		v.Add("current_password", "is not your current password")
+		v.Add("current_password", MsgNotCurrentPassword)
 		return 0, v.Err()
 	}
 	s.limiter.reset(key)
@@ -245,11 +249,9 @@ func (s *Service) ChangePassword(ctx context.Context, p Principal, current, next
 // enable a disabled administrator. Errors: validation_failed,
 // ErrAdminNotFound, ErrOverloaded.
 func (s *Service) ResetPassword(ctx context.Context, actor Principal, username, password, remote string) (int64, error) {
-	if err := validateNewAdmin(username, password); err != nil {
-		var ce *errcode.Error
-		if errors.As(err, &ce) && len(ce.Fields) > 0 && ce.Fields[0].Field == "username" {
-			return 0, ErrAdminNotFound // no such name can exist
-		}
+	var v errcode.Validation
+	checkNewPassword(&v, "password", password)
+	if err := v.Err(); err != nil {
 		return 0, err
 	}
 	return s.setPassword(ctx, actor, username, password, "", "admin.password_reset", remote)

@@ -50,6 +50,21 @@ func TestAdminDisable(t *testing.T) {
 		_, err = s.AuthenticateToken(ctx, token) // cached from here
 		require.NoError(t, err)
 
+		t.Run("NamesAndPasswordsRefused", func(t *testing.T) {
+			for name, c := range map[string]struct{ username, password, field string }{
+				"TheCommandLinesName": {"System", "a-long-enough-password", "username"},
+				"OnlySpaces":          {"carol", "              ", "password"},
+				"ControlCharacters":   {"carol", "a-long-enough\x00password", "password"},
+				"NotUTF8":             {"carol", "a-long-enough-\xffpassword", "password"},
+			} {
+				_, err := s.AddAdmin(ctx, root, c.username, c.password, "")
+				var ce *errcode.Error
+				require.True(t, errors.As(err, &ce), name)
+				require.Equal(t, c.field, ce.Fields[0].Field, name)
+			}
+			_, err := s.AddAdmin(ctx, root, "BOB", "a-long-enough-password", "")
+			require.ErrorIs(t, err, auth.ErrUsernameTaken, "usernames are compared without case")
+		})
 		t.Run("SelfIsRefused", func(t *testing.T) {
 			_, _, err := s.DisableAdmin(ctx, bob, "bob", "")
 			require.ErrorIs(t, err, auth.ErrSelfDisable)
@@ -200,13 +215,16 @@ func TestChangePassword(t *testing.T) {
 				"WrongCurrent": {"not-the-password", next, "current_password"},
 				"TooShort":     {adminPassword, "short", "new_password"},
 				"Unchanged":    {adminPassword, adminPassword, "new_password"},
+				"NoCurrent":    {"", next, "current_password"},
 			} {
 				_, err := s.ChangePassword(ctx, p, c.current, c.next, "127.0.0.1:1")
 				var ce *errcode.Error
 				require.True(t, errors.As(err, &ce), name)
 				require.Equal(t, errcode.ValidationFailed, ce.Code, name)
 				require.Equal(t, c.field, ce.Fields[0].Field, name)
-				require.NotContains(t, ce.Error(), c.current, "%s: no password in the message", name)
+				if c.current != "" {
+					require.NotContains(t, ce.Error(), c.current, "%s: no password in the message", name)
+				}
 			}
 		})
 

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -39,7 +40,7 @@ var (
 	// busy for the whole queue timeout (DECISIONS.md §44).
 	ErrOverloaded = errcode.New(errcode.Overloaded, "too many sign-ins at once; try again shortly")
 	// ErrUsernameTaken refuses a second user of one name.
-	ErrUsernameTaken = errcode.New(errcode.Conflict, "an administrator with that username exists")
+	ErrUsernameTaken = errcode.New(errcode.Conflict, "an administrator with that username exists (usernames are compared without case)")
 	// ErrSetupClosed refuses the first-run setup once an administrator exists.
 	ErrSetupClosed = errcode.New(errcode.PermissionDenied, "setup is closed: an administrator already exists")
 	// ErrTokenNotFound is a revoke of a token that does not exist.
@@ -177,9 +178,21 @@ const MinPasswordLen = 12
 func validateNewAdmin(username, password string) error {
 	var v errcode.Validation
 	v.Check(usernamePattern.MatchString(username), "username", "1-64 characters of letters, digits, '.', '_', '@' or '-', starting with a letter or digit")
-	v.Check(len(password) >= MinPasswordLen, "password", "at least %d characters", MinPasswordLen)
-	v.Check(len(password) <= MaxPasswordLen, "password", "at most %d characters", MaxPasswordLen)
+	// The audit names the command line "system": nobody may pass for it.
+	v.Check(!strings.EqualFold(username, SystemActor.Username), "username", "%q is reserved for the command line in the audit", SystemActor.Username)
+	checkNewPassword(&v, "password", password)
 	return v.Err()
+}
+
+// checkNewPassword records what is wrong with a password being set: too
+// short or long, bytes that are not text (a password every door must
+// accept, the API's JSON included), or only spaces.
+func checkNewPassword(v *errcode.Validation, field, password string) {
+	v.Check(len(password) >= MinPasswordLen, field, "at least %d characters", MinPasswordLen)
+	v.Check(len(password) <= MaxPasswordLen, field, "at most %d characters", MaxPasswordLen)
+	v.Check(utf8.ValidString(password) && !strings.ContainsFunc(password, unicode.IsControl), field,
+		"may not hold control characters or invalid UTF-8")
+	v.Check(strings.TrimSpace(password) != "", field, "may not be only spaces")
 }
 
 // CreateAdmin adds an administrator as SystemActor (the command line, a
@@ -189,6 +202,13 @@ func (s *Service) CreateAdmin(ctx context.Context, username, password string) (U
 }
 
 func (s *Service) createAdminTx(ctx context.Context, tx Store, actor, remote, username, hash string) (User, error) {
+	// Names that differ only in case would be told apart by nobody reading
+	// the audit (and share one sign-in limit).
+	if _, err := tx.UserByNameFold(ctx, username); err == nil {
+		return User{}, ErrUsernameTaken
+	} else if !errors.Is(err, ErrNoRows) {
+		return User{}, err
+	}
 	u := User{ID: uuid.NewString(), Username: username, PasswordHash: hash, CreatedAt: s.now()}
 	if err := tx.InsertUser(ctx, u); err != nil {
 		if errors.Is(err, ErrDuplicate) {

@@ -110,6 +110,9 @@ type Store interface {
 	// UserByName answers the administrator of that exact username, or
 	// ErrNoRows.
 	UserByName(ctx context.Context, username string) (User, error)
+	// UserByNameFold answers an administrator whose username equals
+	// username but for ASCII case, or ErrNoRows.
+	UserByNameFold(ctx context.Context, username string) (User, error)
 	// FirstUser answers the oldest administrator not disabled, or
 	// ErrNoRows when none is.
 	FirstUser(ctx context.Context) (User, error)

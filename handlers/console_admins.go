@@ -224,7 +224,7 @@ func (h *handler) consoleChangePassword(w http.ResponseWriter, r *http.Request) 
 		for _, f := range ce.Fields {
 			v.FieldErrors[f.Field] = sentence(f.Message)
 		}
-		if _, wrong := v.FieldErrors["current_password"]; wrong {
+		if v.FieldErrors["current_password"] == sentence(auth.MsgNotCurrentPassword) {
 			v.FieldErrors["current_password"] = "That is not your current password."
 		}
 		s.Flash = views.Flash{Kind: views.FlashError, Message: "Your password was not changed: correct the fields below."}

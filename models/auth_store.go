@@ -160,6 +160,16 @@ func (s *AuthStore) UserByName(ctx context.Context, username string) (auth.User,
 	return userOf(u), nil
 }
 
+// UserByNameFold implements auth.Store (usernames are ASCII, which lower()
+// folds alike on both dialects).
+func (s *AuthStore) UserByNameFold(ctx context.Context, username string) (auth.User, error) {
+	var u AdminUser
+	if err := s.q(ctx).Where("lower(username) = lower(?)", username).Take(&u).Error; err != nil {
+		return auth.User{}, authErr(err)
+	}
+	return userOf(u), nil
+}
+
 // LockUser implements auth.Store; inside a transaction on Postgres the row
 // is locked (SQLite transactions hold the write lock from their start).
 func (s *AuthStore) LockUser(ctx context.Context, username string) (auth.User, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/nodeward/nodeward/errcode"
 )
@@ -191,12 +192,13 @@ func (s *Service) SignOutAdmin(ctx context.Context, actor Principal, username, r
 }
 
 // ChangePassword changes the signed-in administrator's own password,
-// given the current one, and ends their other console sessions (the one
-// asking, if it is a session, stays open); API tokens are untouched. A
-// wrong current password counts against the same limit as a failed
-// sign-in. Errors: validation_failed (current_password, new_password),
-// ErrRateLimited, ErrOverloaded, ErrUnauthenticated (the account is gone
-// or disabled).
+// given the current one, and ends every console session of theirs, the
+// one asking too (a cookie that was stolen dies with the old password: the
+// console hands its user a fresh session, SessionAfterPasswordChange); API
+// tokens are untouched. A wrong current password counts against the same
+// limit as a failed sign-in. Errors: validation_failed (current_password,
+// new_password), ErrRateLimited, ErrOverloaded, ErrUnauthenticated (the
+// account is gone or disabled).
 func (s *Service) ChangePassword(ctx context.Context, p Principal, current, next, remote string) (int64, error) {
 	var v errcode.Validation
 	v.Check(current != "", "current_password", "required")
@@ -237,11 +239,19 @@ func (s *Service) ChangePassword(ctx context.Context, p Principal, current, next
 		return 0, v.Err()
 	}
 	s.limiter.reset(key)
-	keep := ""
-	if p.Via == "session" {
-		keep = p.SessionID
+	return s.setPassword(ctx, p, p.Username, next, "", "admin.password_change", remote)
+}
+
+// SessionAfterPasswordChange opens a fresh console session for p, whose
+// session ChangePassword just ended with the rest: the browser that changed
+// the password stays signed in, on a cookie nobody else has seen. Call it
+// only after ChangePassword succeeded for p in the same request. Errors:
+// ErrUnauthenticated (p is no longer an enabled administrator).
+func (s *Service) SessionAfterPasswordChange(ctx context.Context, p Principal, remote string) (string, time.Time, error) {
+	if err := actorStanding(ctx, s.store, p); err != nil {
+		return "", time.Time{}, err
 	}
-	return s.setPassword(ctx, p, p.Username, next, keep, "admin.password_change", remote)
+	return s.openSession(ctx, p.UserID, remote)
 }
 
 // ResetPassword sets an administrator's password without the current one

@@ -230,11 +230,15 @@ func TestChangePassword(t *testing.T) {
 
 		ended, err := s.ChangePassword(ctx, p, adminPassword, next, "127.0.0.1:1")
 		require.NoError(t, err)
-		require.EqualValues(t, 1, ended, "the other session")
-		_, err = s.AuthenticateSession(ctx, first)
-		require.NoError(t, err, "the session that asked stays")
-		_, err = s.AuthenticateSession(ctx, second)
-		require.ErrorIs(t, err, auth.ErrUnauthenticated)
+		require.EqualValues(t, 2, ended, "every session, the one that asked too")
+		for _, c := range []string{first, second} {
+			_, err = s.AuthenticateSession(ctx, c)
+			require.ErrorIs(t, err, auth.ErrUnauthenticated)
+		}
+		fresh, _, err := s.SessionAfterPasswordChange(ctx, p, "127.0.0.1:1")
+		require.NoError(t, err)
+		_, err = s.AuthenticateSession(ctx, fresh)
+		require.NoError(t, err, "the browser that changed it carries on, on a new cookie")
 		_, _, err = s.Login(ctx, adminName, adminPassword, "127.0.0.3:1")
 		require.ErrorIs(t, err, auth.ErrUnauthenticated, "the old password is gone")
 		_, _, err = s.Login(ctx, adminName, next, "127.0.0.3:1")

@@ -333,8 +333,20 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 		return "", time.Time{}, ErrUnauthenticated
 	}
 	s.limiter.reset(key)
+	tok, expires, err := s.openSession(ctx, u.ID, remote)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	_ = s.audit(ctx, s.store, AuditEntry{Actor: u.Username, Action: "login", Outcome: "ok", RemoteAddr: remote})
+	return tok, expires, nil
+}
+
+// openSession records a console session for userID and answers its cookie
+// value (a JWT naming the row) and expiry.
+func (s *Service) openSession(ctx context.Context, userID, remote string) (string, time.Time, error) {
+	now := s.now()
 	sess := ConsoleSession{
-		ID: uuid.NewString(), UserID: u.ID, CreatedAt: now,
+		ID: uuid.NewString(), UserID: userID, CreatedAt: now,
 		ExpiresAt: now.Add(s.sessionTTL).Truncate(time.Second), RemoteAddr: remote,
 	}
 	if err := s.store.InsertSession(ctx, sess); err != nil {
@@ -342,18 +354,14 @@ func (s *Service) Login(ctx context.Context, username, password, remote string) 
 	}
 	tok, err := s.sessions.Sign(consoleClaims{
 		RegisteredClaims: jwt.RegisteredClaims{
-			Subject:   u.ID,
+			Subject:   userID,
 			ID:        sess.ID,
 			Audience:  jwt.ClaimStrings{s.sessions.Audience()},
 			IssuedAt:  jwt.NewNumericDate(now),
 			ExpiresAt: jwt.NewNumericDate(sess.ExpiresAt),
 		},
 	})
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	_ = s.audit(ctx, s.store, AuditEntry{Actor: u.Username, Action: "login", Outcome: "ok", RemoteAddr: remote})
-	return tok, sess.ExpiresAt, nil
+	return tok, sess.ExpiresAt, err
 }
 
 var dummyHash = func() string {

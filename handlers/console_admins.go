@@ -189,7 +189,7 @@ func (h *handler) consoleAccount(w http.ResponseWriter, r *http.Request) {
 	s := h.shell(r, views.NavAccount)
 	switch r.URL.Query().Get("done") {
 	case "password":
-		s.Flash = views.Flash{Kind: views.FlashOK, Message: "Your password is changed, and your other console sessions have ended."}
+		s.Flash = views.Flash{Kind: views.FlashOK, Message: "Your password is changed. Every other console session of yours has ended, and this browser has a new one."}
 	case "signed_out":
 		s.Flash = views.Flash{Kind: views.FlashOK, Message: "Your other console sessions have ended."}
 	}
@@ -208,6 +208,19 @@ func (h *handler) consoleChangePassword(w http.ResponseWriter, r *http.Request) 
 		_, err = h.Auth.ChangePassword(r.Context(), p, current, next, r.RemoteAddr)
 	}
 	if err == nil {
+		// Every session ended, this one too: this browser carries on with
+		// a fresh one.
+		tok, expires, err := h.Auth.SessionAfterPasswordChange(r.Context(), p, r.RemoteAddr)
+		if errors.Is(err, auth.ErrUnauthenticated) {
+			h.clearSessionCookie(w)
+			http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+			return
+		}
+		if err != nil {
+			h.consoleInternal(w, r, err)
+			return
+		}
+		h.setSessionCookie(w, tok, expires)
 		http.Redirect(w, r, "/console/account?done=password", http.StatusSeeOther)
 		return
 	}

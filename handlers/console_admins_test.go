@@ -10,6 +10,7 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/handlers"
 )
 
 // TestConsoleAdministrators: from the console an administrator adds
@@ -95,8 +96,8 @@ func TestConsoleAdministrators(t *testing.T) {
 }
 
 // TestConsoleAccount: an administrator changes their own password from
-// the account page (their other sessions end, this one stays) and signs
-// out their other sessions.
+// the account page (every session ends; this browser gets a new one) and
+// signs out their other sessions.
 func TestConsoleAccount(t *testing.T) {
 	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
@@ -121,15 +122,26 @@ func TestConsoleAccount(t *testing.T) {
 			require.NotContains(t, res.raw, c.current, "%s: no password on the page", name)
 		}
 
+		old := me.cookie
 		res := me.send(http.MethodPost, "/console/account/password",
 			with(form, "current_password", apitest.AdminPassword, "new_password", next, "confirm_password", next))
 		res.Body.Close()
 		require.Equal(t, http.StatusSeeOther, res.StatusCode)
+		for _, c := range res.Cookies() {
+			if c.Name == handlers.SessionCookie {
+				me.cookie = c.Value
+			}
+		}
+		require.NotEqual(t, old, me.cookie, "this browser gets a new session")
+		stale := &consoleUser{t: t, s: s, cookie: old, client: me.client}
+		gone := stale.send(http.MethodGet, "/console/", nil)
+		gone.Body.Close()
+		require.Equal(t, http.StatusSeeOther, gone.StatusCode, "the old cookie died with the old password")
 		page = me.get(res.Header.Get("Location"))
-		require.Equal(t, http.StatusOK, page.status, "this session stays")
+		require.Equal(t, http.StatusOK, page.status, "this browser carries on")
 		require.Contains(t, text(page.one(t, "flash")), "Your password is changed")
 		require.Contains(t, text(page.one(t, "other-sessions")), "only open console session")
-		gone := elsewhere.send(http.MethodGet, "/console/", nil)
+		gone = elsewhere.send(http.MethodGet, "/console/", nil)
 		gone.Body.Close()
 		require.Equal(t, http.StatusSeeOther, gone.StatusCode, "the other session ended")
 

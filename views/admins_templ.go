@@ -453,7 +453,7 @@ func AccountPage(s Shell, v AccountView) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 41, "</p><p class=\"muted\">Changing it ends your other console sessions; your API tokens keep working.</p><form method=\"post\" action=\"/console/account/password\" class=\"form\" data-testid=\"password-form\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 41, "</p><p class=\"muted\">Changing it ends every console session of yours (this browser gets a new one); your API tokens keep working.</p><form method=\"post\" action=\"/console/account/password\" class=\"form\" data-testid=\"password-form\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

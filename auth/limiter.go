@@ -3,6 +3,7 @@ package auth
 import (
 	"container/list"
 	"crypto/sha256"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -18,10 +19,25 @@ type limiterKeyOf [16]byte
 
 // limiterKey returns the key of a login attempt by username from host.
 func limiterKey(username, host string) limiterKeyOf {
-	sum := sha256.Sum256([]byte(strings.ToLower(username) + "\x00" + host))
+	sum := sha256.Sum256([]byte(strings.ToLower(username) + "\x00" + clientNetwork(host)))
 	var k limiterKeyOf
 	copy(k[:], sum[:])
 	return k
+}
+
+// clientNetwork is what the limiter counts one client by: its IPv4
+// address, or its IPv6 /64 (one subscriber's network, whose addresses it
+// may change at will).
+func clientNetwork(host string) string {
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if a = a.Unmap(); a.Is4() {
+		return a.String()
+	}
+	p, _ := a.Prefix(64)
+	return p.String()
 }
 
 // loginLimiter refuses logins for a key (username and client address) after

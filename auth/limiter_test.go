@@ -13,6 +13,13 @@ func TestLoginLimiter(t *testing.T) {
 	t0 := time.Date(2026, 5, 1, 9, 0, 0, 0, time.UTC)
 	const window = 15 * time.Minute
 
+	t.Run("AnIPv6ClientIsItsSlash64", func(t *testing.T) {
+		require.Equal(t, limiterKey("alice", "2001:db8:1:2::a"), limiterKey("alice", "2001:db8:1:2:ffff::9"),
+			"one network, whatever address it picks")
+		require.NotEqual(t, limiterKey("alice", "2001:db8:1:2::a"), limiterKey("alice", "2001:db8:1:3::a"))
+		require.NotEqual(t, limiterKey("alice", "192.0.2.1"), limiterKey("alice", "192.0.2.2"), "IPv4: each address")
+		require.Equal(t, limiterKey("alice", "192.0.2.1"), limiterKey("alice", "::ffff:192.0.2.1"))
+	})
 	t.Run("RefusesAfterMaxFailures", func(t *testing.T) {
 		l := newLoginLimiter(3, window, 100)
 		k := limiterKey("Alice", "192.0.2.1")

@@ -26,6 +26,10 @@ func ParseTrustedProxies(list string) ([]netip.Prefix, error) {
 			continue
 		}
 		if p, err := netip.ParsePrefix(item); err == nil {
+			if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+				// Peers are compared unmapped: write ::ffff:a.b.c.d/n as IPv4.
+				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+			}
 			out = append(out, p.Masked())
 			continue
 		}

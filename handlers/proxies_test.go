@@ -14,13 +14,14 @@ import (
 )
 
 func TestParseTrustedProxies(t *testing.T) {
-	got, err := handlers.ParseTrustedProxies(" 10.0.0.0/8, 192.0.2.7 ,::ffff:198.51.100.1, 2001:db8::/32,")
+	got, err := handlers.ParseTrustedProxies(" 10.0.0.0/8, 192.0.2.7 ,::ffff:198.51.100.1, 2001:db8::/32,::ffff:172.16.0.0/108,")
 	require.NoError(t, err)
 	var s []string
 	for _, p := range got {
 		s = append(s, p.String())
 	}
-	require.Equal(t, []string{"10.0.0.0/8", "192.0.2.7/32", "198.51.100.1/32", "2001:db8::/32"}, s)
+	require.Equal(t, []string{"10.0.0.0/8", "192.0.2.7/32", "198.51.100.1/32", "2001:db8::/32", "172.16.0.0/12"}, s,
+		"a mapped IPv4 prefix is read as the IPv4 one it names")
 	none, err := handlers.ParseTrustedProxies("")
 	require.NoError(t, err)
 	require.Empty(t, none)

@@ -239,7 +239,8 @@ func (s *Service) ChangePassword(ctx context.Context, p Principal, current, next
 		return 0, v.Err()
 	}
 	s.limiter.reset(key)
-	return s.setPassword(ctx, p, p.Username, next, "", "admin.password_change", remote)
+	_, ended, err := s.setPassword(ctx, p, p.Username, next, "", "admin.password_change", remote)
+	return ended, err
 }
 
 // SessionAfterPasswordChange opens a fresh console session for p, whose
@@ -255,24 +256,26 @@ func (s *Service) SessionAfterPasswordChange(ctx context.Context, p Principal, r
 }
 
 // ResetPassword sets an administrator's password without the current one
-// (the CLI's way back in) and ends all their console sessions. It does not
-// enable a disabled administrator. Errors: validation_failed,
-// ErrAdminNotFound, ErrOverloaded.
-func (s *Service) ResetPassword(ctx context.Context, actor Principal, username, password, remote string) (int64, error) {
+// (the CLI's way back in) and ends all their console sessions; it answers
+// the administrator and how many sessions ended. It does not enable a
+// disabled administrator. Errors: validation_failed, ErrAdminNotFound,
+// ErrOverloaded.
+func (s *Service) ResetPassword(ctx context.Context, actor Principal, username, password, remote string) (User, int64, error) {
 	var v errcode.Validation
 	checkNewPassword(&v, "password", password)
 	if err := v.Err(); err != nil {
-		return 0, err
+		return User{}, 0, err
 	}
 	return s.setPassword(ctx, actor, username, password, "", "admin.password_reset", remote)
 }
 
 // setPassword hashes password, stores it for username and ends that
-// administrator's sessions but keep.
-func (s *Service) setPassword(ctx context.Context, actor Principal, username, password, keep, action, remote string) (int64, error) {
+// administrator's sessions but keep; it answers the administrator and how
+// many sessions ended.
+func (s *Service) setPassword(ctx context.Context, actor Principal, username, password, keep, action, remote string) (User, int64, error) {
 	hash, err := s.hashPassword(ctx, password)
 	if err != nil {
-		return 0, err
+		return User{}, 0, err
 	}
 	var (
 		u     User
@@ -303,7 +306,7 @@ func (s *Service) setPassword(ctx context.Context, actor Principal, username, pa
 	if err == nil {
 		s.cache.forget(UserSubject(u.ID), "local")
 	}
-	return ended, err
+	return u, ended, err
 }
 
 // actorStanding refuses an administrator who was disabled (or removed)

@@ -173,6 +173,9 @@ func redactURLError(err error, rawURL string) error {
 	return errors.New(msg)
 }
 
+// SQLiteFile is the embedded database's file in a data folder.
+func SQLiteFile(dataDir string) string { return filepath.Join(dataDir, "nodeward.db") }
+
 func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 	if opts.DataDir == "" {
 		return nil, errors.New("no data folder for the embedded database")
@@ -184,7 +187,7 @@ func openSQLite(ctx context.Context, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(opts.DataDir, "nodeward.db")
+	path := SQLiteFile(opts.DataDir)
 	// Create the file ourselves so the database (which holds digests and
 	// sealed secrets) is private to this user from the first byte.
 	if f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600); err == nil {

@@ -49,6 +49,9 @@ type (
 	}
 	adminChangeResponse struct {
 		SessionsEnded int64 `json:"sessions_ended"`
+		// Disabled: the administrator is disabled (after a password reset,
+		// so the command can say they still cannot sign in).
+		Disabled bool `json:"disabled,omitempty"`
 	}
 	adminListResponse struct {
 		Admins []adminRow `json:"admins"`
@@ -81,8 +84,8 @@ type adminRow struct {
 type adminOps interface {
 	createAdmin(ctx context.Context, username, password string) (string, error)
 	// resetPassword sets the password and answers how many console
-	// sessions it ended.
-	resetPassword(ctx context.Context, username, password string) (int64, error)
+	// sessions it ended, and whether the administrator is disabled.
+	resetPassword(ctx context.Context, username, password string) (ended int64, disabled bool, err error)
 	// setDisabled disables (or enables) the administrator and answers how
 	// many console sessions it ended.
 	setDisabled(ctx context.Context, username string, disabled bool) (int64, error)
@@ -100,8 +103,9 @@ func (d direct) createAdmin(ctx context.Context, username, password string) (str
 	return u.Username, err
 }
 
-func (d direct) resetPassword(ctx context.Context, username, password string) (int64, error) {
-	return d.auth.ResetPassword(ctx, auth.SystemActor, username, password, "cli")
+func (d direct) resetPassword(ctx context.Context, username, password string) (int64, bool, error) {
+	u, ended, err := d.auth.ResetPassword(ctx, auth.SystemActor, username, password, "cli")
+	return ended, u.DisabledAt != nil, err
 }
 
 func (d direct) setDisabled(ctx context.Context, username string, disabled bool) (int64, error) {
@@ -229,8 +233,8 @@ func socketHandler(ops adminOps, log *slog.Logger) http.Handler {
 		if !decodeSocket(w, r, &req) {
 			return
 		}
-		n, err := ops.resetPassword(r.Context(), req.Username, req.Password)
-		answerSocket(w, log, adminChangeResponse{SessionsEnded: n}, err)
+		n, disabled, err := ops.resetPassword(r.Context(), req.Username, req.Password)
+		answerSocket(w, log, adminChangeResponse{SessionsEnded: n, Disabled: disabled}, err)
 	})
 	for path, disabled := range map[string]bool{"/v1/admins/disable": true, "/v1/admins/enable": false} {
 		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
@@ -336,10 +340,10 @@ func (s socketClient) createAdmin(ctx context.Context, username, password string
 	return out.Username, err
 }
 
-func (s socketClient) resetPassword(ctx context.Context, username, password string) (int64, error) {
+func (s socketClient) resetPassword(ctx context.Context, username, password string) (int64, bool, error) {
 	var out adminChangeResponse
 	err := s.call(ctx, "/v1/admins/password", adminRequest{Username: username, Password: password}, &out)
-	return out.SessionsEnded, err
+	return out.SessionsEnded, out.Disabled, err
 }
 
 func (s socketClient) setDisabled(ctx context.Context, username string, disabled bool) (int64, error) {

@@ -231,8 +231,13 @@ func (a *App) announce(ctx context.Context, addr string) {
 	if a.DB.Dialect != "sqlite" {
 		db = "postgres"
 	}
-	a.Log.Info("listening", "addr", addr, "public_url", a.Config.PublicURL,
-		"console", a.Config.PublicURL+"/console/", "database", db, "replica", a.Config.ReplicaID, "version", versionString())
+	attrs := []any{"addr", addr, "public_url", a.Config.PublicURL,
+		"console", a.Config.PublicURL + "/console/", "database", db, "replica", a.Config.ReplicaID, "version", versionString()}
+	if a.Config.TrustedProxies != "" {
+		// Whose X-Forwarded-For names the client: worth seeing at a glance.
+		attrs = append(attrs, "trusted_proxies", a.Config.TrustedProxies)
+	}
+	a.Log.Info("listening", attrs...)
 	tok, err := a.Auth.OpenSetup(ctx)
 	if err != nil {
 		a.Log.Error("first-run setup", "err", err)
@@ -322,7 +327,7 @@ func runAdmin(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		// Logs go to stderr at warn so stdout carries the listing only.
 		cfg.LogLevel = "warn"
 	}
-	ops, done, err := openAdminOps(cfg, stderr)
+	ops, done, err := openAdminOps(cfg, stderr, c == cmdAdmin)
 	if err != nil {
 		return err
 	}
@@ -336,11 +341,14 @@ func runAdmin(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "created administrator %s\n", name)
 	case cmdAdminPassword:
-		n, err := ops.resetPassword(ctx, username, password)
+		n, disabled, err := ops.resetPassword(ctx, username, password)
 		if err != nil {
 			return describe(err)
 		}
 		fmt.Fprintf(stdout, "set the password of administrator %s (%s)\n", username, sessionsEnded(n))
+		if disabled {
+			fmt.Fprintf(stderr, "nodeward: %s is disabled and still cannot sign in: `admin enable --username %s` lets them\n", username, username)
+		}
 	case cmdAdminDisable, cmdAdminEnable:
 		n, err := ops.setDisabled(ctx, username, c == cmdAdminDisable)
 		if err != nil {
@@ -397,7 +405,7 @@ func runToken(args []string, stdout, stderr io.Writer) error {
 	}
 	// Logs go to stderr at warn so stdout carries the token and nothing else.
 	cfg.LogLevel = "warn"
-	ops, done, err := openAdminOps(cfg, stderr)
+	ops, done, err := openAdminOps(cfg, stderr, false)
 	if err != nil {
 		return err
 	}
@@ -416,11 +424,18 @@ func runToken(args []string, stdout, stderr io.Writer) error {
 
 // openAdminOps reaches the server holding cfg's SQLite data folder through
 // its administrative socket, or else opens the database itself (always so on
-// PostgreSQL). done releases what it opened.
-func openAdminOps(cfg Config, stderr io.Writer) (ops adminOps, done func(), err error) {
+// PostgreSQL); a SQLite folder without a database is refused unless the
+// command creates one. done releases what it opened.
+func openAdminOps(cfg Config, stderr io.Writer, creates bool) (ops adminOps, done func(), err error) {
 	if cfg.DatabaseURL == "" && cfg.DataDir != "" {
 		if c, ok := dialSocket(cfg.DataDir); ok {
 			return c, func() {}, nil
+		}
+		// Only `admin create` may start a database: anything else against
+		// a folder without one is a mistyped --data-dir, which must not
+		// leave a fresh database and master key behind.
+		if _, err := os.Stat(models.SQLiteFile(cfg.DataDir)); !creates && errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("no Nodeward database in %s: is --data-dir (NODEWARD_DATA_DIR) right? (`admin create` starts one)", cfg.DataDir)
 		}
 	}
 	app, err := Open(context.Background(), cfg, newLogger(cfg, stderr))

@@ -376,6 +376,10 @@ func TestCLIAdminManagement(t *testing.T) {
 	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 	require.Contains(t, oneLine(t, r.stdout), "set the password of administrator ops")
 	require.NotContains(t, r.stdout+r.stderr, "a-password-set-by-hand")
+	require.Empty(t, r.stderr)
+	r = mainRun(t, "a-password-set-by-hand\n", "admin", "password", "--username", "dev", "--password-stdin", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, oneLine(t, r.stderr), "dev is disabled and still cannot sign in", "says what else it takes")
 
 	// Refusals, in the domain's words.
 	for _, c := range []struct {
@@ -417,7 +421,23 @@ func TestCLIAdminManagement(t *testing.T) {
 			seen = append(seen, e.Action+" "+e.Target)
 		}
 	}
-	require.Equal(t, []string{"admin.disable dev", "admin.enable dev", "admin.disable dev", "admin.password_reset ops"}, seen)
+	require.Equal(t, []string{"admin.disable dev", "admin.enable dev", "admin.disable dev", "admin.password_reset ops",
+		"admin.password_reset dev"}, seen)
+
+	t.Run("AMistypedFolderIsNotADatabase", func(t *testing.T) {
+		typo := filepath.Join(t.TempDir(), "dta")
+		for _, args := range [][]string{
+			{"admin", "list", "--data-dir", typo},
+			{"admin", "disable", "--username", "dev", "--data-dir", typo},
+			{"token", "create", "--name", "x", "--data-dir", typo},
+		} {
+			r := mainRun(t, "", args...)
+			require.Equal(t, 1, r.code, "%v", args)
+			require.Contains(t, lastLine(r.stderr), "no Nodeward database in "+typo, "%v", args)
+			_, err := os.Stat(typo)
+			require.ErrorIs(t, err, os.ErrNotExist, "%v left nothing behind", args)
+		}
+	})
 }
 
 func TestCLIHelp(t *testing.T) {

@@ -38,7 +38,8 @@ const MsgNotCurrentPassword = "is not your current password"
 var SystemActor = Principal{Kind: KindAdmin, Username: "system", Via: "cli"}
 
 // AddAdmin adds an administrator on another's behalf. Errors:
-// validation_failed, ErrUsernameTaken, ErrOverloaded.
+// validation_failed, ErrUsernameTaken, ErrOverloaded, ErrUnauthenticated
+// (the actor was disabled meanwhile).
 func (s *Service) AddAdmin(ctx context.Context, actor Principal, username, password, remote string) (User, error) {
 	if err := validateNewAdmin(username, password); err != nil {
 		return User{}, err
@@ -82,7 +83,8 @@ func (s *Service) Admin(ctx context.Context, username string) (User, error) {
 // administrator changes nothing. It answers the administrator and how many
 // sessions it ended. Every replica stops honouring their credentials when
 // it hears the announcement committed with the change (cache.go). Errors:
-// ErrAdminNotFound, ErrSelfDisable, ErrLastAdministrator.
+// ErrAdminNotFound, ErrSelfDisable, ErrLastAdministrator,
+// ErrUnauthenticated (the actor was disabled meanwhile).
 func (s *Service) DisableAdmin(ctx context.Context, actor Principal, username, remote string) (User, int64, error) {
 	var (
 		u     User
@@ -134,7 +136,8 @@ func (s *Service) DisableAdmin(ctx context.Context, actor Principal, username, r
 
 // EnableAdmin enables a disabled administrator again: they may sign in,
 // and their API tokens that were not revoked work again. Enabling an
-// enabled administrator changes nothing. Errors: ErrAdminNotFound.
+// enabled administrator changes nothing. Errors: ErrAdminNotFound,
+// ErrUnauthenticated (the actor was disabled meanwhile).
 func (s *Service) EnableAdmin(ctx context.Context, actor Principal, username, remote string) (User, error) {
 	var u User
 	err := s.store.Tx(ctx, func(tx Store) error {
@@ -158,7 +161,8 @@ func (s *Service) EnableAdmin(ctx context.Context, actor Principal, username, re
 // SignOutAdmin ends every open console session of an administrator (a lost
 // laptop, a shared browser), without disabling them; their API tokens are
 // untouched. An actor signing themselves out keeps the session they ask
-// from. It answers how many sessions it ended. Errors: ErrAdminNotFound.
+// from. It answers how many sessions it ended. Errors: ErrAdminNotFound,
+// ErrUnauthenticated (the actor was disabled meanwhile).
 func (s *Service) SignOutAdmin(ctx context.Context, actor Principal, username, remote string) (User, int64, error) {
 	var (
 		u     User

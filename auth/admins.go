@@ -41,23 +41,9 @@ var SystemActor = Principal{Kind: KindAdmin, Username: "system", Via: "cli"}
 // validation_failed, ErrUsernameTaken, ErrOverloaded, ErrUnauthenticated
 // (the actor was disabled meanwhile).
 func (s *Service) AddAdmin(ctx context.Context, actor Principal, username, password, remote string) (User, error) {
-	if err := validateNewAdmin(username, password); err != nil {
-		return User{}, err
-	}
-	hash, err := s.hashPassword(ctx, password)
-	if err != nil {
-		return User{}, err
-	}
-	var u User
-	err = s.store.Tx(ctx, func(tx Store) error {
-		if err := actorStanding(ctx, tx, actor); err != nil {
-			return err
-		}
-		var err error
-		u, err = s.createAdminTx(ctx, tx, actor.Username, remote, username, hash)
-		return err
+	return s.addAdmin(ctx, actor.Username, remote, username, password, func(tx Store) error {
+		return actorStanding(ctx, tx, actor)
 	})
-	return u, err
 }
 
 // ListAdmins lists administrators newest first: those created before

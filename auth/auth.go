@@ -201,6 +201,29 @@ func (s *Service) CreateAdmin(ctx context.Context, username, password string) (U
 	return s.AddAdmin(ctx, SystemActor, username, password, "")
 }
 
+// addAdmin validates and hashes the new administrator's password, then in
+// one transaction runs check (the caller's precondition) and creates them,
+// audited as actor's.
+func (s *Service) addAdmin(ctx context.Context, actor, remote, username, password string, check func(tx Store) error) (User, error) {
+	if err := validateNewAdmin(username, password); err != nil {
+		return User{}, err
+	}
+	hash, err := s.hashPassword(ctx, password)
+	if err != nil {
+		return User{}, err
+	}
+	var u User
+	err = s.store.Tx(ctx, func(tx Store) error {
+		if err := check(tx); err != nil {
+			return err
+		}
+		var err error
+		u, err = s.createAdminTx(ctx, tx, actor, remote, username, hash)
+		return err
+	})
+	return u, err
+}
+
 func (s *Service) createAdminTx(ctx context.Context, tx Store, actor, remote, username, hash string) (User, error) {
 	// Names that differ only in case would be told apart by nobody reading
 	// the audit (and share one sign-in limit).
@@ -257,23 +280,11 @@ func (s *Service) CompleteSetup(ctx context.Context, token, username, password, 
 	if !s.SetupOpen(token) {
 		return User{}, ErrUnauthenticated
 	}
-	if err := validateNewAdmin(username, password); err != nil {
-		return User{}, err
-	}
-	hash, err := s.hashPassword(ctx, password)
-	if err != nil {
-		return User{}, err
-	}
-	var u User
-	err = s.store.Tx(ctx, func(tx Store) error {
+	u, err := s.addAdmin(ctx, SystemActor.Username, "", username, password, func(tx Store) error {
 		n, err := tx.CountUsers(ctx)
-		if err != nil {
-			return err
-		}
-		if n > 0 {
+		if err == nil && n > 0 {
 			return ErrSetupClosed
 		}
-		u, err = s.createAdminTx(ctx, tx, SystemActor.Username, "", username, hash)
 		return err
 	})
 	if err != nil {

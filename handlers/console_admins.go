@@ -43,8 +43,8 @@ func (h *handler) adminRows(r *http.Request) ([]views.AdminRow, error) {
 // shows the action took (the name is looked up, never echoed).
 var adminDone = map[string]func(views.AdminRow) string{
 	"added":      func(a views.AdminRow) string { return "Added the administrator " + a.Username + "." },
-	"disabled":   func(a views.AdminRow) string { return disabledFlash(a) },
-	"enabled":    func(a views.AdminRow) string { return enabledFlash(a) },
+	"disabled":   disabledFlash,
+	"enabled":    enabledFlash,
 	"signed_out": func(a views.AdminRow) string { return "Ended every console session of " + a.Username + "." },
 }
 

@@ -199,3 +199,35 @@ func TestChangeOwnPassword(t *testing.T) {
 		require.NotNil(t, listedAdmin(t, s, apitest.AdminUsername).PasswordChangedAt)
 	})
 }
+
+// TestAdministratorBodies: every new administrators' POST refuses a body
+// that is not the JSON it takes, as problem+json, changing nothing.
+func TestAdministratorBodies(t *testing.T) {
+	t.Parallel()
+	s := apitest.Start(t)
+	s.Admin(t, http.MethodPost, "/api/v1/admins", map[string]string{"username": "bob", "password": "bobs-long-password"},
+		http.StatusCreated, nil)
+	paths := []string{"/api/v1/admins", "/api/v1/admins/bob/disable", "/api/v1/admins/bob/enable",
+		"/api/v1/admins/bob/sign-out", "/api/v1/account/password"}
+	before := rowCounts(t, s)
+	for _, path := range paths {
+		for _, c := range []struct {
+			body   apitest.Body
+			status int
+			code   string
+		}{
+			{apitest.Raw(`{`), http.StatusBadRequest, "invalid_json"},
+			{apitest.Raw(`{} {}`), http.StatusBadRequest, "invalid_json"},
+			{apitest.Raw(`{"surprise": 1}`), http.StatusBadRequest, "invalid_json"},
+			{apitest.Raw(`[]`), http.StatusBadRequest, "invalid_json"},
+			{apitest.Body{ContentType: "text/plain", Data: []byte(`{}`)}, http.StatusUnsupportedMediaType, "unsupported_media_type"},
+		} {
+			p := s.Problem(t, http.MethodPost, path, c.body, s.AdminToken, c.status, c.code)
+			require.NotContains(t, p.Raw, "bobs-long-password", path)
+		}
+	}
+	s.Problem(t, http.MethodPost, "/api/v1/account/password", apitest.Raw(`{"current_password": 7, "new_password": "x"}`),
+		s.AdminToken, http.StatusBadRequest, "invalid_json")
+	require.Equal(t, before, rowCounts(t, s), "a refused body changes nothing")
+	require.Nil(t, listedAdmin(t, s, "bob").DisabledAt)
+}

@@ -53,6 +53,10 @@ type Config struct {
 	// over FanOut nodes (POST /api/v1/operations) instead of one node
 	// command; Rate then counts operations.
 	FanOut int
+	// IssueWherePolled issues each command through the replica its node's
+	// agent polls rather than round robin: for stand-ins that share no
+	// database (the floor's processes).
+	IssueWherePolled bool
 	// OnWindow, when set, runs at the start (begin) and the end of the
 	// issue window (the -replicas runs sample the server processes).
 	OnWindow func(ctx context.Context, begin bool)
@@ -192,6 +196,8 @@ type Report struct {
 }
 
 type worker struct {
+	url   string   // the server its agents dial
+	nodes []string // its agents' node ids
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	out   *bufio.Scanner
@@ -259,7 +265,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// What the server's memory is made of while it holds every poll (the
 	// Go collector's figures): live heap, stacks, and the heap goal the
 	// collector lets garbage grow to.
-	if m, err := admin.metrics(ctx); err == nil {
+	if m, err := admin.metrics(ctx); err == nil && m["go_goroutines"] > 0 { // the floor serves no Go metrics
 		mb := func(name string) float64 { return m[name] / (1 << 20) }
 		logf("server memory holding %d polls: heap in use %.1f MB, stacks %.1f MB, next GC at %.1f MB, heap from OS %.1f MB (released %.1f MB), all the Go runtime's from OS %.1f MB, %d goroutines; GC percent %.0f (memory policy %s)",
 			rep.Held, mb("go_memstats_heap_inuse_bytes"), mb("go_memstats_stack_inuse_bytes"), mb("go_memstats_next_gc_bytes"),
@@ -308,6 +314,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	probe := startTailProbe(ctx, statURL)
 	defer probe.stop()
+	if cfg.IssueWherePolled {
+		admin.polledAt = polledAt(admin, workers)
+	}
 	start := time.Now()
 	var missed atomic.Int64
 	admin.fanOut = cfg.FanOut
@@ -405,6 +414,21 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		}
 	}
 	return rep, nil
+}
+
+// polledAt maps each node to the client of the replica its agent polls.
+func polledAt(admin *adminClient, workers []*worker) map[string]*adminClient {
+	byURL := map[string]*adminClient{admin.url: admin}
+	for _, p := range admin.peers {
+		byURL[p.url] = p
+	}
+	out := map[string]*adminClient{}
+	for _, w := range workers {
+		for _, n := range w.nodes {
+			out[n] = byURL[w.url]
+		}
+	}
+	return out
 }
 
 // fleetUp is a fleet of simulated agents, enrolled and holding polls.
@@ -543,6 +567,10 @@ func startWorkers(cfg Config, job workerJob, agents []api.Bootstrap, perWorker i
 		if err != nil {
 			return workers, err
 		}
+		w.url = j.URL
+		for _, a := range j.Agents {
+			w.nodes = append(w.nodes, a.NodeID)
+		}
 		workers = append(workers, w)
 	}
 	return workers, nil
@@ -606,6 +634,9 @@ type adminClient struct {
 	fanOut int
 	// ended counts the fan-outs an issuer saw end (closed-loop only).
 	ended *atomic.Int64
+	// polledAt, when set, is the replica each node's agent polls: a
+	// command is issued there (Config.IssueWherePolled).
+	polledAt map[string]*adminClient
 }
 
 func newAdmin(url, token string, issuers int, caPEM string) *adminClient {
@@ -696,6 +727,9 @@ func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rat
 			if i := seq % int64(len(a.peers)+1); i > 0 {
 				via = a.peers[i-1]
 			}
+		}
+		if c := a.polledAt[nodes[seq%int64(len(nodes))]]; c != nil {
+			via = c
 		}
 		op := "lt-" + run + "-" + strconv.FormatInt(seq, 10)
 		payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(at.UnixNano(), 10) + `"}}`

@@ -57,6 +57,16 @@
 //	go run ./loadtest -db postgres -agents 10000 -rate 0 -fanout 100 -duration 15s
 //	go run ./loadtest -db postgres -replicas 3 -agents 50000 -rate 100 -duration 30s
 //
+// -floor runs the same deliver run against the floor instead of the
+// server (cmd/barewaiter -deliver: commands in memory, no database, no
+// credentials checked), -replicas N as N floor processes with each
+// command issued where its node's agent polls: what this machine's HTTP
+// exchanges alone allow, a ceiling for the server's figures of the same
+// sitting.
+//
+//	go run ./loadtest -floor -agents 10000 -rate 0 -duration 15s
+//	go run ./loadtest -floor -agents 10000 -rate 0 -fanout 100 -duration 15s
+//
 // hold: memory per held poll of the server binary against the bare waiter
 // (cmd/barewaiter), then commands at -rate (default 100/s); -replicas N on
 // Postgres measures each server process.
@@ -156,6 +166,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	replicas := fs.Int("replicas", 1, "ledger, deliver, storm, enroll: control planes sharing the database (more than one needs Postgres; deliver and enroll then run the real binary)")
 	fs.IntVar(&cfg.FanOut, "fanout", 0, "deliver, storm: issue fleet.command operations over this many nodes each instead of single commands (deliver: -rate counts operations; storm: -commands counts their children)")
 	fs.Float64Var(&cfg.P99Target, "p99-target", 25, "deliver, hold: issue→receipt p99 in ms above which the report names the tail's causes (GC, batches, lock waits, CPU)")
+	floorRun := fs.Bool("floor", false, "deliver: run against the floor (cmd/barewaiter -deliver: commands in memory, no database, no credentials) instead of the server, the same agents and issuers: the ceiling this machine's HTTP allows (-replicas N: N floor processes)")
 	binary := fs.Bool("binary", false, "deliver, enroll: run the real server binary as a process instead of in this one")
 	commands := fs.Int("commands", 5000, "storm: the burst issued right before the stop")
 	sig := fs.String("signal", "kill", "storm: how the replica is stopped: kill (SIGKILL, a crash) or term (SIGTERM, a drain)")
@@ -193,7 +204,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if *scenario == "deliver" && !*binary && *replicas <= 1 && cfg.URL == "" {
+	if *scenario == "deliver" && !*binary && !*floorRun && *replicas <= 1 && cfg.URL == "" {
 		// The server runs in this process: its memory policy too, as
 		// `serve` runs it (NODEWARD_MEMORY_POLICY=off, GOGC or GOMEMLIMIT
 		// turn it off).
@@ -201,6 +212,14 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	switch *scenario {
 	case "deliver":
+		if *floorRun {
+			if cfg.URL != "" || *binary || cfg.PGBench {
+				fmt.Fprintln(stderr, "loadtest: -floor starts its own stand-ins; not with -url, -binary or -pgbench")
+				return 2
+			}
+			rep, err := runDeliverFloor(ctx, cfg, *replicas)
+			return report(stdout, stderr, rep, err, *asJSON, printReport)
+		}
 		if *binary || *replicas > 1 {
 			if cfg.URL != "" {
 				fmt.Fprintln(stderr, "loadtest: -binary and -replicas start their own servers; not with -url")

@@ -302,3 +302,47 @@ func TestStormFanOutSmoke(t *testing.T) {
 		t.Fatalf("lost %d, applied twice %d; want 0, 0", rep.Lost, rep.AppliedTwice)
 	}
 }
+
+// TestFloorSmoke runs deliver against the floor (cmd/barewaiter -deliver):
+// single commands over two floor processes, each issued where its node's
+// agent polls, and closed-loop fan-outs over one. Every command arrives
+// once and settles, or the floor measures something other than the run it
+// stands beside. Counts only.
+func TestFloorSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the floor and starts worker processes")
+	}
+	for _, tc := range []struct {
+		name      string
+		processes int
+		cfg       Config
+	}{
+		{"SinglesOnTwoProcesses", 2, Config{Agents: 20, AgentsPerWorker: 5, Rate: 40, Issuers: 4}},
+		{"FanOutsClosedLoop", 1, Config{Agents: 20, AgentsPerWorker: 10, Rate: 0, FanOut: 5, Issuers: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			cfg := tc.cfg
+			cfg.Duration, cfg.Wait, cfg.Drain, cfg.Log = 2*time.Second, 5*time.Second, time.Minute, testLog{t}
+			rep, err := runDeliverFloor(ctx, cfg, tc.processes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%+v", rep)
+			if rep.Database != "floor" || len(rep.Replicas) != tc.processes || rep.Enrolled != 20 {
+				t.Fatalf("database %q, %d processes sampled, %d enrolled; want floor, %d, 20", rep.Database, len(rep.Replicas), rep.Enrolled, tc.processes)
+			}
+			if rep.Issued == 0 || rep.IssueErrs != 0 {
+				t.Fatalf("issued %d with %d errors", rep.Issued, rep.IssueErrs)
+			}
+			if rep.Received != rep.Issued || rep.Settled != rep.Issued || rep.AgentErrs != 0 {
+				t.Fatalf("issued %d, received %d, settled %d, agent errors %d (%s): every command must arrive once and settle",
+					rep.Issued, rep.Received, rep.Settled, rep.AgentErrs, rep.FirstErr)
+			}
+			if rep.SettledPS <= 0 {
+				t.Fatal("the floor's settled counter did not move: the report would read no rate")
+			}
+		})
+	}
+}

@@ -387,8 +387,10 @@ func printReplicaStats(w io.Writer, stats []ReplicaStat) {
 	for _, s := range stats {
 		fmt.Fprintf(w, "replica %-16s pid %d: %.2f cores, RSS %d KB, %d open files, %d long-polls held\n",
 			s.ID, s.PID, s.Cores, s.RSSKB, s.OpenFiles, s.Held)
-		fmt.Fprintf(w, "  writes held back: exclusive lane %.2f s, lanes waiting for it %.2f s; pool waits %.2f s\n",
-			s.ExclusiveS, s.GateWaitS, s.PoolWaitS)
+		if s.ExclusiveS+s.GateWaitS+s.PoolWaitS > 0 {
+			fmt.Fprintf(w, "  writes held back: exclusive lane %.2f s, lanes waiting for it %.2f s; pool waits %.2f s\n",
+				s.ExclusiveS, s.GateWaitS, s.PoolWaitS)
+		}
 		if s.Enrolls > 0 {
 			fmt.Fprintf(w, "  answered %d enrollments: %d took it over 1 s, %d over 4 s\n", s.Enrolls, s.EnrollsOver1s, s.EnrollsOver4s)
 		}

@@ -22,6 +22,7 @@ const (
 	PermissionDenied     Code = "permission_denied"
 	NotFound             Code = "not_found"
 	MethodNotAllowed     Code = "method_not_allowed"
+	RequestTimeout       Code = "request_timeout" // the body did not arrive within the read timeout: a slow client, not bad JSON
 	PayloadTooLarge      Code = "payload_too_large"
 	UnsupportedMediaType Code = "unsupported_media_type"
 	QuotaExceeded        Code = "quota_exceeded"

@@ -121,7 +121,7 @@ func (h *handler) consoleSession(next http.Handler) http.Handler {
 		cc := consoleCtx{principal: p, csrf: csrfToken(cookie)}
 		if !isSafeMethod(r.Method) {
 			if err := r.ParseForm(); err != nil {
-				h.consoleError(w, r, cc, http.StatusBadRequest, "Bad request", "The form could not be read.")
+				h.consoleBadForm(w, r, cc, err)
 				return
 			}
 			got := r.PostForm.Get("csrf_token")
@@ -229,18 +229,36 @@ func (h *handler) consoleError(w http.ResponseWriter, r *http.Request, cc consol
 // a coded error, its message; an uncoded error is logged with the request
 // id and shown as a generic page.
 func (h *handler) consoleInternal(w http.ResponseWriter, r *http.Request, err error) {
+	h.consoleResolved(w, r, consoleFrom(r.Context()), err)
+}
+
+// consoleResolved is consoleInternal in the frame of cc, for a request
+// whose context does not carry it yet.
+func (h *handler) consoleResolved(w http.ResponseWriter, r *http.Request, cc consoleCtx, err error) {
 	if clientGone(r) && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		logger(r).Debug("client went away", "err", err.Error())
 		return
 	}
 	status, e := resolve(r, err)
 	setRetryAfter(w, status)
+	closeAfterTimeout(w, r, status)
 	title, msg := http.StatusText(status), e.Message
 	if e.Code == errcode.Internal {
 		title, msg = "Something went wrong",
 			"The server could not complete the request. The request id below finds it in the server log."
 	}
-	h.consoleError(w, r, consoleFrom(r.Context()), status, title, msg)
+	h.consoleError(w, r, cc, status, title, msg)
+}
+
+// consoleBadForm answers a form that could not be read: 408, as the API
+// answers, when it did not arrive within the read timeout (the link was
+// slow; the form may be fine and sending it again may work), else 400.
+func (h *handler) consoleBadForm(w http.ResponseWriter, r *http.Request, cc consoleCtx, err error) {
+	if e := bodyTimeout(r, err); e != nil {
+		h.consoleResolved(w, r, cc, e)
+		return
+	}
+	h.consoleError(w, r, cc, http.StatusBadRequest, "Bad request", "The form could not be read.")
 }
 
 // consoleNotFound answers unknown console paths with a page, in the

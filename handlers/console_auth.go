@@ -27,7 +27,7 @@ func (h *handler) consoleLoginForm(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) consoleLogin(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil {
-		h.consoleError(w, r, consoleCtx{}, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		h.consoleBadForm(w, r, consoleCtx{}, err)
 		return
 	}
 	username := strings.TrimSpace(r.PostForm.Get("username"))
@@ -92,7 +92,7 @@ func (h *handler) consoleSetupForm(w http.ResponseWriter, r *http.Request) {
 // token, then signs them in.
 func (h *handler) consoleSetup(w http.ResponseWriter, r *http.Request) {
 	if err := r.ParseForm(); err != nil {
-		h.consoleError(w, r, consoleCtx{}, http.StatusBadRequest, "Bad request", "The form could not be read.")
+		h.consoleBadForm(w, r, consoleCtx{}, err)
 		return
 	}
 	has, err := h.Auth.HasAdmin(r.Context())

@@ -8,7 +8,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -36,8 +35,8 @@ func decodeJSON(r *http.Request, v any, allowEmpty bool) error {
 		if errors.As(err, &mbe) {
 			return errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", mbe.Limit)
 		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return errcode.New(errcode.InvalidJSON, "request body not received in time")
+		if e := bodyTimeout(r, err); e != nil {
+			return e
 		}
 		return errcode.New(errcode.InvalidJSON, "could not read request body")
 	}

@@ -38,18 +38,25 @@ func readUntilClosed(t *testing.T, conn net.Conn) string {
 }
 
 // A client that sends headers, or a body, and then stalls is cut off after
-// the read timeout rather than holding its connection.
+// the read timeout rather than holding its connection. A body that stops
+// midway is answered 408 request_timeout, not 400 invalid_json (the JSON
+// was not wrong, the client was slow), saying the limit and nothing of the
+// body, and the connection is closed: the rest of the body is unread.
 func TestSlowClientsAreCutOff(t *testing.T) {
 	t.Parallel()
 	s := apitest.Start(t, apitest.WithConfig(func(c *controlplane.Config) { c.ReadTimeout = time.Second }))
 	addr := strings.TrimPrefix(s.URL, "http://")
+	cookie, _ := consoleSignIn(t, s)
+	const secret = "half-sent-secret"
 	cases := []struct {
-		name, raw, answer string
+		name, raw string
+		page      bool // a console page rather than a problem
 	}{
-		{"PartialEnrollBody", "POST /agent/v1/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"node_id\":", "HTTP/1.1 400"},
-		{"PartialLoginForm", "POST /console/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\nusername=adm", "HTTP/1.1 400"},
-		{"ChunkedBodyThatStops", "POST /agent/v1/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"nod", "HTTP/1.1 400"},
-		{"PartialHeaders", "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ", ""},
+		{"PartialEnrollBody", "POST /agent/v1/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"enrollment_token\":\"" + secret, false},
+		{"PartialAPIBody", "POST /api/v1/tokens HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + s.AdminToken + "\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"name\":\"" + secret, false},
+		{"ChunkedBodyThatStops", "POST /agent/v1/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n40\r\n{\"enrollment_token\":\"" + secret, false},
+		{"PartialLoginForm", "POST /console/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\nusername=" + secret, true},
+		{"PartialConsoleForm", "POST /console/tokens HTTP/1.1\r\nHost: x\r\nCookie: nodeward_session=" + cookie + "\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\nname=" + secret, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,11 +67,37 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 			_, err = io.WriteString(conn, tc.raw)
 			require.NoError(t, err)
 			got := readUntilClosed(t, conn)
-			if tc.answer != "" {
-				require.True(t, strings.HasPrefix(got, tc.answer), "answer: %q", got)
+			resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(got)), nil)
+			require.NoError(t, err, "answer: %q", got)
+			raw, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.True(t, resp.Close, "Connection: close; answer: %q", got)
+			require.NotContains(t, got, secret, "the answer echoes nothing of the body")
+			if tc.page {
+				require.Equal(t, http.StatusRequestTimeout, resp.StatusCode, "answer: %q", got)
+				require.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"))
+				require.Contains(t, string(raw), "Request Timeout")
+				return
 			}
+			p := apitest.RequireProblem(t, resp.StatusCode, resp.Header, raw, http.StatusRequestTimeout, "request_timeout")
+			require.Equal(t, "Request Timeout", p.Title)
+			require.Contains(t, p.Detail, "read timeout (1 s)")
 		})
 	}
+	t.Run("PartialHeaders", func(t *testing.T) {
+		t.Parallel()
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+		require.NoError(t, err)
+		readUntilClosed(t, conn)
+	})
+	t.Run("MalformedBodyInTime", func(t *testing.T) {
+		t.Parallel()
+		s.Problem(t, http.MethodPost, "/agent/v1/enroll", apitest.Raw(`{"enrollment_token":`), "", http.StatusBadRequest, "invalid_json")
+		s.Problem(t, http.MethodPost, "/api/v1/tokens", apitest.Raw(`{"name":"x"`), s.AdminToken, http.StatusBadRequest, "invalid_json")
+	})
 }
 
 // A long-poll has no body: the read timeout does not end it.

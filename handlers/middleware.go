@@ -417,7 +417,7 @@ func limitBodyTime(w http.ResponseWriter, r *http.Request, timeout time.Duration
 		// A writer without deadlines (a test recorder): nothing to bound.
 		return r
 	}
-	st := &bodyState{}
+	st := &bodyState{limit: timeout}
 	r = r.WithContext(context.WithValue(r.Context(), bodyStateKey, st))
 	r.Body = &deadlineBody{ReadCloser: r.Body, state: st}
 	return r
@@ -426,6 +426,34 @@ func limitBodyTime(w http.ResponseWriter, r *http.Request, timeout time.Duration
 // bodyState is what the request's context knows of its body's deadline.
 type bodyState struct {
 	timedOut atomic.Bool
+	limit    time.Duration // for the refusal's detail
+}
+
+// bodyTimeout is the refusal of a body its read deadline cut off, or nil
+// when err is another failure. The deadline fails the read with
+// os.ErrDeadlineExceeded: inside a *net.OpError on HTTP/1, wrapped as the
+// stream's error on HTTP/2.
+func bodyTimeout(r *http.Request, err error) *errcode.Error {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil
+	}
+	st, _ := r.Context().Value(bodyStateKey).(*bodyState)
+	if st == nil {
+		return errcode.New(errcode.RequestTimeout, "request body not received within the server's read timeout")
+	}
+	return errcode.Errorf(errcode.RequestTimeout, "request body not received within the server's read timeout (%s s)",
+		strconv.FormatFloat(st.limit.Seconds(), 'f', -1, 64))
+}
+
+// closeAfterTimeout ends an HTTP/1 connection with its 408: the rest of the
+// body may still be on its way and must not be read as the next request.
+// (net/http would close it anyway; the header tells the client.) Not on
+// HTTP/2, where the stream ends by itself and Connection: close would shut
+// down the client's other streams too.
+func closeAfterTimeout(w http.ResponseWriter, r *http.Request, status int) {
+	if status == http.StatusRequestTimeout && r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 // deadlineBody notes when the body's deadline cut it off.

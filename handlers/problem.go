@@ -19,6 +19,7 @@ var statusOf = map[errcode.Code]int{
 	errcode.PermissionDenied:     http.StatusForbidden,
 	errcode.NotFound:             http.StatusNotFound,
 	errcode.MethodNotAllowed:     http.StatusMethodNotAllowed,
+	errcode.RequestTimeout:       http.StatusRequestTimeout,
 	errcode.PayloadTooLarge:      http.StatusRequestEntityTooLarge,
 	errcode.UnsupportedMediaType: http.StatusUnsupportedMediaType,
 	errcode.QuotaExceeded:        http.StatusTooManyRequests,
@@ -131,6 +132,7 @@ func setRetryAfter(w http.ResponseWriter, status int) {
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status, e := resolve(r, err)
 	setRetryAfter(w, status)
+	closeAfterTimeout(w, r, status)
 	writeProblem(w, r, status, e)
 }
 

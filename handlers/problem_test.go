@@ -77,8 +77,9 @@ func TestUnmappedCodeIs500AndLogged(t *testing.T) {
 	require.Contains(t, log.String(), "not_in_the_table")
 }
 
-// TestConsoleAndAPIShareTheMapping: one error answers the same status, and
-// a 503 the same Retry-After, on an API path and on a console page.
+// TestConsoleAndAPIShareTheMapping: one error answers the same status, a
+// 503 the same Retry-After and a 408 the same Connection: close, on an API
+// path and on a console page.
 func TestConsoleAndAPIShareTheMapping(t *testing.T) {
 	h := &handler{}
 	for _, tc := range []struct {
@@ -87,6 +88,7 @@ func TestConsoleAndAPIShareTheMapping(t *testing.T) {
 	}{
 		{auth.ErrOverloaded, http.StatusServiceUnavailable},
 		{auth.ErrTokenNotFound, http.StatusNotFound},
+		{errcode.New(errcode.RequestTimeout, "request body not received within the server's read timeout (10 s)"), http.StatusRequestTimeout},
 		{errcode.New("not_in_the_table", "x"), http.StatusInternalServerError},
 		{errors.New("database exploded"), http.StatusInternalServerError},
 	} {
@@ -99,12 +101,16 @@ func TestConsoleAndAPIShareTheMapping(t *testing.T) {
 		require.Equal(t, tc.status, api.Code, "%v", tc.err)
 		require.Equal(t, tc.status, page.Code, "%v", tc.err)
 		require.Equal(t, api.Header().Get("Retry-After"), page.Header().Get("Retry-After"))
+		require.Equal(t, api.Header().Get("Connection"), page.Header().Get("Connection"))
 		require.Equal(t, "text/html; charset=utf-8", page.Header().Get("Content-Type"))
 		if tc.status == http.StatusServiceUnavailable {
 			require.NotEmpty(t, page.Header().Get("Retry-After"))
 			var p problem
 			require.NoError(t, json.Unmarshal(api.Body.Bytes(), &p))
 			require.Equal(t, errcode.Overloaded, p.Code)
+		}
+		if tc.status == http.StatusRequestTimeout {
+			require.Equal(t, "close", page.Header().Get("Connection"), "the rest of the body is unread")
 		}
 	}
 }

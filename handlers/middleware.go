@@ -44,6 +44,11 @@ const (
 type requestInfo struct {
 	id  string
 	log *slog.Logger
+	// proxy is the TCP peer when the client was read from X-Forwarded-For
+	// (fromProxy), for the access log; nil otherwise. A pointer rather than
+	// a string keeps requestInfo in its 64-byte size class: a request that
+	// came through no trusted proxy costs nothing more.
+	proxy *string
 
 	agent   fleet.Session
 	agentOK bool
@@ -68,23 +73,30 @@ func logger(r *http.Request) *slog.Logger {
 var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // requestID takes the caller's X-Request-Id when it is well formed, else
-// mints one, and puts it on the response, the context and the logger.
-func (h *handler) requestID(w http.ResponseWriter, r *http.Request) *http.Request {
-	r, id := h.withRequestID(r)
+// mints one, and puts it on the response, the context and the logger,
+// with the proxy the request came through (fromProxy's answer, "" for
+// none).
+func (h *handler) requestID(w http.ResponseWriter, r *http.Request, proxy string) *http.Request {
+	r, id := h.withRequestID(r, proxy)
 	w.Header().Set("X-Request-Id", id)
 	return r
 }
 
 // withRequestID is requestID without the response: it answers the id for
 // the caller to put there.
-func (h *handler) withRequestID(r *http.Request) (*http.Request, string) {
+func (h *handler) withRequestID(r *http.Request, proxy string) (*http.Request, string) {
 	id := r.Header.Get("X-Request-Id")
 	if !requestIDPattern.MatchString(id) {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		id = hex.EncodeToString(b[:])
 	}
-	return r.WithContext(context.WithValue(r.Context(), requestIDKey, &requestInfo{id: id, log: h.log})), id
+	ri := &requestInfo{id: id, log: h.log}
+	if proxy != "" {
+		p := proxy // allocated here only, not for every request
+		ri.proxy = &p
+	}
+	return r.WithContext(context.WithValue(r.Context(), requestIDKey, ri)), id
 }
 
 // recovered turns a panic into a logged 500 problem.
@@ -135,8 +147,8 @@ func (e *edgeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.serveOffStack(w, r)
 		return
 	}
-	e.h.fromProxy(r)
-	r = e.h.requestID(w, limitBodyTime(w, r, e.bodyTimeout))
+	proxy := e.h.fromProxy(r)
+	r = e.h.requestID(w, limitBodyTime(w, r, e.bodyTimeout), proxy)
 	defer func() {
 		if v := recover(); v != nil {
 			recovered(w, r, v)
@@ -161,8 +173,8 @@ func (e *edgeHandler) serveOffStack(w http.ResponseWriter, r *http.Request) {
 	)
 	offstack.Run(func() {
 		var id string
-		e.h.fromProxy(r)
-		r, id = e.h.withRequestID(limitBodyTime(w, r, e.bodyTimeout))
+		proxy := e.h.fromProxy(r)
+		r, id = e.h.withRequestID(limitBodyTime(w, r, e.bodyTimeout), proxy)
 		start = time.Now()
 		ww = middleware.NewWrapResponseWriter(&lateHeaders{ResponseWriter: w, id: id, tls: r.TLS != nil || e.h.SecureCookies}, r.ProtoMajor)
 		ok = e.h.admitted(ww, r, e.limit, e.cop)
@@ -290,14 +302,27 @@ func (h *handler) logRequest(r *http.Request, ww middleware.WrapResponseWriter, 
 		if !h.log.Enabled(r.Context(), level) {
 			return
 		}
+		ri, _ := r.Context().Value(requestIDKey).(*requestInfo)
+		var id string
+		if ri != nil {
+			id = ri.id
+		}
 		// The request id first, as logger(r)'s lines carry it, without
 		// copying the handler for this one line.
 		// Typed attributes: the same line, without boxing each value.
-		h.log.LogAttrs(r.Context(), level, "http", slog.String("request_id", requestIDFrom(r.Context())),
+		attrs := [...]slog.Attr{slog.String("request_id", id),
 			slog.String("method", clip(r.Method, 16)), slog.String("path", clip(loggedPath(r.URL.Path), maxLoggedText)),
 			slog.String("route", route), slog.Int("status", status),
 			slog.Int("bytes", ww.BytesWritten()), slog.Int64("duration_ms", elapsed.Milliseconds()), slog.String("remote", r.RemoteAddr),
-			slog.String("user_agent", clip(r.UserAgent(), maxLoggedText)))
+			slog.String("user_agent", clip(r.UserAgent(), maxLoggedText)), {}}
+		n := len(attrs) - 1
+		if ri != nil && ri.proxy != nil {
+			// remote is the client a trusted proxy forwarded for; this is
+			// the proxy (the balancer it came through).
+			attrs[n] = slog.String("proxy", *ri.proxy)
+			n++
+		}
+		h.log.LogAttrs(r.Context(), level, "http", attrs[:n]...)
 	}
 }
 

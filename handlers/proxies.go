@@ -50,16 +50,17 @@ var errNoClient = errors.New("forwarded chain unreadable")
 // unless its host is a trusted proxy, in which case the right-most
 // forwarded address that is not one (port 0, which the chain does not
 // carry). An unreadable chain, or one of proxies only, leaves remote.
-func clientAddr(remote string, forwarded []string, trusted []netip.Prefix) string {
+// fromChain reports that the client was read from the chain.
+func clientAddr(remote string, forwarded []string, trusted []netip.Prefix) (client string, fromChain bool) {
 	peer, err := netip.ParseAddrPort(remote)
 	if err != nil || !isTrusted(peer.Addr(), trusted) {
-		return remote
+		return remote, false
 	}
 	a, err := rightmostUntrusted(forwarded, trusted)
 	if err != nil {
-		return remote
+		return remote, false
 	}
-	return netip.AddrPortFrom(a, 0).String()
+	return netip.AddrPortFrom(a, 0).String(), true
 }
 
 func rightmostUntrusted(forwarded []string, trusted []netip.Prefix) (netip.Addr, error) {
@@ -101,9 +102,16 @@ func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 }
 
 // fromProxy sets r.RemoteAddr to the client behind trusted proxies (in
-// place, before anything reads it: no copy of the request per call).
-func (h *handler) fromProxy(r *http.Request) {
-	if len(h.TrustedProxies) > 0 {
-		r.RemoteAddr = clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), h.TrustedProxies)
+// place, before anything reads it: no copy of the request per call). It
+// answers the proxy it replaced, the TCP peer, when it did, else "".
+func (h *handler) fromProxy(r *http.Request) (proxy string) {
+	if len(h.TrustedProxies) == 0 {
+		return ""
 	}
+	client, fromChain := clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), h.TrustedProxies)
+	if !fromChain {
+		return ""
+	}
+	proxy, r.RemoteAddr = r.RemoteAddr, client
+	return proxy
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -52,7 +54,9 @@ func TestClientAddr(t *testing.T) {
 		{"Garbage", "10.0.0.2:4000", []string{"not-an-address"}, "10.0.0.2:4000"},
 		{"GarbageLeftOfTheClient", "10.0.0.2:4000", []string{"junk, 203.0.113.5"}, "203.0.113.5:0"},
 	} {
-		require.Equal(t, c.want, handlers.ClientAddr(c.remote, c.forwarded, trusted), c.name)
+		got, fromChain := handlers.ClientAddr(c.remote, c.forwarded, trusted)
+		require.Equal(t, c.want, got, c.name)
+		require.Equal(t, c.want != c.remote, fromChain, "%s: read from the chain", c.name)
 	}
 }
 
@@ -107,5 +111,73 @@ func TestSignInLimitBehindAProxy(t *testing.T) {
 		guess(s, "203.0.113.5")
 		require.Equal(t, http.StatusTooManyRequests, login(s, "203.0.113.6", apitest.AdminPassword),
 			"a forwarded header from an unnamed peer is not read")
+	})
+}
+
+// TestAccessLogNamesTheProxy: behind a named proxy the access log's
+// remote is the client it forwarded for and proxy is the proxy itself
+// (the TCP peer), so an operator still sees which balancer a request came
+// through — on the long-poll's edge as on every other. A request whose
+// client is its peer has no proxy attribute.
+func TestAccessLogNamesTheProxy(t *testing.T) {
+	t.Parallel()
+	peer := regexp.MustCompile(`^127\.0\.0\.1:[1-9][0-9]*$`)
+	// send sends one request and answers its access line's attributes.
+	send := func(t *testing.T, s *apitest.Server, logs *apitest.LogBuffer, path, token, forwardedFor string) map[string]string {
+		t.Helper()
+		id := apitest.RandomID("proxy-log-")
+		req := s.NewRequest(t, http.MethodGet, path, nil, token)
+		req.Header.Set("X-Request-Id", id)
+		if forwardedFor != "" {
+			req.Header.Set("X-Forwarded-For", forwardedFor)
+		}
+		status, _, raw := s.Send(t, req)
+		require.Equal(t, http.StatusOK, status, "%s", raw)
+		// The line is written once the answer has gone out.
+		var attrs map[string]string
+		waitFor(t, func() bool {
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, " msg=http ") && strings.Contains(line, " request_id="+id+" ") {
+					attrs = map[string]string{}
+					for _, f := range strings.Fields(line) {
+						if k, v, ok := strings.Cut(f, "="); ok {
+							attrs[k] = v
+						}
+					}
+					return true
+				}
+			}
+			return false
+		}, "the request's access line")
+		return attrs
+	}
+
+	t.Run("ProxyNamed", func(t *testing.T) {
+		t.Parallel()
+		logs := &apitest.LogBuffer{}
+		s := apitest.Start(t, apitest.WithLog(logs), apitest.WithConfig(func(c *controlplane.Config) { c.TrustedProxies = "127.0.0.1" }))
+		_, enrolled := inviteAndEnroll(t, s)
+		for _, tc := range []struct{ name, path, token string }{
+			{"Page", "/healthz", ""},
+			{"LongPoll", "/agent/v1/commands?wait=0", enrolled.SessionToken},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				got := send(t, s, logs, tc.path, tc.token, "198.51.100.1, 203.0.113.5")
+				require.Equal(t, "203.0.113.5:0", got["remote"], "the client the proxy forwarded for")
+				require.Regexp(t, peer, got["proxy"], "the proxy that connected")
+
+				got = send(t, s, logs, tc.path, tc.token, "")
+				require.Regexp(t, peer, got["remote"], "no forwarded client: the peer is the client")
+				require.NotContains(t, got, "proxy")
+			})
+		}
+	})
+	t.Run("NoneNamed", func(t *testing.T) {
+		t.Parallel()
+		logs := &apitest.LogBuffer{}
+		s := apitest.Start(t, apitest.WithLog(logs))
+		got := send(t, s, logs, "/healthz", "", "203.0.113.5")
+		require.Regexp(t, peer, got["remote"], "the forwarded header of an unnamed peer is not read")
+		require.NotContains(t, got, "proxy")
 	})
 }

@@ -329,7 +329,7 @@ func (w *agentPool) enrollAll(ctx context.Context, onEnrolled func(*client.Clien
 }
 
 // enroll redeems one agent's bootstrap, retrying what the real agent
-// retries (agent/core enroll: a timeout, a 5xx, a 429) with its backoff —
+// retries (agent/core enroll: a timeout, a 5xx, a 429, a 408) with its backoff —
 // 1 s doubling to 30 s, each delay drawn from [ceiling/2, ceiling), at
 // least the Retry-After asked — until a refusal or ctx's end. Like the
 // agent, every attempt carries one nonce, so an attempt that committed with
@@ -346,7 +346,7 @@ func (w *agentPool) enroll(ctx context.Context, c *client.Client, boot api.Boots
 			return resp, err
 		}
 		var ce *client.Error
-		if errors.As(err, &ce) && ce.Status/100 == 4 && ce.Status != http.StatusTooManyRequests {
+		if errors.As(err, &ce) && ce.Status/100 == 4 && ce.Status != http.StatusTooManyRequests && ce.Status != http.StatusRequestTimeout {
 			return nil, err
 		}
 		if client.CodeOf(err) == client.CodeOverloaded {

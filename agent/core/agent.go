@@ -472,7 +472,7 @@ func (a *Agent) enroll(ctx context.Context, b *api.Bootstrap) error {
 			return t
 		}
 		var ce *client.Error
-		if errors.As(err, &ce) && ce.Status/100 == 4 && ce.Status != http.StatusTooManyRequests {
+		if errors.As(err, &ce) && refusal(ce.Status) {
 			return fmt.Errorf("enroll refused: %w", err)
 		}
 		d := bo.next()
@@ -557,6 +557,13 @@ func (a *Agent) enrollNonce(b *api.Bootstrap) (string, error) {
 
 // terminal maps a refusal that ends the agent's run to ErrRetired or a
 // *FatalError; nil for anything worth retrying.
+// refusal reports whether a 4xx status judged the request: 429 (slow
+// down) and 408 (the body did not arrive in time) judged nothing, and the
+// same request may well pass later.
+func refusal(status int) bool {
+	return status/100 == 4 && status != http.StatusTooManyRequests && status != http.StatusRequestTimeout
+}
+
 func terminal(err error) error {
 	switch code := client.CodeOf(err); code {
 	case client.CodeNodeRetired:

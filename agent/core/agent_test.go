@@ -268,6 +268,22 @@ func TestAgent(t *testing.T) {
 		}
 	})
 
+	// A body the server did not receive within its read timeout (a slow
+	// link) is 408: nothing was judged, so the agent tries again rather
+	// than stopping as if refused.
+	t.Run("EnrollTimedOutReadingIsRetried", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.cp.with(func() { b.cp.enrollSlow = 2 })
+		b.start(b.cp.bootstrap())
+		b.eventually("enrolled after two slow attempts", 100*time.Millisecond, func() bool { return b.agent.Stats().Enrollments == 1 })
+		b.cp.with(func() {
+			if len(b.cp.enrolls) != 1 || len(b.cp.enrollTries) != 3 {
+				t.Fatalf("committed %d of %d attempts; want 1 of 3", len(b.cp.enrolls), len(b.cp.enrollTries))
+			}
+		})
+	})
+
 	t.Run("RestartMidEnrollmentKeepsItsNonce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

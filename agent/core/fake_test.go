@@ -119,6 +119,7 @@ type fakeCP struct {
 	enrollTries   []api.EnrollRequest         // every enroll request
 	enrollNonce   string                      // the nonce the committed enrollment carried
 	enrollCuts    int                         // cut this many committed enrollments' answers
+	enrollSlow    int                         // answer this many enrollments 408 request_timeout (the body came too slowly)
 	renews        int
 	activePolls   int         // poll handlers running now
 	pollTimes     []time.Time // fake-clock time of each poll
@@ -209,6 +210,11 @@ func (cp *fakeCP) enroll(w http.ResponseWriter, r *http.Request) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	cp.enrollTries = append(cp.enrollTries, req)
+	if cp.enrollSlow > 0 {
+		cp.enrollSlow--
+		problem(w, http.StatusRequestTimeout, "request_timeout")
+		return
+	}
 	again := cp.spent && req.EnrollmentNonce != "" && req.EnrollmentNonce == cp.enrollNonce
 	switch {
 	case cp.retired:

@@ -250,12 +250,17 @@ func (h *handler) consoleResolved(w http.ResponseWriter, r *http.Request, cc con
 	h.consoleError(w, r, cc, status, title, msg)
 }
 
-// consoleBadForm answers a form that could not be read: 408, as the API
-// answers, when it did not arrive within the read timeout (the link was
-// slow; the form may be fine and sending it again may work), else 400.
+// consoleBadForm answers a form that could not be read as the API
+// answers such a body: 408 when it did not arrive within the read timeout
+// (the link was slow; sending it again may work), 413 when it passed the
+// body limit, else 400.
 func (h *handler) consoleBadForm(w http.ResponseWriter, r *http.Request, cc consoleCtx, err error) {
 	if e := bodyTimeout(r, err); e != nil {
 		h.consoleResolved(w, r, cc, e)
+		return
+	}
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		h.consoleResolved(w, r, cc, errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", mbe.Limit))
 		return
 	}
 	h.consoleError(w, r, cc, http.StatusBadRequest, "Bad request", "The form could not be read.")

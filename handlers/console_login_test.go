@@ -36,5 +36,12 @@ func TestConsoleLoginLimits(t *testing.T) {
 			require.Contains(t, string(body), want, name)
 			require.NotContains(t, string(body), longName[:auth.MaxUsernameLen+1], "%s: not echoed", name)
 		}
+
+		// Past the body limit the form is 413, as an API body is, and a
+		// page a person can read, not the problem+json scripts get.
+		huge := c.post("/console/login", "", url.Values{"username": {adminName}, "password": {strings.Repeat("p", 2<<20)}})
+		require.Equal(t, http.StatusRequestEntityTooLarge, huge.StatusCode)
+		require.Nil(t, sessionCookie(huge))
+		require.Contains(t, text(one(t, c.page(huge), "error-page")), "exceeds 1048576 bytes")
 	})
 }

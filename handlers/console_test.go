@@ -445,6 +445,7 @@ func TestConsoleCSRF(t *testing.T) {
 				headers: map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"},
 			})
 			require.Equal(t, http.StatusForbidden, res.StatusCode)
+			require.Contains(t, text(one(t, c.page(res), "error-page")), "cross-origin request refused", "a page, not problem+json")
 			require.Len(t, c.tokens(), before)
 		})
 

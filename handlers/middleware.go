@@ -203,7 +203,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request, limit int64, cop
 // admitted is admit without the headers.
 func (h *handler) admitted(w http.ResponseWriter, r *http.Request, limit int64, cop *http.CrossOriginProtection) bool {
 	if r.ContentLength > limit {
-		writeError(w, r, errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", limit))
+		h.refuseAtTheEdge(w, r, errcode.Errorf(errcode.PayloadTooLarge, "request body exceeds %d bytes", limit))
 		return false
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, limit)
@@ -211,7 +211,7 @@ func (h *handler) admitted(w http.ResponseWriter, r *http.Request, limit int64, 
 	// refused for the console and for cookie-authenticated API calls alike.
 	// Scripts and agents send no such headers and are unaffected.
 	if err := cop.Check(r); err != nil {
-		writeError(w, r, errcode.New(errcode.PermissionDenied, "cross-origin request refused"))
+		h.refuseAtTheEdge(w, r, errcode.New(errcode.PermissionDenied, "cross-origin request refused"))
 		return false
 	}
 	if !plainText(r.URL.Path) && !isAPIPath(r.URL.Path) {
@@ -219,6 +219,17 @@ func (h *handler) admitted(w http.ResponseWriter, r *http.Request, limit int64, 
 		return false
 	}
 	return true
+}
+
+// refuseAtTheEdge answers a refusal made before routing: a console
+// address as a page, since a browser shows it to a person, anything else
+// as the problem scripts read.
+func (h *handler) refuseAtTheEdge(w http.ResponseWriter, r *http.Request, err *errcode.Error) {
+	if isConsolePath(r.URL.Path) {
+		h.consoleResolved(w, r, h.cookieConsoleCtx(r), err)
+		return
+	}
+	writeError(w, r, err)
 }
 
 // statusClientClosed labels, in metrics and the access log, a request whose

@@ -256,8 +256,13 @@ func isAPIPath(p string) bool {
 	return strings.HasPrefix(p, "/api/") || strings.HasPrefix(p, "/agent/") || p == "/api"
 }
 
+// isConsolePath reports whether p is answered with console pages.
+func isConsolePath(p string) bool {
+	return !isAPIPath(p) && strings.HasPrefix(p, "/console")
+}
+
 func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
-	if !isAPIPath(r.URL.Path) && strings.HasPrefix(r.URL.Path, "/console") {
+	if isConsolePath(r.URL.Path) {
 		h.consoleNotFound(w, r)
 		return
 	}
@@ -279,7 +284,7 @@ func (h *handler) methodNotAllowed(w http.ResponseWriter, r *http.Request) {
 	if len(allowed) > 0 {
 		w.Header().Set("Allow", strings.Join(allowed, ", "))
 	}
-	if !isAPIPath(r.URL.Path) && strings.HasPrefix(r.URL.Path, "/console") {
+	if isConsolePath(r.URL.Path) {
 		h.consoleError(w, r, h.cookieConsoleCtx(r), http.StatusMethodNotAllowed, "Not available this way",
 			"This address answers a form; it cannot be opened on its own. Go back to the page the form was on.")
 		return

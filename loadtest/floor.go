@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,13 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
 
 // runDeliverFloor runs the deliver scenario against the floor
-// (cmd/barewaiter -deliver): processes stand-ins holding the commands in
+// (cmd/barewaiter -deliver): stand-ins holding the commands in
 // memory, no database, no credentials checked. The agents, issuers and
 // every HTTP exchange are the real run's, so its settled rate and latency
 // are what this machine's HTTP alone allows, a ceiling for the server's
@@ -49,21 +47,11 @@ func runDeliverFloor(ctx context.Context, cfg Config, processes int) (Report, er
 	}()
 	var urls []string
 	for range processes {
-		cmd := exec.CommandContext(ctx, bin, "-listen", "127.0.0.1:0", "-deliver")
-		cmd.Stderr = cfg.Log
-		stdout, err := cmd.StdoutPipe()
+		cmd, url, err := startBare(ctx, bin, cfg.Log, "-listen", "127.0.0.1:0", "-deliver")
 		if err != nil {
 			return Report{}, err
 		}
-		if err := cmd.Start(); err != nil {
-			return Report{}, err
-		}
-		procs = append(procs, cmd)
-		line, err := bufio.NewReader(stdout).ReadString('\n')
-		if err != nil {
-			return Report{}, fmt.Errorf("floor: no listening line: %w", err)
-		}
-		urls = append(urls, strings.TrimSpace(strings.TrimPrefix(line, "listening ")))
+		procs, urls = append(procs, cmd), append(urls, url)
 	}
 	fmt.Fprintf(cfg.Log, "loadtest: %d floor process(es): %v\n", processes, urls)
 	cfg.URL, cfg.Token, cfg.Replicas, cfg.DatabaseURL, cfg.PGBench = urls[0], "floor", urls[1:], "", false

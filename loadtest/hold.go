@@ -175,21 +175,11 @@ func holdBare(ctx context.Context, cfg HoldConfig, bin, certFile, keyFile, caPEM
 	if certFile != "" {
 		args = append(args, "-tls-cert", certFile, "-tls-key", keyFile)
 	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Stderr = cfg.Log
-	stdout, err := cmd.StdoutPipe()
+	cmd, url, err := startBare(ctx, bin, cfg.Log, args...)
 	if err != nil {
-		return side, err
-	}
-	if err := cmd.Start(); err != nil {
 		return side, err
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		return side, fmt.Errorf("no listening line: %w", err)
-	}
-	url := strings.TrimSpace(strings.TrimPrefix(line, "listening "))
 	hc := &http.Client{Transport: transportFor(caPEM), Timeout: 10 * time.Second}
 	side.IdleRSSKB = rssKB(cmd.Process.Pid)
 
@@ -212,6 +202,27 @@ func holdBare(ctx context.Context, cfg HoldConfig, bin, certFile, keyFile, caPEM
 	sampleHold(ctx, cmd.Process.Pid, cfg, &side)
 	logf("bare waiter: %d KB idle, %d KB holding (%.1f KB a poll), %.2f cores", side.IdleRSSKB, side.HeldRSSKB, side.PerPollKB, side.Cores)
 	return side, ctx.Err()
+}
+
+// startBare starts cmd/barewaiter's binary and answers it with the URL
+// its listening line names; on error nothing is left running.
+func startBare(ctx context.Context, bin string, log io.Writer, args ...string) (*exec.Cmd, string, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stderr = log
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, "", fmt.Errorf("%s: no listening line: %w", filepath.Base(bin), err)
+	}
+	return cmd, strings.TrimSpace(strings.TrimPrefix(line, "listening ")), nil
 }
 
 func holdServer(ctx context.Context, cfg HoldConfig, dir, bin, certFile, keyFile, caPEM string, logf func(string, ...any)) (HoldSide, Report, error) {

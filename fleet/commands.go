@@ -888,7 +888,8 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 	// What each result asks for is decided before the transaction; only
 	// a diagnose's evidence needs its command (its delivery time) to be
 	// settled, so a request without evidence — nearly every one — is
-	// locked and written by one store call.
+	// locked and written by one store call (Store.Settle), which may share
+	// its statement with other nodes' settlements.
 	decided := make([]Settlement, len(results))
 	plain := true
 	for i, r := range results {
@@ -898,15 +899,15 @@ func (s *Service) Settle(ctx context.Context, sess Session, results []api.Result
 	var out []api.Settled
 	var fresh []CommandState
 	pendingLeft := true
-	err = s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
-		var err error
-		if plain {
-			out, fresh, pendingLeft, err = settlePlain(ctx, tx, sess.NodeID, results, decided, now)
-		} else {
+	if plain {
+		out, fresh, pendingLeft, err = settlePlain(ctx, s.store, sess.NodeID, results, decided, now)
+	} else {
+		err = s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
+			var err error
 			out, fresh, pendingLeft, err = s.settleLocked(ctx, tx, sess.NodeID, results, decided, values, now)
-		}
-		return err
-	})
+			return err
+		})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -943,12 +944,12 @@ func settledItem(operationID string, st CommandState, code string) api.Settled {
 }
 
 // settlePlain settles results that carry no evidence (decided: their
-// settlements, in order) in one store call (Tx.SettlePending) and builds
+// settlements, in order) in one store call (Store.Settle) and builds
 // the answers settleLocked would from what it found: an id asked twice
 // is settled by its first result and answered the same both times. It
 // answers the answers, the states of the commands it settled, and whether
 // the node may have a command pending (true when none was settled).
-func settlePlain(ctx context.Context, tx Tx, nodeID string, results []api.Result, decided []Settlement, now time.Time) ([]api.Settled, []CommandState, bool, error) {
+func settlePlain(ctx context.Context, st Store, nodeID string, results []api.Result, decided []Settlement, now time.Time) ([]api.Settled, []CommandState, bool, error) {
 	ss := make([]Settlement, 0, len(decided))
 	first := make(map[string]int, len(decided)) // id → its settlement in ss
 	for _, d := range decided {
@@ -957,7 +958,7 @@ func settlePlain(ctx context.Context, tx Tx, nodeID string, results []api.Result
 			ss = append(ss, d)
 		}
 	}
-	found, left, err := tx.SettlePending(ctx, nodeID, now, ss)
+	found, left, err := st.Settle(OnNode(ctx, nodeID), nodeID, now, ss)
 	if err != nil {
 		return nil, nil, false, err
 	}

@@ -87,6 +87,10 @@ type Store interface {
 	// retired and enrolling nodes are left alone. It answers how many rows
 	// changed; an unknown node id changes none and is no error.
 	RenewLeases(ctx context.Context, batch []LeaseRenewal) (int, error)
+	// Settle is Tx.SettlePending in a transaction of its own, answered
+	// likewise; the store may write it in one statement with other nodes'
+	// settlements of the same commit.
+	Settle(ctx context.Context, nodeID string, at time.Time, ss []Settlement) ([]SettleFound, bool, error)
 	// SweepLeases marks ready nodes whose lease ended before now as lost and
 	// answers their ids. On a shared database only one replica sweeps at a
 	// time; a replica that could not take the lock answers (nil, false, nil).

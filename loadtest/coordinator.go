@@ -170,6 +170,11 @@ type Report struct {
 	// after a wake-up by a command this replica recorded.
 	PollHandoffs     float64 `json:"long_poll_handoffs"`
 	PollDirectClaims float64 `json:"long_poll_direct_claims"`
+	// SettleStatements counts the statements that settled the agents'
+	// result requests over the issue window (Postgres), SettleRequests
+	// the requests they settled.
+	SettleStatements float64 `json:"settle_statements"`
+	SettleRequests   float64 `json:"settle_requests"`
 	// PollsAnswered counts the long-polls the server answered over the
 	// issue window; PollsEmpty those of them not carrying a first delivery
 	// (answered at their deadline: the fleet re-polling). PollsTogether
@@ -362,6 +367,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	rep.RenewalsFlushed = after["nodeward_lease_renewals_flushed_total"] - before["nodeward_lease_renewals_flushed_total"]
 	rep.PollHandoffs = after["nodeward_long_poll_handoffs_total"] - before["nodeward_long_poll_handoffs_total"]
 	rep.PollDirectClaims = after["nodeward_long_poll_direct_claims_total"] - before["nodeward_long_poll_direct_claims_total"]
+	rep.SettleStatements = after["nodeward_write_settle_statements_total"] - before["nodeward_write_settle_statements_total"]
+	rep.SettleRequests = after["nodeward_write_settle_requests_total"] - before["nodeward_write_settle_requests_total"]
 	rep.PollsAnswered, rep.PollsEmpty = pollsAnswered(before, after)
 	rep.PollsTogether = cfg.PollsTogether
 	logf("issued %d (%.0f/s, %d errors); settled %.0f/s during the window; draining", issued, rep.IssuedPS, issueErrs, rep.SettledPS)

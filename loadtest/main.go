@@ -357,6 +357,10 @@ func printPolls(w io.Writer, r Report) {
 	if r.PollHandoffs+r.PollDirectClaims > 0 {
 		fmt.Fprintf(w, "polls with commands      %.0f handed them by the submit, %.0f claimed after its wake-up\n", r.PollHandoffs, r.PollDirectClaims)
 	}
+	if r.SettleStatements > 0 {
+		fmt.Fprintf(w, "settlement statements    %.0f for %.0f result requests (%.1f a statement)\n",
+			r.SettleStatements, r.SettleRequests, r.SettleRequests/r.SettleStatements)
+	}
 }
 
 func printHoldReport(w io.Writer, r HoldReport) {

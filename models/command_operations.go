@@ -5,10 +5,13 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
@@ -287,11 +290,12 @@ func (t *fleetTx) SettleCommands(ctx context.Context, cs []fleet.Command) (bool,
 
 // SettlePending implements fleet.Tx. On Postgres one statement (its
 // lists as VALUES rows, sent by queryRows) locks the commands in
-// operation id order, settles those still pending on the node, ends their
-// operations with their events, and answers what it found of each and
-// whether the node has another pending command: the lock and the
-// settlement of Settle in one round trip. SQLite locks, then
-// settles, as LockCommands and SettleCommands do.
+// (node id, operation id) order, settles those still pending on the node,
+// ends their operations with their events, and answers what it found of
+// each and whether the node has another pending command: the lock and the
+// settlement of Settle in one round trip. The same statement settles
+// several nodes' requests at once (settleSet, FleetStore.Settle). SQLite
+// locks, then settles, as LockCommands and SettleCommands do.
 func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time, ss []fleet.Settlement) ([]fleet.SettleFound, bool, error) {
 	if len(ss) == 0 {
 		return nil, false, nil
@@ -300,48 +304,16 @@ func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time
 	if t.dialect != Postgres {
 		return t.settlePendingLocked(ctx, nodeID, at, ss)
 	}
-	ids := make([]string, len(ss))
-	states := make([]string, len(ss))
-	codes := make([]*string, len(ss))
-	messages := make([]*string, len(ss))
-	var e settleEndings
-	for i, s := range ss {
-		ids[i], states[i], codes[i], messages[i] = s.OperationID, string(s.State), strp(s.FailureCode), strp(s.FailureMessage)
-		e.add(s, at)
-	}
-	args := make([]any, 0, 2+4*len(ss)+8*len(e.ids))
-	args = append(args, nodeID, at)
-	for i := range ss {
-		args = append(args, ids[i], states[i], codes[i], messages[i])
-	}
-	for i := range e.ids {
-		args = append(args, e.ids[i], e.kinds[i], e.states[i], e.results[i], e.codes[i], e.messages[i], e.retryable[i], e.data[i])
-	}
-	rows, err := queryRows(t.db(ctx), settlePendingSQL(len(ss), len(e.ids)), args...)
-	if err != nil {
-		return nil, false, err
-	}
-	defer rows.Close()
+	var set settleSet
+	set.add(nodeID, at, ss)
 	found := make([]fleet.SettleFound, 0, len(ss))
 	left := false
-	for rows.Next() {
-		var f fleet.SettleFound
-		var state string
-		var code, parent sql.NullString
-		var ended bool
-		if err := rows.Scan(&f.OperationID, &f.NodeID, &f.Kind, &state, &code, &f.Settled, &ended, &parent, &left); err != nil {
-			return nil, false, err
-		}
-		f.State, f.FailureCode = fleet.CommandState(state), code.String
-		found = append(found, f)
-		if ended {
-			t.noteOperations([]string{f.OperationID})
-			if parent.Valid {
-				*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: parent.String})
-			}
-		}
-	}
-	if err := rows.Err(); err != nil {
+	err := set.run(t.db(ctx), func(row settleRow) {
+		found = append(found, row.SettleFound)
+		left = row.pendingLeft
+		t.noteEnded(row)
+	})
+	if err != nil {
 		return nil, false, err
 	}
 	// As LockCommands: another lane's command was locked (the statement
@@ -354,12 +326,99 @@ func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time
 	return found, left, nil
 }
 
-// settlePendingSQL is SettlePending's statement for n settlements and m
+// noteEnded announces the operation a settlement ended, and its parent's
+// child ending, once the transaction commits.
+func (t *fleetTx) noteEnded(row settleRow) {
+	if !row.ended {
+		return
+	}
+	t.noteOperations([]string{row.OperationID})
+	if row.parent.Valid {
+		*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: row.parent.String})
+	}
+}
+
+// settleSet is the lists of one settlement statement (Postgres): the
+// settlements of one or more nodes and their operations' endings. Each
+// operation id appears once in it.
+type settleSet struct {
+	v []any // settlePendingSQL's v rows, settleColumns values each
+	n int   // settlements
+	e settleEndings
+}
+
+// settleColumns is how many values each settlement of a settleSet has.
+const settleColumns = 6
+
+// add adds nodeID's settlements ss, settled at at (normalized).
+func (set *settleSet) add(nodeID string, at time.Time, ss []fleet.Settlement) {
+	for _, s := range ss {
+		set.v = append(set.v, nodeID, s.OperationID, string(s.State), strp(s.FailureCode), strp(s.FailureMessage), at)
+		set.n++
+		set.e.add(s, at)
+	}
+}
+
+// settleRow is one command a settlement statement found: what it found,
+// whether its operation ended (and its parent), and whether the node that
+// asked has another pending command.
+type settleRow struct {
+	fleet.SettleFound
+	ended       bool
+	parent      sql.NullString
+	pendingLeft bool
+}
+
+// run sends the set's statement on g and hands each command found to
+// each. The lists are padded with empty rows to a power of two, so a
+// connection keeps few statement texts (and their generic plans) however
+// the batches vary.
+func (set *settleSet) run(g *gorm.DB, each func(settleRow)) error {
+	n, m := paddedRows(set.n), paddedRows(len(set.e.ids))
+	args := make([]any, 0, settleColumns*n+8*m)
+	args = append(args, set.v...)
+	args = append(args, make([]any, settleColumns*(n-set.n))...)
+	e := &set.e
+	for i := range e.ids {
+		args = append(args, e.ids[i], e.kinds[i], e.states[i], e.results[i], e.codes[i], e.messages[i], e.retryable[i], e.data[i])
+	}
+	args = append(args, make([]any, 8*(m-len(e.ids)))...)
+	rows, err := queryRows(g, settlePendingSQL(n, m), args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var row settleRow
+		var state string
+		var code sql.NullString
+		if err := rows.Scan(&row.OperationID, &row.NodeID, &row.Kind, &state, &code, &row.Settled, &row.ended,
+			&row.parent, &row.pendingLeft); err != nil {
+			return err
+		}
+		row.State, row.FailureCode = fleet.CommandState(state), code.String
+		each(row)
+	}
+	return rows.Err()
+}
+
+// paddedRows is the number of rows a list of n is sent as: the next power
+// of two (0 stays 0).
+func paddedRows(n int) int {
+	if n <= 1 {
+		return n
+	}
+	return 1 << bits.Len(uint(n-1))
+}
+
+// settlePendingSQL is the settlement statement for n settlements and m
 // endings of their operations: for each settlement one with no kind and
 // one per command kind whose ending differs from it (ledger.CommandEnd
 // depends on the kind: whether a refusal is retryable); the command's kind
-// picks its row. $1 is the node, $2 the time, then v's rows (4 values
-// each), then e's (8 each).
+// picks its row. v's rows come first (settleColumns values each: the node
+// that asks, the operation, its state, code, message and time), then e's
+// (8 each). Rows of NULLs pad either list (settleSet.run): they match no
+// command and no ending.
 //
 // The lists are VALUES rows, not arrays: the planner then knows how many
 // rows each has, so every join is an index lookup and the statement has
@@ -369,14 +428,15 @@ func (t *fleetTx) SettlePending(ctx context.Context, nodeID string, at time.Time
 // join could become a scan of it (5 ms and 2,000 buffers a settlement in a
 // fan-out's profile).
 //
-// l locks (ordered, materialized: the update joins what it locked, so it
-// takes no lock out of order); cmd updates the node's commands still
-// pending, found by key (a command's node never changes, so it is l's,
-// and l read its state under the lock); op ends the operations not ended
-// yet, ev records and announces each end, p reads — in the statement's
-// snapshot, where the settled commands are still pending — whether
-// another command of the node is pending. One row per command found, with
-// what l locked (the state before).
+// l locks (ordered by node, as every batched statement is, and
+// materialized: the update joins what it locked, so it takes no lock out
+// of order); cmd updates the commands still pending on the node that
+// asked, found by key (a command's node never changes, so it is l's, and
+// l read its state under the lock); op ends the operations not ended yet,
+// ev records and announces each end, p reads — for each node that asked,
+// in the statement's snapshot, where the settled commands are still
+// pending — whether another command of that node is pending. One row per
+// command found, with what l locked (the state before).
 //
 // Neither update restates a partial index's predicate (c.state =
 // 'pending', o.terminal = FALSE): a generic plan made from statistics
@@ -388,24 +448,24 @@ func settlePendingSQL(n, m int) string {
 	key := [2]int{n, m}
 	return settleStatements.get(key, func() string {
 		var b strings.Builder
-		next := 3
-		param := func(cast string) {
-			fmt.Fprintf(&b, "CAST($%d AS %s)", next, cast)
-			next++
+		next := 1
+		row := func(casts ...string) {
+			b.WriteString("(")
+			for j, cast := range casts {
+				if j > 0 {
+					b.WriteString(", ")
+				}
+				fmt.Fprintf(&b, "CAST($%d AS %s)", next, cast)
+				next++
+			}
+			b.WriteString(")")
 		}
-		b.WriteString(`WITH v (operation_id, state, code, message) AS (VALUES `)
+		b.WriteString(`WITH v (node_id, operation_id, state, code, message, at) AS (VALUES `)
 		for i := 0; i < n; i++ {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString("(")
-			for j := 0; j < 4; j++ {
-				if j > 0 {
-					b.WriteString(", ")
-				}
-				param("text")
-			}
-			b.WriteString(")")
+			row("text", "text", "text", "text", "text", "timestamptz")
 		}
 		b.WriteString(`),
 	e (id, kind, state, result, code, message, retryable, data) AS (`)
@@ -418,45 +478,39 @@ func settlePendingSQL(n, m int) string {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString("(")
-			for j, cast := range []string{"text", "text", "text", "text", "text", "text", "boolean", "text"} {
-				if j > 0 {
-					b.WriteString(", ")
-				}
-				param(cast)
-			}
-			b.WriteString(")")
+			row("text", "text", "text", "text", "text", "text", "boolean", "text")
 		}
 		b.WriteString(`),
 	l AS MATERIALIZED (
 		SELECT operation_id, node_id, kind, state, failure_code FROM commands
-		WHERE operation_id IN (SELECT operation_id FROM v) ORDER BY operation_id FOR UPDATE),
+		WHERE operation_id IN (SELECT operation_id FROM v) ORDER BY node_id, operation_id FOR UPDATE),
 	cmd AS (
-		UPDATE commands c SET state = v.state, failure_code = v.code, failure_message = v.message, settled_at = $2
+		UPDATE commands c SET state = v.state, failure_code = v.code, failure_message = v.message, settled_at = v.at
 		FROM l JOIN v USING (operation_id)
-		WHERE c.operation_id = l.operation_id AND l.node_id = $1 AND l.state = 'pending'
-		RETURNING c.operation_id, c.kind),
+		WHERE c.operation_id = l.operation_id AND l.node_id = v.node_id AND l.state = 'pending'
+		RETURNING c.operation_id, c.kind, v.at),
 	ended AS (
-		SELECT DISTINCT ON (cmd.operation_id) e.id, e.state, e.result, e.code, e.message, e.retryable, e.data
+		SELECT DISTINCT ON (cmd.operation_id) e.id, e.state, e.result, e.code, e.message, e.retryable, e.data, cmd.at
 		FROM cmd JOIN e ON e.id = cmd.operation_id AND (e.kind = cmd.kind OR e.kind IS NULL)
 		ORDER BY cmd.operation_id, e.kind IS NULL),
 	op AS (
 		UPDATE operations o SET state = ended.state, terminal = TRUE, result = ended.result, error_code = ended.code,
-			error_message = ended.message, error_retryable = ended.retryable, finished_at = $2, updated_at = $2
+			error_message = ended.message, error_retryable = ended.retryable, finished_at = ended.at, updated_at = ended.at
 		FROM ended WHERE o.id = ended.id AND o.end_state IS NULL
-		RETURNING o.id, o.parent_id, ended.state, ended.data),
+		RETURNING o.id, o.parent_id, ended.state, ended.data, ended.at),
 	ev AS (
 		INSERT INTO operation_events (operation_id, type, at, data)
-		SELECT op.id, op.state, $2, op.data FROM op
+		SELECT op.id, op.state, op.at, op.data FROM op
 		RETURNING 1),
 	p AS (
-		SELECT EXISTS (SELECT 1 FROM commands WHERE node_id = $1 AND state = 'pending'
-			AND operation_id NOT IN (SELECT operation_id FROM v)) AS pending_left)
+		SELECT a.node_id, EXISTS (SELECT 1 FROM commands WHERE node_id = a.node_id AND state = 'pending'
+			AND operation_id NOT IN (SELECT operation_id FROM v WHERE v.node_id = a.node_id)) AS pending_left
+		FROM (SELECT DISTINCT node_id FROM v WHERE node_id IS NOT NULL) a)
 	SELECT l.operation_id, l.node_id, l.kind, l.state, l.failure_code, cmd.operation_id IS NOT NULL,
 		op.id IS NOT NULL, op.parent_id, p.pending_left
-	FROM l LEFT JOIN cmd ON cmd.operation_id = l.operation_id LEFT JOIN op ON op.id = l.operation_id CROSS JOIN p`)
-		q := b.String()
-		return q
+	FROM l JOIN v USING (operation_id) JOIN p ON p.node_id = v.node_id
+		LEFT JOIN cmd ON cmd.operation_id = l.operation_id LEFT JOIN op ON op.id = l.operation_id`)
+		return b.String()
 	})
 }
 

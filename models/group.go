@@ -86,6 +86,9 @@ type groupCommit struct {
 // the metrics.
 type groupCounters struct {
 	batches, maxRunning, strays, retries, reruns atomic.Int64
+	// settleStatements is how many shared settlement statements ran
+	// (mergeSettlements), settlesMerged how many requests they settled.
+	settleStatements, settlesMerged atomic.Int64
 	// exclusive is how long the exclusive lane held the gate, in
 	// nanoseconds; laneWait how long lane batches waited to take it.
 	exclusive, laneWait atomic.Int64
@@ -110,6 +113,10 @@ type GroupStats struct {
 	Exclusive, LaneGateWait time.Duration
 	// Queued is how many requests wait for a batch now, over every lane.
 	Queued int64
+	// SettleStatements is how many statements settled the optimistic
+	// batches' settlement requests (Postgres), SettlesMerged how many
+	// requests they settled: the batches' settlements per statement.
+	SettleStatements, SettlesMerged int64
 }
 
 // GroupStats answers the group commit's counters.
@@ -118,7 +125,7 @@ func (s *FleetStore) GroupStats() GroupStats {
 	return GroupStats{Lanes: len(g.lanes), Batches: g.stats.batches.Load(), MaxRunning: g.stats.maxRunning.Load(),
 		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load(), Reruns: g.stats.reruns.Load(),
 		Exclusive: time.Duration(g.stats.exclusive.Load()), LaneGateWait: time.Duration(g.stats.laneWait.Load()),
-		Queued: g.queued.Load()}
+		Queued: g.queued.Load(), SettleStatements: g.stats.settleStatements.Load(), SettlesMerged: g.stats.settlesMerged.Load()}
 }
 
 // lane is one queue of batches, run one at a time.
@@ -153,7 +160,10 @@ type groupReq struct {
 	// strayed: the request locked outside its route (fleetTx.stray).
 	strayed bool
 	tries   int           // runs again after a deadlock
-	done    chan struct{} // closed when err is final
+	// settle, when not nil, is the settlement this request is: fn runs
+	// it alone, or the batch runs it with others (mergeSettlements).
+	settle *settleReq
+	done   chan struct{} // closed when err is final
 	lead    chan struct{} // signalled when this request must lead the next batch
 }
 
@@ -191,7 +201,12 @@ func laneOf(nodeID string, n int) int {
 }
 
 func (g *groupCommit) do(ctx context.Context, fn func(fleet.Tx) error) error {
-	r := &groupReq{ctx: ctx, fn: fn, done: make(chan struct{}), lead: make(chan struct{}, 1)}
+	return g.enqueue(ctx, &groupReq{ctx: ctx, fn: fn})
+}
+
+// enqueue routes r to its lane and answers its outcome once final.
+func (g *groupCommit) enqueue(ctx context.Context, r *groupReq) error {
+	r.done, r.lead = make(chan struct{}), make(chan struct{}, 1)
 	l := g.excl
 	if route, ok := fleet.TxRouteOf(ctx); ok && len(g.lanes) > 0 {
 		r.route = route
@@ -399,18 +414,37 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 	s := g.store
 	single := len(batch) == 1
 	return s.db.Tx(ctx, func(tx *gorm.DB) error {
-		for _, r := range batch {
+		txs := make([]*fleetTx, len(batch))
+		for i, r := range batch {
 			r.notes, r.pg, r.after, r.audit, r.err, r.strayed = nil, nil, nil, nil, nil, false
 			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single, later: &later{}}, store: s,
 				notes: &r.notes, pg: &r.pg, after: &r.after, audit: &r.audit}
+			if l.index >= 0 {
+				t.route = &txRoute{TxRoute: r.route, lane: l.index, lanes: len(g.lanes), strayed: &r.strayed}
+			}
+			txs[i] = t
+			if r.settle != nil {
+				r.settle.merged = false
+			}
+		}
+		if !savepoints && s.dialect == Postgres {
+			if err := g.mergeSettlements(tx, batch, txs); err != nil {
+				if !single {
+					return errRequestFailed
+				}
+				return err
+			}
+		}
+		for i, r := range batch {
+			if r.settle != nil && r.settle.merged {
+				continue
+			}
+			t := txs[i]
 			fn := func() error {
 				if err := r.fn(t); err != nil {
 					return err
 				}
 				return t.later.send(tx) // kept back, and no statement came after it
-			}
-			if l.index >= 0 {
-				t.route = &txRoute{TxRoute: r.route, lane: l.index, lanes: len(g.lanes), strayed: &r.strayed}
 			}
 			if !savepoints {
 				if err := fn(); err != nil || r.strayed {

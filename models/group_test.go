@@ -365,10 +365,28 @@ func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
 			return fleet.Command{OperationID: op, NodeID: node, Kind: "stop_workload", Payload: json.RawMessage(`{}`),
 				PayloadDigest: "d", FencingToken: 1, IssuedAt: t0, State: fleet.CommandPending}
 		}
+		// Replica b settles as results are (FleetStore.Settle): its lanes'
+		// batches share one statement among their settlements.
+		settledShared := map[string]int{}
 		settle := func(s *models.FleetStore, node string, cs []fleet.Command) error {
 			ops := make([]string, len(cs))
 			for i, c := range cs {
 				ops[i] = c.OperationID
+			}
+			if s == b {
+				ss := make([]fleet.Settlement, len(cs))
+				for i, c := range cs {
+					ss[i] = fleet.Settlement{OperationID: c.OperationID, State: fleet.CommandApplied}
+				}
+				found, _, err := s.Settle(fleet.OnNode(ctx, node), node, time.Now(), ss)
+				mu.Lock()
+				for _, f := range found {
+					if f.Settled {
+						settledShared[f.OperationID]++
+					}
+				}
+				mu.Unlock()
+				return err
 			}
 			return s.Tx(fleet.OnNode(ctx, node), func(tx fleet.Tx) error {
 				locked, err := tx.LockCommands(ctx, ops)
@@ -521,12 +539,17 @@ func TestGroupCommitLanesNeverFailOrRepeat(t *testing.T) {
 				require.Equal(t, fleet.CommandApplied, c.State, c.OperationID)
 			}
 		}
+		for op, n := range settledShared {
+			settled[op] += n
+		}
 		require.Len(t, settled, want, "every command settled")
 		for op, n := range settled {
 			require.Equal(t, 1, n, "%s applied once", op)
 		}
 		t.Logf("replica a: %+v; replica b: %+v", a.GroupStats(), b.GroupStats())
+		require.NotEmpty(t, settledShared, "replica b settled some")
 		if db.Dialect == models.Postgres {
+			require.Positive(t, b.GroupStats().SettleStatements, "replica b's settlements ran in shared statements")
 			require.Positive(t, a.GroupStats().Strays+b.GroupStats().Strays, "the strays ran again, alone")
 		}
 	})

@@ -73,14 +73,20 @@ func TestPostgresSettlementGenericPlan(t *testing.T) {
 	require.NoError(t, db.Exec("ANALYZE operations, commands").Error) // none open, none pending
 	require.NoError(t, db.Exec(`UPDATE operations SET terminal = FALSE, state = 'running' WHERE id <> 'op-1'`).Error)
 	require.NoError(t, db.Exec(`UPDATE commands SET state = 'pending' WHERE operation_id <> 'op-1'`).Error)
-	for _, nm := range [][2]int{{1, 1}, {1, 2}, {3, 3}} {
+	// One node's settlements, and a batch's of several nodes (the last
+	// rows NULL: the padding of settleSet.run).
+	for _, nm := range [][2]int{{1, 1}, {1, 2}, {4, 4}, {8, 16}} {
 		n, m := nm[0], nm[1]
-		args := []any{"node-7", "2026-12-01T00:00:00Z"}
+		var args []any
 		for i := 0; i < n; i++ {
-			args = append(args, fmt.Sprintf("op-%d", 7+100*i), "applied", "", "")
+			if i == 5 {
+				args = append(args, make([]any, 6*(n-i))...)
+				break
+			}
+			args = append(args, fmt.Sprintf("node-%d", 7+i%2), fmt.Sprintf("op-%d", 7+i%2+100*i), "applied", "", "", "2026-12-01T00:00:00Z")
 		}
 		for i := 0; i < m; i++ {
-			args = append(args, fmt.Sprintf("op-%d", 7+100*(i%n)), "", "succeeded", "", "", "", "false", "{}")
+			args = append(args, fmt.Sprintf("op-%d", 7+i%2+100*(i%n)), "", "succeeded", "", "", "", "false", "{}")
 		}
 		p := genericPlan(ctx, t, db, models.Statement{SQL: models.SettlePendingSQL(n, m), Args: args})
 		require.NotContains(t, p.indexes, "operations_open_target", "(%d, %d): the settlement walked the open operations:\n%s", n, m, p.text)
@@ -105,6 +111,8 @@ func genericPlan(ctx context.Context, t *testing.T, db *models.DB, s models.Stat
 	args := make([]string, len(s.Args))
 	for i, a := range s.Args {
 		switch v := a.(type) {
+		case nil:
+			args[i] = "NULL"
 		case string:
 			args[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
 		case int, int64:

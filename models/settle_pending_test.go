@@ -3,14 +3,17 @@ package models_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -148,6 +151,174 @@ func TestSettlePending(t *testing.T) {
 		for op, k := range settled {
 			require.Equal(t, 1, k, "%s settled once", op)
 			require.Equal(t, fleet.CommandApplied, get(op).State)
+		}
+	})
+}
+
+// TestSettleSharesOneStatement: settlements of many nodes that meet in one
+// batch are written by one statement on Postgres (FleetStore.Settle), and
+// each request is answered exactly as it would have been alone: only its
+// node's pending commands settled, another node's and an unknown one
+// answered as found, its own "another pending" answer, its operations
+// ended with their events and announced to it. The same result posted
+// twice at once is settled by the first post and found settled by the
+// second. SQLite answers the same, a request at a time.
+func TestSettleSharesOneStatement(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		rec := &recorder{}
+		s := models.NewFleetStore(db, "r1", rec.hook)
+		s.SetWriteLanes(0) // one lane: the held request keeps every other in one batch
+		const nodes = 6
+		var ids []string
+		for i := range nodes {
+			ids = append(ids, fmt.Sprintf("ss-%d", i))
+			n := sampleNode(ids[i], "ss-rent-"+ids[i], 1)
+			n.State = fleet.StateReady
+			insert(t, s, n)
+		}
+		// Each node: a launch and a prepare delivered, and (even nodes) one
+		// more left pending; each command with its running operation.
+		var cs []fleet.Command
+		for i, id := range ids {
+			for _, k := range []string{"launch_workload", "prepare_image", "stop_workload"} {
+				if k == "stop_workload" && i%2 == 1 {
+					continue
+				}
+				cs = append(cs, fleet.Command{OperationID: id + "-" + k, NodeID: id, Kind: k, Payload: json.RawMessage(`{}`),
+					PayloadDigest: "d", FencingToken: 1, IssuedAt: t0, State: fleet.CommandPending})
+			}
+		}
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertCommands(ctx, cs) }))
+		for _, c := range cs {
+			require.NoError(t, db.Exec(`INSERT INTO operations (id, request_id, digest, principal_kind, principal_id, family, kind,
+					state, terminal, channel, target_kind, target_id, operation, created_at, deadline, updated_at)
+				VALUES (?, ?, 'd', 'admin', 'u1', 'commands', ?, 'running', FALSE, 'long_poll', 'node', ?, '{}', ?, ?, ?)`,
+				c.OperationID, "req-"+c.OperationID, "node."+c.Kind, c.NodeID, t0, t0.Add(time.Hour), t0).Error)
+		}
+		// The requests: each node applies its launch and refuses its
+		// prepare; node 1 also names node 0's stop and an unknown id;
+		// node 2's request is posted twice.
+		at := t0.Add(time.Minute)
+		type ask struct {
+			node string
+			ss   []fleet.Settlement
+		}
+		var asks []ask
+		for i, id := range ids {
+			ss := []fleet.Settlement{
+				{OperationID: id + "-launch_workload", State: fleet.CommandApplied},
+				{OperationID: id + "-prepare_image", State: fleet.CommandRefused, FailureCode: "refused_by_node", FailureMessage: "pull failed"},
+			}
+			if i == 1 {
+				ss = append(ss, fleet.Settlement{OperationID: ids[0] + "-stop_workload", State: fleet.CommandApplied},
+					fleet.Settlement{OperationID: "ss-unknown", State: fleet.CommandApplied})
+			}
+			asks = append(asks, ask{id, ss})
+			if i == 2 {
+				asks = append(asks, ask{id, ss})
+			}
+		}
+		held, release := make(chan struct{}), make(chan struct{})
+		go func() {
+			assert.NoError(t, s.Tx(ctx, func(fleet.Tx) error { close(held); <-release; return nil }))
+		}()
+		<-held
+		before := s.GroupStats()
+		found := make([][]fleet.SettleFound, len(asks))
+		left := make([]bool, len(asks))
+		var wg sync.WaitGroup
+		for i, a := range asks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var err error
+				found[i], left[i], err = s.Settle(ctx, a.node, at, a.ss)
+				assert.NoError(t, err)
+				sort.Slice(found[i], func(x, y int) bool { return found[i][x].OperationID < found[i][y].OperationID })
+			}()
+			// One at a time into the queue, so the duplicate post is second.
+			testwait.For(t, "the request to queue", testwait.Patience, func() bool { return models.QueuedExclusive(s) == i+1 })
+		}
+		close(release)
+		wg.Wait()
+
+		after := s.GroupStats()
+		if db.Dialect == models.Postgres {
+			require.Equal(t, before.SettleStatements+1, after.SettleStatements, "one statement for the batch's settlements")
+			require.Equal(t, before.SettlesMerged+int64(len(asks)-1), after.SettlesMerged,
+				"every request but the repeated post, which ran in its turn")
+		} else {
+			require.Zero(t, after.SettleStatements, "SQLite: a request at a time")
+		}
+		for k, a := range asks {
+			i := slices.Index(ids, a.node)
+			repeat := k > 0 && asks[k-1].node == a.node
+			want := []fleet.SettleFound{
+				{OperationID: a.node + "-launch_workload", NodeID: a.node, Kind: "launch_workload", State: fleet.CommandPending, Settled: true},
+				{OperationID: a.node + "-prepare_image", NodeID: a.node, Kind: "prepare_image", State: fleet.CommandPending, Settled: true},
+			}
+			if repeat {
+				want[0].State, want[0].Settled = fleet.CommandApplied, false
+				want[1].State, want[1].Settled, want[1].FailureCode = fleet.CommandRefused, false, "refused_by_node"
+			}
+			if i == 1 {
+				want = append(want, fleet.SettleFound{OperationID: ids[0] + "-stop_workload", NodeID: ids[0], Kind: "stop_workload",
+					State: fleet.CommandPending})
+			}
+			sort.Slice(want, func(x, y int) bool { return want[x].OperationID < want[y].OperationID })
+			require.Equal(t, want, found[k], "request %d (%s)", k, a.node)
+			if !repeat { // (meaningless when nothing was settled)
+				require.Equal(t, i%2 == 0, left[k], "request %d (%s): another command pending", k, a.node)
+			}
+		}
+
+		type opRow struct {
+			State          string
+			Terminal       bool
+			ErrorCode      *string
+			ErrorRetryable *bool
+			FinishedAt     *time.Time
+		}
+		for _, c := range cs {
+			var o opRow
+			require.NoError(t, db.Raw(`SELECT state, terminal, error_code, error_retryable, finished_at FROM operations WHERE id = ?`,
+				c.OperationID).Scan(&o).Error)
+			events := dbtest.Count(t, db.DB, &models.OperationEvent{}, "operation_id = ?", c.OperationID)
+			got, err := s.Command(ctx, c.OperationID)
+			require.NoError(t, err)
+			switch c.Kind {
+			case "launch_workload":
+				require.Equal(t, fleet.CommandApplied, got.State)
+				require.Equal(t, "succeeded", o.State, c.OperationID)
+			case "prepare_image":
+				require.Equal(t, fleet.CommandRefused, got.State)
+				require.Equal(t, "failed", o.State, c.OperationID)
+				require.Equal(t, "refused_by_node", *o.ErrorCode)
+				require.True(t, *o.ErrorRetryable, "a refused prepare is retryable")
+			default:
+				require.Equal(t, fleet.CommandPending, got.State, "%s: named by another node, unchanged", c.OperationID)
+				require.Equal(t, "running", o.State)
+				require.False(t, o.Terminal)
+				require.Zero(t, events)
+				continue
+			}
+			require.True(t, o.Terminal)
+			require.True(t, at.Equal(*o.FinishedAt), "%s finished at the settlement's time", c.OperationID)
+			require.True(t, at.Equal(*got.SettledAt))
+			require.Equal(t, int64(1), events, "%s: one end event", c.OperationID)
+		}
+		announced := map[string]int{}
+		for _, n := range rec.all() {
+			if n.Kind == fleet.NotifyOperation {
+				announced[n.NodeID]++
+			}
+		}
+		for _, c := range cs {
+			want := 1
+			if c.Kind == "stop_workload" {
+				want = 0
+			}
+			require.Equal(t, want, announced[c.OperationID], "%s announced once it ended", c.OperationID)
 		}
 	})
 }

@@ -131,7 +131,17 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "nodeward_write_queued_requests",
 			Help: "Write requests waiting for their batch now, over every lane (an enrollment that waits past the enrollment queue bound is shed).",
-		}, func() float64 { return float64(a.fleetStore.GroupStats().Queued) }))
+		}, func() float64 { return float64(a.fleetStore.GroupStats().Queued) }),
+		// Settlements per statement: on PostgreSQL a write batch settles
+		// every agent's results it carries in one statement.
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_write_settle_statements_total",
+			Help: "Statements that settled agents' results, each for every result request of its write batch (PostgreSQL).",
+		}, func() float64 { return float64(a.fleetStore.GroupStats().SettleStatements) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_write_settle_requests_total",
+			Help: "Agents' result requests settled by those statements (PostgreSQL).",
+		}, func() float64 { return float64(a.fleetStore.GroupStats().SettlesMerged) }))
 	// How long each write batch took, commit included: on SQLite the one
 	// writer's transactions, so its tail is the tail every write queued
 	// behind it waits (a slow disk sync shows here first).

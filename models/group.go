@@ -159,12 +159,12 @@ type groupReq struct {
 	err   error
 	// strayed: the request locked outside its route (fleetTx.stray).
 	strayed bool
-	tries   int           // runs again after a deadlock
+	tries   int // runs again after a deadlock
 	// settle, when not nil, is the settlement this request is: fn runs
 	// it alone, or the batch runs it with others (mergeSettlements).
 	settle *settleReq
 	done   chan struct{} // closed when err is final
-	lead    chan struct{} // signalled when this request must lead the next batch
+	lead   chan struct{} // signalled when this request must lead the next batch
 }
 
 // maxBatch bounds one batch, so a commit never waits on an unbounded list.

@@ -43,6 +43,11 @@ func TestPostgresOpenOperationsGenericPlans(t *testing.T) {
 	count := genericPlan(ctx, t, db, st.CountOpenForNode("node-7", []string{ledger.KindNodeRetire}))
 	require.NotContains(t, count.indexes, "operations_open", "the quota count walked every open operation:\n%s", count.text)
 	require.Empty(t, count.seqScans, "the quota count read the table:\n%s", count.text)
+	// That generic plan is the one every submit runs (migration 00029):
+	// left to choose, the plan cache could plan the count anew each call.
+	var config []string
+	require.NoError(t, db.Raw(`SELECT unnest(proconfig) FROM pg_proc WHERE proname = 'nodeward_open_for_node'`).Scan(&config).Error)
+	require.Contains(t, config, "plan_cache_mode=force_generic_plan")
 	for _, state := range []ledger.State{ledger.StatePending, ledger.StateRunning} {
 		list := genericPlan(ctx, t, db, st.List(ledger.Filter{State: state}))
 		require.Empty(t, list.seqScans, "the %s listing read the table:\n%s", state, list.text)

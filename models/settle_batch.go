@@ -66,10 +66,12 @@ func (s *FleetStore) Settle(ctx context.Context, nodeID string, at time.Time, ss
 // in the batch (a retirement, a re-enrollment) had not been answered
 // either, so the two were concurrent; and a request settling an operation
 // id already in the statement (the same result posted twice at once) is
-// left out to run in its turn, after, and find it settled. A failure is every merged request's: the batch then runs
-// again with savepoints, each settlement in its own statement, and one
-// refused for a lock (a deadlock with another replica, a stray) runs
-// alone in the exclusive lane, as any request.
+// left out to run in its turn, after, and find it settled.
+//
+// A failure is every merged request's: the batch then runs again with
+// savepoints, each settlement in its own statement, and one refused for
+// a lock (a deadlock with another replica, a stray) runs alone in the
+// exclusive lane, as any request.
 func (g *groupCommit) mergeSettlements(tx *gorm.DB, batch []*groupReq, txs []*fleetTx) error {
 	var set settleSet
 	owner := map[string]int{} // operation id → its request in batch

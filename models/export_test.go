@@ -25,11 +25,12 @@ func QueuedExclusive(s *FleetStore) int {
 	return len(l.pending)
 }
 
-// CommandColumns and NodeColumns are the column lists of the statements
+// CommandColumns, NodeColumns and OperationColumns are the column lists of the statements
 // sent around GORM, in the order their rows are scanned.
 const (
-	CommandColumns = commandColumns
-	NodeColumns    = nodeColumns
+	CommandColumns   = commandColumns
+	NodeColumns      = nodeColumns
+	OperationColumns = operationScanColumns
 )
 
 // Numbered is numbered for the external tests.

@@ -527,16 +527,36 @@ func (t *fleetTx) LockNodes(ctx context.Context, ids []string) (map[string]fleet
 			return nil, err
 		}
 	}
-	var rows []Node
-	if err := t.forUpdate(t.db(ctx)).Where("id IN ?", ids).Order("id").Find(&rows).Error; err != nil {
-		return nil, err
+	out := make(map[string]fleet.Node, len(ids))
+	if len(ids) == 0 {
+		return out, nil
 	}
-	out := make(map[string]fleet.Node, len(rows))
-	for _, row := range rows {
-		out[row.ID] = nodeFromRow(row)
+	q, args := lockNodesPostgres, []any{ids}
+	if t.dialect != Postgres {
+		var in string
+		in, args = inList(ids)
+		q = `SELECT ` + nodeColumns + ` FROM nodes WHERE id IN (` + in + `) ORDER BY id`
+	}
+	var s nodeScan
+	err := eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {
+		if err := rows.Scan(s.dest()...); err != nil {
+			return err
+		}
+		n := nodeFromRow(s.row())
+		out[n.ID] = n
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
+
+// lockNodesPostgres is LockNodes's statement on Postgres, sent around GORM
+// (sqlpath.go): every fan-out release of node commands locks its nodes
+// with it, in id order (as every batched statement locks). The ids are an
+// array, so the statement has one text whatever their number.
+const lockNodesPostgres = `SELECT ` + nodeColumns + ` FROM nodes WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
 
 func (t *fleetTx) NodesOfRental(ctx context.Context, rentalID string) ([]fleet.Node, error) {
 	var rows []Node
@@ -967,9 +987,7 @@ func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
 	if t.dialect == Postgres {
 		q = insertCommandPostgres
 	}
-	_, err := execRows(t.db(ctx), q, r.OperationID, r.NodeID, r.Kind, r.Payload, r.PayloadDigest, r.FencingToken, r.IssuedAt,
-		r.State, orNull(r.FailureCode), orNull(r.FailureMessage), orNull(r.DeliveredFencing), orNull(r.FirstDeliveredAt),
-		orNull(r.LastDeliveredAt), r.DeliveryCount, orNull(r.SettledAt))
+	_, err := execRows(t.db(ctx), q, commandValues(r)...)
 	if isDuplicate(err) {
 		return fleet.ErrDuplicate
 	}
@@ -979,9 +997,19 @@ func (t *fleetTx) InsertCommand(ctx context.Context, c fleet.Command) error {
 // InsertCommand's statement, sent around GORM (sqlpath.go): every submit
 // of a command runs it on SQLite, inside the one writer's transaction.
 var (
-	insertCommandSQLite   = `INSERT INTO commands (` + commandColumns + `) VALUES (` + placeholders(15) + `)`
+	insertCommandSQLite   = `INSERT INTO commands (` + commandColumns + `) VALUES (` + placeholders(commandColumnCount) + `)`
 	insertCommandPostgres = numbered(insertCommandSQLite)
 )
+
+// commandValues are r's values in commandColumns's order.
+func commandValues(r Command) []any {
+	return []any{r.OperationID, r.NodeID, r.Kind, r.Payload, r.PayloadDigest, r.FencingToken, r.IssuedAt,
+		r.State, orNull(r.FailureCode), orNull(r.FailureMessage), orNull(r.DeliveredFencing), orNull(r.FirstDeliveredAt),
+		orNull(r.LastDeliveredAt), r.DeliveryCount, orNull(r.SettledAt)}
+}
+
+// commandColumnCount is how many values commandValues answers.
+const commandColumnCount = 15
 
 // orNull is the value p points to, or nil (NULL) for a nil pointer.
 func orNull[T any](p *T) any {
@@ -995,16 +1023,22 @@ func (t *fleetTx) InsertCommands(ctx context.Context, cs []fleet.Command) error 
 	if len(cs) == 0 {
 		return nil
 	}
-	rows := make([]Command, len(cs))
+	args := make([]any, 0, commandColumnCount*len(cs))
 	var delivered []fleet.Command
-	for i, c := range cs {
-		rows[i] = rowFromCommand(c)
+	for _, c := range cs {
+		args = append(args, commandValues(rowFromCommand(c))...)
 		if c.DeliveryCount == 1 && c.LastDeliveredAt != nil {
 			delivered = append(delivered, c)
 		}
 	}
-	if err := dup(t.db(ctx).CreateInBatches(&rows, 500).Error); err != nil || len(delivered) == 0 {
+	if err := insertRows(t.db(ctx), "commands", commandColumns, commandColumnCount, args); err != nil {
+		if isDuplicate(err) {
+			return fleet.ErrDuplicate
+		}
 		return err
+	}
+	if len(delivered) == 0 {
+		return nil
 	}
 	return t.mirrorFirstDeliveries(ctx, delivered, *delivered[0].LastDeliveredAt)
 }

@@ -156,11 +156,55 @@ func (s *LedgerStore) Events(ctx context.Context, operationID string, after int6
 }
 
 func (r ledgerReader) Operation(ctx context.Context, id string) (ledger.Operation, error) {
-	var row Operation
-	if err := r.r.db(ctx).Where("id = ?", id).Take(&row).Error; err != nil {
-		return ledger.Operation{}, ledgerNotFound(err)
+	q := operationByIDSQLite
+	if r.r.dialect == Postgres {
+		q = operationByIDPostgres
+	}
+	row, err := oneOperation(r.r.db(ctx), q, id)
+	if err != nil {
+		return ledger.Operation{}, err
 	}
 	return operationFromRow(row), nil
+}
+
+// An operation by its id, sent around GORM (sqlpath.go): a fan-out reads
+// and locks its parent for every advance, and a waiting submit reads its
+// operation when it wakes.
+var (
+	operationByIDSQLite       = `SELECT ` + operationScanColumns + ` FROM operations WHERE id = ?`
+	operationByIDPostgres     = numbered(operationByIDSQLite)
+	lockOperationByIDPostgres = operationByIDPostgres + ` FOR UPDATE`
+)
+
+// oneOperation answers the one row query finds for id, or ErrNoRows.
+func oneOperation(g *gorm.DB, query, id string) (Operation, error) {
+	var row Operation
+	found := false
+	err := eachRow(g, query, []any{id}, func(rows *sql.Rows) error {
+		found = true
+		return rows.Scan(operationDest(&row)...)
+	})
+	switch {
+	case err != nil:
+		return Operation{}, err
+	case !found:
+		return Operation{}, ledger.ErrNoRows
+	}
+	return row, nil
+}
+
+// operationScanColumns are the operations table's columns in the order
+// operationDest receives them.
+const operationScanColumns = `seq, ` + operationColumns
+
+// operationDest answers r's fields as the scan destinations of
+// operationScanColumns (a NULL leaves a pointer field nil).
+func operationDest(r *Operation) []any {
+	return []any{&r.Seq, &r.ID, &r.RequestID, &r.Digest, &r.PrincipalKind, &r.PrincipalID, &r.PrincipalName,
+		&r.PackageHostGeneration, &r.Family, &r.Kind, &r.State, &r.Terminal, &r.Channel, &r.Attempt, &r.Targets,
+		&r.TargetKind, &r.TargetID, &r.ParentID, &r.Held, &r.Counts, &r.Reason, &r.Operation, &r.Result, &r.ErrorCode,
+		&r.ErrorMessage, &r.ErrorRetryable, &r.Evidence, &r.CancelRequestedAt, &r.CancelReason, &r.Owner,
+		&r.CreatedAt, &r.AcceptedAt, &r.FinishedAt, &r.Deadline, &r.UpdatedAt}
 }
 
 func (r ledgerReader) OperationByRequest(ctx context.Context, p ledger.Principal, requestID string) (ledger.Operation, error) {
@@ -351,9 +395,13 @@ func (t *ledgerTx) LockKey(ctx context.Context, key string) error {
 }
 
 func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operation, error) {
-	var row Operation
-	if err := t.r.forUpdate(t.r.db(ctx).Where("id = ?", id)).Take(&row).Error; err != nil {
-		return ledger.Operation{}, ledgerNotFound(err)
+	q := operationByIDSQLite
+	if t.r.dialect == Postgres {
+		q = lockOperationByIDPostgres
+	}
+	row, err := oneOperation(t.r.db(ctx), q, id)
+	if err != nil {
+		return ledger.Operation{}, err
 	}
 	if err := t.strayOperation(row); err != nil {
 		return ledger.Operation{}, err
@@ -455,24 +503,58 @@ const openForNodeFunctionSQL = `SELECT count(*) FROM operations
 		WHERE target_id = $1 AND terminal = FALSE AND target_kind = 'node'
 			AND id <> $2 AND kind <> ALL ($3::text[])`
 
+// CountOpenForNodes counts in one statement sent around GORM (sqlpath.go):
+// every fan-out release of node commands runs it. On Postgres the nodes
+// and the exempt kinds are arrays, so the statement has one text whatever
+// their number, prepared and planned once per connection (as an IN list,
+// each length of a release was a statement of its own, planned afresh:
+// 23 texts in one fan-out run). SQLite, which has no arrays, takes IN
+// lists.
 func (t *ledgerTx) CountOpenForNodes(ctx context.Context, nodeIDs []string, except []string) (map[string]int, error) {
-	var rows []struct {
-		TargetID string
-		N        int
+	out := make(map[string]int, len(nodeIDs))
+	if len(nodeIDs) == 0 {
+		return out, nil
 	}
-	q := t.r.db(ctx).Model(&Operation{}).Select("target_id, COUNT(*) AS n").
-		Where("target_id IN ? AND terminal = FALSE AND target_kind = ?", nodeIDs, ledger.TargetNode)
-	if len(except) > 0 {
-		q = q.Where("kind NOT IN ?", except)
+	q, args := countOpenForNodesSQL, []any{nodeIDs, except}
+	if except == nil {
+		args[1] = []string{}
 	}
-	if err := q.Group("target_id").Scan(&rows).Error; err != nil {
+	if t.r.dialect != Postgres {
+		q, args = countOpenForNodesSQLite(nodeIDs, except)
+	}
+	err := eachRow(t.r.db(ctx), q, args, func(rows *sql.Rows) error {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return err
+		}
+		out[id] = n
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]int, len(rows))
-	for _, r := range rows {
-		out[r.TargetID] = r.N
-	}
 	return out, nil
+}
+
+// countOpenForNodesSQL is CountOpenForNodes's statement on Postgres: the
+// nodes, then the exempt kinds.
+const countOpenForNodesSQL = `SELECT target_id, count(*) FROM operations
+		WHERE target_id = ANY($1::text[]) AND terminal = FALSE AND target_kind = 'node' AND kind <> ALL ($2::text[])
+		GROUP BY target_id`
+
+// countOpenForNodesSQLite is CountOpenForNodes's statement on SQLite and
+// its arguments.
+func countOpenForNodesSQLite(nodeIDs, except []string) (string, []any) {
+	in, args := inList(nodeIDs)
+	q := `SELECT target_id, count(*) FROM operations WHERE target_id IN (` + in + `) AND terminal = FALSE AND target_kind = ?`
+	args = append(args, ledger.TargetNode)
+	if len(except) > 0 {
+		kin, kinds := inList(except)
+		q += ` AND kind NOT IN (` + kin + `)`
+		args = append(args, kinds...)
+	}
+	return q + ` GROUP BY target_id`, args
 }
 
 func (t *ledgerTx) CountOpenForPrincipal(ctx context.Context, p ledger.Principal) (int, error) {
@@ -491,51 +573,24 @@ func (t *ledgerTx) AppendEvents(ctx context.Context, events ...ledger.Event) err
 }
 
 func appendEvents(g *gorm.DB, events []ledger.Event) error {
-	// Multi-row inserts of fixed shape, at most insertBatch rows each (a
-	// fan-out's release may carry thousands, and SQLite binds at most
-	// 32,766 parameters per statement), sent around GORM (sqlpath.go):
-	// every command writes two or three of them, and GORM's Exec ran its
-	// builder and callbacks for each.
-	postgres := onPostgres(g)
-	for len(events) > 0 {
-		n := min(len(events), insertBatch)
-		args := make([]any, 0, 4*n)
-		for _, e := range events[:n] {
-			data := string(e.Data)
-			if data == "" {
-				data = "{}"
-			}
-			args = append(args, e.OperationID, e.Type, dbtime.Norm(e.At), data)
+	// Every command writes two or three events, and GORM's Exec ran its
+	// builder and callbacks for each (insertRows says how they go now).
+	args := make([]any, 0, eventColumnCount*len(events))
+	for _, e := range events {
+		data := string(e.Data)
+		if data == "" {
+			data = "{}"
 		}
-		if _, err := execRows(g, eventsInsertSQL(n, postgres), args...); err != nil {
-			return err
-		}
-		events = events[n:]
+		args = append(args, e.OperationID, e.Type, dbtime.Norm(e.At), data)
 	}
-	return nil
+	return insertRows(g, "operation_events", eventColumns, eventColumnCount, args)
 }
 
-// eventsInsertSQL is appendEvents's statement for n events, built once
-// per shape.
-func eventsInsertSQL(n int, postgres bool) string {
-	shape := eventsShape{n, postgres}
-	return eventsStatements.get(shape, func() string {
-		q := "INSERT INTO operation_events (operation_id, type, at, data) VALUES " +
-			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?), ", n), ", ")
-		if postgres {
-			q = numbered(q)
-		}
-		return q
-	})
-}
-
-type eventsShape struct {
-	n        int
-	postgres bool
-}
-
-// eventsStatements holds eventsInsertSQL's statements by shape.
-var eventsStatements statementCache[eventsShape]
+// eventColumns are the columns appendEvents writes.
+const (
+	eventColumns     = `operation_id, type, at, data`
+	eventColumnCount = 4
+)
 
 func (t *ledgerTx) Notify(ctx context.Context, operationID string) error {
 	return t.ftx.Notify(ctx, fleet.Notification{Kind: fleet.NotifyOperation, NodeID: operationID})
@@ -728,12 +783,11 @@ func (t *ledgerTx) InsertOperations(ctx context.Context, ops []ledger.Operation,
 	if len(ops) == 0 {
 		return nil
 	}
-	rows := make([]Operation, len(ops))
-	for i, op := range ops {
-		rows[i] = rowFromOperation(op)
-		rows[i].Seq = 0
+	args := make([]any, 0, operationValueCount*len(ops))
+	for _, op := range ops {
+		args = append(args, operationValues(rowFromOperation(op))...)
 	}
-	if err := t.r.db(ctx).CreateInBatches(&rows, insertBatch).Error; err != nil {
+	if err := insertRows(t.r.db(ctx), "operations", operationColumns, operationValueCount, args); err != nil {
 		if isDuplicate(err) {
 			return ledger.ErrDuplicate
 		}
@@ -779,8 +833,18 @@ func (t *ledgerTx) LockOperations(ctx context.Context, ids []string) ([]ledger.O
 	if len(ids) == 0 {
 		return nil, nil
 	}
+	q, args := lockOperationsPostgres, []any{ids}
+	if t.r.dialect != Postgres {
+		var in string
+		in, args = inList(ids)
+		q = `SELECT ` + operationScanColumns + ` FROM operations WHERE id IN (` + in + `) ORDER BY id`
+	}
 	var rows []Operation
-	if err := t.r.forUpdate(t.r.db(ctx).Where("id IN ?", ids)).Order("id").Find(&rows).Error; err != nil {
+	err := eachRow(t.r.db(ctx), q, args, func(r *sql.Rows) error {
+		rows = append(rows, Operation{})
+		return r.Scan(operationDest(&rows[len(rows)-1])...)
+	})
+	if err != nil {
 		return nil, err
 	}
 	for _, row := range rows {
@@ -790,6 +854,12 @@ func (t *ledgerTx) LockOperations(ctx context.Context, ids []string) ([]ledger.O
 	}
 	return operationsFromRows(rows), nil
 }
+
+// lockOperationsPostgres is LockOperations's statement on Postgres, sent
+// around GORM (sqlpath.go): a fan-out's children are locked with it as
+// their agents' results end them. The ids are an array, so the statement
+// has one text whatever their number.
+const lockOperationsPostgres = `SELECT ` + operationScanColumns + ` FROM operations WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
 
 // Unrecorded reads the parent's children through operations_parent and
 // looks each up in commands by its key: a fan-out's children, a few

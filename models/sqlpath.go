@@ -56,6 +56,47 @@ func (c *statementCache[K]) get(k K, build func() string) string {
 	return q
 }
 
+// insertRows inserts rows of width values each, flattened in order into
+// args, with multi-row inserts of at most insertBatch rows (a fan-out's
+// release may carry thousands, and SQLite binds at most 32,766 parameters
+// a statement), sent around GORM: a fan-out's children, their commands
+// and events, whose GORM inserts (CreateInBatches) reflected over every
+// row and rendered the whole statement for the trace recorder.
+func insertRows(g *gorm.DB, table, columns string, width int, args []any) error {
+	postgres := onPostgres(g)
+	for len(args) > 0 {
+		n := min(len(args)/width, insertBatch)
+		if _, err := execRows(g, insertRowsSQL(insertShape{table, columns, width, n, postgres}), args[:n*width]...); err != nil {
+			return err
+		}
+		args = args[n*width:]
+	}
+	return nil
+}
+
+// insertShape names one of insertRowsSQL's statements.
+type insertShape struct {
+	table, columns string
+	width, rows    int
+	postgres       bool
+}
+
+// insertRowsSQL is insertRows's statement of one shape, built once.
+func insertRowsSQL(shape insertShape) string {
+	return insertStatements.get(shape, func() string {
+		row := "(" + placeholders(shape.width) + "), "
+		q := "INSERT INTO " + shape.table + " (" + shape.columns + ") VALUES " +
+			strings.TrimSuffix(strings.Repeat(row, shape.rows), ", ")
+		if shape.postgres {
+			q = numbered(q)
+		}
+		return q
+	})
+}
+
+// insertStatements holds insertRowsSQL's statements by shape.
+var insertStatements statementCache[insertShape]
+
 // onPostgres reports whether g talks to Postgres (its placeholders are
 // $1, $2, …; SQLite's are ?).
 func onPostgres(g *gorm.DB) bool {

@@ -84,9 +84,12 @@ func TestHandScannedRowsRoundTrip(t *testing.T) {
 // migration adds is not silently left out of what they read.
 func TestHandScannedColumnsAreTheTables(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		for table, list := range map[string]string{"commands": models.CommandColumns, "nodes": models.NodeColumns} {
+		// operations.end_state is generated from state and terminal, which
+		// are read.
+		for table, list := range map[string]string{"commands": models.CommandColumns, "nodes": models.NodeColumns,
+			"operations": models.OperationColumns + ", end_state"} {
 			var cols []string
-			q := `SELECT name FROM pragma_table_info(?)`
+			q := `SELECT name FROM pragma_table_xinfo(?)` // generated columns too
 			if db.Dialect == models.Postgres {
 				q = `SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = ?`
 			}
@@ -99,6 +102,68 @@ func TestHandScannedColumnsAreTheTables(t *testing.T) {
 			sort.Strings(named)
 			require.Equal(t, cols, named, table)
 		}
+	})
+}
+
+// TestHandWrittenOperationRowsRoundTrip: an operation inserted by the
+// fan-out's multi-row insert (InsertOperations) reads back field by field
+// through the hand-scanned reads (Operation, LockOperation,
+// LockOperations), with every field set to a value no other field has and
+// a second operation with every optional field empty, so two columns
+// swapped or shifted, or a NULL read as a value, fail here. Both dialects.
+func TestHandWrittenOperationRowsRoundTrip(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		ls := models.NewLedgerStore(s)
+		at := func(min int) *time.Time { v := t0.Add(time.Duration(min) * time.Minute); return &v }
+		full := ledger.Operation{ID: "op-full", RequestID: "req-full", Digest: "digest-full",
+			PrincipalKind: ledger.PrincipalPackageHost, PrincipalID: "host-1", PrincipalName: "builder", PackageHostGeneration: 7,
+			Family: ledger.FamilyCommands, Kind: ledger.KindNodePrepareImage, State: ledger.StateRunning,
+			Channel: ledger.ChannelLongPoll, Attempt: 3, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: "n-1"}},
+			TargetKind: ledger.TargetNode, TargetID: "n-1", ParentID: "op-parent", Held: true,
+			Counts: &ledger.Counts{Total: 5, Succeeded: 2}, Reason: "why", Operation: json.RawMessage(`{"image":"img"}`),
+			Result: json.RawMessage(`{"r":1}`), Error: &ledger.Error{Code: "code-x", Message: "message-x", Retryable: true},
+			Evidence: json.RawMessage(`{"e":2}`), CancelRequestedAt: at(1), CancelReason: "cancel-why", Owner: "replica-9",
+			CreatedAt: *at(2), AcceptedAt: at(3), FinishedAt: at(4), Deadline: *at(5), UpdatedAt: *at(6)}
+		bare := ledger.Operation{ID: "op-bare", RequestID: "req-bare", Digest: "digest-bare",
+			PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "admin-1", Family: ledger.FamilyNodes, Kind: ledger.KindNodeRetire,
+			State: ledger.StatePending, Channel: ledger.ChannelLocal, Targets: []ledger.Target{},
+			Operation: json.RawMessage(`{}`), CreatedAt: *at(7), Deadline: *at(8), UpdatedAt: *at(9)}
+		require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+			return tx.InsertOperations(ctx, []ledger.Operation{full, bare}, nil)
+		}))
+
+		stored := func(op ledger.Operation, got ledger.Operation) {
+			t.Helper()
+			require.Positive(t, got.Cursor, op.ID)
+			op.Cursor = got.Cursor
+			require.Equal(t, op, got, "every field of %s as inserted", op.ID)
+		}
+		for _, op := range []ledger.Operation{full, bare} {
+			got, err := ls.Operation(ctx, op.ID)
+			require.NoError(t, err)
+			stored(op, got)
+			require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+				locked, err := tx.LockOperation(ctx, op.ID)
+				require.NoError(t, err)
+				stored(op, locked)
+				return nil
+			}))
+		}
+		require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+			locked, err := tx.LockOperations(ctx, []string{"op-full", "absent", "op-bare"})
+			require.NoError(t, err)
+			require.Len(t, locked, 2, "the two that exist, in id order")
+			stored(bare, locked[0])
+			stored(full, locked[1])
+			return nil
+		}))
+		_, err := ls.Operation(ctx, "absent")
+		require.ErrorIs(t, err, ledger.ErrNoRows)
+		require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+			_, err := tx.LockOperation(ctx, "absent")
+			require.ErrorIs(t, err, ledger.ErrNoRows)
+			return nil
+		}))
 	})
 }
 

@@ -531,12 +531,7 @@ func (t *fleetTx) LockNodes(ctx context.Context, ids []string) (map[string]fleet
 	if len(ids) == 0 {
 		return out, nil
 	}
-	q, args := lockNodesPostgres, []any{ids}
-	if t.dialect != Postgres {
-		var in string
-		in, args = inList(ids)
-		q = `SELECT ` + nodeColumns + ` FROM nodes WHERE id IN (` + in + `) ORDER BY id`
-	}
+	q, args := idsStatement(t.dialect, lockNodesPostgres, `SELECT `+nodeColumns+` FROM nodes WHERE id IN (`, `) ORDER BY id`, ids)
 	var s nodeScan
 	err := eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {
 		if err := rows.Scan(s.dest()...); err != nil {
@@ -1059,12 +1054,8 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 // takes the ids as an IN list (it has no arrays) and locks no rows (it
 // has one writer); every settlement runs it in that writer's transaction.
 func (t *fleetTx) lockCommands(ctx context.Context, ids []string, out map[string]fleet.Command) error {
-	q, args := lockCommandsSQL, []any{ids}
-	if t.dialect != Postgres {
-		var in string
-		in, args = inList(ids)
-		q = `SELECT ` + commandColumns + ` FROM commands WHERE operation_id IN (` + in + `) ORDER BY operation_id`
-	}
+	q, args := idsStatement(t.dialect, lockCommandsSQL,
+		`SELECT `+commandColumns+` FROM commands WHERE operation_id IN (`, `) ORDER BY operation_id`, ids)
 	var r commandScan
 	dest := r.dest()
 	return eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {

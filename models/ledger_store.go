@@ -833,12 +833,8 @@ func (t *ledgerTx) LockOperations(ctx context.Context, ids []string) ([]ledger.O
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	q, args := lockOperationsPostgres, []any{ids}
-	if t.r.dialect != Postgres {
-		var in string
-		in, args = inList(ids)
-		q = `SELECT ` + operationScanColumns + ` FROM operations WHERE id IN (` + in + `) ORDER BY id`
-	}
+	q, args := idsStatement(t.r.dialect, lockOperationsPostgres,
+		`SELECT `+operationScanColumns+` FROM operations WHERE id IN (`, `) ORDER BY id`, ids)
 	var rows []Operation
 	err := eachRow(t.r.db(ctx), q, args, func(r *sql.Rows) error {
 		rows = append(rows, Operation{})

@@ -141,6 +141,18 @@ func inList(ids []string) (string, []any) {
 	return placeholders(len(ids)), args
 }
 
+// idsStatement answers a statement over ids and its arguments: on
+// Postgres pg, which takes them as one array ($1), so its text is the same
+// whatever their number; on SQLite, which has no arrays, head, an IN list
+// of ids and tail.
+func idsStatement(dialect, pg, head, tail string, ids []string) (string, []any) {
+	if dialect == Postgres {
+		return pg, []any{ids}
+	}
+	in, args := inList(ids)
+	return head + in + tail, args
+}
+
 // numbered rewrites GORM's ? placeholders as Postgres's $1, $2, … in
 // order, leaving quoted text alone. The fixed statements are rewritten
 // once, when the package loads.

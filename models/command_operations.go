@@ -383,32 +383,7 @@ func (set *settleSet) run(g *gorm.DB, each func(settleRow)) error {
 		args = append(args, e.ids[i], e.kinds[i], e.states[i], e.results[i], e.codes[i], e.messages[i], e.retryable[i], e.data[i])
 	}
 	args = append(args, make([]any, 8*(m-len(e.ids)))...)
-	if n > 1 {
-		// Postgres's plan cache kept planning the statements of several
-		// rows afresh on every run, custom to their values, never settling
-		// on their generic plans: 0.4–0.6 ms of planning for a batch of
-		// eight settlements, 3.5 ms for a hundred, about a tenth of what
-		// the settlements cost it (BENCHMARKS.md, twenty-ninth sitting).
-		// Their generic plans are index lookups whatever the values
-		// (TestPostgresSettlementGenericPlan), so this statement asks for
-		// them, for itself only: the transaction's other statements keep
-		// the server's setting. One row's statement settles on its generic
-		// plan by itself.
-		if _, err := execRows(g, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-			return err
-		}
-	}
-	err := set.query(g, settlePendingSQL(n, m), args, each)
-	if err != nil || n <= 1 {
-		return err
-	}
-	_, err = execRows(g, `RESET plan_cache_mode`)
-	return err
-}
-
-// query runs the settlement statement q and hands each row to each.
-func (set *settleSet) query(g *gorm.DB, q string, args []any, each func(settleRow)) error {
-	rows, err := queryRows(g, q, args...)
+	rows, err := queryRows(g, settlePendingSQL(n, m), args...)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
-	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 )
@@ -304,43 +303,4 @@ func TestPostgresRecoveryScanGenericPlan(t *testing.T) {
 	p := genericPlan(ctx, t, db, st.Orphans("r1", t0, 100))
 	require.NotContains(t, p.seqScans, "operations", "the recovery scan read the table:\n%s", p.text)
 	require.Contains(t, p.indexes, "operations_owned", "the recovery scan:\n%s", p.text)
-}
-
-// TestPostgresSettlementsRunTheirGenericPlan: a settlement statement of
-// several rows runs its generic plan from its first run (Postgres's plan
-// cache, left to itself, plans at least the first five runs for their
-// values, and under load kept doing so for every run), and leaves the
-// session's plan_cache_mode as it found it for every other statement.
-// Counted by the connection's own prepared statements.
-func TestPostgresSettlementsRunTheirGenericPlan(t *testing.T) {
-	db := openOneConnection(t)
-	s := models.NewFleetStore(db, "r1", nil)
-	n := sampleNode("gp", "rent-gp", 1)
-	n.State = fleet.StateReady
-	insert(t, s, n)
-	const runs, each = 8, 3
-	for r := range runs {
-		at := t0.Add(time.Duration(r) * time.Minute)
-		ss := make([]fleet.Settlement, each)
-		for i := range ss {
-			id := fmt.Sprintf("gp-%d-%d", r, i)
-			c := fleet.Command{OperationID: id, NodeID: "gp", Kind: "prepare_image", Payload: json.RawMessage(`{"image":"i"}`),
-				PayloadDigest: "d", FencingToken: 1, IssuedAt: at, State: fleet.CommandPending}
-			require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertCommand(ctx, c) }))
-			ss[i] = fleet.Settlement{OperationID: id, State: fleet.CommandApplied}
-		}
-		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
-			found, _, err := tx.SettlePending(ctx, "gp", at, ss)
-			require.Len(t, found, each)
-			return err
-		}))
-	}
-	var plans struct{ Generic, Custom int64 }
-	require.NoError(t, db.Raw(`SELECT sum(generic_plans) AS generic, sum(custom_plans) AS custom FROM pg_prepared_statements
-		WHERE statement LIKE 'WITH v (node_id, operation_id, state, code, message, at)%'`).Scan(&plans).Error)
-	require.Equal(t, int64(runs), plans.Generic, "every run of the settlement statement took its generic plan")
-	require.Zero(t, plans.Custom, "no run was planned for its values")
-	var mode string
-	require.NoError(t, db.Raw("SHOW plan_cache_mode").Scan(&mode).Error)
-	require.Equal(t, "auto", mode, "the session's setting is the server's again")
 }

@@ -25,8 +25,8 @@ func QueuedExclusive(s *FleetStore) int {
 	return len(l.pending)
 }
 
-// CommandColumns, NodeColumns and OperationColumns are the column lists of the statements
-// sent around GORM, in the order their rows are scanned.
+// CommandColumns, NodeColumns and OperationColumns are the column lists of
+// the statements sent around GORM, in the order their rows are scanned.
 const (
 	CommandColumns   = commandColumns
 	NodeColumns      = nodeColumns

@@ -167,9 +167,9 @@ func (r ledgerReader) Operation(ctx context.Context, id string) (ledger.Operatio
 	return operationFromRow(row), nil
 }
 
-// An operation by its id, sent around GORM (sqlpath.go): a fan-out reads
-// and locks its parent for every advance, and a waiting submit reads its
-// operation when it wakes.
+// An operation by its id, sent around GORM (sqlpath.go): a fan-out's
+// parent is locked for every advance of its children, and a waiting submit
+// and the dispatcher's cancel check read operations by id.
 var (
 	operationByIDSQLite       = `SELECT ` + operationScanColumns + ` FROM operations WHERE id = ?`
 	operationByIDPostgres     = numbered(operationByIDSQLite)

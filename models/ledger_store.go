@@ -156,11 +156,7 @@ func (s *LedgerStore) Events(ctx context.Context, operationID string, after int6
 }
 
 func (r ledgerReader) Operation(ctx context.Context, id string) (ledger.Operation, error) {
-	q := operationByIDSQLite
-	if r.r.dialect == Postgres {
-		q = operationByIDPostgres
-	}
-	row, err := oneOperation(r.r.db(ctx), q, id)
+	row, err := r.r.operationByID(ctx, id, false)
 	if err != nil {
 		return ledger.Operation{}, err
 	}
@@ -176,11 +172,19 @@ var (
 	lockOperationByIDPostgres = operationByIDPostgres + ` FOR UPDATE`
 )
 
-// oneOperation answers the one row query finds for id, or ErrNoRows.
-func oneOperation(g *gorm.DB, query, id string) (Operation, error) {
+// operationByID answers the operation with id, locked for update when
+// lock is set (Postgres; SQLite has one writer), or ErrNoRows.
+func (r fleetReader) operationByID(ctx context.Context, id string, lock bool) (Operation, error) {
+	q := operationByIDSQLite
+	switch {
+	case r.dialect == Postgres && lock:
+		q = lockOperationByIDPostgres
+	case r.dialect == Postgres:
+		q = operationByIDPostgres
+	}
 	var row Operation
 	found := false
-	err := eachRow(g, query, []any{id}, func(rows *sql.Rows) error {
+	err := eachRow(r.db(ctx), q, []any{id}, func(rows *sql.Rows) error {
 		found = true
 		return rows.Scan(operationDest(&row)...)
 	})
@@ -395,11 +399,7 @@ func (t *ledgerTx) LockKey(ctx context.Context, key string) error {
 }
 
 func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operation, error) {
-	q := operationByIDSQLite
-	if t.r.dialect == Postgres {
-		q = lockOperationByIDPostgres
-	}
-	row, err := oneOperation(t.r.db(ctx), q, id)
+	row, err := t.r.operationByID(ctx, id, true)
 	if err != nil {
 		return ledger.Operation{}, err
 	}

@@ -316,26 +316,67 @@ func (s *Service) CheckIssue(ctx context.Context, in IssueCommand) error {
 	return nodeCapable(n, in.Kind)
 }
 
-// IssueTx records a new command inside a transaction the caller owns: the
-// ledger's, which records the command's operation beside it under the same
-// id (and so keeps who asked; no node audit row is written). Errors: those
-// of CheckIssue, ErrOperationConflict when the id exists.
-func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command, error) {
+// PreparedIssue is a command built before the transaction that records
+// it (PrepareIssue), with the held poll it is to be handed to, if any.
+type PreparedIssue struct {
+	// Command is what IssueTx records: delivered to the poll's fencing
+	// token when a poll is to take it, else pending.
+	Command Command
+	h       *handoff
+}
+
+// PrepareIssue builds in's command as IssueTx would inside its
+// transaction (validation_failed when it is not valid), so that a submit
+// can describe its write to the store before its transaction runs
+// (WithPreparedIssue): the store may then record it in one statement with
+// other submits'. A poll this replica holds for a quiet node is to be
+// handed the command: it is recorded delivered to that poll, when the node
+// still has the poll's fencing token under the lock (handoff.go).
+func (s *Service) PrepareIssue(in IssueCommand) (*PreparedIssue, error) {
 	payload, dg, err := validateIssue(in)
 	if err != nil {
-		return Command{}, err
+		return nil, err
 	}
 	now := s.clock()
 	c := Command{OperationID: in.OperationID, NodeID: in.NodeID, Kind: in.Kind, Payload: payload, PayloadDigest: dg,
 		IssuedAt: now, State: CommandPending}
-	// A poll this replica holds for a quiet node is handed the command: it
-	// is recorded delivered to that poll, when the node still has the
-	// poll's fencing token under the lock (handoff.go).
 	h := s.pollToHand(in.NodeID)
 	if h != nil {
 		fencing := h.fencing
 		c.DeliveredFencing, c.FirstDeliveredAt, c.LastDeliveredAt, c.DeliveryCount = &fencing, &now, &now, 1
 	}
+	return &PreparedIssue{Command: c, h: h}, nil
+}
+
+type preparedIssueKey struct{}
+
+// WithPreparedIssue has IssueTx, run with the context it answers, record
+// p when asked to issue p's command: the same command, time and hand-off
+// however often the transaction runs.
+func WithPreparedIssue(ctx context.Context, p *PreparedIssue) context.Context {
+	return context.WithValue(ctx, preparedIssueKey{}, p)
+}
+
+// preparedIssue answers ctx's prepared issue of in, else prepares one.
+func (s *Service) preparedIssue(ctx context.Context, in IssueCommand) (*PreparedIssue, error) {
+	p, _ := ctx.Value(preparedIssueKey{}).(*PreparedIssue)
+	if p != nil && p.Command.OperationID == in.OperationID && p.Command.NodeID == in.NodeID && p.Command.Kind == in.Kind {
+		return p, nil
+	}
+	return s.PrepareIssue(in)
+}
+
+// IssueTx records a new command inside a transaction the caller owns: the
+// ledger's, which records the command's operation beside it under the same
+// id (and so keeps who asked; no node audit row is written). The command is
+// ctx's prepared one (WithPreparedIssue), else built now. Errors: those
+// of CheckIssue, ErrOperationConflict when the id exists.
+func (s *Service) IssueTx(ctx context.Context, tx Tx, in IssueCommand) (Command, error) {
+	p, err := s.preparedIssue(ctx, in)
+	if err != nil {
+		return Command{}, err
+	}
+	c, h := p.Command, p.h
 	// The node is locked and the command recorded in one statement, only
 	// if the node is ready; a refusal below (capability) is rolled back
 	// with the caller's transaction, as every refusal of IssueTx is.

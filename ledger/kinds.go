@@ -83,6 +83,11 @@ type Kind struct {
 	// per operation, the refusal that left it unrecorded (nil: recorded);
 	// nothing is written for a refused one.
 	RecordMany func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error)
+	// PrepareIssue, for a kind whose Record issues one command
+	// (fleet.IssueTx), builds that command before the submitting
+	// transaction: the submit then tells the store what its transaction
+	// will write (Store.TxIssuing), and Record issues exactly it.
+	PrepareIssue func(op Operation) (*fleet.PreparedIssue, error)
 	// FanOut ends the operation's own work by recording one child per
 	// target (see fanout.go); it runs in the claiming transaction, so a
 	// crash before it committed leaves nothing recorded.

@@ -112,6 +112,9 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 				return recordCommand(ctx, tx, f, fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
 					Kind: agentKind, Payload: op.Operation})
 			},
+			PrepareIssue: func(op Operation) (*fleet.PreparedIssue, error) {
+				return f.PrepareIssue(fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID, Kind: agentKind, Payload: op.Operation})
+			},
 			RecordMany: func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error) {
 				ins := make([]fleet.IssueCommand, len(ops))
 				for i, op := range ops {

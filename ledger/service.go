@@ -382,7 +382,21 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 		err := s.store.Insert(ctx, &op, submitted)
 		return op, err
 	}
-	err := s.store.Tx(nodeRoute(ctx, op), func(tx Tx) error {
+	var ahead *IssueAhead
+	if kind.PrepareIssue != nil && p.Kind == PrincipalAdmin && !s.carriesSecrets(op) && len(kind.Reveals) == 0 {
+		// An administrator's command: nothing is read or written before
+		// the operation and its command (no package quota, no handles, no
+		// reveals), so the store is told ahead what the transaction
+		// writes, and Record issues the command prepared here.
+		prepared, err := kind.PrepareIssue(op)
+		if err != nil {
+			return op, underOperation(err, kind)
+		}
+		ctx = fleet.WithPreparedIssue(ctx, prepared)
+		ahead = &IssueAhead{Op: &op, Events: []Event{submitted}, Command: prepared.Command,
+			Counted: nodeQuotaApplies(kind, op), Exempt: s.kinds.QuotaExempt()}
+	}
+	record := func(tx Tx) error {
 		if s.checkPrincipal != nil {
 			if err := s.checkPrincipal(ctx, tx, p); err != nil {
 				return err
@@ -416,7 +430,13 @@ func (s *Service) record(ctx context.Context, p Principal, sub Submission, kind 
 			return s.checkNodeQuota(ctx, tx, kind, op, true)
 		}
 		return tx.NotifyDispatch(ctx, op.ID)
-	})
+	}
+	var err error
+	if ahead != nil {
+		err = s.store.TxIssuing(nodeRoute(ctx, op), *ahead, record)
+	} else {
+		err = s.store.Tx(nodeRoute(ctx, op), record)
+	}
 	return op, err
 }
 

@@ -63,6 +63,18 @@ type Ended struct {
 	ParentID    string
 }
 
+// IssueAhead is what a submit's transaction writes before anything else
+// (Store.TxIssuing): it records Op with Events (Tx.InsertOperation), then
+// asks for the node's quota count when Counted (Tx.ExpectNodeCount, with
+// Exempt), then issues Command (fleet.Tx.IssueToNode), which records both.
+type IssueAhead struct {
+	Op      *Operation
+	Events  []Event
+	Command fleet.Command
+	Counted bool
+	Exempt  []string
+}
+
 // Store is the ledger's persistence. Every method of Tx runs inside the one
 // transaction Store.Tx opened.
 type Store interface {
@@ -71,6 +83,12 @@ type Store interface {
 	// transaction is shared with the fleet (Tx.Fleet), so an operation and
 	// the change it makes commit together.
 	Tx(ctx context.Context, fn func(tx Tx) error) error
+	// TxIssuing is Tx for a submit that says ahead what fn writes (a
+	// command kind's, Kind.PrepareIssue): the store may write it before
+	// fn runs, in one statement with other submits' writes, and fn's own
+	// calls then find it written. fn must make exactly the calls ahead
+	// describes; a store that finds otherwise runs fn again on its own.
+	TxIssuing(ctx context.Context, ahead IssueAhead, fn func(tx Tx) error) error
 	// Insert records op with its first events, on its own, and announces
 	// it to every replica; it sets op's Cursor. ErrDuplicate when its id,
 	// or its principal's request id, exists.

@@ -175,6 +175,10 @@ type Report struct {
 	// the requests they settled.
 	SettleStatements float64 `json:"settle_statements"`
 	SettleRequests   float64 `json:"settle_requests"`
+	// IssueStatements counts the statements that recorded several command
+	// submits together (Postgres), IssueShared the submits they recorded.
+	IssueStatements float64 `json:"issue_statements"`
+	IssueShared     float64 `json:"issue_shared"`
 	// PollsAnswered counts the long-polls the server answered over the
 	// issue window; PollsEmpty those of them not carrying a first delivery
 	// (answered at their deadline: the fleet re-polling). PollsTogether
@@ -369,6 +373,8 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	rep.PollDirectClaims = after["nodeward_long_poll_direct_claims_total"] - before["nodeward_long_poll_direct_claims_total"]
 	rep.SettleStatements = after["nodeward_write_settle_statements_total"] - before["nodeward_write_settle_statements_total"]
 	rep.SettleRequests = after["nodeward_write_settle_requests_total"] - before["nodeward_write_settle_requests_total"]
+	rep.IssueStatements = after["nodeward_write_issue_statements_total"] - before["nodeward_write_issue_statements_total"]
+	rep.IssueShared = after["nodeward_write_issue_requests_total"] - before["nodeward_write_issue_requests_total"]
 	rep.PollsAnswered, rep.PollsEmpty = pollsAnswered(before, after)
 	rep.PollsTogether = cfg.PollsTogether
 	logf("issued %d (%.0f/s, %d errors); settled %.0f/s during the window; draining", issued, rep.IssuedPS, issueErrs, rep.SettledPS)

@@ -361,6 +361,10 @@ func printPolls(w io.Writer, r Report) {
 		fmt.Fprintf(w, "settlement statements    %.0f for %.0f result requests (%.1f a statement)\n",
 			r.SettleStatements, r.SettleRequests, r.SettleRequests/r.SettleStatements)
 	}
+	if r.IssueStatements > 0 {
+		fmt.Fprintf(w, "shared submit statements %.0f for %.0f command submits (%.1f a statement)\n",
+			r.IssueStatements, r.IssueShared, r.IssueShared/r.IssueStatements)
+	}
 }
 
 func printHoldReport(w io.Writer, r HoldReport) {

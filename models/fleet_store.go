@@ -101,6 +101,9 @@ type fleetReader struct {
 type fleetTx struct {
 	fleetReader
 	store *FleetStore
+	// ahead is the answer of the statement that recorded this request's
+	// command before it ran (issue_ahead.go), until IssueToNode takes it.
+	ahead *aheadAnswer
 	notes *[]fleet.Notification
 	// pg collects the payloads to announce to the other replicas
 	// (Postgres); the group commit sends them with the commit.
@@ -789,6 +792,11 @@ func (t *fleetTx) IssueToNode(ctx context.Context, c fleet.Command) (fleet.Node,
 		count = nil
 	}
 	kept := t.later.take(c.OperationID)
+	if t.ahead != nil {
+		// Its batch recorded it already, in a statement shared with other
+		// submits (issue_ahead.go).
+		return t.issuedAhead(ctx, c, kept, count, handing)
+	}
 	if handing {
 		// Handed to a poll held at DeliveredFencing: recorded delivered
 		// only if the node is ready at that token under the lock, which
@@ -861,13 +869,11 @@ func (t *fleetTx) issue(ctx context.Context, c fleet.Command, kept *later, count
 	if count != nil {
 		args = append(args, c.OperationID, count.except)
 	}
-	var node nodeScan
-	var inserted, found bool
-	var opSeq, others sql.NullInt64
+	var a issueAnswer
 	err := eachRow(t.db(ctx), issueSQL(issueShape{events, count != nil, handed}), args,
 		func(rows *sql.Rows) error {
-			found = true
-			return rows.Scan(node.dest(&inserted, &opSeq, &others)...)
+			a.found = true
+			return rows.Scan(a.node.dest(&a.inserted, &a.opSeq, &a.others)...)
 		})
 	switch {
 	case kept != nil && isDuplicate(err):
@@ -878,15 +884,31 @@ func (t *fleetTx) issue(ctx context.Context, c fleet.Command, kept *later, count
 		return fleet.Node{}, false, fleet.ErrDuplicate
 	case err != nil:
 		return fleet.Node{}, false, err
-	case !found:
+	}
+	return t.issued(ctx, c, kept, count, handed, a)
+}
+
+// issueAnswer is what an issue's statement answered: the locked node
+// (found false: no such node), whether the command was inserted, the
+// operation's seq and the count of the node's other open operations.
+type issueAnswer struct {
+	found, inserted bool
+	node            nodeScan
+	opSeq, others   sql.NullInt64
+}
+
+// issued finishes an issue of c (issue, or a shared statement ahead of it:
+// issue_ahead.go) with its statement's answer a.
+func (t *fleetTx) issued(ctx context.Context, c fleet.Command, kept *later, count *nodeCount, handed bool, a issueAnswer) (fleet.Node, bool, error) {
+	if !a.found {
 		return fleet.Node{}, false, fleet.ErrNoRows
 	}
-	n := nodeFromRow(node.row())
-	if !inserted {
+	n := nodeFromRow(a.node.row())
+	if !a.inserted {
 		return n, false, nil
 	}
-	if kept != nil && opSeq.Valid {
-		kept.op.Cursor = opSeq.Int64
+	if kept != nil && a.opSeq.Valid {
+		kept.op.Cursor = a.opSeq.Int64
 	}
 	_ = t.Notify(ctx, fleet.Notification{Kind: fleet.NotifyIssued, NodeID: n.ID})
 	if handed {
@@ -898,10 +920,10 @@ func (t *fleetTx) issue(ctx context.Context, c fleet.Command, kept *later, count
 			return fleet.Node{}, false, err
 		}
 	}
-	if count != nil && others.Valid {
+	if count != nil && a.others.Valid {
 		// The count leaves the operation out (the migration says
 		// why); it exists, recorded now or before this statement.
-		count.answered, count.n = true, int(others.Int64)+1
+		count.answered, count.n = true, int(a.others.Int64)+1
 	}
 	return n, true, nil
 }

@@ -89,6 +89,9 @@ type groupCounters struct {
 	// settleStatements is how many shared settlement statements ran
 	// (mergeSettlements), settlesMerged how many requests they settled.
 	settleStatements, settlesMerged atomic.Int64
+	// issueStatements is how many shared statements recorded submits'
+	// commands ahead (mergeIssues), issuesMerged how many they recorded.
+	issueStatements, issuesMerged atomic.Int64
 	// exclusive is how long the exclusive lane held the gate, in
 	// nanoseconds; laneWait how long lane batches waited to take it.
 	exclusive, laneWait atomic.Int64
@@ -117,6 +120,10 @@ type GroupStats struct {
 	// batches' settlement requests (Postgres), SettlesMerged how many
 	// requests they settled: the batches' settlements per statement.
 	SettleStatements, SettlesMerged int64
+	// IssueStatements is how many statements recorded the optimistic
+	// batches' command submits ahead (Postgres), IssuesMerged how many
+	// submits they recorded.
+	IssueStatements, IssuesMerged int64
 }
 
 // GroupStats answers the group commit's counters.
@@ -125,7 +132,8 @@ func (s *FleetStore) GroupStats() GroupStats {
 	return GroupStats{Lanes: len(g.lanes), Batches: g.stats.batches.Load(), MaxRunning: g.stats.maxRunning.Load(),
 		Strays: g.stats.strays.Load(), Retries: g.stats.retries.Load(), Reruns: g.stats.reruns.Load(),
 		Exclusive: time.Duration(g.stats.exclusive.Load()), LaneGateWait: time.Duration(g.stats.laneWait.Load()),
-		Queued: g.queued.Load(), SettleStatements: g.stats.settleStatements.Load(), SettlesMerged: g.stats.settlesMerged.Load()}
+		Queued: g.queued.Load(), SettleStatements: g.stats.settleStatements.Load(), SettlesMerged: g.stats.settlesMerged.Load(),
+		IssueStatements: g.stats.issueStatements.Load(), IssuesMerged: g.stats.issuesMerged.Load()}
 }
 
 // lane is one queue of batches, run one at a time.
@@ -163,8 +171,11 @@ type groupReq struct {
 	// settle, when not nil, is the settlement this request is: fn runs
 	// it alone, or the batch runs it with others (mergeSettlements).
 	settle *settleReq
-	done   chan struct{} // closed when err is final
-	lead   chan struct{} // signalled when this request must lead the next batch
+	// issue, when not nil, is what this submit writes first: the batch
+	// may write it ahead, with others (mergeIssues).
+	issue *issueAhead
+	done  chan struct{} // closed when err is final
+	lead  chan struct{} // signalled when this request must lead the next batch
 }
 
 // maxBatch bounds one batch, so a commit never waits on an unbounded list.
@@ -434,6 +445,9 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 				}
 				return err
 			}
+			if err := g.mergeIssues(tx, batch, txs); err != nil {
+				return errRequestFailed // never single: it merges two or more
+			}
 		}
 		for i, r := range batch {
 			if r.settle != nil && r.settle.merged {
@@ -443,6 +457,9 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 			fn := func() error {
 				if err := r.fn(t); err != nil {
 					return err
+				}
+				if t.ahead != nil {
+					return errAheadMismatch // written ahead, and not asked for
 				}
 				return t.later.send(tx) // kept back, and no statement came after it
 			}

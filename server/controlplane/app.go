@@ -141,7 +141,17 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "nodeward_write_settle_requests_total",
 			Help: "Agents' result requests settled by those statements (PostgreSQL).",
-		}, func() float64 { return float64(a.fleetStore.GroupStats().SettlesMerged) }))
+		}, func() float64 { return float64(a.fleetStore.GroupStats().SettlesMerged) }),
+		// Command submits per statement: on PostgreSQL a write batch
+		// records its administrators' command submits together.
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_write_issue_statements_total",
+			Help: "Statements that recorded several command submits of a write batch ahead of its other requests (PostgreSQL).",
+		}, func() float64 { return float64(a.fleetStore.GroupStats().IssueStatements) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeward_write_issue_requests_total",
+			Help: "Command submits recorded by those statements (PostgreSQL); the others ran a statement each.",
+		}, func() float64 { return float64(a.fleetStore.GroupStats().IssuesMerged) }))
 	// How long each write batch took, commit included: on SQLite the one
 	// writer's transactions, so its tail is the tail every write queued
 	// behind it waits (a slow disk sync shows here first).

@@ -11,14 +11,30 @@
 // moment it parks, without waiting for collections (BENCHMARKS.md, memory
 // per held poll).
 //
-// The helper goroutine is new for each call (its stack comes from the
-// runtime's cache and goes back to it when the call ends); the caller waits
-// for it, so what f reads and writes is ordered with the caller as if f
-// had run inline. A panic in f (http.ErrAbortHandler included) is raised
-// again on the caller's goroutine, where its recovery is.
+// The caller waits for the helper goroutine, so what f reads and writes is
+// ordered with the caller as if f had run inline. A panic in f
+// (http.ErrAbortHandler included) is raised again on the caller's
+// goroutine, where its recovery is.
+//
+// Helpers are kept for the next call (up to maxIdle, the most recently
+// used first): a new goroutine starts with a small stack and grows it to
+// a handler's depth by doubling, copying it each time, which cost the
+// server 7 % of its CPU at saturation (BENCHMARKS.md, thirtieth sitting);
+// a kept helper has grown already. Only the runtime's collector shrinks a
+// kept helper's stack back while it waits.
 package offstack
 
 import "sync"
+
+// maxIdle bounds the helpers kept waiting for a call.
+const maxIdle = 128
+
+// idle are the kept helpers, each waiting on its channel for a call; the
+// last one in is the next one out.
+var idle struct {
+	sync.Mutex
+	helpers []chan *call
+}
 
 // call is one Run: f, its panic, and the caller's wake-up. Calls are
 // pooled: Run then allocates nothing of its own once warm.
@@ -36,13 +52,49 @@ var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1
 func Run(f func()) {
 	c := calls.Get().(*call)
 	c.f = f
-	go c.run()
+	if h := takeIdle(); h != nil {
+		h <- c
+	} else {
+		go helper(c)
+	}
 	<-c.done
 	p, panicked := c.p, c.panic
 	c.f, c.p, c.panic = nil, nil, false
 	calls.Put(c)
 	if panicked {
 		panic(p)
+	}
+}
+
+// takeIdle answers the helper kept last, if any.
+func takeIdle() chan *call {
+	idle.Lock()
+	defer idle.Unlock()
+	n := len(idle.helpers)
+	if n == 0 {
+		return nil
+	}
+	h := idle.helpers[n-1]
+	idle.helpers = idle.helpers[:n-1]
+	return h
+}
+
+// helper runs c, then waits to run the calls handed to it, until there
+// are maxIdle helpers waiting already.
+func helper(c *call) {
+	next := make(chan *call, 1)
+	for {
+		c.run()
+		idle.Lock()
+		keep := len(idle.helpers) < maxIdle
+		if keep {
+			idle.helpers = append(idle.helpers, next)
+		}
+		idle.Unlock()
+		if !keep {
+			return
+		}
+		c = <-next
 	}
 }
 

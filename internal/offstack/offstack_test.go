@@ -3,6 +3,7 @@ package offstack_test
 import (
 	"net/http"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,25 @@ func TestRunConcurrently(t *testing.T) {
 	for range callers {
 		require.Zero(t, <-out)
 	}
+}
+
+// goroutineID answers the id of the goroutine calling it.
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	return strings.Fields(string(buf))[1] // "goroutine N [running]:"
+}
+
+// TestRunKeepsItsHelper: the helper that ran a call runs the next one, so
+// its stack, grown to the first call's depth, is not grown again.
+func TestRunKeepsItsHelper(t *testing.T) {
+	var first, second string
+	offstack.Run(func() { first = goroutineID() })
+	offstack.Run(func() { second = goroutineID() })
+	require.Equal(t, first, second, "the same helper")
+	offstack.Run(func() {
+		var inner string
+		offstack.Run(func() { inner = goroutineID() })
+		require.NotEqual(t, goroutineID(), inner, "a call inside a call gets a helper of its own")
+	})
 }

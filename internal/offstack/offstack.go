@@ -24,10 +24,19 @@
 // kept helper's stack back while it waits.
 package offstack
 
-import "sync"
+import (
+	"slices"
+	"sync"
+	"time"
+)
 
 // maxIdle bounds the helpers kept waiting for a call.
 const maxIdle = 128
+
+// idleFor is how long a kept helper waits for a call before it ends, so
+// that a burst's helpers (thousands of agents enrolling at once) do not
+// keep their stacks while the fleet holds its polls quietly.
+const idleFor = time.Second
 
 // idle are the kept helpers, each waiting on its channel for a call; the
 // last one in is the next one out.
@@ -80,9 +89,10 @@ func takeIdle() chan *call {
 }
 
 // helper runs c, then waits to run the calls handed to it, until there
-// are maxIdle helpers waiting already.
+// are maxIdle helpers waiting already or none came for idleFor.
 func helper(c *call) {
 	next := make(chan *call, 1)
+	var timer *time.Timer
 	for {
 		c.run()
 		idle.Lock()
@@ -94,8 +104,33 @@ func helper(c *call) {
 		if !keep {
 			return
 		}
-		c = <-next
+		if timer == nil {
+			timer = time.NewTimer(idleFor)
+		} else {
+			timer.Reset(idleFor)
+		}
+		select {
+		case c = <-next:
+			timer.Stop()
+		case <-timer.C:
+			if leaveIdle(next) {
+				return
+			}
+			c = <-next // taken as the timer fired: its call is on the way
+		}
 	}
+}
+
+// leaveIdle removes a kept helper no caller has taken; false when one has.
+func leaveIdle(h chan *call) bool {
+	idle.Lock()
+	defer idle.Unlock()
+	i := slices.Index(idle.helpers, h)
+	if i < 0 {
+		return false
+	}
+	idle.helpers = slices.Delete(idle.helpers, i, i+1)
+	return true
 }
 
 func (c *call) run() {

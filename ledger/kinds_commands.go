@@ -93,6 +93,12 @@ type acceptedAtRecord struct {
 	recorded any
 }
 
+// commandOf is the command a command kind's operation issues: the agent's
+// kind, its payload the operation, under the operation's id.
+func commandOf(op Operation, agentKind string) fleet.IssueCommand {
+	return fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID, Kind: agentKind, Payload: op.Operation}
+}
+
 // CommandKindsOf are the command kinds, carried out through f.
 func CommandKindsOf(f *fleet.Service) []*Kind {
 	var out []*Kind
@@ -109,16 +115,15 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 				return fleet.ValidateCommand(agentKind, d.Operation)
 			},
 			Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
-				return recordCommand(ctx, tx, f, fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
-					Kind: agentKind, Payload: op.Operation})
+				return recordCommand(ctx, tx, f, commandOf(op, agentKind))
 			},
 			PrepareIssue: func(op Operation) (*fleet.PreparedIssue, error) {
-				return f.PrepareIssue(fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID, Kind: agentKind, Payload: op.Operation})
+				return f.PrepareIssue(commandOf(op, agentKind))
 			},
 			RecordMany: func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error) {
 				ins := make([]fleet.IssueCommand, len(ops))
 				for i, op := range ops {
-					ins[i] = fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID, Kind: agentKind, Payload: op.Operation}
+					ins[i] = commandOf(op, agentKind)
 				}
 				return f.IssueManyTx(ctx, tx.Fleet(), ins, admit)
 			},

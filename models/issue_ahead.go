@@ -65,10 +65,8 @@ func (s *LedgerStore) TxIssuing(ctx context.Context, ahead ledger.IssueAhead, fn
 	if s.fleet.dialect != Postgres {
 		return s.Tx(ctx, fn)
 	}
-	r := &groupReq{ctx: ctx, fn: func(ftx fleet.Tx) error {
-		t := ftx.(*fleetTx)
-		return fn(&ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t})
-	}, issue: &issueAhead{op: ahead.Op, events: ahead.Events, c: ahead.Command, counted: ahead.Counted, exempt: ahead.Exempt}}
+	r := &groupReq{ctx: ctx, fn: onFleetTx(fn),
+		issue: &issueAhead{op: ahead.Op, events: ahead.Events, c: ahead.Command, counted: ahead.Counted, exempt: ahead.Exempt}}
 	return s.fleet.group.enqueue(ctx, r)
 }
 
@@ -137,10 +135,11 @@ func (g *groupCommit) issueTogether(tx *gorm.DB, batch []*groupReq, txs []*fleet
 	for k, i := range idx {
 		a := batch[i].issue
 		op, evs := *a.op, a.events
+		row := rowFromCommand(a.c)
 		var fencing, at any
 		if handing(a.c) {
 			evs = runningAtDelivery(&op, evs, *a.c.FirstDeliveredAt)
-			fencing, at = *a.c.DeliveredFencing, rowFromCommand(a.c).FirstDeliveredAt
+			fencing, at = *a.c.DeliveredFencing, row.FirstDeliveredAt
 		}
 		opArgs = append(opArgs, operationValues(rowFromOperation(op))...)
 		for _, e := range evs {
@@ -151,7 +150,6 @@ func (g *groupCommit) issueTogether(tx *gorm.DB, batch []*groupReq, txs []*fleet
 		if exempt == nil {
 			exempt = []string{} // NULL would count nothing
 		}
-		row := rowFromCommand(a.c)
 		vArgs = append(vArgs, k, row.NodeID, fencing, at, a.counted, exempt,
 			row.OperationID, row.Kind, row.Payload, row.PayloadDigest, row.IssuedAt, row.State)
 	}

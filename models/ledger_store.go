@@ -44,10 +44,15 @@ func (s *LedgerStore) reader() ledgerReader { return ledgerReader{r: s.fleet.fle
 
 // Tx runs fn in one transaction shared with the fleet.
 func (s *LedgerStore) Tx(ctx context.Context, fn func(ledger.Tx) error) error {
-	return s.fleet.Tx(ctx, func(ftx fleet.Tx) error {
+	return s.fleet.Tx(ctx, onFleetTx(fn))
+}
+
+// onFleetTx runs a ledger transaction's fn on the fleet's transaction.
+func onFleetTx(fn func(ledger.Tx) error) func(fleet.Tx) error {
+	return func(ftx fleet.Tx) error {
 		t := ftx.(*fleetTx)
 		return fn(&ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t})
-	})
+	}
 }
 
 func ledgerNotFound(err error) error {

@@ -503,12 +503,17 @@ func (w *agentPool) reportConfig(ctx context.Context, c *client.Client, d *api.C
 
 // results reports results, retrying with backoff for up to a minute (the
 // server may be restarting; settling again is idempotent), as the agent
-// keeps its results until they are acknowledged.
+// keeps its results until they are acknowledged. A report under way when
+// the worker is told to stop is finished (bounded) but not retried: the
+// server may have settled it already, and the counts must say what it
+// acknowledged.
 func (w *agentPool) results(ctx context.Context, c *client.Client, results []api.Result) (*api.ResultsResponse, error) {
 	backoff := 50 * time.Millisecond
 	giveUp := time.Now().Add(time.Minute)
 	for {
-		res, err := c.Results(ctx, results)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		res, err := c.Results(rctx, results)
+		cancel()
 		if err == nil || ctx.Err() != nil {
 			return res, err
 		}

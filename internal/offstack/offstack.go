@@ -25,6 +25,7 @@
 package offstack
 
 import (
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -57,7 +58,8 @@ type call struct {
 var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 // Run runs f on another goroutine and returns once f has returned. If f
-// panics, Run panics with the same value.
+// panics, Run panics with the same value; if f calls runtime.Goexit (as
+// t.FailNow does), Run does too.
 func Run(f func()) {
 	c := calls.Get().(*call)
 	c.f = f
@@ -71,6 +73,9 @@ func Run(f func()) {
 	c.f, c.p, c.panic = nil, nil, false
 	calls.Put(c)
 	if panicked {
+		if p == nil {
+			runtime.Goexit() // f ended its goroutine: end the caller's, as inline
+		}
 		panic(p)
 	}
 }
@@ -94,14 +99,7 @@ func helper(c *call) {
 	next := make(chan *call, 1)
 	var timer *time.Timer
 	for {
-		c.run()
-		idle.Lock()
-		keep := len(idle.helpers) < maxIdle
-		if keep {
-			idle.helpers = append(idle.helpers, next)
-		}
-		idle.Unlock()
-		if !keep {
+		if !c.run(next) {
 			return
 		}
 		if timer == nil {
@@ -121,6 +119,18 @@ func helper(c *call) {
 	}
 }
 
+// keepIdle offers the helper waiting on next for the next call; false
+// when maxIdle helpers wait already.
+func keepIdle(next chan *call) bool {
+	idle.Lock()
+	defer idle.Unlock()
+	if len(idle.helpers) >= maxIdle {
+		return false
+	}
+	idle.helpers = append(idle.helpers, next)
+	return true
+}
+
 // leaveIdle removes a kept helper no caller has taken; false when one has.
 func leaveIdle(h chan *call) bool {
 	idle.Lock()
@@ -133,14 +143,22 @@ func leaveIdle(h chan *call) bool {
 	return true
 }
 
-func (c *call) run() {
+// run runs f and answers whether its helper was kept for the next call.
+// The helper is offered before the caller wakes, so a caller's next Run
+// finds it. A helper whose f ended its goroutine (runtime.Goexit, as
+// t.FailNow does) is not offered: it will never take another call.
+func (c *call) run(next chan *call) (kept bool) {
 	normal := false
 	defer func() {
 		if !normal {
 			c.p, c.panic = recover(), true
 		}
+		// After Goexit recover answers nil; a panic never does (panic(nil)
+		// is raised as *runtime.PanicNilError).
+		kept = (normal || c.p != nil) && keepIdle(next)
 		c.done <- struct{}{}
 	}()
 	c.f()
 	normal = true
+	return false
 }

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -84,9 +85,35 @@ func TestRunKeepsItsHelper(t *testing.T) {
 	offstack.Run(func() { first = goroutineID() })
 	offstack.Run(func() { second = goroutineID() })
 	require.Equal(t, first, second, "the same helper")
+	for range 100 { // the helper is kept before its caller wakes, every time
+		offstack.Run(func() { second = goroutineID() })
+		require.Equal(t, first, second, "the same helper")
+	}
+	var outer, inner string
 	offstack.Run(func() {
-		var inner string
+		outer = goroutineID()
 		offstack.Run(func() { inner = goroutineID() })
-		require.NotEqual(t, goroutineID(), inner, "a call inside a call gets a helper of its own")
 	})
+	require.NotEqual(t, outer, inner, "a call inside a call gets a helper of its own")
+}
+
+// TestRunEndsTheCallerWhenFEndsItsGoroutine: runtime.Goexit in f (as
+// t.FailNow calls) ends the caller's goroutine as it would inline, and
+// the helper it ended is not handed another call.
+func TestRunEndsTheCallerWhenFEndsItsGoroutine(t *testing.T) {
+	ended, returned := make(chan struct{}), false
+	go func() {
+		defer close(ended)
+		offstack.Run(runtime.Goexit)
+		returned = true
+	}()
+	<-ended
+	require.False(t, returned, "Run returned after f ended its goroutine")
+	ran := make(chan bool, 1)
+	go func() { offstack.Run(func() { ran <- true }) }()
+	select {
+	case <-ran:
+	case <-time.After(time.Minute):
+		t.Fatal("the next call was handed to the ended helper")
+	}
 }

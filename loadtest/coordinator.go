@@ -80,6 +80,10 @@ type Config struct {
 	PGBench    bool   // run the pgbench reference on DatabaseURL afterwards
 	CPUProfile string // profile this process (server included) while issuing
 	MemProfile string // heap profile of this process once every poll is held
+	// AllocProfile names the allocations profile of this process (server
+	// included) at the end of the issue phase; AllocProfile+".base" is the
+	// one at its start, to subtract (pprof -base).
+	AllocProfile string
 	// WorkerCommand runs a worker; default: this executable.
 	WorkerCommand []string
 	Log           io.Writer // progress and the server's warnings
@@ -297,6 +301,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		_ = pgdb.Exec("SELECT pg_stat_clear_snapshot()").Error
 		commits0, _ = pgCommits(ctx, pgdb)
 	}
+	if cfg.AllocProfile != "" {
+		if err := writeAllocsProfile(cfg.AllocProfile + ".base"); err != nil {
+			return rep, err
+		}
+	}
 	stopProfile := func() {}
 	if cfg.CPUProfile != "" {
 		var err error
@@ -343,6 +352,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		issueErrs *= int64(min(cfg.FanOut, len(nodes)))
 	}
 	stopProfile()
+	if cfg.AllocProfile != "" {
+		if err := writeAllocsProfile(cfg.AllocProfile); err != nil {
+			return rep, err
+		}
+	}
 	busy1, total1 := machineCPU()
 	rep.CPU.Cores = float64(runtime.NumCPU())
 	if total1 > total0 {
@@ -928,6 +942,20 @@ func (a *adminClient) metrics(ctx context.Context) (map[string]float64, error) {
 
 // writeHeapProfile writes this process's live heap (after a collection, so
 // it shows what the held polls keep, not garbage).
+// writeAllocsProfile writes this process's allocations since it started
+// (sampled, as the runtime keeps them) to path.
+func writeAllocsProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 func writeHeapProfile(path string) error {
 	f, err := os.Create(path)
 	if err != nil {

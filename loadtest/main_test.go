@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -24,10 +25,17 @@ func TestSmoke(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	allocs := filepath.Join(t.TempDir(), "allocs")
 	rep, err := Run(ctx, Config{Agents: 20, AgentsPerWorker: 10, Rate: 40, Issuers: 4, Duration: 2 * time.Second,
-		Wait: 5 * time.Second, Heartbeat: time.Second, Drain: time.Minute, Log: testLog{t}})
+		Wait: 5 * time.Second, Heartbeat: time.Second, Drain: time.Minute, Log: testLog{t}, AllocProfile: allocs})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, path := range []string{allocs + ".base", allocs} {
+		// A profile is gzipped protobuf: its first bytes say so.
+		if b, err := os.ReadFile(path); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Fatalf("allocations profile %s: %d bytes, %v", path, len(b), err)
+		}
 	}
 	t.Logf("%+v", rep)
 	if rep.Workers != 2 || rep.Enrolled != 20 || rep.Held != 20 {

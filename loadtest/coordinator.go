@@ -940,33 +940,29 @@ func (a *adminClient) metrics(ctx context.Context) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
-// writeHeapProfile writes this process's live heap (after a collection, so
-// it shows what the held polls keep, not garbage).
-// writeAllocsProfile writes this process's allocations since it started
-// (sampled, as the runtime keeps them) to path.
-func writeAllocsProfile(path string) error {
+// writeProfile writes this process's profile of that name to path.
+func writeProfile(name, path string) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
 		_ = f.Close()
 		return err
 	}
 	return f.Close()
 }
 
+// writeAllocsProfile writes this process's allocations since it started
+// (sampled, as the runtime keeps them) to path.
+func writeAllocsProfile(path string) error { return writeProfile("allocs", path) }
+
+// writeHeapProfile writes this process's live heap (after a collection, so
+// it shows what the held polls keep, not garbage), and its goroutines to
+// path+".goroutine".
 func writeHeapProfile(path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
 	runtime.GC()
-	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
+	if err := writeProfile("heap", path); err != nil {
 		return err
 	}
 	// The heap profile leaves out goroutine stacks and the collector's
@@ -977,13 +973,5 @@ func writeHeapProfile(path string) error {
 		"heap from OS %d KB (released %d KB), sys %d KB, goroutines %d\n",
 		ms.HeapInuse>>10, ms.HeapAlloc>>10, ms.StackInuse>>10, ms.HeapSys>>10, ms.HeapReleased>>10, ms.Sys>>10,
 		runtime.NumGoroutine())
-	g, err := os.Create(path + ".goroutine")
-	if err != nil {
-		return err
-	}
-	if err := pprof.Lookup("goroutine").WriteTo(g, 0); err != nil {
-		_ = g.Close()
-		return err
-	}
-	return g.Close()
+	return writeProfile("goroutine", path+".goroutine")
 }

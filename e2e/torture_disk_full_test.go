@@ -35,23 +35,28 @@ func mountTmpfs(t *testing.T, size string) string {
 	return dir
 }
 
-// fill writes a file in dir until the filesystem is full and answers it;
-// removing it gives the space back.
-func fill(t *testing.T, dir string) string {
+// fillerName is the file fill grows; removing it gives the space back.
+const fillerName = "filler"
+
+// fill appends to dir's filler file until the filesystem is full and
+// answers how many bytes it took (0: already full).
+func fill(t *testing.T, dir string) int64 {
 	t.Helper()
-	p := filepath.Join(dir, "filler")
-	f, err := os.Create(p)
+	f, err := os.OpenFile(filepath.Join(dir, fillerName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	chunk := make([]byte, 4096)
+	var took int64
 	for {
-		if _, err := f.Write(chunk); err != nil {
+		n, err := f.Write(chunk)
+		took += int64(n)
+		if err != nil {
 			if !errors.Is(err, syscall.ENOSPC) {
 				t.Fatalf("fill %s: %v", dir, err)
 			}
-			return p
+			return took
 		}
 	}
 }
@@ -73,11 +78,14 @@ func TestTortureDiskFull(t *testing.T) {
 		disk := mountTmpfs(t, "4m")
 		f, b, a := enrolledAgent(t, s, "torture-full-agent", AgentOptions{Name: "agent", StateDir: filepath.Join(disk, "state"), Args: []string{"--runtime", "simulated"}})
 		node := b.NodeID
-		// Fill only once the agent's spool has drained: an acknowledged
-		// event file deleted after the fill would free the very pages the
-		// launch's record then takes, and the launch would be applied.
+		// The disk must stay full while full-1 arrives: a spool entry
+		// written before the fill and deleted once acknowledged would free
+		// the very pages the launch's record then takes, and the launch
+		// would be applied. So fill, wait for the spool to drain (nothing
+		// new can be spooled on a full disk), and top up until a top-up
+		// finds no page freed since the last one.
 		spool := filepath.Join(disk, "state", "spool")
-		testwait.For(t, "the agent's spool to drain", time.Minute, func() bool {
+		spoolDrained := func() bool {
 			entries, err := os.ReadDir(spool)
 			if err != nil {
 				t.Fatal(err)
@@ -88,8 +96,11 @@ func TestTortureDiskFull(t *testing.T) {
 				}
 			}
 			return true
+		}
+		fill(t, disk)
+		testwait.For(t, "the agent's spool to drain with its disk full", time.Minute, func() bool {
+			return spoolDrained() && fill(t, disk) == 0 && spoolDrained()
 		})
-		filler := fill(t, disk)
 		f.issue(node, api.KindLaunchWorkload, "full-1", api.LaunchWorkload{RunID: "full-1", AttemptID: "a1", Command: "exit", Args: []string{"0"}})
 		testwait.For(t, "the agent to be handed full-1 and refuse it", 2*time.Minute, func() bool {
 			for _, msg := range []string{"cannot record operation; not applying it", "operation applied", "operation refused"} {
@@ -111,7 +122,7 @@ func TestTortureDiskFull(t *testing.T) {
 			t.Errorf("full-1 with the agent's disk full: %s, want pending", c.State)
 		}
 		fig.Codes["agent: not applied, unrecordable"]++
-		if err := os.Remove(filler); err != nil {
+		if err := os.Remove(filepath.Join(disk, fillerName)); err != nil {
 			t.Fatal(err)
 		}
 		freed := time.Now()
@@ -127,7 +138,7 @@ func TestTortureDiskFull(t *testing.T) {
 		f := fleetAPI{t: t, s: s}
 		b, _ := enrollNode(t, s)
 		node := b.NodeID
-		filler := fill(t, disk)
+		fill(t, disk)
 		var refused []string
 		for i := range 5 {
 			id := fmt.Sprintf("server-full-%d", i)
@@ -150,7 +161,7 @@ func TestTortureDiskFull(t *testing.T) {
 		if status, raw := s.Call(t, http.MethodGet, "/api/v1/nodes/"+node, nil, s.Token); status != http.StatusOK {
 			t.Errorf("a read with the disk full: %d %s", status, raw)
 		}
-		if err := os.Remove(filler); err != nil {
+		if err := os.Remove(filepath.Join(disk, fillerName)); err != nil {
 			t.Fatal(err)
 		}
 		freed := time.Now()

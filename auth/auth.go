@@ -395,20 +395,21 @@ func (s *Service) AuthenticateSession(ctx context.Context, cookie string) (Princ
 	if e, ok := s.cache.get(k, now); ok && e.p.Via == "session" && e.p.SessionID == c.ID {
 		return e.p, nil
 	}
-	epoch := s.cache.begin()
-	sess, u, err := s.store.Session(ctx, c.ID, c.Subject)
-	if errors.Is(err, ErrNoRows) {
-		return Principal{}, ErrUnauthenticated
-	}
-	if err != nil {
-		return Principal{}, err
-	}
-	if sess.RevokedAt != nil || !now.Before(sess.ExpiresAt) || u.DisabledAt != nil {
-		return Principal{}, ErrUnauthenticated
-	}
-	p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "session", SessionID: sess.ID}
-	s.cache.put(k, cacheEntry{p: p, subject: SessionSubject(sess.ID), user: UserSubject(u.ID)}, epoch, now, sess.ExpiresAt)
-	return p, nil
+	return s.cache.read(ctx, k, now, func(ctx context.Context, epoch uint64) (Principal, error) {
+		sess, u, err := s.store.Session(ctx, c.ID, c.Subject)
+		if errors.Is(err, ErrNoRows) {
+			return Principal{}, ErrUnauthenticated
+		}
+		if err != nil {
+			return Principal{}, err
+		}
+		if sess.RevokedAt != nil || !now.Before(sess.ExpiresAt) || u.DisabledAt != nil {
+			return Principal{}, ErrUnauthenticated
+		}
+		p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "session", SessionID: sess.ID}
+		s.cache.put(k, cacheEntry{p: p, subject: SessionSubject(sess.ID), user: UserSubject(u.ID)}, epoch, now, sess.ExpiresAt)
+		return p, nil
+	})
 }
 
 // Logout revokes a console session. Revoking twice is harmless. The
@@ -565,30 +566,31 @@ func (s *Service) AuthenticateToken(ctx context.Context, token string) (Principa
 		}
 		return e.p, nil
 	}
-	epoch := s.cache.begin()
-	row, u, err := s.store.TokenByHash(ctx, hex.EncodeToString(k[:]))
-	if errors.Is(err, ErrNoRows) {
-		return Principal{}, ErrUnauthenticated
-	}
-	if err != nil {
-		return Principal{}, err
-	}
-	if row.RevokedAt != nil || u.DisabledAt != nil {
-		return Principal{}, ErrUnauthenticated
-	}
-	var lastUsed time.Time
-	if row.LastUsedAt != nil {
-		lastUsed = *row.LastUsedAt
-	}
-	if now.Sub(lastUsed) >= lastUsedResolution {
-		if err := s.store.TouchToken(ctx, row.ID, now); err != nil {
+	return s.cache.read(ctx, k, now, func(ctx context.Context, epoch uint64) (Principal, error) {
+		row, u, err := s.store.TokenByHash(ctx, hex.EncodeToString(k[:]))
+		if errors.Is(err, ErrNoRows) {
+			return Principal{}, ErrUnauthenticated
+		}
+		if err != nil {
 			return Principal{}, err
 		}
-		lastUsed = now
-	}
-	p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "token", TokenID: row.ID}
-	s.cache.put(k, cacheEntry{p: p, subject: TokenSubject(row.ID), user: UserSubject(u.ID), lastUsed: lastUsed}, epoch, now, time.Time{})
-	return p, nil
+		if row.RevokedAt != nil || u.DisabledAt != nil {
+			return Principal{}, ErrUnauthenticated
+		}
+		var lastUsed time.Time
+		if row.LastUsedAt != nil {
+			lastUsed = *row.LastUsedAt
+		}
+		if now.Sub(lastUsed) >= lastUsedResolution {
+			if err := s.store.TouchToken(ctx, row.ID, now); err != nil {
+				return Principal{}, err
+			}
+			lastUsed = now
+		}
+		p := Principal{Kind: KindAdmin, UserID: u.ID, Username: u.Username, Via: "token", TokenID: row.ID}
+		s.cache.put(k, cacheEntry{p: p, subject: TokenSubject(row.ID), user: UserSubject(u.ID), lastUsed: lastUsed}, epoch, now, time.Time{})
+		return p, nil
+	})
 }
 
 // AuditPage is one page of the admin audit log, newest first: entries with

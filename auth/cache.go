@@ -1,7 +1,9 @@
 package auth
 
 import (
+	"context"
 	"crypto/sha256"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +33,11 @@ import (
 //     at most CacheTTL; no read after the revocation can cache it again.
 //   - A read that started before a revocation was forgotten is never
 //     cached after it (the epoch, as in fleet's node cache).
+//   - Concurrent misses of one credential share one store read (a busy
+//     script's 64 requests when its entry expires cost one read, and one
+//     last-used stamp, not 64 contending on its row), but only a read that
+//     started in the same epoch: a request after a revocation never takes
+//     the answer of a read from before it.
 
 // DefaultCacheTTL is how long a verified credential is trusted without
 // asking the store again: the bound on a revoked credential's life on a
@@ -66,6 +73,9 @@ type CacheStats struct {
 	// StoreReads are authentications that read the store (a miss, an
 	// unknown or revoked credential, or the cache off).
 	StoreReads int64
+	// Shared are authentications answered by a concurrent request's store
+	// read of the same credential.
+	Shared int64
 	// Invalidations are revocations applied: by source ("local": this
 	// replica's commit; "notify": another replica's; "resync": the whole
 	// cache dropped because notifications may have been missed).
@@ -98,15 +108,28 @@ type credCache struct {
 
 	mu      sync.Mutex // guards the following
 	entries map[cacheKey]*cacheEntry
+	flights map[cacheKey]*flight
 	epoch   uint64
 	enabled bool
 
-	hits, reads                    atomic.Int64
+	hits, reads, shared            atomic.Int64
 	invLocal, invNotify, invResync atomic.Int64
 }
 
 func newCredCache(ttl time.Duration, size int, enabled bool) *credCache {
-	return &credCache{ttl: ttl, size: size, entries: map[cacheKey]*cacheEntry{}, enabled: enabled}
+	return &credCache{ttl: ttl, size: size, entries: map[cacheKey]*cacheEntry{}, flights: map[cacheKey]*flight{}, enabled: enabled}
+}
+
+var errUnfinished = errors.New("auth: the shared credential read did not finish")
+
+// flight is one store read of a credential, shared by the misses of it
+// that arrive while it runs in the same epoch.
+type flight struct {
+	epoch   uint64
+	waiters int // guarded by credCache.mu
+	done    chan struct{}
+	p       Principal
+	err     error
 }
 
 func keyOf(credential string) cacheKey { return sha256.Sum256([]byte(credential)) }
@@ -133,13 +156,54 @@ func (c *credCache) get(k cacheKey, now time.Time) (cacheEntry, bool) {
 	return out, ok
 }
 
-// begin answers the epoch to pass to put for a store read starting now,
-// and counts the read.
-func (c *credCache) begin() uint64 {
-	c.reads.Add(1)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.epoch
+// read answers k's principal by one call of load, shared with concurrent
+// callers for k whose epoch is the same (while the cache is on: off, every
+// request reads the store itself). load gets the epoch to pass to
+// put. A caller's wait ends with its own ctx; a shared read that ended
+// because its first caller's context did is not taken by the others: they
+// take the cache's entry if one appeared meanwhile, else read again
+// (sharing that read).
+func (c *credCache) read(ctx context.Context, k cacheKey, now time.Time, load func(ctx context.Context, epoch uint64) (Principal, error)) (Principal, error) {
+	for again := false; ; again = true {
+		c.mu.Lock()
+		if e, ok := c.entries[k]; again && ok && now.Before(e.until) {
+			// Cached by whoever read after the abandoned read.
+			p := e.p
+			c.mu.Unlock()
+			c.hits.Add(1)
+			return p, nil
+		}
+		if f, ok := c.flights[k]; ok && f.epoch == c.epoch && c.enabled && c.ttl > 0 {
+			f.waiters++
+			c.mu.Unlock()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return Principal{}, ctx.Err()
+			}
+			if (errors.Is(f.err, context.Canceled) || errors.Is(f.err, context.DeadlineExceeded)) && ctx.Err() == nil {
+				continue
+			}
+			c.shared.Add(1)
+			return f.p, f.err
+		}
+		// errUnfinished stands until load answers, so a load that panics
+		// lets nobody in.
+		f := &flight{epoch: c.epoch, done: make(chan struct{}), err: errUnfinished}
+		c.flights[k] = f
+		c.mu.Unlock()
+		c.reads.Add(1)
+		defer func() {
+			c.mu.Lock()
+			if c.flights[k] == f {
+				delete(c.flights, k)
+			}
+			c.mu.Unlock()
+			close(f.done)
+		}()
+		f.p, f.err = load(ctx, f.epoch)
+		return f.p, f.err
+	}
 }
 
 // put caches a verified credential read since epoch, unless something was
@@ -230,7 +294,7 @@ func (c *credCache) stats() CacheStats {
 	c.mu.Lock()
 	n, on := len(c.entries), c.enabled
 	c.mu.Unlock()
-	return CacheStats{Hits: c.hits.Load(), StoreReads: c.reads.Load(), Entries: n, Enabled: on,
+	return CacheStats{Hits: c.hits.Load(), StoreReads: c.reads.Load(), Shared: c.shared.Load(), Entries: n, Enabled: on,
 		Invalidations: map[string]int64{"local": c.invLocal.Load(), "notify": c.invNotify.Load(), "resync": c.invResync.Load()}}
 }
 

@@ -11,3 +11,14 @@ func HashPeak(s *Service) int64 { return s.hashes.peak.Load() }
 
 // LimiterSize answers how many keys the login limiter holds.
 func LimiterSize(s *Service) int { return s.limiter.size() }
+
+// SharedWaiters answers how many requests joined the store read of
+// credential in flight now (0: none in flight).
+func SharedWaiters(s *Service, credential string) int {
+	s.cache.mu.Lock()
+	defer s.cache.mu.Unlock()
+	if f, ok := s.cache.flights[keyOf(credential)]; ok {
+		return f.waiters
+	}
+	return 0
+}

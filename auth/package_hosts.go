@@ -302,21 +302,22 @@ func (s *Service) AuthenticatePackageHost(ctx context.Context, token string) (Pr
 	if e, ok := s.cache.get(k, now); ok && e.p.Kind == KindPackageHost {
 		return e.p, nil
 	}
-	epoch := s.cache.begin()
-	row, h, err := s.store.PackageHostByToken(ctx, hex.EncodeToString(k[:]))
-	if errors.Is(err, ErrNoRows) {
-		return Principal{}, ErrUnauthenticated
-	}
-	if err != nil {
-		return Principal{}, err
-	}
-	if h.RevokedAt != nil || row.Generation != h.Generation {
-		return Principal{}, ErrUnauthenticated
-	}
-	p := Principal{Kind: KindPackageHost, Via: "package_host_token", PackageHostID: h.ID, PackageHostName: h.Name,
-		Generation: h.Generation, Families: slices.Clip(h.Families)}
-	s.cache.put(k, cacheEntry{p: p, subject: HostSubject(h.ID)}, epoch, now, time.Time{})
-	return p, nil
+	return s.cache.read(ctx, k, now, func(ctx context.Context, epoch uint64) (Principal, error) {
+		row, h, err := s.store.PackageHostByToken(ctx, hex.EncodeToString(k[:]))
+		if errors.Is(err, ErrNoRows) {
+			return Principal{}, ErrUnauthenticated
+		}
+		if err != nil {
+			return Principal{}, err
+		}
+		if h.RevokedAt != nil || row.Generation != h.Generation {
+			return Principal{}, ErrUnauthenticated
+		}
+		p := Principal{Kind: KindPackageHost, Via: "package_host_token", PackageHostID: h.ID, PackageHostName: h.Name,
+			Generation: h.Generation, Families: slices.Clip(h.Families)}
+		s.cache.put(k, cacheEntry{p: p, subject: HostSubject(h.ID)}, epoch, now, time.Time{})
+		return p, nil
+	})
 }
 
 // AuthenticateBearer verifies a Bearer credential: a package host token

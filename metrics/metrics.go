@@ -264,6 +264,8 @@ func (c configLagging) Collect(ch chan<- prometheus.Metric) {
 // (auth.CacheStats).
 type CredentialCacheCounts struct {
 	Hits, StoreReads int64
+	// Shared are authentications answered by a concurrent request's read.
+	Shared int64
 	// Invalidations by source: local, notify, resync.
 	Invalidations map[string]int64
 }
@@ -274,7 +276,7 @@ type credentialCache struct{ m *Metrics }
 
 var (
 	credentialLookupsDesc = prometheus.NewDesc("nodeward_credential_lookups_total",
-		"API authentications (API tokens, package host tokens, console sessions) answered from this replica's cache (result=hit) or by a database read (result=store).", []string{"result"}, nil)
+		"API authentications (API tokens, package host tokens, console sessions) answered from this replica's cache (result=hit), by a database read (result=store), or by a concurrent request's read of the same credential (result=shared).", []string{"result"}, nil)
 	credentialInvalidationsDesc = prometheus.NewDesc("nodeward_credential_cache_invalidations_total",
 		"Revocations applied to the credential cache: by this replica's commit (local), another replica's notification (notify), or the whole cache dropped because notifications may have been missed (resync).", []string{"source"}, nil)
 )
@@ -291,6 +293,7 @@ func (c credentialCache) Collect(ch chan<- prometheus.Metric) {
 	st := c.m.CredentialCache()
 	ch <- prometheus.MustNewConstMetric(credentialLookupsDesc, prometheus.CounterValue, float64(st.Hits), "hit")
 	ch <- prometheus.MustNewConstMetric(credentialLookupsDesc, prometheus.CounterValue, float64(st.StoreReads), "store")
+	ch <- prometheus.MustNewConstMetric(credentialLookupsDesc, prometheus.CounterValue, float64(st.Shared), "shared")
 	for src, n := range st.Invalidations {
 		ch <- prometheus.MustNewConstMetric(credentialInvalidationsDesc, prometheus.CounterValue, float64(n), src)
 	}

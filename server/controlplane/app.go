@@ -303,7 +303,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	}
 	a.Metrics.CredentialCache = func() metrics.CredentialCacheCounts {
 		st := a.Auth.CacheStats()
-		return metrics.CredentialCacheCounts{Hits: st.Hits, StoreReads: st.StoreReads, Invalidations: st.Invalidations}
+		return metrics.CredentialCacheCounts{Hits: st.Hits, StoreReads: st.StoreReads, Shared: st.Shared, Invalidations: st.Invalidations}
 	}
 	a.fleetStore.SetOnCommit(func(notes []fleet.Notification) { a.notifications().Deliver(notes, "local") })
 	proxies, err := handlers.ParseTrustedProxies(cfg.TrustedProxies) // checked by Validate

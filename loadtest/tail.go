@@ -55,6 +55,8 @@ type TailCause struct {
 	PollReadsSkip   float64 `json:"long_poll_due_reads_skipped"` // checks answered from the replica's knowledge that the node is quiet
 	NodeCacheHits   float64 `json:"node_lookups_hit"`            // agent requests' node checks answered from the replica's node cache
 	NodeReads       float64 `json:"node_lookups_store"`          // ... and by a read of the node
+	CredReads       float64 `json:"credential_lookups_store"`    // API authentications that read the store (the issuers' token past its cache entry)
+	CredShared      float64 `json:"credential_lookups_shared"`   // ... answered by a concurrent request's read instead
 	PollRenewals    float64 `json:"long_poll_lease_renewals"`    // renewals queued by arriving polls (the rest of the flushed ones are heartbeats)
 	Redeliveries    float64 `json:"redeliveries"`
 	// The server's database pool (go_sql_*, db_name "pool"): waits for a
@@ -208,6 +210,7 @@ func (p *tailProbe) finish(rep *Report, target float64, before, after map[string
 		LeaseSweeps: d("nodeward_lease_sweeps_total"), PollStoreReads: d("nodeward_long_poll_store_queries_total"),
 		PollReadsSkip: d("nodeward_long_poll_due_reads_skipped_total"), PollRenewals: d("nodeward_long_poll_lease_renewals_total"),
 		NodeCacheHits: d(`nodeward_node_lookups_total{result="hit"}`), NodeReads: d(`nodeward_node_lookups_total{result="store"}`),
+		CredReads: d(`nodeward_credential_lookups_total{result="store"}`), CredShared: d(`nodeward_credential_lookups_total{result="shared"}`),
 		Redeliveries: d("nodeward_command_redeliveries_total"),
 		PoolWaits:    d(`go_sql_wait_count_total{db_name="pool"}`), PoolWaitMS: 1000 * d(`go_sql_wait_duration_seconds_total{db_name="pool"}`),
 		LaneGateWaitMS: 1000 * d("nodeward_write_lane_gate_wait_seconds_total"),

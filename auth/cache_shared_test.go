@@ -15,36 +15,24 @@ import (
 	"github.com/nodeward/nodeward/models/dbtest"
 )
 
-// gatedStore holds the first token read it is asked for (once armed)
-// until released or its caller's context ends, and counts last-used
-// stamps.
-type gatedStore struct {
-	auth.Store
+// gate holds the first token read it is asked for (once armed) until
+// released or its caller's context ends (hookedStore.beforeRead).
+type gate struct {
 	armed   atomic.Bool
 	entered chan struct{}
 	release chan struct{}
-	touches atomic.Int64
 }
 
-func newGatedStore(db *models.DB) *gatedStore {
-	return &gatedStore{Store: models.NewAuthStore(db), entered: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (g *gatedStore) TokenByHash(ctx context.Context, hash string) (auth.APIToken, auth.User, error) {
+func (g *gate) hold(ctx context.Context) error {
 	if g.armed.CompareAndSwap(true, false) {
 		close(g.entered)
 		select {
 		case <-g.release:
 		case <-ctx.Done():
-			return auth.APIToken{}, auth.User{}, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	return g.Store.TokenByHash(ctx, hash)
-}
-
-func (g *gatedStore) TouchToken(ctx context.Context, id string, at time.Time) error {
-	g.touches.Add(1)
-	return g.Store.TouchToken(ctx, id, at)
+	return nil
 }
 
 // TestCredentialReadsShared: when a busy script's cached token expires,
@@ -56,16 +44,19 @@ func TestCredentialReadsShared(t *testing.T) {
 		// setup answers a service with the default TTL over a gated store,
 		// a token it verified once, and the clock moved past both the
 		// cache's TTL and the last-used stamp's minute.
-		setup := func(t *testing.T, name string) (*auth.Service, *gatedStore, string, auth.APIToken, auth.CacheStats) {
+		setup := func(t *testing.T, name string) (*auth.Service, *gate, *hookedStore, string, auth.APIToken, auth.CacheStats) {
 			clk := &fakeClock{t: time.Now().UTC()}
-			g := newGatedStore(db)
-			s := replicaOf(db, auth.Options{Store: g, Now: clk.Now})
+			g := &gate{entered: make(chan struct{}), release: make(chan struct{})}
+			hs := &hookedStore{Store: models.NewAuthStore(db)}
+			hold := g.hold
+			hs.beforeRead.Store(&hold)
+			s := replicaOf(db, auth.Options{Store: hs, Now: clk.Now})
 			tok, row := newToken(t, cacheService(t, db, auth.Options{}), name)
 			_, err := s.AuthenticateBearer(ctx, tok)
 			require.NoError(t, err)
 			clk.Add(auth.DefaultCacheTTL + time.Minute)
 			g.armed.Store(true)
-			return s, g, tok, row, s.CacheStats()
+			return s, g, hs, tok, row, s.CacheStats()
 		}
 		authenticateAll := func(s *auth.Service, tok string, n int) (*sync.WaitGroup, []error) {
 			errs := make([]error, n)
@@ -81,7 +72,7 @@ func TestCredentialReadsShared(t *testing.T) {
 		}
 
 		t.Run("ConcurrentMissesReadOnce", func(t *testing.T) {
-			s, g, tok, _, before := setup(t, "busy")
+			s, g, hs, tok, _, before := setup(t, "busy")
 			const n = 32
 			wg, errs := authenticateAll(s, tok, n)
 			<-g.entered
@@ -94,14 +85,14 @@ func TestCredentialReadsShared(t *testing.T) {
 			after := s.CacheStats()
 			require.Equal(t, before.StoreReads+1, after.StoreReads, "one store read for the concurrent misses")
 			require.Equal(t, before.Shared+n-1, after.Shared)
-			require.Equal(t, int64(2), g.touches.Load(), "one stamp at the first use, one for the burst past the minute")
+			require.Equal(t, int64(2), hs.touches.Load(), "one stamp at the first use, one for the burst past the minute")
 			_, err, hit := authOnce(t, s, tok)
 			require.NoError(t, err)
 			require.True(t, hit, "the shared read was not cached")
 		})
 
 		t.Run("RevocationStartsAFreshRead", func(t *testing.T) {
-			s, g, tok, row, before := setup(t, "revoked")
+			s, g, _, tok, row, before := setup(t, "revoked")
 			early, _ := authenticateAll(s, tok, 1)
 			<-g.entered
 			_, err := s.RevokeToken(ctx, adminPrincipal(t, s), row.ID, "test")
@@ -120,7 +111,7 @@ func TestCredentialReadsShared(t *testing.T) {
 		})
 
 		t.Run("FirstCallerGoneOthersReadAgain", func(t *testing.T) {
-			s, g, tok, _, before := setup(t, "hangup")
+			s, g, _, tok, _, before := setup(t, "hangup")
 			first, cancel := context.WithCancel(ctx)
 			var firstErr error
 			done := make(chan struct{})

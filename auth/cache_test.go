@@ -31,11 +31,14 @@ func (c *fakeClock) Add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// hookedStore lets a test act between a token read and its caching.
+// hookedStore lets a test act before a token read (its error is the
+// read's) and between the read and its caching, and counts last-used
+// stamps.
 type hookedStore struct {
 	auth.Store
-	afterRead atomic.Pointer[func()]
-	touches   atomic.Int64
+	beforeRead atomic.Pointer[func(context.Context) error]
+	afterRead  atomic.Pointer[func()]
+	touches    atomic.Int64
 }
 
 func (h *hookedStore) TouchToken(ctx context.Context, id string, at time.Time) error {
@@ -44,6 +47,11 @@ func (h *hookedStore) TouchToken(ctx context.Context, id string, at time.Time) e
 }
 
 func (h *hookedStore) TokenByHash(ctx2 context.Context, hash string) (auth.APIToken, auth.User, error) {
+	if fn := h.beforeRead.Load(); fn != nil {
+		if err := (*fn)(ctx2); err != nil {
+			return auth.APIToken{}, auth.User{}, err
+		}
+	}
 	t, u, err := h.Store.TokenByHash(ctx2, hash)
 	if fn := h.afterRead.Load(); fn != nil {
 		(*fn)()

@@ -239,6 +239,7 @@ func TestIdleRepollSkipsRead(t *testing.T) {
 // store, service, metrics and notification listener, on a shared clock.
 type replica struct {
 	svc     *fleet.Service
+	store   *models.FleetStore
 	metrics *metrics.Metrics
 	sink    *countingSink
 	listen  context.CancelFunc
@@ -310,17 +311,28 @@ func twoReplicas(t *testing.T, db *models.DB, prefix string) (a, b *replica, onB
 
 func newReplica(t *testing.T, db *models.DB, name string, clk *clock) *replica {
 	t.Helper()
+	return startReplica(t, db, name, clk, true)
+}
+
+// startReplica is newReplica; without run the service's loops (the
+// publisher and its peer watch among them) are not started, and the test
+// looks for peers itself (fleet.WatchPeers).
+func startReplica(t *testing.T, db *models.DB, name string, clk *clock, run bool) *replica {
+	t.Helper()
 	r := &replica{metrics: metrics.New(nil), db: db, name: name}
 	store := models.NewFleetStore(db, name, nil)
+	r.store = store
 	r.svc = fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: clk.Now, Metrics: r.metrics, CrossReplica: true,
 		Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3",
 			ReplicaID: name, LeaseFlushInterval: 5 * time.Millisecond, SkipWarmUp: true}})
 	store.SetOnCommit(func(n []fleet.Notification) { r.svc.Deliver(n, "local") })
 	r.sink = &countingSink{svc: r.svc, heard: map[string]bool{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.svc.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	if run {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); r.svc.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
 	r.startListener(t)
 	t.Cleanup(func() { r.stopListener() })
 	return r
@@ -424,5 +436,59 @@ func TestQuietAcrossReplicas(t *testing.T) {
 		})
 		requireReads(t, a.svc, a.metrics, sess, false, 1, 0, "after the reconnection")
 		requireReads(t, a.svc, a.metrics, sess, false, 0, 1, "quiet again")
+	})
+}
+
+// TestGreetingEndsALoneReplicasSilence (Postgres): replica A looked for
+// peers and found none, so what it commits is announced to nobody. Replica
+// B's listener greets the others when it connects: A then makes every
+// replica resync (B reads what A did not announce) and announces again, so
+// a command A records for a node held on B wakes B's poll by notification,
+// not at B's fallback.
+func TestGreetingEndsALoneReplicasSilence(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		if db.Dialect != models.Postgres {
+			t.Skip("several replicas need Postgres (DECISIONS.md §23)")
+		}
+		clk := newClock()
+		a := startReplica(t, db, "greet-a", clk, false)
+		fleet.WatchPeers(a.svc, clk.Now())
+		onA := &bundle{db: db, svc: a.svc, clock: clk, metrics: a.metrics}
+		id, _, tok := onA.readyNode(t)
+		x0 := launch("greet-x0")
+		x0.NodeID = id
+		unsent := a.store.AnnounceStats().Unsent
+		_, _, err := a.svc.Issue(ctx, "admin:test", x0)
+		require.NoError(t, err)
+		require.Greater(t, a.store.AnnounceStats().Unsent, unsent, "alone: announced to nobody")
+
+		sent := a.store.AnnounceStats().Statements
+		b := newReplica(t, db, "greet-b", clk)
+		testwait.For(t, "A's resync after B's greeting", testwait.Patience, func() bool {
+			return a.store.AnnounceStats().Statements > sent
+		})
+		sess, err := b.svc.Authenticate(ctx, tok, fleet.DoorAsk)
+		require.NoError(t, err)
+		ans, err := b.svc.Poll(ctx, sess, time.Minute, "")
+		require.NoError(t, err)
+		require.Equal(t, []string{"greet-x0"}, ops(ans))
+		_, err = b.svc.Settle(ctx, sess, []api.Result{{OperationID: "greet-x0", Applied: true}})
+		require.NoError(t, err)
+
+		notified := testutil.ToFloat64(b.metrics.Wakeups.WithLabelValues("notify"))
+		res := make(chan pollResult, 1)
+		go func() {
+			cmds, err := b.svc.Poll(ctx, sess, time.Minute, "")
+			res <- pollResult{cmds, err}
+		}()
+		testwait.For(t, "poll held on B", testwait.Patience, func() bool { return b.svc.Hub().HeldFor(id) == 1 })
+		x1 := launch("greet-x1")
+		x1.NodeID = id
+		_, _, err = a.svc.Issue(ctx, "admin:test", x1)
+		require.NoError(t, err)
+		got := <-res
+		require.NoError(t, got.err)
+		require.Equal(t, []string{"greet-x1"}, ops(got.cmds))
+		require.Equal(t, notified+1, testutil.ToFloat64(b.metrics.Wakeups.WithLabelValues("notify")), "woken by A's announcement")
 	})
 }

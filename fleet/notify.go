@@ -45,6 +45,11 @@ const (
 	// to that poll. It stands in for the command's NotifyIssued here and
 	// is never sent to others (Local).
 	NotifyHanded NotificationKind = "h"
+	// NotifyPeer: a replica's listener has just connected, so notifications
+	// now reach it. A replica that saw no other (Service.watchPeers) starts
+	// announcing again, after a resync covers what it did not announce.
+	// Sent by the listener itself, outside any transaction.
+	NotifyPeer NotificationKind = "j"
 )
 
 // Notification is one change other replicas must hear about.

@@ -16,6 +16,12 @@ import (
 // that died in between never sent them, and without this the work they
 // announced would wait for this replica's own fallbacks (a poll's next
 // read, the memo's age). The first look only learns who is there.
+//
+// It also tells the store whether anybody else listens: a replica with no
+// fresh peer and no greeting within sessionsFreshFor sends no
+// notifications that only wake readers (Store.OthersListening). Freshness
+// compares another replica's clock with this one's, as sessions and
+// leases already do: clocks must agree within seconds.
 func (s *Service) watchPeers(ctx context.Context, now time.Time) {
 	rows, err := s.store.Replicas(ctx)
 	if err != nil {
@@ -30,6 +36,9 @@ func (s *Service) watchPeers(ctx context.Context, now time.Time) {
 			fresh[r.ID] = r.StartedAt
 		}
 	}
+	// A greeting heard after now (during the read) is counted too.
+	greeted := now.Sub(time.Unix(0, s.greetedAt.Load())) <= sessionsFreshFor
+	s.store.OthersListening(len(fresh) > 0 || greeted)
 	var gone []string
 	for id, started := range s.peers {
 		if st, ok := fresh[id]; !ok || !st.Equal(started) {

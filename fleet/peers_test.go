@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,5 +54,69 @@ func TestPeerGoneOrRestartedResyncs(t *testing.T) {
 		look(25*time.Second, 2, "p1's heartbeat lapsed (19 s old)")
 		look(26*time.Second, 2, "p1 is already counted gone")
 		look(60*time.Second, 3, "p2's heartbeat lapsed too; the watcher's own stale row is not a peer")
+	})
+}
+
+// listeningStore records what the peer watch last told the store.
+type listeningStore struct {
+	*models.FleetStore
+	mu     sync.Mutex
+	others *bool
+}
+
+func (s *listeningStore) OthersListening(present bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.others = &present
+	s.FleetStore.OthersListening(present)
+}
+
+// told answers what the store was last told ("unknown" before anything).
+func (s *listeningStore) told() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.others == nil:
+		return "unknown"
+	case *s.others:
+		return "others listen"
+	}
+	return "alone"
+}
+
+// TestLoneReplicaAnnouncesNothing: a replica whose look finds no other
+// fresh heartbeat tells its store nobody else listens (so it stops sending
+// the notifications that only wake readers); another replica's heartbeat,
+// or its listener's greeting (heard before its first heartbeat), says
+// somebody does, and a greeting counts for as long as a heartbeat would.
+func TestLoneReplicaAnnouncesNothing(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		if db.Dialect != models.Postgres {
+			t.Skip("several replicas need Postgres (DECISIONS.md §23)")
+		}
+		store := &listeningStore{FleetStore: models.NewFleetStore(db, "lone", nil)}
+		c := newClock()
+		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: c.Now, Metrics: metrics.New(nil), CrossReplica: true,
+			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", ReplicaID: "lone"}})
+		t0 := c.Now()
+		at := func(d time.Duration) time.Time { return t0.Add(d) }
+		look := func(now time.Duration, want, why string) {
+			t.Helper()
+			fleet.WatchPeers(svc, at(now))
+			require.Equal(t, want, store.told(), why)
+		}
+
+		require.Equal(t, "unknown", store.told(), "nothing said before the first look")
+		require.NoError(t, store.PublishSessions(ctx, "lone", at(0), at(0), nil))
+		look(0, "alone", "its own row is no peer")
+		require.NoError(t, store.PublishSessions(ctx, "p1", at(1*time.Second), at(1*time.Second), nil))
+		look(5*time.Second, "others listen", "p1 beat 4 s ago")
+		look(20*time.Second, "alone", "p1's heartbeat lapsed")
+
+		c.Set(at(30 * time.Second))
+		svc.Deliver([]fleet.Notification{{Kind: fleet.NotifyPeer}}, "notify")
+		require.Equal(t, "others listen", store.told(), "a greeting: at once")
+		look(40*time.Second, "others listen", "greeted 10 s ago, no heartbeat yet")
+		look(46*time.Second, "alone", "greeted 16 s ago and no heartbeat came")
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -162,6 +163,10 @@ type Service struct {
 	// publishLoop last saw of them (watchPeers).
 	crossReplica bool
 	peers        map[string]time.Time
+	// greetedAt is when (UnixNano, s.now) another replica's listener last
+	// said it connected (NotifyPeer); watchPeers counts it as present for
+	// sessionsFreshFor even before its heartbeat row is seen.
+	greetedAt atomic.Int64
 }
 
 // Options builds a Service.
@@ -260,6 +265,9 @@ func (s *Service) Deliver(notes []Notification, source string) {
 			s.quiet.forgetAll()
 			s.cache.forgetAll()
 			s.hub.WakeAll(source)
+		case NotifyPeer:
+			s.greetedAt.Store(s.now().UnixNano())
+			s.store.OthersListening(true)
 		}
 	}
 }

@@ -117,6 +117,14 @@ type Store interface {
 	// Replicas answers every replica's row: when it started and when it
 	// last published or touched it.
 	Replicas(ctx context.Context) ([]ReplicaBeat, error)
+	// OthersListening tells the store whether another replica may be
+	// listening (Service.watchPeers). While none is, the store sends none
+	// of the notifications that only wake readers and may follow their
+	// commit (Notification.MayFollowCommit). When one appears, the store
+	// first tells every replica to resync (NotifyResync), covering what
+	// it did not send, then announces again. A store no other replica
+	// shares ignores it.
+	OthersListening(present bool)
 }
 
 // Reader is the read half of the store, usable in and out of a transaction.

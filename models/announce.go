@@ -34,12 +34,22 @@ import (
 // state: the other replicas resync once they see the dead one's heartbeat
 // lapse (fleet's peer watch), and ledger waiters re-check on their own
 // (ledger.Settings.Recheck).
+//
+// A replica that knows no other (fleet's peer watch: no fresh heartbeat,
+// no listener greeting) sends nothing: each statement was a transaction
+// with a commit record and its flush, and the replica's own listener the
+// only one to hear it, to drop it (BENCHMARKS.md, thirty-third sitting).
 type announcer struct {
 	db      *gorm.DB
 	channel string
 	// resync is this replica's NotifyResync payload: what replaces a
-	// batch that could not be sent.
+	// batch that could not be sent, and what a replica that was alone
+	// sends first when another appears.
 	resync string
+
+	// alone: no other replica is known to listen; add drops what it is
+	// given. False until the peer watch has looked.
+	alone atomic.Bool
 
 	mu      sync.Mutex
 	queued  []string
@@ -49,15 +59,16 @@ type announcer struct {
 }
 
 type announceCounters struct {
-	statements, payloads, failures atomic.Int64
+	statements, payloads, failures, unsent atomic.Int64
 }
 
 // AnnounceStats are the announcer's counters since the store was made.
 type AnnounceStats struct {
 	// Statements is how many notify statements were sent, Payloads how
 	// many notifications they carried, Failures how many statements
-	// failed (a failed batch is replaced by a resync: send).
-	Statements, Payloads, Failures int64
+	// failed (a failed batch is replaced by a resync: send), Unsent how
+	// many notifications were dropped because no other replica listened.
+	Statements, Payloads, Failures, Unsent int64
 }
 
 func newAnnouncer(db *gorm.DB, channel, replica string) *announcer {
@@ -71,6 +82,14 @@ func (a *announcer) add(payloads ...string) {
 	if a == nil || len(payloads) == 0 {
 		return
 	}
+	if a.alone.Load() {
+		a.stats.unsent.Add(int64(len(payloads)))
+		return
+	}
+	a.enqueue(payloads)
+}
+
+func (a *announcer) enqueue(payloads []string) {
 	a.mu.Lock()
 	a.queued = append(a.queued, payloads...)
 	start := !a.sending
@@ -127,6 +146,23 @@ func (a *announcer) sendBatch(batch []string) error {
 	return err
 }
 
+// OthersListening implements fleet.Store.
+//
+// Why a resync covers what was dropped: add reads alone after its commit,
+// so a payload dropped belongs to a commit that ended before alone turned
+// false here, and the resync is queued after that. Every replica that hears
+// the resync reads the committed state after it, that commit's included.
+// One whose listener connects later reads everything when it connects.
+func (s *FleetStore) OthersListening(present bool) {
+	a := s.announcer
+	if a == nil {
+		return
+	}
+	if was := a.alone.Swap(!present); was && present {
+		a.enqueue([]string{a.resync})
+	}
+}
+
 // Flush sends at once what the announcer holds (a replica shutting down
 // announces what it committed before it closes the database).
 func (s *FleetStore) Flush() {
@@ -153,5 +189,6 @@ func (s *FleetStore) AnnounceStats() AnnounceStats {
 		return AnnounceStats{}
 	}
 	c := &s.announcer.stats
-	return AnnounceStats{Statements: c.statements.Load(), Payloads: c.payloads.Load(), Failures: c.failures.Load()}
+	return AnnounceStats{Statements: c.statements.Load(), Payloads: c.payloads.Load(), Failures: c.failures.Load(),
+		Unsent: c.unsent.Load()}
 }

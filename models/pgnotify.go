@@ -25,7 +25,7 @@ type NotifySink interface {
 // hands other replicas' notifications to a sink. While it is disconnected
 // the sink is told notifications may be missed (long-polls fall back to
 // polling); after every (re)connection it delivers a resync, since what was
-// sent meanwhile is lost.
+// sent meanwhile is lost, and greets the other replicas (fleet.NotifyPeer).
 //
 // A connection that dies silently (a partition, a failover behind a proxy,
 // a NAT forgetting it: no FIN, no RST) would leave a plain wait for a
@@ -124,6 +124,15 @@ func (l *Listener) listenOnce(ctx context.Context) (listening time.Time, err err
 		defer cancel()
 		_ = conn.Close(ctx)
 	}()
+	// A replica that believed itself alone, and so sent nothing, starts
+	// announcing again once it hears this (fleet.NotifyPeer), after a
+	// resync of every replica. Said before listening, so it is not heard
+	// here; a resync sent before the LISTEN below is missed, but then the
+	// local resync that follows it covers the same commits.
+	hello := fleet.Notification{Kind: fleet.NotifyPeer}.Encode(l.Replica)
+	if _, err := conn.Exec(cctx, "SELECT pg_notify($1, $2)", l.Channel, hello); err != nil {
+		return time.Time{}, err
+	}
 	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{l.Channel}.Sanitize()); err != nil {
 		return time.Time{}, err
 	}

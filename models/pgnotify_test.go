@@ -392,3 +392,47 @@ func TestAnnouncerReplacesAFailedBatchWithAResync(t *testing.T) {
 	testwait.For(t, "the next announcement heard", testwait.Patience, func() bool { return sink.has("n-after") })
 	require.Equal(t, int64(1), s.AnnounceStats().Failures)
 }
+
+// TestAnnouncerAloneUntilAPeerListens (Postgres): a replica that knows no
+// other sends no announcement (each would be a transaction only its own
+// listener hears); when another appears it first makes every replica
+// resync, which covers what it dropped, then announces again; and a
+// listener greets the others (fleet.NotifyPeer) each time it connects.
+func TestAnnouncerAloneUntilAPeerListens(t *testing.T) {
+	dbtest.Dialects(t) // under CI a missing Postgres fails, never skips
+	db := dbtest.Open(t, models.Postgres)
+	sink := newListenSink()
+	runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "listener", Sink: sink})
+	testwait.For(t, "the listener to listen", testwait.Patience, func() bool { return sink.state().ok })
+
+	s := models.NewFleetStore(db, "sender", nil)
+	note := func(id string) string {
+		return fleet.Notification{Kind: fleet.NotifyCommands, NodeID: id}.Encode("sender")
+	}
+
+	models.Announce(s, note("n-unknown"))
+	testwait.For(t, "announced before anybody looked", testwait.Patience, func() bool { return sink.has("n-unknown") })
+
+	s.OthersListening(false)
+	resyncs := sink.state().resyncs
+	before := s.AnnounceStats()
+	models.Announce(s, note("n-alone-1"), note("n-alone-2"))
+	after := s.AnnounceStats()
+	require.Equal(t, before.Statements, after.Statements, "alone: no statement")
+	require.Equal(t, before.Unsent+2, after.Unsent)
+
+	s.OthersListening(true)
+	testwait.For(t, "the resync covering what was dropped", testwait.Patience, func() bool { return sink.state().resyncs == resyncs+1 })
+	s.OthersListening(true) // already announcing: no second resync
+	models.Announce(s, note("n-back"))
+	testwait.For(t, "announced again", testwait.Patience, func() bool { return sink.has("n-back") })
+	require.Equal(t, resyncs+1, sink.state().resyncs)
+	require.False(t, sink.has("n-alone-1"), "dropped, not sent late")
+	require.Equal(t, after.Unsent, s.AnnounceStats().Unsent)
+
+	greetings := sink.kind(fleet.NotifyPeer)
+	other := newListenSink()
+	runListener(t, &models.Listener{URL: db.URL, Channel: models.NotifyChannel(db), Replica: "newcomer", Sink: other})
+	testwait.For(t, "the newcomer's greeting", testwait.Patience, func() bool { return sink.kind(fleet.NotifyPeer) == greetings+1 })
+	require.Zero(t, other.kind(fleet.NotifyPeer), "a listener does not hear its own greeting")
+}

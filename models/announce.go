@@ -36,9 +36,10 @@ import (
 // (ledger.Settings.Recheck).
 //
 // A replica that knows no other (fleet's peer watch: no fresh heartbeat,
-// no listener greeting) sends nothing: each statement was a transaction
-// with a commit record and its flush, and the replica's own listener the
-// only one to hear it, to drop it (BENCHMARKS.md, thirty-third sitting).
+// no listener greeting) sends nothing: each statement was a round trip
+// and a transaction with an xid and a commit record, and the replica's
+// own listener the only one to hear it, to drop it (BENCHMARKS.md,
+// thirty-third sitting).
 type announcer struct {
 	db      *gorm.DB
 	channel string

@@ -424,20 +424,11 @@ var errRequestFailed = errors.New("group commit: a request of the batch failed")
 func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, savepoints bool) error {
 	s := g.store
 	single := len(batch) == 1
+	if !savepoints && s.dialect == Postgres && settlementsOnly(batch) {
+		return g.settleOutsideTx(ctx, batch)
+	}
 	return s.db.Tx(ctx, func(tx *gorm.DB) error {
-		txs := make([]*fleetTx, len(batch))
-		for i, r := range batch {
-			r.notes, r.pg, r.after, r.audit, r.err, r.strayed = nil, nil, nil, nil, nil, false
-			t := &fleetTx{fleetReader: fleetReader{g: tx, dialect: s.dialect, batched: !single, later: &later{}}, store: s,
-				notes: &r.notes, pg: &r.pg, after: &r.after, audit: &r.audit}
-			if l.index >= 0 {
-				t.route = &txRoute{TxRoute: r.route, lane: l.index, lanes: len(g.lanes), strayed: &r.strayed}
-			}
-			txs[i] = t
-			if r.settle != nil {
-				r.settle.merged = false
-			}
-		}
+		txs := g.requestTxs(tx, l, batch)
 		if !savepoints && s.dialect == Postgres {
 			if err := g.mergeSettlements(tx, batch, txs); err != nil {
 				if !single {
@@ -499,6 +490,26 @@ func (g *groupCommit) runTx(ctx context.Context, l *lane, batch []*groupReq, sav
 		}
 		return s.flushNotes(tx, batch)
 	})
+}
+
+// requestTxs resets the batch's requests for a run on db and answers
+// their transactions; l nil runs them unrouted (no request strays).
+func (g *groupCommit) requestTxs(db *gorm.DB, l *lane, batch []*groupReq) []*fleetTx {
+	s := g.store
+	txs := make([]*fleetTx, len(batch))
+	for i, r := range batch {
+		r.notes, r.pg, r.after, r.audit, r.err, r.strayed = nil, nil, nil, nil, nil, false
+		t := &fleetTx{fleetReader: fleetReader{g: db, dialect: s.dialect, batched: len(batch) > 1, later: &later{}}, store: s,
+			notes: &r.notes, pg: &r.pg, after: &r.after, audit: &r.audit}
+		if l != nil && l.index >= 0 {
+			t.route = &txRoute{TxRoute: r.route, lane: l.index, lanes: len(g.lanes), strayed: &r.strayed}
+		}
+		txs[i] = t
+		if r.settle != nil {
+			r.settle.merged = false
+		}
+	}
+	return txs
 }
 
 // outcome settles each request of a batch that ran (err: the

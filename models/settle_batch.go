@@ -56,6 +56,44 @@ func (s *FleetStore) Settle(ctx context.Context, nodeID string, at time.Time, ss
 	return sr.found, sr.left, nil
 }
 
+// settlementsOnly reports a batch that is settlements alone, every one of
+// which mergeSettlements puts in its one statement.
+func settlementsOnly(batch []*groupReq) bool {
+	n := 0
+	owner := map[string]int{}
+	for i, r := range batch {
+		if r.settle == nil || anyOwned(owner, r.settle.ss) {
+			return false
+		}
+		for _, s := range r.settle.ss {
+			owner[s.OperationID] = i
+		}
+		n += len(r.settle.ss)
+	}
+	return n <= maxMergedSettlements
+}
+
+// settleOutsideTx runs an optimistic batch of settlements only (Postgres,
+// settlementsOnly) as their shared statement outside a transaction: one
+// statement is atomic by itself, so BEGIN and COMMIT around it were two
+// round trips more, and the lane's connection held between them, for
+// nothing (BENCHMARKS.md, thirty-third sitting). Its outcomes are the
+// transaction's: a failure fails every request and nothing of it
+// happened. No request strays (mergeSettlements' check of the route):
+// straying matters for locks held from one statement to the next, while
+// other lanes lock the rows they were routed to; this statement lets go
+// of every lock when it ends, and holds only its own lane's nodes' rows
+// while it may wait. A deadlock with another replica fails it whole, as
+// in a transaction, and it runs again.
+func (g *groupCommit) settleOutsideTx(ctx context.Context, batch []*groupReq) error {
+	db := g.store.db.WithContext(ctx)
+	err := g.mergeSettlements(db, batch, g.requestTxs(db, nil, batch))
+	if err != nil && len(batch) > 1 {
+		return errRequestFailed
+	}
+	return err
+}
+
 // mergeSettlements runs the settlements of an optimistic batch (no
 // savepoints) in one statement, first in the batch, and marks each request
 // it ran (settleReq.merged); txs are the requests' transactions.

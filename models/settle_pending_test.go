@@ -324,91 +324,121 @@ func TestSettleSharesOneStatement(t *testing.T) {
 }
 
 // A shared settlement statement that locked another lane's command (a
-// result naming a command of a node in another lane) is rolled back whole:
-// the batch runs again with savepoints, each settlement in its own
-// statement, the straying request alone in the exclusive lane after it,
-// and every request is answered as if it had run alone. Postgres only:
-// SQLite has one lane.
+// result naming a command of a node in another lane). Inside a
+// transaction (a batch with other requests) it is rolled back whole: the
+// batch runs again with savepoints, each settlement in its own statement,
+// the straying request alone in the exclusive lane after it. A batch of
+// settlements only runs its statement outside a transaction, which lets
+// go of the lock when it ends, so nothing runs again. Either way every
+// request is answered as if it had run alone. Postgres only: SQLite has
+// one lane.
 func TestSettleSharedStatementStrays(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		if db.Dialect != models.Postgres {
-			t.Skip("SQLite: one writer, no lanes")
-		}
-		s := models.NewFleetStore(db, "r1", nil)
-		const lanes = 4
-		s.SetWriteLanes(lanes)
-		// Four nodes of lane 0 and one of lane 1.
-		var mine []string
-		other := ""
-		for i := 0; len(mine) < 4 || other == ""; i++ {
-			id := fmt.Sprintf("st-%d", i)
-			switch models.LaneOf(id, lanes) {
-			case 0:
-				if len(mine) < 4 {
-					mine = append(mine, id)
+	for _, tc := range []struct {
+		name           string
+		withOther      bool // a request that is no settlement joins the batch
+		strays, reruns int64
+	}{
+		{name: "InATransaction", withOther: true, strays: 1, reruns: 1},
+		{name: "SettlementsOnly", withOther: false, strays: 0, reruns: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dbtest.Each(t, func(t *testing.T, db *models.DB) {
+				if db.Dialect != models.Postgres {
+					t.Skip("SQLite: one writer, no lanes")
 				}
-			case 1:
-				if other == "" {
-					other = id
-				}
+				settleStrays(t, db, tc.withOther, tc.strays, tc.reruns)
+			})
+		})
+	}
+}
+
+func settleStrays(t *testing.T, db *models.DB, withOther bool, strays, reruns int64) {
+	s := models.NewFleetStore(db, "r1", nil)
+	const lanes = 4
+	s.SetWriteLanes(lanes)
+	// Four nodes of lane 0 and one of lane 1.
+	var mine []string
+	other := ""
+	for i := 0; len(mine) < 4 || other == ""; i++ {
+		id := fmt.Sprintf("st-%d", i)
+		switch models.LaneOf(id, lanes) {
+		case 0:
+			if len(mine) < 4 {
+				mine = append(mine, id)
+			}
+		case 1:
+			if other == "" {
+				other = id
 			}
 		}
-		var cs []fleet.Command
-		for _, id := range append(slices.Clone(mine), other) {
-			n := sampleNode(id, "rent-"+id, 1)
-			n.State = fleet.StateReady
-			insert(t, s, n)
-			cs = append(cs, fleet.Command{OperationID: id + "-op", NodeID: id, Kind: "stop_workload", Payload: json.RawMessage(`{}`),
-				PayloadDigest: "d", FencingToken: 1, IssuedAt: t0, State: fleet.CommandPending})
-		}
-		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertCommands(ctx, cs) }))
+	}
+	var cs []fleet.Command
+	for _, id := range append(slices.Clone(mine), other) {
+		n := sampleNode(id, "rent-"+id, 1)
+		n.State = fleet.StateReady
+		insert(t, s, n)
+		cs = append(cs, fleet.Command{OperationID: id + "-op", NodeID: id, Kind: "stop_workload", Payload: json.RawMessage(`{}`),
+			PayloadDigest: "d", FencingToken: 1, IssuedAt: t0, State: fleet.CommandPending})
+	}
+	require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error { return tx.InsertCommands(ctx, cs) }))
 
-		// Hold lane 0 with a request of its first node, queue the
-		// settlements of the other three behind it, the last also naming
-		// the other lane's command.
-		held, release := make(chan struct{}), make(chan struct{})
+	// Hold lane 0 with a request of its first node, queue the
+	// settlements of the other three behind it, the last also naming
+	// the other lane's command.
+	held, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		assert.NoError(t, s.Tx(fleet.OnNode(ctx, mine[0]), func(fleet.Tx) error { close(held); <-release; return nil }))
+	}()
+	<-held
+	before := s.GroupStats()
+	found := make([][]fleet.SettleFound, 3)
+	var wg sync.WaitGroup
+	for i, id := range mine[1:] {
+		ss := []fleet.Settlement{{OperationID: id + "-op", State: fleet.CommandApplied}}
+		if i == 2 {
+			ss = append(ss, fleet.Settlement{OperationID: other + "-op", State: fleet.CommandApplied})
+		}
+		wg.Add(1)
 		go func() {
-			assert.NoError(t, s.Tx(fleet.OnNode(ctx, mine[0]), func(fleet.Tx) error { close(held); <-release; return nil }))
+			defer wg.Done()
+			var err error
+			found[i], _, err = s.Settle(fleet.OnNode(ctx, id), id, t0.Add(time.Minute), ss)
+			assert.NoError(t, err)
+			sort.Slice(found[i], func(x, y int) bool { return found[i][x].OperationID < found[i][y].OperationID })
 		}()
-		<-held
-		before := s.GroupStats()
-		found := make([][]fleet.SettleFound, 3)
-		var wg sync.WaitGroup
-		for i, id := range mine[1:] {
-			ss := []fleet.Settlement{{OperationID: id + "-op", State: fleet.CommandApplied}}
-			if i == 2 {
-				ss = append(ss, fleet.Settlement{OperationID: other + "-op", State: fleet.CommandApplied})
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var err error
-				found[i], _, err = s.Settle(fleet.OnNode(ctx, id), id, t0.Add(time.Minute), ss)
-				assert.NoError(t, err)
-				sort.Slice(found[i], func(x, y int) bool { return found[i][x].OperationID < found[i][y].OperationID })
-			}()
-		}
-		testwait.For(t, "the settlements to queue", testwait.Patience, func() bool { return s.GroupStats().Queued == 3 })
-		close(release)
-		wg.Wait()
+	}
+	queued := int64(3)
+	if withOther {
+		queued++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, s.Tx(fleet.OnNode(ctx, mine[1]), func(tx fleet.Tx) error {
+				_, err := tx.Node(ctx, mine[1])
+				return err
+			}))
+		}()
+	}
+	testwait.For(t, "the requests to queue", testwait.Patience, func() bool { return s.GroupStats().Queued == queued })
+	close(release)
+	wg.Wait()
 
-		after := s.GroupStats()
-		require.Equal(t, before.Strays+1, after.Strays, "the request that locked another lane's command ran again alone")
-		require.Equal(t, before.Reruns+1, after.Reruns, "the batch ran again with savepoints")
-		require.Equal(t, before.SettleStatements+1, after.SettleStatements,
-			"the shared statement rolled back counts nothing, the savepoints' run shares none; the straying request's lone run is one")
-		for i, id := range mine[1:] {
-			want := []fleet.SettleFound{{OperationID: id + "-op", NodeID: id, Kind: "stop_workload", State: fleet.CommandPending, Settled: true}}
-			if i == 2 {
-				want = append(want, fleet.SettleFound{OperationID: other + "-op", NodeID: other, Kind: "stop_workload", State: fleet.CommandPending})
-			}
-			require.Equal(t, want, found[i], id)
-			c, err := s.Command(ctx, id+"-op")
-			require.NoError(t, err)
-			require.Equal(t, fleet.CommandApplied, c.State, id)
+	after := s.GroupStats()
+	require.Equal(t, before.Strays+strays, after.Strays, "requests that locked another lane's command and ran again alone")
+	require.Equal(t, before.Reruns+reruns, after.Reruns, "batches run again with savepoints")
+	require.Equal(t, before.SettleStatements+1, after.SettleStatements,
+		"a shared statement rolled back counts nothing, the savepoints' run shares none; the straying request's lone run is one")
+	for i, id := range mine[1:] {
+		want := []fleet.SettleFound{{OperationID: id + "-op", NodeID: id, Kind: "stop_workload", State: fleet.CommandPending, Settled: true}}
+		if i == 2 {
+			want = append(want, fleet.SettleFound{OperationID: other + "-op", NodeID: other, Kind: "stop_workload", State: fleet.CommandPending})
 		}
-		c, err := s.Command(ctx, other+"-op")
+		require.Equal(t, want, found[i], id)
+		c, err := s.Command(ctx, id+"-op")
 		require.NoError(t, err)
-		require.Equal(t, fleet.CommandPending, c.State, "another node's command: unchanged")
-	})
+		require.Equal(t, fleet.CommandApplied, c.State, id)
+	}
+	c, err := s.Command(ctx, other+"-op")
+	require.NoError(t, err)
+	require.Equal(t, fleet.CommandPending, c.State, "another node's command: unchanged")
 }

@@ -80,11 +80,11 @@ func settlementsOnly(batch []*groupReq) bool {
 // nothing (BENCHMARKS.md, thirty-third sitting). Its outcomes are the
 // transaction's: a failure fails every request and nothing of it
 // happened. No request strays (mergeSettlements' check of the route):
-// straying matters for locks held from one statement to the next, while
-// other lanes lock the rows they were routed to; this statement lets go
-// of every lock when it ends, and holds only its own lane's nodes' rows
-// while it may wait. A deadlock with another replica fails it whole, as
-// in a transaction, and it runs again.
+// straying guards the locks a transaction keeps from one statement to the
+// next, and this statement keeps none past its end, so a lane it waits on,
+// or that waits on it, waits for a statement that finishes. A deadlock
+// with another replica fails it whole, as in a transaction, and it runs
+// again.
 func (g *groupCommit) settleOutsideTx(ctx context.Context, batch []*groupReq) error {
 	db := g.store.db.WithContext(ctx)
 	err := g.mergeSettlements(db, batch, g.requestTxs(db, nil, batch))

@@ -412,6 +412,8 @@ func TestAnnouncerAloneUntilAPeerListens(t *testing.T) {
 
 	models.Announce(s, note("n-unknown"))
 	testwait.For(t, "announced before anybody looked", testwait.Patience, func() bool { return sink.has("n-unknown") })
+	// Counted once the statement returned, which may be after it was heard.
+	testwait.For(t, "its statement counted", testwait.Patience, func() bool { return s.AnnounceStats().Statements == 1 })
 
 	s.OthersListening(false)
 	resyncs := sink.state().resyncs

@@ -36,6 +36,7 @@ func (s *Service) watchPeers(ctx context.Context, now time.Time) {
 			fresh[r.ID] = r.StartedAt
 		}
 	}
+	s.metrics.ReplicaPeers.Set(float64(len(fresh)))
 	// A greeting heard after now (during the read) is counted too.
 	greeted := now.Sub(time.Unix(0, s.greetedAt.Load())) <= sessionsFreshFor
 	s.store.OthersListening(len(fresh) > 0 || greeted)

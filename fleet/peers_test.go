@@ -96,27 +96,30 @@ func TestLoneReplicaAnnouncesNothing(t *testing.T) {
 		}
 		store := &listeningStore{FleetStore: models.NewFleetStore(db, "lone", nil)}
 		c := newClock()
-		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: c.Now, Metrics: metrics.New(nil), CrossReplica: true,
+		m := metrics.New(nil)
+		svc := fleet.New(fleet.Options{Store: store, Keys: keys.NewRing(testKey), Now: c.Now, Metrics: m, CrossReplica: true,
 			Logger: slog.New(slog.DiscardHandler), Settings: fleet.Settings{PublicURL: "https://cp.example", ReplicaID: "lone"}})
 		t0 := c.Now()
 		at := func(d time.Duration) time.Time { return t0.Add(d) }
-		look := func(now time.Duration, want, why string) {
+		look := func(now time.Duration, want string, peers float64, why string) {
 			t.Helper()
 			fleet.WatchPeers(svc, at(now))
 			require.Equal(t, want, store.told(), why)
+			require.Equal(t, peers, testutil.ToFloat64(m.ReplicaPeers), why)
 		}
 
 		require.Equal(t, "unknown", store.told(), "nothing said before the first look")
 		require.NoError(t, store.PublishSessions(ctx, "lone", at(0), at(0), nil))
-		look(0, "alone", "its own row is no peer")
+		look(0, "alone", 0, "its own row is no peer")
 		require.NoError(t, store.PublishSessions(ctx, "p1", at(1*time.Second), at(1*time.Second), nil))
-		look(5*time.Second, "others listen", "p1 beat 4 s ago")
-		look(20*time.Second, "alone", "p1's heartbeat lapsed")
+		require.NoError(t, store.PublishSessions(ctx, "p2", at(2*time.Second), at(2*time.Second), nil))
+		look(5*time.Second, "others listen", 2, "p1 and p2 beat 4 and 3 s ago")
+		look(20*time.Second, "alone", 0, "their heartbeats lapsed")
 
 		c.Set(at(30 * time.Second))
 		svc.Deliver([]fleet.Notification{{Kind: fleet.NotifyPeer}}, "notify")
 		require.Equal(t, "others listen", store.told(), "a greeting: at once")
-		look(40*time.Second, "others listen", "greeted 10 s ago, no heartbeat yet")
-		look(46*time.Second, "alone", "greeted 16 s ago and no heartbeat came")
+		look(40*time.Second, "others listen", 0, "greeted 10 s ago, no heartbeat yet")
+		look(46*time.Second, "alone", 0, "greeted 16 s ago and no heartbeat came")
 	})
 }

@@ -27,6 +27,7 @@ type Metrics struct {
 	PollDirectClaims prometheus.Counter
 	PollHandoffs     prometheus.Counter
 	PeerResyncs      prometheus.Counter
+	ReplicaPeers     prometheus.Gauge
 	NodeLookups      *prometheus.CounterVec
 	NodesWarmed      prometheus.Counter
 	// SessionVerifications counts agent session tokens accepted by their
@@ -125,6 +126,9 @@ func New(pending func() float64) *Metrics {
 		PeerResyncs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeward_peer_resyncs_total", Help: "Times this replica dropped what it knew of the nodes and woke every long-poll because another replica's heartbeat lapsed or it restarted: what that replica committed but had not yet announced is read instead.",
 		}),
+		ReplicaPeers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "nodeward_replica_peers", Help: "Other replicas this one counted at its last look (Postgres, every 5 s): a heartbeat in the last 15 s. While it is 0 and no replica greeted this one in that time, this replica sends none of the notifications that only wake the others.",
+		}),
 		NodeLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeward_node_lookups_total", Help: "Node records (fencing token, retired, capabilities) the agent doors and capability checks needed, answered from this replica's node cache (result=hit) or by a database read (result=store).",
 		}, []string{"result"}),
@@ -213,7 +217,7 @@ func New(pending func() float64) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.HTTPRequests, m.HTTPDuration, m.OpenLongPolls, m.PendingCommands, m.DeliveryLatency,
-		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.PollHandoffs, m.PeerResyncs, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled, m.EnrollmentsShed, m.EnrollmentsAnsweredAgain,
+		m.Redeliveries, m.PollResumes, m.Wakeups, m.PollStoreQueries, m.PollReadsSkipped, m.PollDirectClaims, m.PollHandoffs, m.PeerResyncs, m.ReplicaPeers, m.NodeLookups, m.NodesWarmed, m.SessionVerifications, m.PollRenewals, m.CommandsIssued, m.CommandsSettled, m.EnrollmentsShed, m.EnrollmentsAnsweredAgain,
 		m.LeaseSweeps, m.NodesMarkedLost, m.HeartbeatsFlushed,
 		m.OperationsSubmitted, m.OperationsEnded, m.OperationsRunning, m.DispatchLatency, m.ExecutorRunTime,
 		m.LedgerClaims, m.LedgerWakeups, m.OperationsRecovered, operationStates{m},

@@ -205,7 +205,7 @@ func New(pending func() float64) *Metrics {
 		Name: "nodeward_config_reports_total", Help: "Configuration reports recorded, by verdict.",
 	}, []string{"verdict"})
 	m.TablesMaintained = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "nodeward_db_table_maintenance_total", Help: "VACUUM (ANALYZE) and ANALYZE runs this replica made on its tables because Postgres's autovacuum is off, by table and action (vacuum, analyze).",
+		Name: "nodeward_db_table_maintenance_total", Help: "VACUUM (ANALYZE) and ANALYZE runs this replica made on its tables, by table and action (vacuum, analyze): analyze for a table that outgrew its planner statistics, both at autovacuum's thresholds while Postgres's autovacuum is off.",
 	}, []string{"table", "action"})
 	m.Wakeups.WithLabelValues("local")
 	m.Wakeups.WithLabelValues("notify")

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Table maintenance on Postgres when autovacuum is off.
+// Table maintenance on Postgres.
 //
 // The pool's connections prepare each statement once and, after five runs,
 // Postgres may keep a generic plan for it until the table's statistics
@@ -20,11 +20,14 @@ import (
 // (principal, request id) kept operations_principal on some connections and
 // read every operation of the administrator — up to 15,000 buffers a call,
 // growing with the table — where operations_request reads 2. autovacuum's
-// ANALYZE fixes that within a minute; with autovacuum off (as on some
+// ANALYZE fixes that within a minute, the minute a table filling from
+// empty is planned as nearly empty; with autovacuum off (as on some
 // servers, and this project's benchmark machine) nothing ever does, and no
 // dead row is ever removed either. So when autovacuum is off, the server
-// vacuums and analyzes its own tables the way autovacuum would have; each
-// ANALYZE makes the connections plan again with real figures.
+// vacuums and analyzes its own tables the way autovacuum would have, and
+// whether it is off or on, it analyzes a table that outgrew its statistics
+// without waiting for the minute; each ANALYZE makes the connections plan
+// again with real figures.
 //
 // The way autovacuum would have includes how often: its launcher visits a
 // database once per autovacuum_naptime (a minute by default), so a table
@@ -85,11 +88,29 @@ type TableMaintenance struct {
 	Vacuum bool // VACUUM (ANALYZE); otherwise ANALYZE alone
 }
 
+// MaintenanceScope says what MaintainTables may do.
+type MaintenanceScope int
+
+const (
+	// MaintainAll vacuums and analyzes as autovacuum would: for a server
+	// whose autovacuum is off.
+	MaintainAll MaintenanceScope = iota
+	// AnalyzeOutgrown only analyzes a table that outgrew what the planner
+	// believes of it, whatever its naptime: for a server whose autovacuum
+	// is on. Autovacuum visits a database once per naptime, and that
+	// minute is long for a table filling from empty: measured with
+	// autovacuum on and its visit not yet come, 10,000 invitations then
+	// 1,000 commands/s ran at p99 3.1 s, against 0.2 s with this scope.
+	AnalyzeOutgrown
+)
+
 // MaintainTables does for the tables of the current schema what autovacuum
 // would have at its default thresholds: VACUUM (ANALYZE) where dead rows
 // passed the vacuum threshold, ANALYZE where changes since the last ANALYZE
 // passed the analyze threshold, skipping tables vacuumed or analyzed less
-// than naptime ago. It runs throttled the way autovacuum is
+// than naptime ago unless they outgrew their statistics. With scope
+// AnalyzeOutgrown it only analyzes the tables that outgrew them, and
+// vacuums nothing. It runs throttled the way autovacuum is
 // (vacuum_cost_delay 2 ms), on one connection, and does nothing while
 // another replica maintains the schema. On SQLite it does nothing.
 //
@@ -97,7 +118,7 @@ type TableMaintenance struct {
 // open operations (the per-node quota count) visits every entry whose row
 // has since ended until a vacuum removes it, and never marks them dead as a
 // plain index scan does.
-func (db *DB) MaintainTables(ctx context.Context, naptime time.Duration) ([]TableMaintenance, error) {
+func (db *DB) MaintainTables(ctx context.Context, naptime time.Duration, scope MaintenanceScope) ([]TableMaintenance, error) {
 	if db.Dialect != Postgres {
 		return nil, nil
 	}
@@ -120,17 +141,18 @@ func (db *DB) MaintainTables(ctx context.Context, naptime time.Duration) ([]Tabl
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
 	}()
+	// $8, outgrown only: no vacuum, no naptime, only the outgrown rule.
 	rows, err := conn.QueryContext(ctx, `
-		SELECT s.relname, s.n_dead_tup > $1 + $2 * GREATEST(s.n_live_tup, 0)
+		SELECT s.relname, NOT $8 AND s.n_dead_tup > $1 + $2 * GREATEST(s.n_live_tup, 0)
 		FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
 		WHERE s.schemaname = current_schema()
-		  AND (s.n_dead_tup > $1 + $2 * GREATEST(s.n_live_tup, 0)
+		  AND ((NOT $8 AND s.n_dead_tup > $1 + $2 * GREATEST(s.n_live_tup, 0))
 		    OR s.n_mod_since_analyze > $3 + $4 * GREATEST(s.n_live_tup, 0))
-		  AND (COALESCE(GREATEST(s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze), '-infinity')
-		      < now() - make_interval(secs => $5)
+		  AND ((NOT $8 AND COALESCE(GREATEST(s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze), '-infinity')
+		      < now() - make_interval(secs => $5))
 		    OR s.n_live_tup > $6 * GREATEST(c.reltuples, $7))
 		ORDER BY s.relname`, vacuumBaseRows, vacuumScaleFactor, analyzeBaseRows, analyzeScaleFactor, naptime.Seconds(),
-		outgrownFactor, outgrownBaseRows)
+		outgrownFactor, outgrownBaseRows, scope == AnalyzeOutgrown)
 	if err != nil {
 		return nil, fmt.Errorf("find tables to maintain: %w", err)
 	}
@@ -168,9 +190,11 @@ func (db *DB) MaintainTables(ctx context.Context, naptime time.Duration) ([]Tabl
 	return done, nil
 }
 
-// TableKeeper maintains the server's tables while Postgres's autovacuum is
-// off (see MaintainTables). Every replica may run one: one at a time
-// maintains, and a table is maintained at most once per Naptime.
+// TableKeeper keeps the server's tables' statistics in step with their
+// growth, and, while Postgres's autovacuum is off, does autovacuum's work
+// (see MaintainTables and its scopes). Every replica may run one: one at a
+// time maintains, and a table is maintained at most once per Naptime
+// unless it outgrew its statistics.
 type TableKeeper struct {
 	DB       *DB
 	Interval time.Duration // how often to look; default 15 s
@@ -202,17 +226,20 @@ func (k *TableKeeper) Run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		off, err := k.DB.AutovacuumOff(ctx)
-		switch {
-		case err != nil:
+		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("table maintenance: could not read the autovacuum setting", "err", err)
 			}
-		case off:
-			if !warned {
-				log.Warn("Postgres autovacuum is off: nodeward vacuums and analyzes its own tables at autovacuum's default thresholds while it stays off")
-				warned = true
+		} else {
+			scope := AnalyzeOutgrown
+			if off {
+				scope = MaintainAll
+				if !warned {
+					log.Warn("Postgres autovacuum is off: nodeward vacuums and analyzes its own tables at autovacuum's default thresholds while it stays off")
+					warned = true
+				}
 			}
-			done, err := k.DB.MaintainTables(ctx, naptime)
+			done, err := k.DB.MaintainTables(ctx, naptime, scope)
 			for _, m := range done {
 				if k.Maintained != nil {
 					k.Maintained(m)

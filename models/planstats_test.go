@@ -33,7 +33,7 @@ func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
 		require.NoError(t, db.Exec(stmt).Error, stmt)
 	}
 
-	done, err := db.MaintainTables(ctx, 0)
+	done, err := db.MaintainTables(ctx, 0, models.MaintainAll)
 	require.NoError(t, err)
 	got := map[string]bool{}
 	for _, m := range done {
@@ -51,7 +51,7 @@ func TestPostgresMaintainTablesActsAtAutovacuumThresholds(t *testing.T) {
 	require.Equal(t, 1, vacuumed)
 
 	require.NoError(t, db.Exec("SELECT pg_stat_force_next_flush()").Error)
-	again, err := db.MaintainTables(ctx, 0)
+	again, err := db.MaintainTables(ctx, 0, models.MaintainAll)
 	require.NoError(t, err)
 	for _, m := range again {
 		// The churned table may be vacuumed again: another session's open
@@ -66,7 +66,7 @@ func TestMaintainTablesDoesNothingOnSQLite(t *testing.T) {
 	off, err := db.AutovacuumOff(context.Background())
 	require.NoError(t, err)
 	require.False(t, off)
-	done, err := db.MaintainTables(context.Background(), 0)
+	done, err := db.MaintainTables(context.Background(), 0, models.MaintainAll)
 	require.NoError(t, err)
 	require.Empty(t, done)
 }
@@ -86,7 +86,7 @@ func addProbeRows(t *testing.T, db *models.DB, table string, n int) {
 // maintainedProbe runs MaintainTables and answers whether it did the table.
 func maintainedProbe(t *testing.T, db *models.DB, table string, naptime time.Duration) bool {
 	t.Helper()
-	done, err := db.MaintainTables(context.Background(), naptime)
+	done, err := db.MaintainTables(context.Background(), naptime, models.MaintainAll)
 	require.NoError(t, err)
 	for _, m := range done {
 		if m.Table == table {
@@ -142,4 +142,77 @@ func TestPostgresMaintainTablesAnalyzesATableThatOutgrewItsStatistics(t *testing
 	require.False(t, analyzed(), "grew by half within its naptime: left alone")
 	insert(5000)
 	require.True(t, analyzed(), "grew over four times past what the planner counted")
+}
+
+// TestPostgresAnalyzeOutgrownOnlyAnalyzesTablesThatOutgrewTheirStatistics:
+// the scope a server with autovacuum on uses analyzes a table filling from
+// empty and one that grew over four times within its naptime, and leaves
+// to autovacuum what autovacuum does: dead rows, and tables that changed
+// without outgrowing their statistics.
+func TestPostgresAnalyzeOutgrownOnlyAnalyzesTablesThatOutgrewTheirStatistics(t *testing.T) {
+	db := openOneConnection(t)
+	maintain := func() map[string]bool {
+		done, err := db.MaintainTables(context.Background(), time.Hour, models.AnalyzeOutgrown)
+		require.NoError(t, err)
+		got := map[string]bool{}
+		for _, m := range done {
+			got[m.Table] = m.Vacuum
+		}
+		return got
+	}
+	for _, stmt := range []string{
+		"CREATE TABLE probe_filling (id int)",
+		"CREATE TABLE probe_churned (id int)",
+		"INSERT INTO probe_churned SELECT g FROM generate_series(1, 4000) g",
+		"ANALYZE probe_churned",
+		"DELETE FROM probe_churned WHERE id % 2 = 0",
+	} {
+		require.NoError(t, db.Exec(stmt).Error, stmt)
+	}
+	addProbeRows(t, db, "probe_filling", 1500)
+	require.Equal(t, map[string]bool{"probe_filling": false}, maintain(),
+		"the filling table is analyzed, never vacuumed; the churned one's dead rows and changes are autovacuum's")
+
+	addProbeRows(t, db, "probe_filling", 3000)
+	require.Empty(t, maintain(), "tripled what the planner counted: not outgrown yet")
+	addProbeRows(t, db, "probe_filling", 2000)
+	require.Equal(t, map[string]bool{"probe_filling": false}, maintain(), "past four times")
+
+	full, err := db.MaintainTables(context.Background(), 0, models.MaintainAll)
+	require.NoError(t, err)
+	require.Contains(t, full, models.TableMaintenance{Table: "probe_churned", Vacuum: true},
+		"with autovacuum off the same dead rows are vacuumed")
+}
+
+// TestPostgresTableKeeperAnalyzesAFillingTable: whether the server's
+// autovacuum is on or off, the keeper a replica runs analyzes a table that
+// fills from empty without waiting for a naptime.
+func TestPostgresTableKeeperAnalyzesAFillingTable(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	opts := dbtest.Options(t, models.Postgres)
+	db, err := models.Open(ctx, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, db.Migrate(ctx))
+	require.NoError(t, db.Exec("CREATE TABLE probe_keeper (id int)").Error)
+	addProbeRows(t, db, "probe_keeper", 2000)
+
+	analyzed := make(chan models.TableMaintenance, 16)
+	k := &models.TableKeeper{DB: db, Interval: 20 * time.Millisecond, Naptime: time.Hour,
+		Maintained: func(m models.TableMaintenance) { analyzed <- m }}
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); k.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case m := <-analyzed:
+			if m.Table == "probe_keeper" {
+				require.False(t, m.Vacuum, "nothing to vacuum: rows were only inserted")
+				return
+			}
+		case <-deadline:
+			t.Fatal("the keeper did not analyze a table that filled from empty")
+		}
+	}
 }

@@ -100,7 +100,8 @@ const (
 	// is on. Autovacuum visits a database once per naptime, and that
 	// minute is long for a table filling from empty: measured with
 	// autovacuum on and its visit not yet come, 10,000 invitations then
-	// 1,000 commands/s ran at p99 3.1 s, against 0.2 s with this scope.
+	// 1,000 commands/s ran at p99 3.1–6.2 s, against 0.14–0.23 s with this
+	// scope (BENCHMARKS.md, thirty-fourth sitting).
 	AnalyzeOutgrown
 )
 

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -272,12 +273,8 @@ type ConfigEnd struct {
 // other open configure operations failed superseded and wakes its
 // long-poll. Errors: validation_failed, ErrNotFound, ErrNodeRetired.
 func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (ConfigureOutcome, error) {
-	var v errcode.Validation
-	ValidateConfigFormat(&v, "operation/format", in.Format)
-	doc, err := CanonicalDocument(in.Document)
-	v.Check(err == nil, "operation/document", "must be JSON")
-	v.Check(len(doc) <= MaxConfigDocumentBytes, "operation/document", "at most 256 KiB")
-	if err := v.Err(); err != nil {
+	doc, err := checkConfigureInput(in)
+	if err != nil {
 		return ConfigureOutcome{}, err
 	}
 	n, err := tx.LockNode(ctx, in.NodeID)
@@ -290,22 +287,169 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 	if n.State == StateRetired {
 		return ConfigureOutcome{}, ErrNodeRetired
 	}
-	hashed, err := s.hashedForm(doc, in.SealedPointers)
+	cur, err := tx.LockNodeConfig(ctx, n.ID)
+	if isNoRows(err) {
+		cur, err = NodeConfig{NodeID: n.ID}, nil
+	}
 	if err != nil {
 		return ConfigureOutcome{}, err
+	}
+	plan, err := s.planConfigure(n, cur, in, doc)
+	if err != nil || plan.save == nil {
+		return plan.out, err
+	}
+	if err := tx.SaveNodeConfig(ctx, *plan.save); err != nil {
+		return ConfigureOutcome{}, err
+	}
+	if plan.supersede != nil {
+		if _, err := tx.EndConfigureOperations(ctx, n.ID, in.OperationID, *plan.supersede); err != nil {
+			return ConfigureOutcome{}, err
+		}
+	}
+	return plan.out, s.configured(ctx, tx, plan)
+}
+
+// ConfigureManyTx is ConfigureTx for many nodes at once (a fan-out's
+// release of its node.configure children), in a few statements whatever
+// their number: their nodes and configuration rows are locked in node id
+// order, each in one statement, the new revisions written in one, and the
+// open configure operations they supersede found in one. A node must not
+// appear twice. admit runs under those locks with the indexes that passed
+// the checks of ConfigureTx (and the node's config.v1 capability), and may
+// refuse more. It answers each configure's outcome, or the refusal that
+// left it unrecorded (nothing is written for a refused one).
+func (s *Service) ConfigureManyTx(ctx context.Context, tx Tx, ins []Configure,
+	admit func(ok []int) (map[int]error, error)) ([]ConfigureOutcome, []error, error) {
+	outs := make([]ConfigureOutcome, len(ins))
+	refused := make([]error, len(ins))
+	docs := make([][]byte, len(ins))
+	ids := make([]string, 0, len(ins))
+	for i, in := range ins {
+		if docs[i], refused[i] = checkConfigureInput(in); refused[i] == nil {
+			ids = append(ids, in.NodeID)
+		}
+	}
+	if len(ids) == 0 {
+		return outs, refused, nil
+	}
+	nodes, err := tx.LockNodes(ctx, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ok []int
+	var present []string
+	for i, in := range ins {
+		if refused[i] != nil {
+			continue
+		}
+		n, found := nodes[in.NodeID]
+		switch {
+		case !found:
+			refused[i] = ErrNotFound
+		case n.State == StateRetired:
+			refused[i] = ErrNodeRetired
+		default:
+			if caps, known := n.Capabilities(); !hasCapability(caps, known, api.CapConfig) {
+				refused[i] = CapabilityMissing(n.ID, api.CapConfig)
+			}
+		}
+		if refused[i] == nil {
+			ok = append(ok, i)
+			present = append(present, in.NodeID)
+		}
+	}
+	if len(ok) == 0 {
+		return outs, refused, nil
+	}
+	configs, err := tx.LockNodeConfigs(ctx, present)
+	if err != nil {
+		return nil, nil, err
+	}
+	more, err := admit(ok)
+	if err != nil {
+		return nil, nil, err
+	}
+	var plans []configurePlan
+	var saves []NodeConfig
+	supersedes := map[string]ConfigEnd{}
+	var except []string
+	for _, i := range ok {
+		if refused[i] = more[i]; refused[i] != nil {
+			continue
+		}
+		in := ins[i]
+		cur, found := configs[in.NodeID]
+		if !found {
+			cur = NodeConfig{NodeID: in.NodeID}
+		}
+		plan, err := s.planConfigure(nodes[in.NodeID], cur, in, docs[i])
+		if err != nil {
+			var coded *errcode.Error
+			if errors.As(err, &coded) {
+				refused[i] = err
+				continue
+			}
+			return nil, nil, err
+		}
+		outs[i] = plan.out
+		if plan.save == nil {
+			continue
+		}
+		saves = append(saves, *plan.save)
+		plans = append(plans, plan)
+		if plan.supersede != nil {
+			supersedes[in.NodeID] = *plan.supersede
+			except = append(except, in.OperationID)
+		}
+	}
+	if err := tx.SaveNodeConfigs(ctx, saves); err != nil {
+		return nil, nil, err
+	}
+	if len(supersedes) > 0 {
+		if _, err := tx.EndConfigureOperationsOf(ctx, supersedes, except); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, plan := range plans {
+		if err := s.configured(ctx, tx, plan); err != nil {
+			return nil, nil, err
+		}
+	}
+	return outs, refused, nil
+}
+
+// checkConfigureInput validates a configure's format and document and
+// answers the document's canonical form.
+func checkConfigureInput(in Configure) ([]byte, error) {
+	var v errcode.Validation
+	ValidateConfigFormat(&v, "operation/format", in.Format)
+	doc, err := CanonicalDocument(in.Document)
+	v.Check(err == nil, "operation/document", "must be JSON")
+	v.Check(len(doc) <= MaxConfigDocumentBytes, "operation/document", "at most 256 KiB")
+	return doc, v.Err()
+}
+
+// configurePlan is what one configure does to its node's row: the
+// outcome, the row to write (nil: nothing), and how the node's other open
+// configure operations end (nil: they stay).
+type configurePlan struct {
+	out       ConfigureOutcome
+	save      *NodeConfig
+	supersede *ConfigEnd
+}
+
+// planConfigure decides a configure of node n, whose configuration row
+// (locked) is cur, and builds its new row; it writes nothing.
+func (s *Service) planConfigure(n Node, cur NodeConfig, in Configure, doc []byte) (configurePlan, error) {
+	hashed, err := s.hashedForm(doc, in.SealedPointers)
+	if err != nil {
+		return configurePlan{}, err
 	}
 	hash, err := ConfigHash(in.Format, hashed)
 	if err != nil {
-		return ConfigureOutcome{}, err
+		return configurePlan{}, err
 	}
 	now := s.clock()
-	cur, err := tx.LockNodeConfig(ctx, n.ID)
-	if isNoRows(err) {
-		cur, err = NodeConfig{NodeID: n.ID, UpdatedAt: now}, nil
-	}
-	if err != nil {
-		return ConfigureOutcome{}, err
-	}
 	if cur.Revision > 0 && cur.Hash == hash {
 		out := ConfigureOutcome{Revision: cur.Revision, Hash: hash}
 		r := cur.Reported
@@ -319,23 +463,20 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 			// Asked again: due again at once, whatever the last report
 			// said and however recently it was delivered.
 			cur.Settled, cur.DeliveredRevision, cur.DeliveredAt = false, nil, nil
-			if err := tx.SaveNodeConfig(ctx, cur); err != nil {
-				return ConfigureOutcome{}, err
-			}
-			return out, tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+			return configurePlan{out: out, save: &cur}, nil
 		case !cur.Settled && cur.DeliveredRevision != nil && *cur.DeliveredRevision == cur.Revision &&
 			cur.DeliveredFencing != nil && *cur.DeliveredFencing == n.FencingToken:
 			out.Delivered = true
 		}
-		return out, nil
+		return configurePlan{out: out}, nil
 	}
 	if in.SubmittedCursor > 0 && in.SubmittedCursor < cur.SubmittedCursor {
 		// Last submitted wins, not last recorded: a fleet.configure child
 		// released late must not undo a node.configure the operator
 		// submitted after the fan-out.
-		return ConfigureOutcome{Revision: cur.Revision, Hash: cur.Hash, Superseded: true,
+		return configurePlan{out: ConfigureOutcome{Revision: cur.Revision, Hash: cur.Hash, Superseded: true,
 			Message: "a configuration submitted after this one (operation " + cur.OperationID + ") set revision " +
-				strconv.FormatInt(cur.Revision, 10) + " first"}, nil
+				strconv.FormatInt(cur.Revision, 10) + " first"}}, nil
 	}
 	next := cur
 	next.Revision, next.Hash, next.Format = cur.Revision+1, hash, in.Format
@@ -343,28 +484,30 @@ func (s *Service) ConfigureTx(ctx context.Context, tx Tx, in Configure) (Configu
 	next.SizeBytes, next.UpdatedAt, next.OperationID = int64(len(doc)), now, in.OperationID
 	next.SealedPointers, next.Settled = in.SealedPointers, false
 	if next.EarlierKeyID, next.EarlierBox, err = s.carryEarlierSecrets(cur); err != nil {
-		return ConfigureOutcome{}, err
+		return configurePlan{}, err
 	}
 	next.KeyID, next.Box = "", nil
 	if string(doc) != "null" {
 		next.Box = doc
 		if s.sealer != nil {
 			if next.KeyID, next.Box, err = s.sealer.SealDocument(n.ID, next.Revision, doc); err != nil {
-				return ConfigureOutcome{}, err
+				return configurePlan{}, err
 			}
 		}
 	}
 	next.setLagging()
-	if err := tx.SaveNodeConfig(ctx, next); err != nil {
-		return ConfigureOutcome{}, err
+	return configurePlan{out: ConfigureOutcome{Revision: next.Revision, Hash: hash, Changed: true}, save: &next,
+		supersede: &ConfigEnd{State: "failed", Code: "superseded",
+			Message: "a later configuration replaced revision " + strconv.FormatInt(cur.Revision, 10) + " before the node applied it", At: now}}, nil
+}
+
+// configured counts a configure's new revision and wakes its node's
+// long-poll once its row is written.
+func (s *Service) configured(ctx context.Context, tx Tx, plan configurePlan) error {
+	if plan.out.Changed {
+		s.metrics.ConfigRevisions.Inc()
 	}
-	if _, err := tx.EndConfigureOperations(ctx, n.ID, in.OperationID, ConfigEnd{State: "failed", Code: "superseded",
-		Message: "a later configuration replaced revision " + strconv.FormatInt(cur.Revision, 10) + " before the node applied it", At: now}); err != nil {
-		return ConfigureOutcome{}, err
-	}
-	s.metrics.ConfigRevisions.Inc()
-	return ConfigureOutcome{Revision: next.Revision, Hash: hash, Changed: true},
-		tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: n.ID})
+	return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: plan.save.NodeID})
 }
 
 // document answers c's document with its real values (JSON null when

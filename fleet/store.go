@@ -327,8 +327,14 @@ type Tx interface {
 	// LockNodeConfig answers the node's configuration row locked, or
 	// ErrNoRows.
 	LockNodeConfig(ctx context.Context, nodeID string) (NodeConfig, error)
+	// LockNodeConfigs answers the configuration rows of the nodes of ids
+	// that have one, by node id, locked in node id order.
+	LockNodeConfigs(ctx context.Context, ids []string) (map[string]NodeConfig, error)
 	// SaveNodeConfig writes every field of c, inserting the row if absent.
 	SaveNodeConfig(ctx context.Context, c NodeConfig) error
+	// SaveNodeConfigs is SaveNodeConfig for many nodes (each at most once)
+	// in one statement.
+	SaveNodeConfigs(ctx context.Context, cs []NodeConfig) error
 	// MarkConfigDelivered records that revision was delivered to fencing
 	// at at (revision 0 forgets the delivery: due again at once).
 	MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error
@@ -336,6 +342,10 @@ type Tx interface {
 	// operations other than except as end says, each with its event and
 	// announcement, and answers how many it ended.
 	EndConfigureOperations(ctx context.Context, nodeID, except string, end ConfigEnd) (int, error)
+	// EndConfigureOperationsOf is EndConfigureOperations for the nodes
+	// ends names, each ending as its entry says, their open operations
+	// found in one statement; none of except ends.
+	EndConfigureOperationsOf(ctx context.Context, ends map[string]ConfigEnd, except []string) (int, error)
 
 	// AppendAudit adds an audit entry (the store numbers it). It is written
 	// with the commit: reads inside the transaction do not see it.

@@ -479,3 +479,59 @@ func TestPostgresWriteCountersFleetHeldPolls(t *testing.T) {
 	// per poll adds one statement a child.
 	require.LessOrEqual(t, float64(delivered.Statements)/n, 1.2, "statements per child to the polls' answers")
 }
+
+// TestPostgresFleetConfigureReleaseIsBatched counts what a fleet.configure
+// costs the database from its submit until its children's configurations
+// are written and the first reaches a held poll: the release records
+// every child's configuration in a few statements (fleet.ConfigureManyTx),
+// not several per child, so the count stays below the number of nodes.
+func TestPostgresFleetConfigureReleaseIsBatched(t *testing.T) {
+	t.Parallel()
+	s, counter := startCounted(t)
+	const n = 60
+	targets := make([]map[string]any, 0, n)
+	var watched api.Bootstrap
+	var watchedSess api.EnrollResponse
+	for i := range n {
+		boot, sess := inviteAndEnroll(t, s)
+		targets = append(targets, map[string]any{"kind": "node", "id": boot.NodeID})
+		if i == 0 {
+			watched, watchedSess = boot, sess
+		}
+	}
+	held := make(chan api.CommandsResponse, 1)
+	go func() {
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=30", nil, watchedSess.SessionToken, http.StatusOK, &polled)
+		held <- polled
+	}()
+	testwait.For(t, "the poll held", testwait.Patience, func() bool { return s.App.Fleet.Hub().HeldFor(watched.NodeID) == 1 })
+
+	before := counter.Snapshot()
+	s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fc-batch", "kind": "fleet.configure",
+		"targets": targets, "operation": map[string]any{"format": "f/v1", "document": map[string]any{"batch": true}, "max_concurrency": n}},
+		http.StatusCreated, nil)
+	var polled api.CommandsResponse
+	select {
+	case polled = <-held:
+	case <-time.After(testwait.Patience):
+		t.Fatal("the held poll was not answered")
+	}
+	spent := counter.Snapshot().Sub(before)
+	require.NotNil(t, polled.Config, "the held poll is answered with its configuration")
+	// One release transaction wrote every child's configuration (n is
+	// below ReleasePerAdvance): the watched node's answer means all are.
+	for _, target := range targets {
+		var cfg struct {
+			Desired *struct {
+				Revision int64 `json:"revision"`
+			} `json:"desired"`
+		}
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+target["id"].(string)+"/config", nil, http.StatusOK, &cfg)
+		require.NotNil(t, cfg.Desired, "node %s has its configuration", target["id"])
+		require.Equal(t, int64(1), cfg.Desired.Revision)
+	}
+	t.Logf("fleet.configure of %d nodes, submit to the first held poll answered: %d statements, %d round trips, %d commits",
+		n, spent.Statements, spent.RoundTrips(), spent.Transactions())
+	require.Less(t, spent.Statements, int64(n), "statements grow with the children: the release records them one by one")
+}

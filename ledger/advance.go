@@ -205,6 +205,8 @@ func (s *Service) advanceLoop(ctx context.Context) {
 			case p.waited:
 				source = "interval"
 			}
+			// Held children and a slot likely free: this advance releases.
+			releasing := p.continued || p.hint.known && p.hint.held > 0
 			p.continued = false
 			a.mu.Unlock()
 			s.metrics.FanOutAdvances.WithLabelValues(source).Inc()
@@ -212,7 +214,7 @@ func (s *Service) advanceLoop(ctx context.Context) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				hint, err := s.advance(ctx, id)
+				hint, err := s.advance(ctx, id, releasing)
 				if err != nil && ctx.Err() == nil {
 					s.log.Error("ledger: advance fan-out", "operation_id", id, "err", err)
 				}

@@ -357,3 +357,79 @@ func TestFleetConfigureHeldChildDoesNotUndoALaterNodeConfigure(t *testing.T) {
 		require.Equal(t, ledger.CodeSuperseded, b.waitState(t, mine.ID, ledger.StateFailed).Error.Code)
 	})
 }
+
+// One release of a fleet.configure decides every child as node.configure
+// would, in the same transaction (the batch of fleet.ConfigureManyTx): a
+// new revision for a fresh node and for one whose older configure it
+// supersedes, an unchanged applied document succeeded at once, one the node
+// reported failed failed at once with its message, a retired node and a
+// node whose agent lacks config.v1 refused with their codes.
+func TestFleetConfigureReleaseDecidesEachChild(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		b.start(t)
+		const doc = `{"format":"f/v1","document":{"same":true}}`
+		fresh, _ := b.readyNode(t)
+		applied, appliedSess := b.readyNode(t)
+		b.configureOp(t, applied, doc)
+		b.reportConfig(t, appliedSess, 1, api.ConfigApplied, "")
+		failed, failedSess := b.readyNode(t)
+		b.configureOp(t, failed, doc)
+		b.reportConfig(t, failedSess, 1, api.ConfigFailed, "disk full")
+		retired, _ := b.readyNode(t)
+		_, err := b.fleet.Retire(ctx, "admin:test", retired, "")
+		require.NoError(t, err)
+		incapable, _ := b.nodeWith(t, []string{api.CapCommands})
+		older, _ := b.readyNode(t)
+		olderOp := b.configureOp(t, older, `{"format":"f/v1","document":{"older":true}}`)
+
+		targets := []string{fresh, applied, failed, retired, incapable.NodeID, older}
+		parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetConfigure,
+			Targets: nodeTargets(targets...), Operation: json.RawMessage(`{"format":"f/v1","document":{"same":true},"max_concurrency":6}`)})
+		require.NoError(t, err)
+		byNode := map[string]ledger.Operation{}
+		require.Eventually(t, func() bool {
+			for _, ch := range b.children(t, parent.ID) {
+				byNode[ch.TargetID] = ch
+			}
+			if len(byNode) < len(targets) {
+				return false
+			}
+			for _, ch := range byNode {
+				if ch.Held {
+					return false
+				}
+			}
+			return true
+		}, waitLong, tick)
+
+		require.Equal(t, ledger.StatePending, b.op(t, byNode[fresh].ID).State, "a fresh node's child waits for its node")
+		c, err := b.fleet.NodeConfig(ctx, fresh)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), c.Desired.Revision)
+
+		got := b.waitState(t, byNode[applied].ID, ledger.StateSucceeded)
+		var res ledger.ConfigureResult
+		require.NoError(t, json.Unmarshal(got.Result, &res))
+		require.Equal(t, int64(1), res.Revision, "an unchanged applied document keeps its revision")
+		require.Equal(t, api.ConfigApplied, res.State)
+
+		got = b.waitState(t, byNode[failed].ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeConfigFailed, got.Error.Code)
+		require.Contains(t, got.Error.Message, "disk full")
+
+		got = b.waitState(t, byNode[retired].ID, ledger.StateFailed)
+		require.Equal(t, "node_retired", got.Error.Code)
+		got = b.waitState(t, byNode[incapable.NodeID].ID, ledger.StateFailed)
+		require.Equal(t, string(errcode.CapabilityMissing), got.Error.Code)
+		ic, err := b.fleet.NodeConfig(ctx, incapable.NodeID)
+		require.NoError(t, err)
+		require.Nil(t, ic.Desired, "a refused child writes nothing")
+
+		got = b.waitState(t, olderOp.ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeSuperseded, got.Error.Code)
+		oc, err := b.fleet.NodeConfig(ctx, older)
+		require.NoError(t, err)
+		require.Equal(t, int64(2), oc.Desired.Revision, "the child's document is the node's next revision")
+		require.Equal(t, ledger.StatePending, b.op(t, byNode[older].ID).State)
+	})
+}

@@ -24,7 +24,7 @@ func (s *Service) HeardForTest() int {
 // AdvanceForTest advances a fan-out parent once, as a child's end or the
 // sweep does.
 func (s *Service) AdvanceForTest(ctx context.Context, parentID string) error {
-	_, err := s.advance(ctx, parentID)
+	_, err := s.advance(ctx, parentID, false)
 	return err
 }
 

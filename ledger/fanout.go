@@ -50,7 +50,7 @@ const CodeChildrenFailed = "children_failed"
 //     node is locked) and leaves the parent running, counted, still
 //     owned by this replica: its recording is under way;
 //  2. the children that fit the max_concurrency slots and are recorded
-//     together (Kind.RecordMany: the node commands) get their commands
+//     together (Kind.RecordedTogether: the node commands) get their commands
 //     in one transaction per write lane (Store.WriteLane), each locking
 //     only its own lane's nodes and children, so the lanes commit them
 //     beside their other work (recordReleased);
@@ -122,7 +122,7 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		// releasing them a moment later rewrote each row (held is in the
 		// claimable index's predicate, so no HOT update: a new entry in
 		// every index of operations). Only kinds recorded together
-		// (RecordMany: the node commands) are released here; the others
+		// (RecordedTogether: the node commands) are released here; the others
 		// keep the one path they have, held until the advance. A parent
 		// already asked to cancel releases nothing, as advance would not.
 		releaseNow := cur.CancelRequestedAt == nil
@@ -156,7 +156,7 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 			if !ck.IndexedAs(ch.TargetKind) {
 				return fmt.Errorf("fan-out child kind %s: target kind %q is not among its TargetKinds", ck.Name, ch.TargetKind)
 			}
-			if releaseNow && ck.RecordMany != nil && len(released) < max {
+			if releaseNow && ck.RecordedTogether && len(released) < max {
 				ch.Held = false
 				released = append(released, ch)
 			}
@@ -238,12 +238,12 @@ func (s *Service) recordingHere(parentID string) bool {
 	return ok
 }
 
-// recordedTogether answers the kinds recorded together (RecordMany): the
+// recordedTogether answers the kinds recorded together (RecordedTogether): the
 // children a fan-out releases as it records them.
 func (s *Service) recordedTogether() []string {
 	var out []string
 	for _, k := range s.kinds.Kinds() {
-		if k.RecordMany != nil {
+		if k.RecordedTogether {
 			out = append(out, k.Name)
 		}
 	}
@@ -360,13 +360,19 @@ func maxConcurrencyOf(parent Operation) int {
 // failed at once — is known here and folded into those counts rather than
 // counted again. A child that ended meanwhile elsewhere asked for another
 // advance, which counts it.
-func (s *Service) advance(ctx context.Context, parentID string) (advanceHint, error) {
+func (s *Service) advance(ctx context.Context, parentID string, releasing bool) (advanceHint, error) {
 	var hint advanceHint
 	// Routed to the parent: counting its children and ending it lock the
 	// parent's row alone. Releasing held children (or resuming a
 	// recording) locks theirs, of every lane: the store runs such an
-	// advance again on its own (a stray).
-	err := s.store.Tx(fleet.OnOperation(ctx, parentID), func(tx Tx) error {
+	// advance again on its own (a stray). One expected to release
+	// (releasing) goes there at once, rather than first queueing in the
+	// parent's lane for an attempt that strays.
+	route := fleet.OnOperation(ctx, parentID)
+	if releasing {
+		route = ctx
+	}
+	err := s.store.Tx(route, func(tx Tx) error {
 		hint = advanceHint{}
 		parent, err := tx.LockOperation(ctx, parentID)
 		if err != nil {
@@ -509,33 +515,36 @@ func eachChild(ctx context.Context, tx Tx, parentID string, fn func(Operation)) 
 
 // releaseAll hands children just released to their channels, answering
 // each as it stands after, in order. Children of a kind with RecordMany
-// (the node commands) are recorded together: one statement locking their
-// nodes in id order (as the lease batch does, models/group.go) — the
-// capability is checked on those locked rows, not from the node cache
-// (a read per node on a miss) as release does — one counting the nodes'
-// open operations for the quota, one inserting the commands. A
+// (the node commands, node.configure) are recorded together: one
+// statement locking their nodes in id order (as the lease batch does,
+// models/group.go) — the capability is checked on those locked rows, not
+// from the node cache (a read per node on a miss) as release does — one
+// counting the nodes' open operations for the quota, and a few more
+// writing what the kind records, whatever the number of children. A
 // refused child — node absent, retired, not ready, lacking the
 // capability, over its quota — has nothing written and ends failed with
-// its code, as release would end it. Other kinds go one by one.
+// its code, as release would end it. Other kinds, and a second child of
+// one kind for the same node (RecordMany takes distinct targets), go one
+// by one, each in a savepoint.
 func (s *Service) releaseAll(ctx context.Context, tx Tx, chs []Operation, now time.Time) ([]Operation, error) {
 	out := make([]Operation, len(chs))
 	byKind := map[*Kind][]int{}
 	var kinds []*Kind
+	var single []int
+	targeted := map[*Kind]map[string]bool{}
 	for i, ch := range chs {
 		out[i] = ch
 		kind, ok := s.kinds.Kind(ch.Kind)
-		if !ok || kind.RecordMany == nil {
-			ended, err := s.release(ctx, tx, ch, now)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = ended
+		if !ok || kind.RecordMany == nil || targeted[kind][ch.TargetID] {
+			single = append(single, i)
 			continue
 		}
 		if byKind[kind] == nil {
 			kinds = append(kinds, kind)
+			targeted[kind] = map[string]bool{}
 		}
 		byKind[kind] = append(byKind[kind], i)
+		targeted[kind][ch.TargetID] = true
 	}
 	for _, kind := range kinds {
 		idx := byKind[kind]
@@ -575,6 +584,7 @@ func (s *Service) releaseAll(ctx context.Context, tx Tx, chs []Operation, now ti
 		}
 		for j, refusal := range refusals {
 			if refusal == nil {
+				out[idx[j]] = ops[j] // as its record left it
 				continue
 			}
 			var coded *errcode.Error
@@ -585,6 +595,13 @@ func (s *Service) releaseAll(ctx context.Context, tx Tx, chs []Operation, now ti
 				return nil, err
 			}
 		}
+	}
+	for _, i := range single {
+		ended, err := s.release(ctx, tx, chs[i], now)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = ended
 	}
 	return out, nil
 }
@@ -648,7 +665,7 @@ func (s *Service) sweepParents(ctx context.Context) {
 	}
 	for _, id := range ids {
 		s.metrics.FanOutAdvances.WithLabelValues("sweep").Inc()
-		hint, err := s.advance(ctx, id)
+		hint, err := s.advance(ctx, id, false)
 		if err != nil && ctx.Err() == nil {
 			s.log.Error("ledger: advance fan-out", "operation_id", id, "err", err)
 		}

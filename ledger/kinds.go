@@ -77,12 +77,21 @@ type Kind struct {
 	// Operation.Recorded.
 	Record func(ctx context.Context, tx Tx, op Operation) (any, error)
 	// RecordMany, when set, does Record for many released operations of
-	// the kind at once (a fan-out's release) in a few statements. admit
-	// runs under the locks that serialise the targets, with the indexes
-	// that passed the kind's own checks, and may refuse more. It answers,
-	// per operation, the refusal that left it unrecorded (nil: recorded);
-	// nothing is written for a refused one.
+	// the kind at once (a fan-out's release) in a few statements, their
+	// targets distinct. admit runs under the locks that serialise the
+	// targets, with the indexes that passed the kind's own checks
+	// (capability included), and may refuse more. It answers, per
+	// operation, the refusal that left it unrecorded (nil: recorded);
+	// nothing is written for a refused one. An operation its record ended
+	// or made running at once is replaced in ops by how it stands after.
 	RecordMany func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error)
+	// RecordedTogether: a fan-out inserts this kind's children released
+	// and records them together right after it commits (recordReleased),
+	// rather than holding them for its advance. RecordMany must be set,
+	// and Record must write a fleet command under the operation's id: a
+	// resumed recording finds the children left by that command's absence
+	// (Tx.Unrecorded).
+	RecordedTogether bool
 	// PrepareIssue, for a kind whose Record issues one command
 	// (fleet.IssueTx), builds that command before the submitting
 	// transaction: the submit then tells the store what its transaction

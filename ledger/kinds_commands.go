@@ -127,6 +127,7 @@ func CommandKindsOf(f *fleet.Service) []*Kind {
 				}
 				return f.IssueManyTx(ctx, tx.Fleet(), ins, admit)
 			},
+			RecordedTogether: true,
 		})
 	}
 	return out

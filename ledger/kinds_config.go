@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/errcode"
@@ -148,6 +149,9 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 		Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
 			return recordConfigure(ctx, f, sec, tx, op)
 		},
+		RecordMany: func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error) {
+			return recordConfigures(ctx, f, sec, tx, ops, admit)
+		},
 	}
 	fleetKind := &Kind{
 		Name: KindFleetConfigure, Family: FamilyNodeConfig, TargetKinds: fanOutTargets,
@@ -199,17 +203,67 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 // one submitted before the configure that set the node's current revision
 // (a fan-out child released late) ends failed superseded at once.
 func recordConfigure(ctx context.Context, f *fleet.Service, sec *secrets.Service, tx Tx, op Operation) (any, error) {
-	var o ConfigureOperation
-	if err := DecodeOperation(op.Operation, &o); err != nil {
-		return nil, err
-	}
-	ptrs, err := sealedPointers(op.Operation)
+	in, err := configureOf(ctx, sec, tx, op, nil)
 	if err != nil {
 		return nil, err
 	}
+	out, err := f.ConfigureTx(ctx, tx.Fleet(), in)
+	if err != nil {
+		return nil, err
+	}
+	after, changed, err := configuredAtRecord(ctx, tx, f.Now(), op, out)
+	if err != nil || !changed {
+		return out, err
+	}
+	return changedAtRecord{op: after, recorded: out}, nil
+}
+
+// recordConfigures is recordConfigure for the children of a fan-out's
+// release (Kind.RecordMany): every node's configuration in a few
+// statements (fleet.ConfigureManyTx), each parent read once.
+func recordConfigures(ctx context.Context, f *fleet.Service, sec *secrets.Service, tx Tx, ops []Operation,
+	admit func(ok []int) (map[int]error, error)) ([]error, error) {
+	cursors := map[string]int64{}
+	ins := make([]fleet.Configure, len(ops))
+	for i, op := range ops {
+		in, err := configureOf(ctx, sec, tx, op, cursors)
+		if err != nil {
+			return nil, err
+		}
+		ins[i] = in
+	}
+	outs, refused, err := f.ConfigureManyTx(ctx, tx.Fleet(), ins, admit)
+	if err != nil {
+		return nil, err
+	}
+	now := f.Now()
+	for i, op := range ops {
+		if refused[i] != nil {
+			continue
+		}
+		if ops[i], _, err = configuredAtRecord(ctx, tx, now, op, outs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return refused, nil
+}
+
+// configureOf is what op asks of its node's configuration: the document
+// with its sealed values, ordered where op (or its fan-out parent, whose
+// cursor is read once per parent through cursors when given) was
+// submitted.
+func configureOf(ctx context.Context, sec *secrets.Service, tx Tx, op Operation, cursors map[string]int64) (fleet.Configure, error) {
+	var o ConfigureOperation
+	if err := DecodeOperation(op.Operation, &o); err != nil {
+		return fleet.Configure{}, err
+	}
+	ptrs, err := sealedPointers(op.Operation)
+	if err != nil {
+		return fleet.Configure{}, err
+	}
 	if len(ptrs) > 0 {
 		if sec == nil {
-			return nil, errcode.New(errcode.PermissionDenied, "sealed values are not served here")
+			return fleet.Configure{}, errcode.New(errcode.PermissionDenied, "sealed values are not served here")
 		}
 		source := op.ID
 		if op.ParentID != "" {
@@ -217,58 +271,66 @@ func recordConfigure(ctx context.Context, f *fleet.Service, sec *secrets.Service
 		}
 		full, err := sec.TxDeliver(ctx, tx.Secrets(), source, "", op.Operation)
 		if err != nil {
-			return nil, err
+			return fleet.Configure{}, err
 		}
 		if err := json.Unmarshal(full, &o); err != nil {
-			return nil, err
+			return fleet.Configure{}, err
 		}
 	}
 	// Configures of a node take effect in the order they were submitted: a
 	// fan-out child stands where its parent was submitted.
 	submitted := op.Cursor
 	if op.ParentID != "" {
-		parent, err := tx.Operation(ctx, op.ParentID)
-		if err != nil {
-			return nil, err
+		c, ok := cursors[op.ParentID]
+		if !ok {
+			parent, err := tx.Operation(ctx, op.ParentID)
+			if err != nil {
+				return fleet.Configure{}, err
+			}
+			c = parent.Cursor
+			if cursors != nil {
+				cursors[op.ParentID] = c
+			}
 		}
-		submitted = parent.Cursor
+		submitted = c
 	}
-	out, err := f.ConfigureTx(ctx, tx.Fleet(), fleet.Configure{NodeID: op.TargetID, OperationID: op.ID,
-		Format: o.Format, Document: o.Document, SealedPointers: ptrs, Force: o.Force != nil && *o.Force,
-		SubmittedCursor: submitted})
-	if err != nil {
-		return nil, err
-	}
-	now := f.Now()
+	return fleet.Configure{NodeID: op.TargetID, OperationID: op.ID, Format: o.Format, Document: o.Document,
+		SealedPointers: ptrs, Force: o.Force != nil && *o.Force, SubmittedCursor: submitted}, nil
+}
+
+// configuredAtRecord ends op, or makes it running, when its configure's
+// outcome decides it at once, answering it as it stands after and
+// whether it changed.
+func configuredAtRecord(ctx context.Context, tx Tx, now time.Time, op Operation, out fleet.ConfigureOutcome) (Operation, bool, error) {
 	switch {
 	case out.Superseded:
 		ended, err := endOperationTx(ctx, tx, op, StateFailed, nil, &Error{Code: CodeSuperseded, Message: out.Message}, now)
-		return changedAtRecord{op: ended, recorded: out}, err
+		return ended, true, err
 	case out.Applied:
 		ended, err := endOperationTx(ctx, tx, op, StateSucceeded,
 			mustJSON(ConfigureResult{Revision: out.Revision, Hash: out.Hash, State: api.ConfigApplied}), nil, now)
-		return changedAtRecord{op: ended, recorded: out}, err
+		return ended, true, err
 	case out.Failed:
 		msg := out.Message
 		if msg == "" {
 			msg = "the node could not apply this configuration (no reason given); submit it with force: true to ask again"
 		}
 		ended, err := endOperationTx(ctx, tx, op, StateFailed, nil, &Error{Code: CodeConfigFailed, Message: msg}, now)
-		return changedAtRecord{op: ended, recorded: out}, err
+		return ended, true, err
 	case out.Delivered:
 		// The node has this revision already (delivered, not yet
 		// reported): accepted by its channel at once.
 		op.State, op.AcceptedAt, op.UpdatedAt = StateRunning, &now, now
 		if err := tx.UpdateOperation(ctx, op); err != nil {
-			return nil, err
+			return op, false, err
 		}
 		if err := tx.AppendEvents(ctx, Event{OperationID: op.ID, Type: EventRunning, At: now,
 			Data: mustJSON(map[string]any{"channel": ChannelLongPoll})}); err != nil {
-			return nil, err
+			return op, false, err
 		}
-		return changedAtRecord{op: op, recorded: out}, tx.Notify(ctx, op.ID)
+		return op, true, tx.Notify(ctx, op.ID)
 	}
-	return out, nil
+	return op, false, nil
 }
 
 // changedAtRecord is what a Record answers when it ended its operation at

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -254,6 +255,50 @@ func (t *fleetTx) SaveNodeConfig(ctx context.Context, c fleet.NodeConfig) error 
 	return t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).Create(&row).Error
 }
 
+// LockNodeConfigs implements fleet.Tx: one statement, the rows locked in
+// node id order, as every batched statement locks.
+func (t *fleetTx) LockNodeConfigs(ctx context.Context, ids []string) (map[string]fleet.NodeConfig, error) {
+	for _, id := range ids {
+		if err := t.stray(id); err != nil {
+			return nil, err
+		}
+	}
+	out := make(map[string]fleet.NodeConfig, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	var rows []NodeConfigRow
+	if err := t.forUpdate(t.db(ctx)).Where("node_id IN ?", ids).Order("node_id").Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		c, err := configFromRow(r)
+		if err != nil {
+			return nil, err
+		}
+		out[c.NodeID] = c
+	}
+	return out, nil
+}
+
+// SaveNodeConfigs implements fleet.Tx: one multi-row upsert (in batches
+// that keep a statement under SQLite's limit of bound values).
+func (t *fleetTx) SaveNodeConfigs(ctx context.Context, cs []fleet.NodeConfig) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	rows := make([]NodeConfigRow, len(cs))
+	for i, c := range cs {
+		rows[i] = rowFromConfig(c)
+	}
+	return t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).
+		CreateInBatches(&rows, saveConfigsPerStatement).Error
+}
+
+// saveConfigsPerStatement keeps a multi-row upsert of node_configs (28
+// columns) well under SQLite's 32,766 bound values.
+const saveConfigsPerStatement = 500
+
 // MarkConfigDelivered implements fleet.Tx. A delivery (revision > 0) also
 // makes the node's pending configure operations running — accepted on
 // channel long_poll, like a command's first delivery — with their events:
@@ -325,6 +370,35 @@ func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except str
 	}
 	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
 	return len(ops), ledger.EndConfigures(ctx, ltx, ops, end)
+}
+
+// EndConfigureOperationsOf implements fleet.Tx.
+func (t *fleetTx) EndConfigureOperationsOf(ctx context.Context, ends map[string]fleet.ConfigEnd, except []string) (int, error) {
+	if len(ends) == 0 {
+		return 0, nil
+	}
+	nodes := make([]string, 0, len(ends))
+	for id := range ends {
+		nodes = append(nodes, id)
+	}
+	slices.Sort(nodes)
+	q := t.db(ctx).Where("target_id IN ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE",
+		nodes, ledger.TargetNode, ledger.KindNodeConfigure)
+	if len(except) > 0 {
+		q = q.Where("id NOT IN ?", except)
+	}
+	var rows []Operation
+	if err := t.forUpdate(q.Order("seq")).Find(&rows).Error; err != nil {
+		return 0, err
+	}
+	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
+	for _, r := range rows {
+		op := operationFromRow(r)
+		if err := ledger.EndConfigures(ctx, ltx, []ledger.Operation{op}, ends[op.TargetID]); err != nil {
+			return 0, err
+		}
+	}
+	return len(rows), nil
 }
 
 func openConfiguresQuery(g *gorm.DB, nodeID, except string) *gorm.DB {

@@ -82,6 +82,18 @@ type ConfigReport struct {
 	LaggingGetMax float64 `json:"lagging_get_max_ms"`
 	CountP50      float64 `json:"count_lagging_p50_ms"`
 	CountMax      float64 `json:"count_lagging_max_ms"`
+	// Timeline is the parent's counts about once a second from the
+	// submit: where the wave's time goes (releases, deliveries, reports).
+	Timeline []ConfigTick `json:"timeline"`
+}
+
+// ConfigTick is the parent operation's children by state, some seconds
+// after the submit.
+type ConfigTick struct {
+	Seconds   float64 `json:"s"`
+	Pending   int     `json:"pending"`
+	Succeeded int     `json:"succeeded"`
+	Failed    int     `json:"failed"`
 }
 
 // RunConfig performs one config run.
@@ -162,6 +174,16 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 	var parent struct {
 		OperationID string `json:"operation_id"`
 	}
+	if cfg.CPUProfile != "" {
+		if local == nil {
+			return rep, errors.New("-cpuprofile profiles this process: not with -url")
+		}
+		stop, err := startCPUProfile(cfg.CPUProfile)
+		if err != nil {
+			return rep, err
+		}
+		defer stop()
+	}
 	submitted := time.Now()
 	if _, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", body, &parent); err != nil {
 		return rep, err
@@ -173,12 +195,19 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 			Total     int `json:"total"`
 			Succeeded int `json:"succeeded"`
 			Failed    int `json:"failed"`
+			Pending   int `json:"pending"`
 		} `json:"counts"`
 	}
 	deadline := submitted.Add(cfg.Drain)
+	var nextTick time.Duration
 	for {
 		if _, err := admin.do(ctx, http.MethodGet, "/api/v1/operations/"+parent.OperationID, nil, &op); err != nil {
 			return rep, err
+		}
+		if at := time.Since(submitted); at >= nextTick && op.Counts != nil {
+			rep.Timeline = append(rep.Timeline, ConfigTick{Seconds: at.Seconds(), Pending: op.Counts.Pending,
+				Succeeded: op.Counts.Succeeded, Failed: op.Counts.Failed})
+			nextTick = at.Truncate(time.Second) + time.Second
 		}
 		if op.State == "succeeded" || op.State == "failed" || op.State == "cancelled" {
 			rep.ParentEndedSeconds = time.Since(submitted).Seconds()
@@ -354,6 +383,13 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 	}
 	if r.ChildEndNotices > 0 {
 		fmt.Fprintf(w, "parent advances          %.0f for %.0f child-end notices (+%.0f by the periodic sweep)\n", r.Advances, r.ChildEndNotices, r.SweepAdvances)
+	}
+	if len(r.Timeline) > 0 {
+		fmt.Fprintf(w, "children by second       ")
+		for _, t := range r.Timeline {
+			fmt.Fprintf(w, " %.0fs:%d/%d", t.Seconds, t.Succeeded+t.Failed, t.Pending)
+		}
+		fmt.Fprintln(w, " (ended/open)")
 	}
 	if r.LaggingNodes > 0 {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)

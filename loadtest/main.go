@@ -157,7 +157,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.PGBench, "pgbench", false, "afterwards, run the pgbench reference (DECISIONS.md §31) on the same Postgres")
 	fs.StringVar(&cfg.MemProfile, "memprofile", "", "write a heap profile of this process (the server, when started here) once every poll is held")
 	fs.StringVar(&cfg.AllocProfile, "allocprofile", "", "deliver: write the allocations of this process (the server, when started here) at the end of the issue phase to FILE and at its start to FILE.base; read what the phase allocated with go tool pprof -sample_index=alloc_space -base FILE.base FILE")
-	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase (enroll: the enrollment phase)")
+	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the server, when started here) over the issue phase (enroll: the enrollment phase; config: from the submit to the parent's end)")
 	scenario := fs.String("scenario", "deliver", "deliver (agents, commands), ledger (the operations engine with a no-op kind), hold (memory per held poll against the bare waiter, then commands at -rate, default 100/s), config (one fleet.configure over every agent, then the lagging count's cost), storm (restart the real binary under held agents) or enroll (enrollments/s)")
 	useTLS := fs.Bool("tls", false, "hold: both servers serve HTTPS with a throwaway CA")
 	settle := fs.Duration("settle", 5*time.Second, "hold: wait after every poll is held before sampling")

@@ -154,6 +154,9 @@ func TestConfigSmoke(t *testing.T) {
 		if rep.AllAppliedSeconds <= 0 || rep.ParentEndedSeconds <= 0 {
 			t.Fatalf("%s: no convergence time measured: %+v", rep.Database, rep)
 		}
+		if len(rep.Timeline) == 0 || rep.Timeline[0].Pending+rep.Timeline[0].Succeeded+rep.Timeline[0].Failed != agents {
+			t.Fatalf("%s: the timeline does not count the parent's %d children: %+v", rep.Database, agents, rep.Timeline)
+		}
 		if rep.Database == "postgres" && rep.PGCommits <= 0 {
 			t.Fatalf("postgres: no commits counted")
 		}

@@ -534,4 +534,24 @@ func TestPostgresFleetConfigureReleaseIsBatched(t *testing.T) {
 	t.Logf("fleet.configure of %d nodes, submit to the first held poll answered: %d statements, %d round trips, %d commits",
 		n, spent.Statements, spent.RoundTrips(), spent.Transactions())
 	require.Less(t, spent.Statements, int64(n), "statements grow with the children: the release records them one by one")
+
+	// The node's report ends its child in the report's transaction: the
+	// event id, the configuration row locked and written, and one
+	// statement that ends the node's configure operations with their
+	// events (three statements for one operation before: 6 in all).
+	before = counter.Snapshot()
+	counter.Texts()
+	s.JSON(t, http.MethodPost, "/agent/v1/events", api.EventsRequest{Events: []api.Event{{ID: "fc-report", Kind: api.EventConfig,
+		ObservedAt: time.Now().UTC(), Config: &api.ConfigReport{Revision: polled.Config.Revision, Hash: polled.Config.Hash,
+			State: api.ConfigApplied}}}}, watchedSess.SessionToken, http.StatusOK, nil)
+	report := counter.Snapshot().Sub(before)
+	t.Logf("a configuration report: %d statements, %d round trips, %d commits", report.Statements, report.RoundTrips(), report.Transactions())
+	if testing.Verbose() {
+		for _, tc := range counter.Texts() {
+			t.Logf("%6d  %s", tc.N, tc.SQL)
+		}
+	}
+	require.LessOrEqual(t, report.Statements, int64(4), "a configuration report's statements")
+	require.LessOrEqual(t, report.RoundTrips(), int64(7), "a configuration report's round trips")
+	require.LessOrEqual(t, report.Transactions(), int64(1), "a configuration report's commits")
 }

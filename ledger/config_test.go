@@ -35,6 +35,14 @@ func (b *bundle) reportConfig(t *testing.T, sess fleet.Session, rev int64, state
 	require.NoError(t, err)
 }
 
+func lastEvent(t *testing.T, b *bundle, id string) ledger.Event {
+	t.Helper()
+	evs, err := b.store.Events(ctx, id, 0, 100)
+	require.NoError(t, err)
+	require.NotEmpty(t, evs)
+	return evs[len(evs)-1]
+}
+
 func (b *bundle) op(t *testing.T, id string) ledger.Operation {
 	t.Helper()
 	op, err := b.store.Operation(ctx, id)
@@ -68,6 +76,9 @@ func TestNodeConfigure(t *testing.T) {
 			require.Equal(t, ledger.StateSucceeded, got.State, "ended in the report's transaction")
 			require.Equal(t, []string{ledger.EventSubmitted, ledger.EventRunning, string(ledger.StateSucceeded)}, eventTypes(t, b, op.ID))
 			require.JSONEq(t, `{"revision":1,"hash":"`+a.Config.Hash+`","state":"applied"}`, string(got.Result))
+			require.JSONEq(t, `{"from":"running"}`, string(lastEvent(t, b, op.ID).Data))
+			require.NotNil(t, got.FinishedAt)
+			require.True(t, got.Terminal())
 		})
 		t.Run("SucceedsAtOnceWhenAlreadyApplied", func(t *testing.T) {
 			node, sess := b.readyNode(t)
@@ -132,6 +143,10 @@ func TestNodeConfigure(t *testing.T) {
 			require.Equal(t, ledger.StateFailed, got.State)
 			require.Equal(t, ledger.CodeConfigFailed, got.Error.Code)
 			require.Equal(t, "hook exited 3", got.Error.Message)
+			require.False(t, got.Error.Retryable)
+			// Never delivered: it ended from pending, and its event says so.
+			require.JSONEq(t, `{"from":"pending","error":{"code":"config_failed","message":"hook exited 3","retryable":false}}`,
+				string(lastEvent(t, b, op.ID).Data))
 		})
 		t.Run("Superseded", func(t *testing.T) {
 			node, _ := b.readyNode(t)

@@ -357,6 +357,9 @@ const configuresRunningSQL = `UPDATE operations SET state = 'running', accepted_
 // ending (state, event, announcement, the fan-out parent told), in this
 // same transaction.
 func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except string, end fleet.ConfigEnd) (int, error) {
+	if t.dialect == Postgres {
+		return t.endConfiguresPostgres(ctx, nodeID, except, end)
+	}
 	var rows []Operation
 	if err := t.forUpdate(openConfiguresQuery(t.db(ctx), nodeID, except)).Find(&rows).Error; err != nil {
 		return 0, err
@@ -371,6 +374,62 @@ func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except str
 	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
 	return len(ops), ledger.EndConfigures(ctx, ltx, ops, end)
 }
+
+// endConfiguresPostgres is EndConfigureOperations in one statement, as a
+// command's end is (mirrorCommandEnd): every configuration report ends
+// its node's configure operations, and selecting them, ending each and
+// appending each one's event were a round trip apiece. The event says the
+// state each ended from, as ledger's end of an operation does.
+func (t *fleetTx) endConfiguresPostgres(ctx context.Context, nodeID, except string, end fleet.ConfigEnd) (int, error) {
+	var opErr *ledger.Error
+	var code, msg *string
+	var retryable *bool
+	if end.Code != "" {
+		opErr = &ledger.Error{Code: end.Code, Message: end.Message, Retryable: end.Retryable}
+		code, msg, retryable = &opErr.Code, &opErr.Message, &opErr.Retryable
+	}
+	eventData := func(from ledger.State) string {
+		data := map[string]any{"from": from}
+		if opErr != nil {
+			data["error"] = opErr
+		}
+		b, _ := json.Marshal(data)
+		return string(b)
+	}
+	at := dbtime.Norm(end.At)
+	var ended []endedOperation
+	err := t.db(ctx).Raw(endConfiguresPostgresSQL, nodeID, ledger.TargetNode, ledger.KindNodeConfigure, except,
+		end.State, rawp(end.Result), code, msg, retryable, at, at,
+		end.State, at, eventData(ledger.StatePending), eventData(ledger.StateRunning)).Scan(&ended).Error
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range ended {
+		t.noteOperations([]string{e.ID})
+		if e.ParentID != nil {
+			*t.notes = append(*t.notes, fleet.Notification{Kind: fleet.NotifyChildEnded, NodeID: *e.ParentID})
+		}
+	}
+	return len(ended), nil
+}
+
+// endConfiguresPostgresSQL: the node's open configure operations locked
+// in seq order, ended, and each given its event. Open operations are
+// pending or running, both of which may end so.
+const endConfiguresPostgresSQL = `WITH cur AS (
+		SELECT seq, state FROM operations
+		WHERE target_id = ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE AND id <> ?
+		ORDER BY seq FOR UPDATE),
+	op AS (
+		UPDATE operations o SET state = ?, terminal = TRUE, result = ?, error_code = ?, error_message = ?,
+			error_retryable = ?, finished_at = ?, updated_at = ?
+		FROM cur WHERE o.seq = cur.seq
+		RETURNING o.seq, o.id, o.parent_id, cur.state AS from_state),
+	ev AS (
+		INSERT INTO operation_events (operation_id, type, at, data)
+		SELECT op.id, ?, ?, CASE op.from_state WHEN 'pending' THEN ? ELSE ? END FROM op ORDER BY op.seq
+		RETURNING operation_id)
+	SELECT op.id, op.parent_id FROM op JOIN ev ON ev.operation_id = op.id ORDER BY op.seq`
 
 // EndConfigureOperationsOf implements fleet.Tx.
 func (t *fleetTx) EndConfigureOperationsOf(ctx context.Context, ends map[string]fleet.ConfigEnd, except []string) (int, error) {

@@ -421,36 +421,17 @@ func (s *Service) IssueManyTx(ctx context.Context, tx Tx, ins []IssueCommand, ad
 	refused := make([]error, len(ins))
 	payloads := make([]json.RawMessage, len(ins))
 	digests := make([]string, len(ins))
-	ids := make([]string, 0, len(ins))
 	for i, in := range ins {
-		if payloads[i], digests[i], refused[i] = validateIssue(in); refused[i] == nil {
-			ids = append(ids, in.NodeID)
-		}
+		payloads[i], digests[i], refused[i] = validateIssue(in)
 	}
-	if len(ids) == 0 {
-		return refused, nil
-	}
-	nodes, err := tx.LockNodes(ctx, ids)
-	if err != nil {
-		return nil, err
-	}
-	var ok []int
-	for i, in := range ins {
-		if refused[i] != nil {
-			continue
+	nodes, ok, err := lockForMany(ctx, tx, refused, func(i int) string { return ins[i].NodeID }, func(i int, n Node) error {
+		if err := readyForWork(n); err != nil {
+			return err
 		}
-		n, found := nodes[in.NodeID]
-		switch {
-		case !found:
-			refused[i] = ErrNotFound
-		default:
-			if refused[i] = readyForWork(n); refused[i] == nil {
-				refused[i] = nodeCapable(n, in.Kind)
-			}
-		}
-		if refused[i] == nil {
-			ok = append(ok, i)
-		}
+		return nodeCapable(n, ins[i].Kind)
+	})
+	if err != nil || len(ok) == 0 {
+		return refused, err
 	}
 	more, err := admit(ok)
 	if err != nil {
@@ -486,6 +467,42 @@ func (s *Service) IssueManyTx(ctx context.Context, tx Tx, ins []IssueCommand, ad
 		}
 	}
 	return refused, nil
+}
+
+// lockForMany locks, in one statement, the nodes of the requests of a
+// batch not yet refused (nodeOf names each one's node) and refuses those
+// whose node is absent (ErrNotFound) or fails check. It answers the nodes
+// and the indexes that passed.
+func lockForMany(ctx context.Context, tx Tx, refused []error, nodeOf func(i int) string,
+	check func(i int, n Node) error) (map[string]Node, []int, error) {
+	var ids []string
+	for i := range refused {
+		if refused[i] == nil {
+			ids = append(ids, nodeOf(i))
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil, nil
+	}
+	nodes, err := tx.LockNodes(ctx, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ok []int
+	for i := range refused {
+		if refused[i] != nil {
+			continue
+		}
+		if n, found := nodes[nodeOf(i)]; !found {
+			refused[i] = ErrNotFound
+		} else {
+			refused[i] = check(i, n)
+		}
+		if refused[i] == nil {
+			ok = append(ok, i)
+		}
+	}
+	return nodes, ok, nil
 }
 
 // Command answers one command. Errors: ErrCommandNotFound.

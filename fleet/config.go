@@ -323,43 +323,24 @@ func (s *Service) ConfigureManyTx(ctx context.Context, tx Tx, ins []Configure,
 	outs := make([]ConfigureOutcome, len(ins))
 	refused := make([]error, len(ins))
 	docs := make([][]byte, len(ins))
-	ids := make([]string, 0, len(ins))
 	for i, in := range ins {
-		if docs[i], refused[i] = checkConfigureInput(in); refused[i] == nil {
-			ids = append(ids, in.NodeID)
-		}
+		docs[i], refused[i] = checkConfigureInput(in)
 	}
-	if len(ids) == 0 {
-		return outs, refused, nil
-	}
-	nodes, err := tx.LockNodes(ctx, ids)
-	if err != nil {
-		return nil, nil, err
-	}
-	var ok []int
-	var present []string
-	for i, in := range ins {
-		if refused[i] != nil {
-			continue
+	nodes, ok, err := lockForMany(ctx, tx, refused, func(i int) string { return ins[i].NodeID }, func(_ int, n Node) error {
+		if n.State == StateRetired {
+			return ErrNodeRetired
 		}
-		n, found := nodes[in.NodeID]
-		switch {
-		case !found:
-			refused[i] = ErrNotFound
-		case n.State == StateRetired:
-			refused[i] = ErrNodeRetired
-		default:
-			if caps, known := n.Capabilities(); !hasCapability(caps, known, api.CapConfig) {
-				refused[i] = CapabilityMissing(n.ID, api.CapConfig)
-			}
+		if caps, known := n.Capabilities(); !hasCapability(caps, known, api.CapConfig) {
+			return CapabilityMissing(n.ID, api.CapConfig)
 		}
-		if refused[i] == nil {
-			ok = append(ok, i)
-			present = append(present, in.NodeID)
-		}
+		return nil
+	})
+	if err != nil || len(ok) == 0 {
+		return outs, refused, err
 	}
-	if len(ok) == 0 {
-		return outs, refused, nil
+	present := make([]string, len(ok))
+	for j, i := range ok {
+		present[j] = ins[i].NodeID
 	}
 	configs, err := tx.LockNodeConfigs(ctx, present)
 	if err != nil {

@@ -30,6 +30,20 @@ func startCounted(t *testing.T) (*apitest.Server, *sqlcount.Counter) {
 	return s, counter
 }
 
+// holdPoll starts a long-poll of the node's agent and answers once the
+// server holds it; the channel gets the poll's answer.
+func holdPoll(t *testing.T, s *apitest.Server, nodeID, token string) <-chan api.CommandsResponse {
+	t.Helper()
+	held := make(chan api.CommandsResponse, 1)
+	go func() {
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=30", nil, token, http.StatusOK, &polled)
+		held <- polled
+	}()
+	testwait.For(t, "the poll held", testwait.Patience, func() bool { return s.App.Fleet.Hub().HeldFor(nodeID) == 1 })
+	return held
+}
+
 // TestPostgresWriteCounters counts, on Postgres, what each step of a node
 // command costs the database: commits (what pg_stat_database.xact_commit
 // counts: COMMITs and statements run outside a transaction) and round
@@ -94,13 +108,7 @@ func TestPostgresWriteCounters(t *testing.T) {
 	// a claim of its own (fleet.claimForHeldPoll).
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("wh-%d", i)
-		held := make(chan api.CommandsResponse, 1)
-		go func() {
-			var polled api.CommandsResponse
-			s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=20", nil, sess.SessionToken, http.StatusOK, &polled)
-			held <- polled
-		}()
-		testwait.For(t, "the poll held", testwait.Patience, func() bool { return s.App.Fleet.Hub().HeldFor(boot.NodeID) == 1 })
+		held := holdPoll(t, s, boot.NodeID, sess.SessionToken)
 		measure("submit to a held poll, and its answer (handed over)", func() {
 			s.Admin(t, http.MethodPost, wrapper, map[string]any{"kind": "prepare_image", "operation_id": id,
 				"payload": map[string]any{"image": "busybox"}}, http.StatusCreated, nil)
@@ -499,13 +507,7 @@ func TestPostgresFleetConfigureReleaseIsBatched(t *testing.T) {
 			watched, watchedSess = boot, sess
 		}
 	}
-	held := make(chan api.CommandsResponse, 1)
-	go func() {
-		var polled api.CommandsResponse
-		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=30", nil, watchedSess.SessionToken, http.StatusOK, &polled)
-		held <- polled
-	}()
-	testwait.For(t, "the poll held", testwait.Patience, func() bool { return s.App.Fleet.Hub().HeldFor(watched.NodeID) == 1 })
+	held := holdPoll(t, s, watched.NodeID, watchedSess.SessionToken)
 
 	before := counter.Snapshot()
 	s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fc-batch", "kind": "fleet.configure",

@@ -258,10 +258,8 @@ func (t *fleetTx) SaveNodeConfig(ctx context.Context, c fleet.NodeConfig) error 
 // LockNodeConfigs implements fleet.Tx: one statement, the rows locked in
 // node id order, as every batched statement locks.
 func (t *fleetTx) LockNodeConfigs(ctx context.Context, ids []string) (map[string]fleet.NodeConfig, error) {
-	for _, id := range ids {
-		if err := t.stray(id); err != nil {
-			return nil, err
-		}
+	if err := t.strayAny(ids); err != nil {
+		return nil, err
 	}
 	out := make(map[string]fleet.NodeConfig, len(ids))
 	if len(ids) == 0 {

@@ -525,10 +525,8 @@ var (
 )
 
 func (t *fleetTx) LockNodes(ctx context.Context, ids []string) (map[string]fleet.Node, error) {
-	for _, id := range ids {
-		if err := t.stray(id); err != nil {
-			return nil, err
-		}
+	if err := t.strayAny(ids); err != nil {
+		return nil, err
 	}
 	out := make(map[string]fleet.Node, len(ids))
 	if len(ids) == 0 {

@@ -565,6 +565,16 @@ func (t *fleetTx) stray(nodeID string) error {
 	return errStrayed
 }
 
+// strayAny is stray for the nodes of a batched lock.
+func (t *fleetTx) strayAny(nodeIDs []string) error {
+	for _, id := range nodeIDs {
+		if err := t.stray(id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // strayKey is stray for an advisory key: "node:<id>" is that node's, the
 // route's shared key is its own, any other strays.
 func (t *fleetTx) strayKey(key string) error {

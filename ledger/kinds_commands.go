@@ -103,32 +103,43 @@ func commandOf(op Operation, agentKind string) fleet.IssueCommand {
 func CommandKindsOf(f *fleet.Service) []*Kind {
 	var out []*Kind
 	for name, agentKind := range CommandKinds {
-		out = append(out, &Kind{
-			Name: name, Family: FamilyCommands, TargetKinds: nodeTarget, Capability: fleet.CommandCapability(agentKind), LevelTriggered: true,
-			// The node's state (absent, retired, not ready) is checked by
-			// Record, in the submitting transaction: its refusal rolls the
-			// operation back, so nothing is recorded, at no extra read.
-			Prepare: func(ctx context.Context, d *Draft) error {
-				if _, err := oneNodeTarget(d); err != nil {
-					return err
-				}
-				return fleet.ValidateCommand(agentKind, d.Operation)
-			},
-			Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
-				return recordCommand(ctx, tx, f, commandOf(op, agentKind))
-			},
-			PrepareIssue: func(op Operation) (*fleet.PreparedIssue, error) {
-				return f.PrepareIssue(commandOf(op, agentKind))
-			},
-			RecordMany: func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error) {
-				ins := make([]fleet.IssueCommand, len(ops))
-				for i, op := range ops {
-					ins[i] = commandOf(op, agentKind)
-				}
-				return f.IssueManyTx(ctx, tx.Fleet(), ins, admit)
-			},
-			RecordedTogether: true,
-		})
+		out = append(out, commandKind(f, name, FamilyCommands, agentKind, func(op json.RawMessage) error {
+			return fleet.ValidateCommand(agentKind, op)
+		}))
 	}
 	return out
+}
+
+// commandKind is a kind that issues one agent command of agentKind under
+// its operation's id (DECISIONS.md §34): the command kinds and
+// node.diagnose. validate checks the operation (the command's payload).
+// Its fan-out children are released as the fan-out records them, a few
+// statements for a whole release (RecordMany), never a savepoint apiece.
+func commandKind(f *fleet.Service, name, family, agentKind string, validate func(op json.RawMessage) error) *Kind {
+	return &Kind{
+		Name: name, Family: family, TargetKinds: nodeTarget, Capability: fleet.CommandCapability(agentKind), LevelTriggered: true,
+		// The node's state (absent, retired, not ready) is checked by
+		// Record, in the submitting transaction: its refusal rolls the
+		// operation back, so nothing is recorded, at no extra read.
+		Prepare: func(ctx context.Context, d *Draft) error {
+			if _, err := oneNodeTarget(d); err != nil {
+				return err
+			}
+			return validate(d.Operation)
+		},
+		Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
+			return recordCommand(ctx, tx, f, commandOf(op, agentKind))
+		},
+		PrepareIssue: func(op Operation) (*fleet.PreparedIssue, error) {
+			return f.PrepareIssue(commandOf(op, agentKind))
+		},
+		RecordMany: func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error) {
+			ins := make([]fleet.IssueCommand, len(ops))
+			for i, op := range ops {
+				ins[i] = commandOf(op, agentKind)
+			}
+			return f.IssueManyTx(ctx, tx.Fleet(), ins, admit)
+		},
+		RecordedTogether: true,
+	}
 }

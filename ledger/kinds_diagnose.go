@@ -41,21 +41,12 @@ type FleetDiagnoseOperation struct {
 // DiagnoseKinds are the node-side diagnose kinds, carried out through f
 // (diagnose.endpoint, which the control plane runs, registers apart).
 func DiagnoseKinds(f *fleet.Service) []*Kind {
-	return []*Kind{{
-		Name: KindNodeDiagnose, Family: FamilyDiagnose, TargetKinds: nodeTarget, Capability: api.CapDiag, LevelTriggered: true,
-		Prepare: func(ctx context.Context, d *Draft) error {
-			if _, err := oneNodeTarget(d); err != nil {
-				return err
-			}
-			var v errcode.Validation
-			fleet.ValidateDiagnose(d.Operation, "operation/", &v)
-			return v.Err()
-		},
-		Record: func(ctx context.Context, tx Tx, op Operation) (any, error) {
-			return recordCommand(ctx, tx, f, fleet.IssueCommand{NodeID: op.TargetID, OperationID: op.ID,
-				Kind: api.KindDiagnose, Payload: op.Operation})
-		},
-	}, {
+	nodeDiagnose := commandKind(f, KindNodeDiagnose, FamilyDiagnose, api.KindDiagnose, func(op json.RawMessage) error {
+		var v errcode.Validation
+		fleet.ValidateDiagnose(op, "operation/", &v)
+		return v.Err()
+	})
+	return []*Kind{nodeDiagnose, {
 		Name: KindFleetDiagnose, Family: FamilyDiagnose, TargetKinds: fanOutTargets,
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetDiagnoseOperation

@@ -751,6 +751,7 @@ func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session,
 		}
 		cur, err = tx.LockNodeConfig(ctx, sess.NodeID)
 	}
+	exists := err == nil
 	if isNoRows(err) {
 		cur, err = NodeConfig{NodeID: sess.NodeID, UpdatedAt: now}, nil
 	}
@@ -775,30 +776,36 @@ func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session,
 		cur.AppliedRevision = cur.Revision
 	}
 	cur.setLagging()
-	if err := tx.SaveNodeConfig(ctx, cur); err != nil {
+	var end *ConfigEnd
+	if named {
+		// The operations waiting on the desired revision end with it.
+		result, _ := json.Marshal(map[string]any{"revision": cur.Revision, "hash": cur.Hash, "state": rep.State})
+		end = &ConfigEnd{State: "succeeded", Result: result, At: now}
+		if rep.State == api.ConfigFailed {
+			msg := cur.Reported.Message
+			if msg == "" {
+				msg = "the node could not apply the configuration (no reason given)"
+			}
+			end = &ConfigEnd{State: "failed", Code: "config_failed", Message: msg, At: now}
+		}
+	}
+	if exists {
+		_, err = tx.SaveConfigReport(ctx, cur, end)
+	} else {
+		// No desired configuration, so nothing named: the report alone.
+		err = tx.SaveNodeConfig(ctx, cur)
+	}
+	if err != nil {
 		return err
 	}
 	s.metrics.ConfigReports.WithLabelValues(cur.Verdict()).Inc()
-	if !named {
-		if wasSettled && cur.Revision > 0 {
-			// A report naming another revision unsettles the desired one:
-			// it is due again, and replicas that took the node for quiet
-			// (dueMemo) must hear so.
-			return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: sess.NodeID})
-		}
-		return nil
+	if !named && wasSettled && cur.Revision > 0 {
+		// A report naming another revision unsettles the desired one: it
+		// is due again, and replicas that took the node for quiet
+		// (dueMemo) must hear so.
+		return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: sess.NodeID})
 	}
-	result, _ := json.Marshal(map[string]any{"revision": cur.Revision, "hash": cur.Hash, "state": rep.State})
-	end := ConfigEnd{State: "succeeded", Result: result, At: now}
-	if rep.State == api.ConfigFailed {
-		msg := cur.Reported.Message
-		if msg == "" {
-			msg = "the node could not apply the configuration (no reason given)"
-		}
-		end = ConfigEnd{State: "failed", Code: "config_failed", Message: msg, At: now}
-	}
-	_, err = tx.EndConfigureOperations(ctx, sess.NodeID, "", end)
-	return err
+	return nil
 }
 
 // truncateMessage bounds a report's message at a rune boundary.

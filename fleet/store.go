@@ -335,6 +335,14 @@ type Tx interface {
 	// SaveNodeConfigs is SaveNodeConfig for many nodes (each at most once)
 	// in one statement.
 	SaveNodeConfigs(ctx context.Context, cs []NodeConfig) error
+	// SaveConfigReport writes a report into the node's existing
+	// configuration row (LockNodeConfig found it): the last report, the
+	// applied revision, settled and lagging, and nothing of the desired
+	// configuration, which a report never changes (its sealed document,
+	// up to 256 KiB, is not written again). With end, it also ends the
+	// node's open node.configure operations as EndConfigureOperations
+	// does, and answers how many.
+	SaveConfigReport(ctx context.Context, c NodeConfig, end *ConfigEnd) (int, error)
 	// MarkConfigDelivered records that revision was delivered to fencing
 	// at at (revision 0 forgets the delivery: due again at once).
 	MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error

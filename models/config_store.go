@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 
@@ -255,6 +256,36 @@ func (t *fleetTx) SaveNodeConfig(ctx context.Context, c fleet.NodeConfig) error 
 	return t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).Create(&row).Error
 }
 
+// reportColumnsSQL writes a configuration report's columns (SaveConfigReport).
+const reportColumnsSQL = `UPDATE node_configs SET reported_revision = ?, reported_hash = ?, reported_state = ?,
+	reported_message = ?, reported_at = ?, reported_fencing = ?, settled = ?, applied_revision = ?, lagging = ?
+	WHERE node_id = ?`
+
+// SaveConfigReport implements fleet.Tx. On Postgres a report that ends
+// operations is one statement, the row's update a part of the end's
+// (endConfiguresPostgres).
+func (t *fleetTx) SaveConfigReport(ctx context.Context, c fleet.NodeConfig, end *fleet.ConfigEnd) (int, error) {
+	if err := t.stray(c.NodeID); err != nil {
+		return 0, err
+	}
+	rep := c.Reported
+	if rep == nil {
+		return 0, fmt.Errorf("configuration report of node %s: no report to save", c.NodeID)
+	}
+	args := []any{rep.Revision, rep.Hash, rep.State, rep.Message, dbtime.Norm(rep.ObservedAt), rep.Fencing,
+		c.Settled, c.AppliedRevision, c.Lagging, c.NodeID}
+	if end != nil && t.dialect == Postgres {
+		return t.endConfiguresPostgres(ctx, c.NodeID, "", *end, "cfg AS ("+reportColumnsSQL+"), ", args...)
+	}
+	if err := t.db(ctx).Exec(reportColumnsSQL, args...).Error; err != nil {
+		return 0, err
+	}
+	if end == nil {
+		return 0, nil
+	}
+	return t.EndConfigureOperations(ctx, c.NodeID, "", *end)
+}
+
 // LockNodeConfigs implements fleet.Tx: one statement, the rows locked in
 // node id order, as every batched statement locks.
 func (t *fleetTx) LockNodeConfigs(ctx context.Context, ids []string) (map[string]fleet.NodeConfig, error) {
@@ -356,7 +387,7 @@ const configuresRunningSQL = `UPDATE operations SET state = 'running', accepted_
 // same transaction.
 func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except string, end fleet.ConfigEnd) (int, error) {
 	if t.dialect == Postgres {
-		return t.endConfiguresPostgres(ctx, nodeID, except, end)
+		return t.endConfiguresPostgres(ctx, nodeID, except, end, "")
 	}
 	var rows []Operation
 	if err := t.forUpdate(openConfiguresQuery(t.db(ctx), nodeID, except)).Find(&rows).Error; err != nil {
@@ -377,8 +408,10 @@ func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except str
 // command's end is (mirrorCommandEnd): every configuration report ends
 // its node's configure operations, and selecting them, ending each and
 // appending each one's event were a round trip apiece. The event says the
-// state each ended from, as ledger's end of an operation does.
-func (t *fleetTx) endConfiguresPostgres(ctx context.Context, nodeID, except string, end fleet.ConfigEnd) (int, error) {
+// state each ended from, as ledger's end of an operation does. before,
+// when not empty, is a common table expression ("name AS (…), ") that
+// runs in the same statement, its arguments beforeArgs.
+func (t *fleetTx) endConfiguresPostgres(ctx context.Context, nodeID, except string, end fleet.ConfigEnd, before string, beforeArgs ...any) (int, error) {
 	var opErr *ledger.Error
 	var code, msg *string
 	var retryable *bool
@@ -396,9 +429,10 @@ func (t *fleetTx) endConfiguresPostgres(ctx context.Context, nodeID, except stri
 	}
 	at := dbtime.Norm(end.At)
 	var ended []endedOperation
-	err := t.db(ctx).Raw(endConfiguresPostgresSQL, nodeID, ledger.TargetNode, ledger.KindNodeConfigure, except,
+	args := append(beforeArgs, nodeID, ledger.TargetNode, ledger.KindNodeConfigure, except,
 		end.State, rawp(end.Result), code, msg, retryable, at, at,
-		end.State, at, eventData(ledger.StatePending), eventData(ledger.StateRunning)).Scan(&ended).Error
+		end.State, at, eventData(ledger.StatePending), eventData(ledger.StateRunning))
+	err := t.db(ctx).Raw("WITH "+before+endConfiguresPostgresSQL, args...).Scan(&ended).Error
 	if err != nil {
 		return 0, err
 	}
@@ -414,7 +448,7 @@ func (t *fleetTx) endConfiguresPostgres(ctx context.Context, nodeID, except stri
 // endConfiguresPostgresSQL: the node's open configure operations locked
 // in seq order, ended, and each given its event. Open operations are
 // pending or running, both of which may end so.
-const endConfiguresPostgresSQL = `WITH cur AS (
+const endConfiguresPostgresSQL = `cur AS (
 		SELECT seq, state FROM operations
 		WHERE target_id = ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE AND id <> ?
 		ORDER BY seq FOR UPDATE),

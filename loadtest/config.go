@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nodeward/nodeward/agent/client"
@@ -35,6 +36,9 @@ type ConfigLoad struct {
 	LaggingNodes int
 	// LaggingSamples is how many times each lagging read is timed.
 	LaggingSamples int
+	// DocumentBytes pads the document to about this size (0: a few
+	// bytes): what a real configuration weighs on every write of its row.
+	DocumentBytes int
 }
 
 // ConfigReport is what a config run measured.
@@ -88,12 +92,29 @@ type ConfigReport struct {
 }
 
 // ConfigTick is the parent operation's children by state, some seconds
-// after the submit.
+// after the submit. The parent's counts move only at its advances, so,
+// when the tool started the server, the tick also counts the nodes'
+// configuration rows: written by a release, delivered to a poll, applied
+// by the node's report.
 type ConfigTick struct {
 	Seconds   float64 `json:"s"`
 	Pending   int     `json:"pending"`
 	Succeeded int     `json:"succeeded"`
 	Failed    int     `json:"failed"`
+	Written   int64   `json:"written,omitempty"`
+	Delivered int64   `json:"delivered,omitempty"`
+	Applied   int64   `json:"applied,omitempty"`
+}
+
+// countConfigRows fills t's row counts from db (node_configs).
+func countConfigRows(ctx context.Context, db *models.DB, t *ConfigTick) error {
+	var c struct{ Written, Delivered, Applied int64 }
+	err := db.WithContext(ctx).Raw(`SELECT count(*) AS written,
+		count(*) FILTER (WHERE delivered_revision = revision) AS delivered,
+		count(*) FILTER (WHERE applied_revision = revision) AS applied
+		FROM node_configs WHERE revision > 0`).Scan(&c).Error
+	t.Written, t.Delivered, t.Applied = c.Written, c.Delivered, c.Applied
+	return err
 }
 
 // RunConfig performs one config run.
@@ -167,9 +188,13 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 		commits0, _ = pgCommits(ctx, pgdb)
 		rep.PGIdleCommitsPS = float64(commits0-idle0) / time.Since(t0).Seconds()
 	}
+	document := map[string]any{"run": run, "listen": ":8080", "workers": 4}
+	if cfg.DocumentBytes > 0 {
+		document["pad"] = strings.Repeat("x", cfg.DocumentBytes)
+	}
 	body, _ := json.Marshal(map[string]any{"request_id": "lt-config-" + run, "kind": "fleet.configure",
 		"targets": []any{map[string]any{"kind": "fleet"}},
-		"operation": map[string]any{"format": "loadtest/v1", "document": map[string]any{"run": run, "listen": ":8080", "workers": 4},
+		"operation": map[string]any{"format": "loadtest/v1", "document": document,
 			"selector": map[string]any{"state": "ready"}, "max_concurrency": max(1, min(cfg.Agents, 10000))}})
 	var parent struct {
 		OperationID string `json:"operation_id"`
@@ -205,8 +230,14 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 			return rep, err
 		}
 		if at := time.Since(submitted); at >= nextTick && op.Counts != nil {
-			rep.Timeline = append(rep.Timeline, ConfigTick{Seconds: at.Seconds(), Pending: op.Counts.Pending,
-				Succeeded: op.Counts.Succeeded, Failed: op.Counts.Failed})
+			tick := ConfigTick{Seconds: at.Seconds(), Pending: op.Counts.Pending,
+				Succeeded: op.Counts.Succeeded, Failed: op.Counts.Failed}
+			if local != nil {
+				if err := countConfigRows(ctx, local.App.DB, &tick); err != nil {
+					return rep, err
+				}
+			}
+			rep.Timeline = append(rep.Timeline, tick)
 			nextTick = at.Truncate(time.Second) + time.Second
 		}
 		if op.State == "succeeded" || op.State == "failed" || op.State == "cancelled" {
@@ -390,6 +421,13 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 			fmt.Fprintf(w, " %.0fs:%d/%d", t.Seconds, t.Succeeded+t.Failed, t.Pending)
 		}
 		fmt.Fprintln(w, " (ended/open)")
+		if r.Timeline[len(r.Timeline)-1].Written > 0 {
+			fmt.Fprintf(w, "configurations by second ")
+			for _, t := range r.Timeline {
+				fmt.Fprintf(w, " %.0fs:%d/%d/%d", t.Seconds, t.Written, t.Delivered, t.Applied)
+			}
+			fmt.Fprintln(w, " (written/delivered/applied)")
+		}
 	}
 	if r.LaggingNodes > 0 {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)

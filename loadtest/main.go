@@ -176,6 +176,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	backoffMax := fs.Duration("backoff-max", time.Minute, "storm: the agents' longest poll retry delay (the agent's default; held to 5 s, as the agent does, while connections are refused or cut)")
 	concurrency := fs.Int("concurrency", 64, "enroll: concurrent enrollments over all workers")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
+	documentBytes := fs.Int("document-bytes", 0, "config: pad the configuration document to about this many bytes (at most 256 KiB in all)")
 	laggingNodes := fs.Int("lagging-nodes", 0, "config: configured nodes seeded afterwards to time GET /api/v1/config/lagging and CountLagging against (0: skip)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("q", false, "no progress lines")
@@ -251,7 +252,11 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "loadtest: -lagging-nodes must not be negative")
 			return 2
 		}
-		cc := ConfigLoad{Config: cfg, LaggingNodes: *laggingNodes}
+		if *documentBytes < 0 || *documentBytes > 250<<10 {
+			fmt.Fprintln(stderr, "loadtest: -document-bytes must be between 0 and 256000 (a document is at most 256 KiB)")
+			return 2
+		}
+		cc := ConfigLoad{Config: cfg, LaggingNodes: *laggingNodes, DocumentBytes: *documentBytes}
 		if !visited(fs, "drain") {
 			cc.Drain = 0 // the scenario's own default
 		}

@@ -157,6 +157,11 @@ func TestConfigSmoke(t *testing.T) {
 		if len(rep.Timeline) == 0 || rep.Timeline[0].Pending+rep.Timeline[0].Succeeded+rep.Timeline[0].Failed != agents {
 			t.Fatalf("%s: the timeline does not count the parent's %d children: %+v", rep.Database, agents, rep.Timeline)
 		}
+		for _, tick := range rep.Timeline {
+			if tick.Written > int64(agents) || tick.Applied > tick.Written || tick.Delivered > tick.Written {
+				t.Fatalf("%s: a tick counts configurations the fleet does not have: %+v", rep.Database, tick)
+			}
+		}
 		if rep.Database == "postgres" && rep.PGCommits <= 0 {
 			t.Fatalf("postgres: no commits counted")
 		}

@@ -117,6 +117,15 @@ func (c NodeConfig) Verdict() string {
 	}
 }
 
+// dueFor reports whether the configuration is due for a session of that
+// fencing token (the store's DueWork computes the same in SQL).
+func (c NodeConfig) dueFor(fencing int64) bool {
+	if c.Revision == 0 {
+		return false
+	}
+	return !c.Settled || c.Reported == nil || c.Reported.Fencing != fencing
+}
+
 func (c *NodeConfig) setLagging() {
 	c.Lagging = c.Reported != nil && c.AppliedRevision < c.Revision
 }
@@ -854,8 +863,17 @@ func (s *Service) deliverConfig(ctx context.Context, sess Session) (*api.ConfigD
 	now := s.clock()
 	err := s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
 		var err error
-		c, due, err = tx.DeliverConfig(ctx, sess.NodeID, sess.Fencing, now)
-		return err
+		c, err = tx.LockNodeConfig(ctx, sess.NodeID)
+		if isNoRows(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if due = c.dueFor(sess.Fencing); !due {
+			return nil
+		}
+		return tx.MarkConfigDelivered(ctx, sess.NodeID, sess.Fencing, c.Revision, now)
 	})
 	if err != nil || !due {
 		return nil, err
@@ -879,7 +897,7 @@ func (s *Service) ReleaseConfig(ctx context.Context, sess Session) error {
 		if err != nil || c.DeliveredFencing == nil || *c.DeliveredFencing != sess.Fencing {
 			return err
 		}
-		if err := tx.ForgetConfigDelivery(ctx, sess.NodeID); err != nil {
+		if err := tx.MarkConfigDelivered(ctx, sess.NodeID, sess.Fencing, 0, time.Time{}); err != nil {
 			return err
 		}
 		return tx.Notify(ctx, Notification{Kind: NotifyCommands, NodeID: sess.NodeID})

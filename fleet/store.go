@@ -343,14 +343,9 @@ type Tx interface {
 	// node's open node.configure operations as EndConfigureOperations
 	// does, and answers how many.
 	SaveConfigReport(ctx context.Context, c NodeConfig, end *ConfigEnd) (int, error)
-	// DeliverConfig marks the node's configuration delivered to fencing at
-	// at, and its pending node.configure operations running, if it is due
-	// for that fencing token (a revision no report under that token
-	// settled), and answers it; ok false when none is due.
-	DeliverConfig(ctx context.Context, nodeID string, fencing int64, at time.Time) (c NodeConfig, ok bool, err error)
-	// ForgetConfigDelivery forgets the delivery of the node's
-	// configuration: due again at once.
-	ForgetConfigDelivery(ctx context.Context, nodeID string) error
+	// MarkConfigDelivered records that revision was delivered to fencing
+	// at at (revision 0 forgets the delivery: due again at once).
+	MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error
 	// EndConfigureOperations ends the node's open node.configure
 	// operations other than except as end says, each with its event and
 	// announcement, and answers how many it ended.

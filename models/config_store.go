@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -329,72 +328,51 @@ func (t *fleetTx) SaveNodeConfigs(ctx context.Context, cs []fleet.NodeConfig) er
 // columns) well under SQLite's 32,766 bound values.
 const saveConfigsPerStatement = 500
 
-// DeliverConfig implements fleet.Tx: the row is marked delivered only if
-// due (configDueSQL) by the statement that answers it, so a poll's
-// delivery is one statement on Postgres — the pending configure
-// operations made running, with their events, in it too — where locking
-// the row, judging it and marking it were two. Only the first delivery
-// finds them pending, so a redelivery writes no more.
-func (t *fleetTx) DeliverConfig(ctx context.Context, nodeID string, fencing int64, at time.Time) (fleet.NodeConfig, bool, error) {
-	if err := t.stray(nodeID); err != nil {
-		return fleet.NodeConfig{}, false, err
-	}
+// MarkConfigDelivered implements fleet.Tx. A delivery (revision > 0) also
+// makes the node's pending configure operations running — accepted on
+// channel long_poll, like a command's first delivery — with their events:
+// on Postgres in the same statement as the delivery mark, on SQLite in
+// the same transaction; announced as noteOperations says. Only the
+// first delivery finds them pending, so a redelivery writes no more.
+func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencing, revision int64, at time.Time) error {
+	const mark = `UPDATE node_configs SET delivered_fencing = ?, delivered_revision = ?, delivered_at = ? WHERE node_id = ?`
 	at = dbtime.Norm(at)
-	const mark = `UPDATE node_configs SET delivered_fencing = ?, delivered_revision = revision, delivered_at = ?
-		WHERE node_id = ? AND ` + configDueSQL
-	var rows []struct {
-		NodeConfigRow
-		Running *string // Postgres: the operations made running, comma-separated
+	if revision <= 0 {
+		return t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error
 	}
+	const pending = configuresRunningSQL
+	var running []string
 	if t.dialect == Postgres {
-		err := t.db(ctx).Raw(`WITH cfg AS (`+mark+` RETURNING *),
-			ops AS (`+configuresRunningSQL+` AND EXISTS (SELECT 1 FROM cfg) RETURNING id),
+		err := t.db(ctx).Raw(`WITH cfg AS (`+mark+` RETURNING node_id),
+			ops AS (`+pending+` AND EXISTS (SELECT 1 FROM cfg) RETURNING id),
 			ev AS (
 				INSERT INTO operation_events (operation_id, type, at, data)
 				SELECT ops.id, 'running', ?, '{"channel":"long_poll"}' FROM ops
 				RETURNING operation_id)
-			SELECT cfg.*, (SELECT string_agg(operation_id, ',') FROM ev) AS running FROM cfg`,
-			fencing, at, nodeID, fencing, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure, at).Scan(&rows).Error
-		if err != nil || len(rows) == 0 {
-			return fleet.NodeConfig{}, false, err
+			SELECT operation_id FROM ev`,
+			fencing, revision, at, nodeID, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure,
+			at).Scan(&running).Error
+		if err != nil {
+			return err
 		}
-		if rows[0].Running != nil {
-			t.noteOperations(strings.Split(*rows[0].Running, ","))
-		}
-		c, err := configFromRow(rows[0].NodeConfigRow)
-		return c, err == nil, err
+		t.noteOperations(running)
+		return nil
 	}
-	if err := t.db(ctx).Raw(mark+` RETURNING *`, fencing, at, nodeID, fencing).Scan(&rows).Error; err != nil || len(rows) == 0 {
-		return fleet.NodeConfig{}, false, err
+	if err := t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error; err != nil {
+		return err
 	}
-	var running []string
-	if err := t.db(ctx).Raw(configuresRunningSQL+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
-		return fleet.NodeConfig{}, false, err
+	if err := t.db(ctx).Raw(pending+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
+		return err
 	}
 	events := make([]ledger.Event, len(running))
 	for i, id := range running {
 		events[i] = ledger.Event{OperationID: id, Type: ledger.EventRunning, At: at, Data: json.RawMessage(`{"channel":"long_poll"}`)}
 	}
 	if err := appendEvents(t.db(ctx), events); err != nil {
-		return fleet.NodeConfig{}, false, err
-	}
-	t.noteOperations(running)
-	c, err := configFromRow(rows[0].NodeConfigRow)
-	return c, err == nil, err
-}
-
-// configDueSQL is a configuration row due for a session of fencing token
-// ?: a revision that no report under that token settled (dueConfigSQL
-// judges the same).
-const configDueSQL = `revision <> 0 AND NOT COALESCE(settled AND reported_fencing = ?, FALSE)`
-
-// ForgetConfigDelivery implements fleet.Tx.
-func (t *fleetTx) ForgetConfigDelivery(ctx context.Context, nodeID string) error {
-	if err := t.stray(nodeID); err != nil {
 		return err
 	}
-	return t.db(ctx).Exec(`UPDATE node_configs SET delivered_fencing = NULL, delivered_revision = NULL, delivered_at = NULL
-		WHERE node_id = ?`, nodeID).Error
+	t.noteOperations(running)
+	return nil
 }
 
 // configuresRunningSQL marks a node's pending configure operations

@@ -104,7 +104,17 @@ type ConfigTick struct {
 	Written   int64   `json:"written,omitempty"`
 	Delivered int64   `json:"delivered,omitempty"`
 	Applied   int64   `json:"applied,omitempty"`
+	// The server's write batches since the submit (group commit: how
+	// many, how long they ran in all, how long the exclusive lane held
+	// the others back), from its metrics.
+	WriteBatches     float64 `json:"write_batches"`
+	WriteBatchSecs   float64 `json:"write_batch_seconds"`
+	ExclusiveSeconds float64 `json:"exclusive_seconds"`
 }
+
+// writeBatchMetrics names the group commit's metrics a tick reads.
+var writeBatchMetrics = [3]string{"nodeward_write_batch_seconds_count", "nodeward_write_batch_seconds_sum",
+	"nodeward_write_exclusive_seconds_total"}
 
 // countConfigRows fills t's row counts from db (node_configs).
 func countConfigRows(ctx context.Context, db *models.DB, t *ConfigTick) error {
@@ -209,6 +219,10 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 		}
 		defer stop()
 	}
+	batches0, err := admin.metricsAll(ctx)
+	if err != nil {
+		return rep, err
+	}
 	submitted := time.Now()
 	if _, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", body, &parent); err != nil {
 		return rep, err
@@ -237,6 +251,13 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 					return rep, err
 				}
 			}
+			m, err := admin.metricsAll(ctx)
+			if err != nil {
+				return rep, err
+			}
+			tick.WriteBatches = m[writeBatchMetrics[0]] - batches0[writeBatchMetrics[0]]
+			tick.WriteBatchSecs = m[writeBatchMetrics[1]] - batches0[writeBatchMetrics[1]]
+			tick.ExclusiveSeconds = m[writeBatchMetrics[2]] - batches0[writeBatchMetrics[2]]
 			rep.Timeline = append(rep.Timeline, tick)
 			nextTick = at.Truncate(time.Second) + time.Second
 		}
@@ -428,6 +449,18 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 			}
 			fmt.Fprintln(w, " (written/delivered/applied)")
 		}
+		fmt.Fprintf(w, "write batches by second  ")
+		var prev ConfigTick
+		for _, t := range r.Timeline {
+			n := t.WriteBatches - prev.WriteBatches
+			avg := 0.0
+			if n > 0 {
+				avg = 1000 * (t.WriteBatchSecs - prev.WriteBatchSecs) / n
+			}
+			fmt.Fprintf(w, " %.0fs:%.0f/%.0f/%.0f", t.Seconds, n, avg, 1000*(t.ExclusiveSeconds-prev.ExclusiveSeconds))
+			prev = t
+		}
+		fmt.Fprintln(w, " (batches ended, their mean ms, ms the exclusive lane held the others back)")
 	}
 	if r.LaggingNodes > 0 {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)

@@ -584,20 +584,26 @@ func TestPostgresFleetConfigureReleaseIsBatched(t *testing.T) {
 	report := counter.Snapshot().Sub(before)
 	t.Logf("a configuration report: %d statements, %d round trips, %d commits", report.Statements, report.RoundTrips(), report.Transactions())
 	texts := counter.Texts()
-	if testing.Verbose() {
-		for _, tc := range texts {
+	// The server's background loops (a fan-out's periodic sweep, lease
+	// renewals) may run a transaction inside the window, as CI saw once
+	// (4 statements, 2 commits): the report's own statements are those on
+	// its tables, and the window as a whole gets one transaction's room.
+	var own int64
+	for _, tc := range texts {
+		if testing.Verbose() {
 			t.Logf("%6d  %s", tc.N, tc.SQL)
 		}
-	}
-	require.LessOrEqual(t, report.Statements, int64(3), "a configuration report's statements")
-	// Measured 5 (BEGIN, the three, COMMIT); one more leaves room for a
-	// background loop's round trip (seen once: 6).
-	require.LessOrEqual(t, report.RoundTrips(), int64(6), "a configuration report's round trips")
-	require.NotEmpty(t, texts, "the report's statements")
-	for _, tc := range texts {
+		if strings.Contains(tc.SQL, "node_configs") || strings.Contains(tc.SQL, "node_events") {
+			own += int64(tc.N)
+		}
 		// A report writes the report's columns, not the row: its sealed
 		// document (up to 256 KiB) is not sent and written again.
 		require.NotContains(t, tc.SQL, `INSERT INTO "node_configs"`, "a report rewrote the whole row: %s", tc.SQL)
 	}
-	require.LessOrEqual(t, report.Transactions(), int64(1), "a configuration report's commits")
+	require.Equal(t, int64(3), own, "a configuration report's statements: its event id, its row locked, its row written with its configures ended")
+	// Measured 3 statements, 5 round trips (BEGIN, the three, COMMIT), 1
+	// commit; the ceilings leave room for one background transaction.
+	require.LessOrEqual(t, report.Statements, int64(3+2), "statements in the report's window")
+	require.LessOrEqual(t, report.RoundTrips(), int64(5+4), "round trips in the report's window")
+	require.LessOrEqual(t, report.Transactions(), int64(1+1), "commits in the report's window")
 }

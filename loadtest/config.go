@@ -112,9 +112,12 @@ type ConfigTick struct {
 	ExclusiveSeconds float64 `json:"exclusive_seconds"`
 }
 
-// writeBatchMetrics names the group commit's metrics a tick reads.
-var writeBatchMetrics = [3]string{"nodeward_write_batch_seconds_count", "nodeward_write_batch_seconds_sum",
-	"nodeward_write_exclusive_seconds_total"}
+// The group commit's metrics a tick reads.
+const (
+	metricWriteBatches     = "nodeward_write_batch_seconds_count"
+	metricWriteBatchSecs   = "nodeward_write_batch_seconds_sum"
+	metricExclusiveSeconds = "nodeward_write_exclusive_seconds_total"
+)
 
 // countConfigRows fills t's row counts from db (node_configs).
 func countConfigRows(ctx context.Context, db *models.DB, t *ConfigTick) error {
@@ -255,9 +258,9 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 			if err != nil {
 				return rep, err
 			}
-			tick.WriteBatches = m[writeBatchMetrics[0]] - batches0[writeBatchMetrics[0]]
-			tick.WriteBatchSecs = m[writeBatchMetrics[1]] - batches0[writeBatchMetrics[1]]
-			tick.ExclusiveSeconds = m[writeBatchMetrics[2]] - batches0[writeBatchMetrics[2]]
+			tick.WriteBatches = m[metricWriteBatches] - batches0[metricWriteBatches]
+			tick.WriteBatchSecs = m[metricWriteBatchSecs] - batches0[metricWriteBatchSecs]
+			tick.ExclusiveSeconds = m[metricExclusiveSeconds] - batches0[metricExclusiveSeconds]
 			rep.Timeline = append(rep.Timeline, tick)
 			nextTick = at.Truncate(time.Second) + time.Second
 		}

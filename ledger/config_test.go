@@ -328,7 +328,8 @@ func TestFleetConfigureHeldChildDoesNotUndoALaterNodeConfigure(t *testing.T) {
 					running = ch
 				}
 			}
-			return held.ID != "" && running.ID != ""
+			// Let go once its released child is recorded.
+			return held.ID != "" && running.ID != "" && b.op(t, parent.ID).Owner == ""
 		}, waitLong, tick)
 		require.Equal(t, first, running.TargetID, "children are released in target order")
 		require.Equal(t, second, held.TargetID)
@@ -373,8 +374,9 @@ func TestFleetConfigureHeldChildDoesNotUndoALaterNodeConfigure(t *testing.T) {
 	})
 }
 
-// One release of a fleet.configure decides every child as node.configure
-// would, in the same transaction (the batch of fleet.ConfigureManyTx): a
+// The recording of a fleet.configure's children decides each as
+// node.configure would, a write lane's children in one transaction (the
+// batch of fleet.ConfigureManyTx): a
 // new revision for a fresh node and for one whose older configure it
 // supersedes, an unchanged applied document succeeded at once, one the node
 // reported failed failed at once with its message, a retired node and a
@@ -414,7 +416,8 @@ func TestFleetConfigureReleaseDecidesEachChild(t *testing.T) {
 					return false
 				}
 			}
-			return true
+			// Let go once its children are recorded.
+			return b.op(t, parent.ID).Owner == ""
 		}, waitLong, tick)
 
 		require.Equal(t, ledger.StatePending, b.op(t, byNode[fresh].ID).State, "a fresh node's child waits for its node")

@@ -307,11 +307,13 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 }
 
 // recordTx records the commands of released children (ids) that are still
-// due one: it locks them, skips those that ended, were held again or
-// already have their command (another recorder got there first: a
-// recovered parent's), ends cancelled those whose cancel was asked before
-// their command existed (nothing to withdraw then), and releases the rest
-// to their nodes (releaseAll).
+// due one: it locks them, skips those that ended, were held again, run
+// already or already have their command (another recorder got there
+// first: a recovered parent's), ends cancelled those whose cancel was
+// asked before their command existed (nothing to withdraw then), and
+// releases the rest to their nodes (releaseAll). A configure child has no
+// command: a pending one is recorded again, which writes nothing when
+// another recorder got there first (Kind.RecordedTogether).
 func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
 	slices.Sort(ids)
 	chs, err := tx.LockOperations(ctx, ids)
@@ -328,7 +330,7 @@ func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
 	for _, ch := range chs {
 		_, recorded := have[ch.ID]
 		switch {
-		case ch.Terminal() || ch.Held || recorded:
+		case ch.Terminal() || ch.Held || recorded || ch.State != StatePending:
 		case ch.CancelRequestedAt != nil:
 			if _, err := s.endTx(ctx, tx, ch, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(ch.CancelReason)}, now); err != nil {
 				return err

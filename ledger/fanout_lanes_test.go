@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
@@ -111,97 +112,162 @@ func newLaneLedger(t *testing.T, db *models.DB, mutate ...func(*ledger.Settings)
 	return b, w
 }
 
-// cutShort submits a fan-out over n new ready nodes whose recording
-// fails (w.fail): its children exist, none has its command.
-func (b *bundle) cutShort(t *testing.T, w *laneWatch, n int) (ledger.Operation, []string, map[string]fleet.Session) {
+// cutShort submits a fan-out of kind k over n new ready nodes whose
+// recording fails (w.fail): its children exist, none is recorded.
+func (b *bundle) cutShort(t *testing.T, w *laneWatch, k fanOutKind, n int) (ledger.Operation, []string, map[string]fleet.Session) {
 	t.Helper()
 	ids, sessions := b.readyNodes(t, n)
 	w.fail.Store(true)
 	failed := w.failed.Load()
-	parent := b.fanOutCommand(t, ids)
+	parent := b.fanOut(t, k, ids)
 	// The recording has failed (on a busy machine it may not have begun
 	// when the children exist), and nothing was recorded meanwhile.
 	require.Eventually(t, func() bool { return w.failed.Load() > failed }, waitLong, tick)
-	require.Never(t, func() bool { return b.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+	require.Never(t, func() bool { return k.recorded(t, b, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
 	w.fail.Store(false)
 	return parent, ids, sessions
 }
 
-func (b *bundle) fanOutCommand(t *testing.T, ids []string) ledger.Operation {
+// fanOutKind is a fan-out kind whose children a fan-out records as it
+// commits (Kind.RecordedTogether), with how a test sees them recorded and
+// answers them.
+type fanOutKind struct {
+	name      string
+	operation string
+	// recorded counts the parent's children recorded for their nodes.
+	recorded func(t *testing.T, b *bundle, parentID string) int64
+	// answer has the sessions' agents answer what they are handed, as
+	// applied, until the parent has ended.
+	answer func(b *bundle, t *testing.T, parentID string, sessions map[string]fleet.Session)
+}
+
+var fanOutKinds = []fanOutKind{{
+	name:      ledger.KindFleetCommand,
+	operation: `{"kind":"node.prepare_image","payload":{"image":"lanes:1"}}`,
+	recorded:  func(t *testing.T, b *bundle, parentID string) int64 { return b.handedOut(t, parentID) },
+	answer:    (*bundle).settleAll,
+}, {
+	name:      ledger.KindFleetConfigure,
+	operation: `{"format":"lanes/v1","document":{"lanes":1}}`,
+	recorded:  func(t *testing.T, b *bundle, parentID string) int64 { return b.configuredBy(t, parentID) },
+	answer:    (*bundle).applyAll,
+}}
+
+// configuredBy counts the nodes whose desired configuration a child of
+// the parent wrote.
+func (b *bundle) configuredBy(t *testing.T, parentID string) int64 {
 	t.Helper()
-	parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetCommand,
-		Targets: nodeTargets(ids...), Operation: json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"lanes:1"}}`)})
+	return dbtest.Count(t, b.db.DB, &models.NodeConfigRow{}, "operation_id IN (SELECT id FROM operations WHERE parent_id = ?)", parentID)
+}
+
+// applyAll reports every configuration the sessions are handed as
+// applied until the parent has ended.
+func (b *bundle) applyAll(t *testing.T, parentID string, sessions map[string]fleet.Session) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, sess := range sessions {
+			a, err := b.fleet.PollWork(ctx, sess, 0, "test")
+			require.NoError(t, err)
+			if a.Config != nil {
+				b.reportConfig(t, sess, a.Config.Revision, api.ConfigApplied, "")
+			}
+		}
+		op, err := b.store.Operation(ctx, parentID)
+		require.NoError(t, err)
+		return op.Terminal()
+	}, waitLong, tick, "the fan-out never ended")
+}
+
+// eachFanOutKind runs fn for each fan-out kind recorded as it commits.
+func eachFanOutKind(t *testing.T, fn func(t *testing.T, k fanOutKind)) {
+	for _, k := range fanOutKinds {
+		t.Run(k.name, func(t *testing.T) { fn(t, k) })
+	}
+}
+
+func (b *bundle) fanOut(t *testing.T, k fanOutKind, ids []string) ledger.Operation {
+	t.Helper()
+	parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: k.name,
+		Targets: nodeTargets(ids...), Operation: json.RawMessage(k.operation)})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == len(ids) }, waitLong, tick)
 	return parent
 }
 
-// TestFanOutRecordsCommandsLaneByLane: a fan-out's commands are recorded
-// by one transaction per write lane, each routed to its lane and locking
-// only that lane's children, and the parent is let go once they all have;
-// the parent's own transactions (creation, letting go, advances, its end)
-// run in the lane of the parent. None strays into the exclusive lane,
-// which holds every lane back.
-func TestFanOutRecordsCommandsLaneByLane(t *testing.T) {
-	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		b, w := newLaneLedger(t, db)
-		b.start(t)
-		ids, sessions := b.readyNodes(t, 16)
-		before := b.fstore.GroupStats()
-		strays, exclusive := before.Strays, before.Exclusive
-		parent := b.fanOutCommand(t, ids)
-		require.Eventually(t, func() bool { return b.handedOut(t, parent.ID) == int64(len(ids)) }, waitLong, tick)
+func (b *bundle) fanOutCommand(t *testing.T, ids []string) ledger.Operation {
+	t.Helper()
+	return b.fanOut(t, fanOutKinds[0], ids)
+}
 
-		lanes := map[int]bool{}
-		for _, id := range ids {
-			lanes[b.store.WriteLane(id)] = true
-		}
-		// A batch run again (another request of it failed) locks the same
-		// children again: each lane's recording counts once.
-		seen := map[string]bool{}
-		var recordings []laneLock
-		for _, l := range w.recorded() {
-			key := strings.Join(l.ids, ",")
-			if !seen[key] {
-				seen[key] = true
-				recordings = append(recordings, l)
+// TestFanOutRecordsLaneByLane: a fan-out's children are recorded for
+// their nodes (a fleet.command's commands, a fleet.configure's
+// configurations) by one transaction per write lane, each routed to its
+// lane and locking only that lane's children, and the parent is let go
+// once they all have; the parent's own transactions (creation, letting
+// go, advances, its end) run in the lane of the parent. None strays into
+// the exclusive lane, which holds every lane back.
+func TestFanOutRecordsLaneByLane(t *testing.T) {
+	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
+		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			b, w := newLaneLedger(t, db)
+			b.start(t)
+			ids, sessions := b.readyNodes(t, 16)
+			before := b.fstore.GroupStats()
+			strays, exclusive := before.Strays, before.Exclusive
+			parent := b.fanOut(t, k, ids)
+			require.Eventually(t, func() bool { return k.recorded(t, b, parent.ID) == int64(len(ids)) }, waitLong, tick)
+
+			lanes := map[int]bool{}
+			for _, id := range ids {
+				lanes[b.store.WriteLane(id)] = true
 			}
-		}
-		locked := map[string]int{}
-		for _, l := range recordings {
-			require.True(t, l.routed, "a recording transaction ran unrouted: %v", l.ids)
-			lane := b.store.WriteLane(l.route.Node)
-			for _, id := range l.ids {
-				locked[id]++
-				ch, err := b.store.Operation(ctx, id)
+			// A batch run again (another request of it failed) locks the
+			// same children again: each lane's recording counts once.
+			seen := map[string]bool{}
+			var recordings []laneLock
+			for _, l := range w.recorded() {
+				key := strings.Join(l.ids, ",")
+				if !seen[key] {
+					seen[key] = true
+					recordings = append(recordings, l)
+				}
+			}
+			locked := map[string]int{}
+			for _, l := range recordings {
+				require.True(t, l.routed, "a recording transaction ran unrouted: %v", l.ids)
+				lane := b.store.WriteLane(l.route.Node)
+				for _, id := range l.ids {
+					locked[id]++
+					ch, err := b.store.Operation(ctx, id)
+					require.NoError(t, err)
+					require.Equal(t, lane, b.store.WriteLane(ch.TargetID), "child %s of another lane", id)
+				}
+			}
+			require.Len(t, recordings, len(lanes), "one recording transaction per lane")
+			require.Len(t, locked, len(ids))
+			for id, n := range locked {
+				require.Equal(t, 1, n, "child %s", id)
+			}
+			if db.Dialect == models.Postgres {
+				require.Greater(t, len(lanes), 1, "16 nodes over 4 lanes")
+			}
+
+			require.Eventually(t, func() bool {
+				op, err := b.store.Operation(ctx, parent.ID)
 				require.NoError(t, err)
-				require.Equal(t, lane, b.store.WriteLane(ch.TargetID), "child %s of another lane", id)
+				return op.Owner == ""
+			}, waitLong, tick, "the parent was not let go")
+			k.answer(b, t, parent.ID, sessions)
+			done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+			after := b.fstore.GroupStats()
+			require.Equal(t, strays, after.Strays, "a transaction of the fan-out strayed from its lane")
+			if db.Dialect == models.Postgres {
+				// Creation, recording, the parent let go, its advances
+				// and its end: none held every lane back.
+				require.Equal(t, exclusive, after.Exclusive, "a transaction of the fan-out ran in the exclusive lane")
 			}
-		}
-		require.Len(t, recordings, len(lanes), "one recording transaction per lane")
-		require.Len(t, locked, len(ids))
-		for id, n := range locked {
-			require.Equal(t, 1, n, "child %s", id)
-		}
-		if db.Dialect == models.Postgres {
-			require.Greater(t, len(lanes), 1, "16 nodes over 4 lanes")
-		}
-
-		require.Eventually(t, func() bool {
-			op, err := b.store.Operation(ctx, parent.ID)
-			require.NoError(t, err)
-			return op.Owner == ""
-		}, waitLong, tick, "the parent was not let go")
-		b.settleAll(t, parent.ID, sessions)
-		done := b.waitState(t, parent.ID, ledger.StateSucceeded)
-		require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
-		after := b.fstore.GroupStats()
-		require.Equal(t, strays, after.Strays, "a transaction of the fan-out strayed from its lane")
-		if db.Dialect == models.Postgres {
-			// Creation, recording, the parent let go, its advances and its
-			// end: none held every lane back.
-			require.Equal(t, exclusive, after.Exclusive, "a transaction of the fan-out ran in the exclusive lane")
-		}
+		})
 	})
 }
 
@@ -240,106 +306,142 @@ func TestFanOutRecordingHoldsNoSlot(t *testing.T) {
 
 // TestFanOutRecordingResumes: a recording cut short — a lane's transaction
 // failed, or the replica stopped between creating the children and
-// recording their commands — is finished later, every child's command
-// recorded once; a cancel asked meanwhile withdraws what was not yet
-// recorded.
+// recording them — is finished later, every child recorded once in effect
+// (one command; one revision) and delivered as one run; a cancel asked
+// meanwhile withdraws what was not yet recorded.
 func TestFanOutRecordingResumes(t *testing.T) {
 	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour } // no owner tick, no sweep
-	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		t.Run("ByTheNextAdvance", func(t *testing.T) {
-			b, w := newLaneLedger(t, db, hour)
-			b.start(t)
-			parent, ids, sessions := b.cutShort(t, w, 6)
-			op, err := b.store.Operation(ctx, parent.ID)
-			require.NoError(t, err)
-			require.Equal(t, b.replica, op.Owner, "a parent whose recording failed stays owned")
+	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
+		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			t.Run("ByTheNextAdvance", func(t *testing.T) {
+				b, w := newLaneLedger(t, db, hour)
+				b.start(t)
+				parent, ids, sessions := b.cutShort(t, w, k, 6)
+				op, err := b.store.Operation(ctx, parent.ID)
+				require.NoError(t, err)
+				require.Equal(t, b.replica, op.Owner, "a parent whose recording failed stays owned")
 
-			require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
-			require.Equal(t, int64(len(ids)), b.handedOut(t, parent.ID))
-			op, err = b.store.Operation(ctx, parent.ID)
-			require.NoError(t, err)
-			require.Empty(t, op.Owner)
-			b.settleAll(t, parent.ID, sessions)
-			require.Equal(t, len(ids), b.waitState(t, parent.ID, ledger.StateSucceeded).Counts.Succeeded)
-		})
-		t.Run("ByTheNextReplica", func(t *testing.T) {
-			dead, w := newLaneLedger(t, db, hour)
-			dead.start(t)
-			parent, ids, sessions := dead.cutShort(t, w, 6)
-			dead.stop()
+				require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
+				require.Equal(t, int64(len(ids)), k.recorded(t, b, parent.ID))
+				op, err = b.store.Operation(ctx, parent.ID)
+				require.NoError(t, err)
+				require.Empty(t, op.Owner)
+				k.answer(b, t, parent.ID, sessions)
+				require.Equal(t, len(ids), b.waitState(t, parent.ID, ledger.StateSucceeded).Counts.Succeeded)
+				b.requireRecordedOnce(t, parent.ID, ids)
+			})
+			t.Run("ByTheNextReplica", func(t *testing.T) {
+				dead, w := newLaneLedger(t, db, hour)
+				dead.start(t)
+				parent, ids, sessions := dead.cutShort(t, w, k, 6)
+				dead.stop()
 
-			// The next replica's first try at resuming fails too: the
-			// parent is left running, owned, for its next advance.
-			next, nw := newLaneLedger(t, db, hour)
-			nw.failUnrecorded.Store(true)
-			next.start(t)
-			require.Eventually(t, func() bool {
+				// The next replica's first try at resuming fails too: the
+				// parent is left running, owned, for its next advance.
+				next, nw := newLaneLedger(t, db, hour)
+				nw.failUnrecorded.Store(true)
+				next.start(t)
+				require.Eventually(t, func() bool {
+					op, err := next.store.Operation(ctx, parent.ID)
+					require.NoError(t, err)
+					return op.Owner == next.replica
+				}, waitLong, tick, "the next replica never claimed the parent")
+				require.Never(t, func() bool { return k.recorded(t, next, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
 				op, err := next.store.Operation(ctx, parent.ID)
 				require.NoError(t, err)
-				return op.Owner == next.replica
-			}, waitLong, tick, "the next replica never claimed the parent")
-			require.Never(t, func() bool { return next.handedOut(t, parent.ID) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
-			op, err := next.store.Operation(ctx, parent.ID)
-			require.NoError(t, err)
-			require.Equal(t, ledger.StateRunning, op.State, "a failed resume ended the parent")
-			nw.failUnrecorded.Store(false)
-			require.NoError(t, next.svc.AdvanceForTest(ctx, parent.ID))
-			require.Equal(t, int64(len(ids)), next.handedOut(t, parent.ID))
-			require.Contains(t, eventTypes(t, next, parent.ID), ledger.EventRecovered)
-			next.settleAll(t, parent.ID, sessions)
-			done := next.waitState(t, parent.ID, ledger.StateSucceeded)
-			require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
-			for _, ch := range next.children(t, parent.ID) {
-				require.Equal(t, 1, count(eventTypes(t, next, ch.ID), ledger.EventRunning), "child %s delivered as one run", ch.ID)
-			}
-		})
-		t.Run("CancelledBeforeRecorded", func(t *testing.T) {
-			b, w := newLaneLedger(t, db, hour)
-			b.start(t)
-			parent, ids, _ := b.cutShort(t, w, 4)
-			_, err := b.svc.Cancel(ctx, admin, parent.ID, "changed my mind")
-			require.NoError(t, err)
-			require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
-			require.Zero(t, b.handedOut(t, parent.ID), "a cancelled child got its command")
-			done := b.waitState(t, parent.ID, ledger.StateCancelled)
-			require.Equal(t, &ledger.Counts{Total: len(ids), Cancelled: len(ids)}, done.Counts)
+				require.Equal(t, ledger.StateRunning, op.State, "a failed resume ended the parent")
+				nw.failUnrecorded.Store(false)
+				require.NoError(t, next.svc.AdvanceForTest(ctx, parent.ID))
+				require.Equal(t, int64(len(ids)), k.recorded(t, next, parent.ID))
+				require.Contains(t, eventTypes(t, next, parent.ID), ledger.EventRecovered)
+				k.answer(next, t, parent.ID, sessions)
+				done := next.waitState(t, parent.ID, ledger.StateSucceeded)
+				require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+				next.requireRecordedOnce(t, parent.ID, ids)
+			})
+			t.Run("CancelledBeforeRecorded", func(t *testing.T) {
+				b, w := newLaneLedger(t, db, hour)
+				b.start(t)
+				parent, ids, _ := b.cutShort(t, w, k, 4)
+				_, err := b.svc.Cancel(ctx, admin, parent.ID, "changed my mind")
+				require.NoError(t, err)
+				require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
+				require.Zero(t, k.recorded(t, b, parent.ID), "a cancelled child was recorded")
+				done := b.waitState(t, parent.ID, ledger.StateCancelled)
+				require.Equal(t, &ledger.Counts{Total: len(ids), Cancelled: len(ids)}, done.Counts)
+			})
 		})
 	})
 }
 
 // TestFanOutRecordersRaceOnce: two replicas recording the same children
-// at once (a recovered parent's new owner beside an old owner that had
-// not stopped after all) record each command once and end nothing twice.
+// at once, again and again (a recovered parent's new owner beside an old
+// owner that had not stopped after all), before and after the children
+// were delivered, record each child once in effect and end nothing twice.
 func TestFanOutRecordersRaceOnce(t *testing.T) {
 	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour }
-	dbtest.Each(t, func(t *testing.T, db *models.DB) {
-		a, w := newLaneLedger(t, db, hour)
-		a.start(t)
-		parent, ids, sessions := a.cutShort(t, w, 8)
-		bb := newLedger(t, db, a.tk, a.clock, hour)
-		var children []string
-		for _, ch := range a.children(t, parent.ID) {
-			children = append(children, ch.ID)
-		}
-		for range 5 {
-			var wg sync.WaitGroup
-			errs := make([]error, 2)
-			for i, svc := range []*ledger.Service{a.svc, bb.svc} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					errs[i] = svc.RecordForTest(ctx, append([]string(nil), children...))
-				}()
+	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
+		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			a, w := newLaneLedger(t, db, hour)
+			a.start(t)
+			parent, ids, sessions := a.cutShort(t, w, k, 8)
+			bb := newLedger(t, db, a.tk, a.clock, hour)
+			var children []string
+			for _, ch := range a.children(t, parent.ID) {
+				children = append(children, ch.ID)
 			}
-			wg.Wait()
-			require.NoError(t, errors.Join(errs...))
-		}
-		require.Equal(t, int64(len(ids)), a.handedOut(t, parent.ID))
-		require.NoError(t, a.svc.AdvanceForTest(ctx, parent.ID))
-		a.settleAll(t, parent.ID, sessions)
-		done := a.waitState(t, parent.ID, ledger.StateSucceeded)
-		require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+			race := func() {
+				var wg sync.WaitGroup
+				errs := make([]error, 2)
+				for i, svc := range []*ledger.Service{a.svc, bb.svc} {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						errs[i] = svc.RecordForTest(ctx, append([]string(nil), children...))
+					}()
+				}
+				wg.Wait()
+				require.NoError(t, errors.Join(errs...))
+			}
+			for range 5 {
+				race()
+			}
+			require.Equal(t, int64(len(ids)), k.recorded(t, a, parent.ID))
+			// Delivered, the children run; a late recorder leaves them be.
+			for _, sess := range sessions {
+				_, err := a.fleet.PollWork(ctx, sess, 0, "test")
+				require.NoError(t, err)
+			}
+			race()
+			// Past the visibility timeout, answered on their next poll.
+			a.clock.Advance(61 * time.Second)
+			require.NoError(t, a.svc.AdvanceForTest(ctx, parent.ID))
+			k.answer(a, t, parent.ID, sessions)
+			done := a.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+			a.requireRecordedOnce(t, parent.ID, ids)
+		})
 	})
+}
+
+// requireRecordedOnce checks that each child of the parent ran once (one
+// running event) and, for a configure, that its node's configuration is
+// at revision 1, the child's own.
+func (b *bundle) requireRecordedOnce(t *testing.T, parentID string, ids []string) {
+	t.Helper()
+	children := b.children(t, parentID)
+	require.Len(t, children, len(ids))
+	for _, ch := range children {
+		require.Equal(t, 1, count(eventTypes(t, b, ch.ID), ledger.EventRunning), "child %s delivered as one run", ch.ID)
+		if ch.Kind != ledger.KindNodeConfigure {
+			continue
+		}
+		c, err := b.fleet.NodeConfig(ctx, ch.TargetID)
+		require.NoError(t, err)
+		require.NotNil(t, c.Desired)
+		require.Equal(t, int64(1), c.Desired.Revision, "node %s: its child's document is one revision", ch.TargetID)
+		require.Equal(t, ch.ID, c.Desired.OperationID)
+	}
 }
 
 func count(xs []string, x string) int {

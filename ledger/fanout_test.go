@@ -266,14 +266,13 @@ func TestFleetCommand(t *testing.T) {
 	})
 }
 
-// TestRestartReleasesHeldChildrenAtOnce: a replica killed after its
-// fan-out committed but before it advanced the parent leaves every child
-// held, each configure's revision not yet written. The replica that
-// starts next releases them at once, not at its first owner-lease tick
-// (a third of the lease later): until then the fleet.configure has
-// written nothing, and a reader counting revisions meanwhile counted one
-// fewer on every node.
-func TestRestartReleasesHeldChildrenAtOnce(t *testing.T) {
+// TestRestartRecordsChildrenAtOnce: a replica killed after its fan-out
+// committed but before it recorded the children leaves each configure's
+// revision not yet written. The replica that starts next records them at
+// once, not at its first owner-lease tick (a third of the lease later):
+// until then the fleet.configure has written nothing, and a reader
+// counting revisions meanwhile counted one fewer on every node.
+func TestRestartRecordsChildrenAtOnce(t *testing.T) {
 	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour } // no owner tick during the test
 	each(t, func(t *testing.T, b *bundle) {
 		var ids []string
@@ -281,50 +280,40 @@ func TestRestartReleasesHeldChildrenAtOnce(t *testing.T) {
 			id, _ := b.readyNode(t)
 			ids = append(ids, id)
 		}
-		// The killed replica: its fan-out commits, the advance that would
-		// follow never runs (the process died with the notification).
-		dead := newLedger(t, b.db, b.tk, b.clock, hour)
-		dead.fstore.SetOnCommit(func(notes []fleet.Notification) {
-			for _, n := range notes {
-				switch n.Kind {
-				case fleet.NotifyOperation:
-					dead.svc.Changed(ctx, n.NodeID)
-				case fleet.NotifyDispatch:
-					dead.svc.Dispatchable(n.NodeID)
-				}
-			}
-		})
+		// The killed replica: its fan-out commits, its recording never
+		// does (the process died before the lanes took it).
+		w := &laneWatch{}
+		w.fail.Store(true)
+		dead := newLedgerWrapped(t, b.db, b.tk, b.clock, func(s ledger.Store) ledger.Store {
+			w.Store = s
+			return w
+		}, hour)
 		dead.start(t)
 		parent, _, err := dead.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: ledger.KindFleetConfigure,
 			Targets: nodeTargets(ids...), Operation: json.RawMessage(`{"format":"f/v1","document":{"restart":true}}`)})
 		require.NoError(t, err)
-		require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == len(ids) }, waitLong, tick)
+		require.Eventually(t, func() bool { return w.failed.Load() > 0 }, waitLong, tick, "the recording never ran")
 		dead.stop()
-		for _, ch := range b.children(t, parent.ID) {
-			require.True(t, ch.Held, "child %s released before the kill", ch.ID)
-		}
+		require.Len(t, b.children(t, parent.ID), len(ids))
 		for _, id := range ids {
 			c, err := b.fleet.NodeConfig(ctx, id)
 			require.NoError(t, err)
-			require.Nil(t, c.Desired, "node %s configured before its child was released", id)
+			require.Nil(t, c.Desired, "node %s configured before its child was recorded", id)
 		}
 
-		// The next replica releases them as it starts.
+		// The next replica records them as it starts.
 		b.start(t)
 		require.Eventually(t, func() bool {
-			for _, ch := range b.children(t, parent.ID) {
-				if ch.Held {
+			for _, id := range ids {
+				c, err := b.fleet.NodeConfig(ctx, id)
+				require.NoError(t, err)
+				if c.Desired == nil {
 					return false
 				}
+				require.Equal(t, int64(1), c.Desired.Revision)
 			}
 			return true
-		}, waitLong, tick, "held children not released by the restarted replica")
-		for _, id := range ids {
-			c, err := b.fleet.NodeConfig(ctx, id)
-			require.NoError(t, err)
-			require.NotNil(t, c.Desired)
-			require.Equal(t, int64(1), c.Desired.Revision)
-		}
+		}, waitLong, tick, "children not recorded by the restarted replica")
 	}, hour)
 }
 

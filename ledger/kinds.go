@@ -88,9 +88,12 @@ type Kind struct {
 	// RecordedTogether: a fan-out inserts this kind's children released
 	// and records them together right after it commits (recordReleased),
 	// rather than holding them for its advance. RecordMany must be set,
-	// and Record must write a fleet command under the operation's id: a
-	// resumed recording finds the children left by that command's absence
-	// (Tx.Unrecorded).
+	// and a resumed recording, or two racing, must record no child twice
+	// in effect: either Record writes a fleet command under the
+	// operation's id, whose presence marks the child recorded
+	// (Tx.Unrecorded, recordTx), or recording a still pending child again
+	// changes nothing (node.configure: the node's configuration already
+	// names the child's document, so the record writes nothing).
 	RecordedTogether bool
 	// PrepareIssue, for a kind whose Record issues one command
 	// (fleet.IssueTx), builds that command before the submitting

@@ -864,14 +864,17 @@ const lockOperationsPostgres = `SELECT ` + operationScanColumns + ` FROM operati
 
 // Unrecorded reads the parent's children through operations_parent and
 // looks each up in commands by its key: a fan-out's children, a few
-// hundred rows at most, and only when a recording was cut short.
+// thousand rows at most, and only when a recording was cut short. A
+// configure child is never running unrecorded (it runs once its revision
+// is delivered), and one still pending is answered whether recorded or
+// not: its record is idempotent (Kind.RecordedTogether).
 func (t *ledgerTx) Unrecorded(ctx context.Context, parentID string, kinds []string) ([]ledger.Operation, error) {
 	if len(kinds) == 0 {
 		return nil, nil
 	}
 	var rows []Operation
 	err := t.r.db(ctx).Raw(`SELECT * FROM operations o
-		WHERE o.parent_id = ? AND o.terminal = FALSE AND o.held = FALSE AND o.kind IN ?
+		WHERE o.parent_id = ? AND o.terminal = FALSE AND o.held = FALSE AND o.state = 'pending' AND o.kind IN ?
 		  AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.operation_id = o.id)
 		ORDER BY o.seq`, parentID, kinds).Scan(&rows).Error
 	return operationsFromRows(rows), err

@@ -50,18 +50,20 @@ const CodeChildrenFailed = "children_failed"
 //     node is locked) and leaves the parent running, counted, still
 //     owned by this replica: its recording is under way;
 //  2. the children that fit the max_concurrency slots and are recorded
-//     together (Kind.RecordedTogether: the node commands) get their commands
-//     in one transaction per write lane (Store.WriteLane), each locking
-//     only its own lane's nodes and children, so the lanes commit them
-//     beside their other work (recordReleased);
+//     together (Kind.RecordedTogether: the node commands, node.configure)
+//     are recorded for their nodes in transactions routed to their write
+//     lane (Store.WriteLane), each locking only its own lane's nodes and
+//     children, at most ReleasePerAdvance of them, so the lanes commit
+//     them beside their other work (recordReleased);
 //  3. one transaction lets go of the parent (no owner): its children now
 //     move it on as they end (advance).
 //
 // A replica that stops between 1 and 3 leaves its parent owned: the
 // parent is recovered like any orphan and claimed again, and the new
-// owner records what is still unrecorded (Tx.Unrecorded) — each child's
-// command is recorded once, since every recorder locks the child and
-// looks for its command first (recordTx). A failed step 2 is resumed by
+// owner records what is still unrecorded (Tx.Unrecorded) — each child is
+// recorded once in effect, since every recorder locks the child and looks
+// for its command first, and a configure recorded again writes nothing
+// (recordTx). A failed step 2 is resumed by
 // the parent's next advance on this replica.
 //
 // Only step 1 runs in the dispatcher's slot. Steps 2 and 3 are answered
@@ -122,9 +124,10 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		// releasing them a moment later rewrote each row (held is in the
 		// claimable index's predicate, so no HOT update: a new entry in
 		// every index of operations). Only kinds recorded together
-		// (RecordedTogether: the node commands) are released here; the others
-		// keep the one path they have, held until the advance. A parent
-		// already asked to cancel releases nothing, as advance would not.
+		// (RecordedTogether: the node commands, node.configure) are
+		// released here; the others keep the one path they have, held
+		// until the advance. A parent already asked to cancel releases
+		// nothing, as advance would not.
 		releaseNow := cur.CancelRequestedAt == nil
 		children := make([]Operation, len(plan.Children))
 		events := make([]Event, len(plan.Children), len(plan.Children)+max)
@@ -251,9 +254,16 @@ func (s *Service) recordedTogether() []string {
 }
 
 // recordReleased is step 2 and 3 of executeFanOut: the released
-// children's commands, one transaction per write lane, all at once; then
-// the parent let go. A lane that failed leaves the parent owned by this
+// children's commands, the write lanes at once, each lane's children in
+// transactions of at most ReleasePerAdvance, one after another; then the
+// parent let go. A lane that failed leaves the parent owned by this
 // replica, for its next advance here to resume (advance).
+//
+// A lane's children are not recorded in one transaction: a
+// fleet.configure of 10,000 nodes with a 4 KiB document wrote a lane's
+// 2,500 in one of 5–7 s, and every delivery and report of the lane
+// waited behind it — the first node was handed its configuration only
+// once the last was recorded (BENCHMARKS.md, thirty-seventh sitting).
 func (s *Service) recordReleased(ctx context.Context, parentID string, released []Operation) {
 	byLane := map[int][]Operation{}
 	var lanes []int
@@ -277,7 +287,11 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 			defer wg.Done()
 			// Routed by any node of the lane: every node it locks is of it.
 			lctx := fleet.OnNode(ctx, chs[0].TargetID)
-			errs[i] = s.store.Tx(lctx, func(tx Tx) error { return s.recordTx(ctx, tx, ids) })
+			for chunk := range slices.Chunk(ids, s.settings.ReleasePerAdvance) {
+				if errs[i] = s.store.Tx(lctx, func(tx Tx) error { return s.recordTx(ctx, tx, chunk) }); errs[i] != nil {
+					return
+				}
+			}
 		}()
 	}
 	wg.Wait()

@@ -201,15 +201,18 @@ func (b *bundle) fanOutCommand(t *testing.T, ids []string) ledger.Operation {
 
 // TestFanOutRecordsLaneByLane: a fan-out's children are recorded for
 // their nodes (a fleet.command's commands, a fleet.configure's
-// configurations) by one transaction per write lane, each routed to its
-// lane and locking only that lane's children, and the parent is let go
-// once they all have; the parent's own transactions (creation, letting
-// go, advances, its end) run in the lane of the parent. None strays into
-// the exclusive lane, which holds every lane back.
+// configurations) by transactions routed to their write lane, each
+// locking only that lane's children and at most ReleasePerAdvance of
+// them, and the parent is let go once they all have; the parent's own
+// transactions (creation, letting go, advances, its end) run in the lane
+// of the parent. None strays into the exclusive lane, which holds every
+// lane back.
 func TestFanOutRecordsLaneByLane(t *testing.T) {
+	const perTx = 3
+	small := func(s *ledger.Settings) { s.ReleasePerAdvance = perTx }
 	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
 		dbtest.Each(t, func(t *testing.T, db *models.DB) {
-			b, w := newLaneLedger(t, db)
+			b, w := newLaneLedger(t, db, small)
 			b.start(t)
 			ids, sessions := b.readyNodes(t, 16)
 			before := b.fstore.GroupStats()
@@ -217,9 +220,13 @@ func TestFanOutRecordsLaneByLane(t *testing.T) {
 			parent := b.fanOut(t, k, ids)
 			require.Eventually(t, func() bool { return k.recorded(t, b, parent.ID) == int64(len(ids)) }, waitLong, tick)
 
-			lanes := map[int]bool{}
+			lanes := map[int]int{}
 			for _, id := range ids {
-				lanes[b.store.WriteLane(id)] = true
+				lanes[b.store.WriteLane(id)]++
+			}
+			transactions := 0
+			for _, n := range lanes {
+				transactions += (n + perTx - 1) / perTx
 			}
 			// A batch run again (another request of it failed) locks the
 			// same children again: each lane's recording counts once.
@@ -235,6 +242,7 @@ func TestFanOutRecordsLaneByLane(t *testing.T) {
 			locked := map[string]int{}
 			for _, l := range recordings {
 				require.True(t, l.routed, "a recording transaction ran unrouted: %v", l.ids)
+				require.LessOrEqual(t, len(l.ids), perTx, "a recording transaction wrote more than ReleasePerAdvance")
 				lane := b.store.WriteLane(l.route.Node)
 				for _, id := range l.ids {
 					locked[id]++
@@ -243,7 +251,7 @@ func TestFanOutRecordsLaneByLane(t *testing.T) {
 					require.Equal(t, lane, b.store.WriteLane(ch.TargetID), "child %s of another lane", id)
 				}
 			}
-			require.Len(t, recordings, len(lanes), "one recording transaction per lane")
+			require.Len(t, recordings, transactions, "each lane's children in transactions of ReleasePerAdvance")
 			require.Len(t, locked, len(ids))
 			for id, n := range locked {
 				require.Equal(t, 1, n, "child %s", id)

@@ -57,8 +57,9 @@ type Settings struct {
 	// (advance.go); default DefaultAdvanceInterval.
 	AdvanceInterval time.Duration
 	// ReleasePerAdvance bounds the held children one advance releases in
-	// its transaction; a parent with more held and slots free is advanced
-	// again at once. Releasing a node kind's child takes that node's quota
+	// its transaction (a parent with more held and slots free is advanced
+	// again at once), and the children a fan-out's recording writes in one
+	// transaction (recordReleased). Releasing a node kind's child takes that node's quota
 	// lock (an advisory lock on Postgres, kept to the transaction's end),
 	// and Postgres's lock table holds max_locks_per_transaction (64) times
 	// max_connections entries for all sessions together: a fleet.configure

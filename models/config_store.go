@@ -320,8 +320,19 @@ func (t *fleetTx) SaveNodeConfigs(ctx context.Context, cs []fleet.NodeConfig) er
 	for i, c := range cs {
 		rows[i] = rowFromConfig(c)
 	}
-	return t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).
-		CreateInBatches(&rows, saveConfigsPerStatement).Error
+	for len(rows) > 0 {
+		// The documents dominate a row: statementBytes bounds them.
+		n := rowsThatFit(len(rows), saveConfigsPerStatement, func(i int) int {
+			return paramBytes(rows[i].Box) + paramBytes(rows[i].EarlierSecrets) + 256
+		})
+		batch := rows[:n]
+		err := t.db(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "node_id"}}, UpdateAll: true}).Create(&batch).Error
+		if err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
 }
 
 // saveConfigsPerStatement keeps a multi-row upsert of node_configs (28

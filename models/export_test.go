@@ -87,3 +87,9 @@ func PruneReveals(before time.Time) Statement {
 
 // SweepLock is the lease sweep's advisory lock, as SQL (per schema).
 const SweepLock = sweepLock
+
+// RowsThatFit and StatementBytes are how multi-row statements are cut
+// (sqlpath.go), for the external tests.
+var RowsThatFit = rowsThatFit
+
+const StatementBytes = statementBytes

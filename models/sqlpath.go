@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,13 +66,62 @@ func (c *statementCache[K]) get(k K, build func() string) string {
 func insertRows(g *gorm.DB, table, columns string, width int, args []any) error {
 	postgres := onPostgres(g)
 	for len(args) > 0 {
-		n := min(len(args)/width, insertBatch)
+		n := rowsThatFit(len(args)/width, insertBatch, func(i int) int {
+			size := 0
+			for _, a := range args[i*width : (i+1)*width] {
+				size += paramBytes(a)
+			}
+			return size
+		})
 		if _, err := execRows(g, insertRowsSQL(insertShape{table, columns, width, n, postgres}), args[:n*width]...); err != nil {
 			return err
 		}
 		args = args[n*width:]
 	}
 	return nil
+}
+
+// statementBytes bounds the parameter bytes of one multi-row statement
+// (one row alone may pass it). pgx encodes a statement's parameters, then
+// its Bind message, into buffers it grows as it appends and lets go of
+// after the statement, so every byte is copied and allocated several
+// times over as they grow: 500 children of a fleet.configure carrying a
+// 4 KiB document each made a statement of 2.5 MB, and growing such
+// buffers took 18 % of the server's CPU over a 10,000-node wave
+// (BENCHMARKS.md, thirty-seventh sitting). Smaller statements keep the
+// buffers small enough to be reused and stay in cache, and bound the
+// memory one statement holds whatever the documents' size.
+const statementBytes = 256 << 10
+
+// rowsThatFit answers how many of n rows, sized by size, one multi-row
+// statement takes: at most maxRows, at least one, and no more than fit
+// in statementBytes.
+func rowsThatFit(n, maxRows int, size func(i int) int) int {
+	n = min(n, maxRows)
+	total := 0
+	for i := range n {
+		if total += size(i); total > statementBytes && i > 0 {
+			return i
+		}
+	}
+	return n
+}
+
+// paramBytes is about what a statement parameter takes on the wire.
+func paramBytes(a any) int {
+	switch v := a.(type) {
+	case string:
+		return len(v)
+	case *string:
+		if v != nil {
+			return len(*v)
+		}
+	case []byte:
+		return len(v)
+	case json.RawMessage:
+		return len(v)
+	}
+	return 8
 }
 
 // insertShape names one of insertRowsSQL's statements.

@@ -262,3 +262,49 @@ func TestIssueTakesAKeptOperationWithAnyNumberOfEvents(t *testing.T) {
 		}
 	})
 }
+
+// TestLargeRowsSplitAcrossStatements: multi-row statements are cut by
+// their parameters' bytes as well as by rows, at least one row each, and
+// rows whose documents span several statements all arrive whole: a
+// fan-out's children carrying a large operation (InsertOperations) and
+// the configurations of its release (SaveNodeConfigs). Both dialects.
+func TestLargeRowsSplitAcrossStatements(t *testing.T) {
+	sized := func(sizes ...int) func(int) int { return func(i int) int { return sizes[i] } }
+	third := models.StatementBytes / 3
+	require.Equal(t, 3, models.RowsThatFit(5, 500, sized(third, third, third, third, third)), "three thirds fit, a fourth does not")
+	require.Equal(t, 1, models.RowsThatFit(2, 500, sized(2*models.StatementBytes, 1)), "a row larger than the bound goes alone")
+	require.Equal(t, 500, models.RowsThatFit(10000, 500, sized(make([]int, 10000)...)), "small rows: the row bound")
+
+	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
+		ls := models.NewLedgerStore(s)
+		big := json.RawMessage(`{"document":"` + strings.Repeat("x", models.StatementBytes/2) + `"}`)
+		var ops []ledger.Operation
+		var nodes []fleet.Node
+		var cfgs []fleet.NodeConfig
+		for i := range 5 {
+			id := fmt.Sprintf("big-%d", i)
+			ops = append(ops, ledger.Operation{ID: id, RequestID: "req-" + id, Digest: "d", PrincipalKind: ledger.PrincipalAdmin,
+				PrincipalID: "u1", Family: ledger.FamilyNodeConfig, Kind: ledger.KindNodeConfigure, State: ledger.StatePending,
+				Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: id}},
+				TargetKind: ledger.TargetNode, TargetID: id, Operation: big, CreatedAt: t0, Deadline: t0.Add(time.Hour), UpdatedAt: t0})
+			nodes = append(nodes, sampleNode(id, "rent-"+id, 1))
+			cfgs = append(cfgs, fleet.NodeConfig{NodeID: id, Revision: 1, Hash: "h", Format: "f/v1", Box: []byte(big),
+				SizeBytes: int64(len(big)), UpdatedAt: t0, OperationID: id})
+		}
+		insert(t, s, nodes...)
+		require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
+			if err := tx.InsertOperations(ctx, ops, nil); err != nil {
+				return err
+			}
+			return tx.Fleet().SaveNodeConfigs(ctx, cfgs)
+		}))
+		for _, op := range ops {
+			got, err := ls.Operation(ctx, op.ID)
+			require.NoError(t, err)
+			require.JSONEq(t, string(big), string(got.Operation))
+			c, err := s.NodeConfig(ctx, op.ID)
+			require.NoError(t, err)
+			require.Equal(t, []byte(big), c.Box)
+		}
+	})
+}

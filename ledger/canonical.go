@@ -22,24 +22,48 @@ func Canonical(raw json.RawMessage) (json.RawMessage, error) {
 // Digest is DECISIONS.md §13's request digest: lowercase hex SHA-256 of the
 // canonical JSON of {kind, targets, operation}.
 func Digest(kind string, targets []Target, operation json.RawMessage) (string, error) {
-	if targets == nil {
-		targets = []Target{}
-	}
 	if len(operation) == 0 {
 		operation = json.RawMessage("{}")
 	}
-	body, err := json.Marshal(struct {
-		Kind      string          `json:"kind"`
-		Targets   []Target        `json:"targets"`
-		Operation json.RawMessage `json:"operation"`
-	}{kind, targets, operation})
+	canon, err := Canonical(operation)
 	if err != nil {
 		return "", err
 	}
-	canon, err := Canonical(body)
+	return digestCanonical(kind, targets, canon)
+}
+
+// digestCanonical is Digest of an operation already in canonical form.
+// RFC 8785's form of an object is its members' forms in key order (kind,
+// operation, targets), so the operation is written as it is rather than
+// parsed and written again: a fan-out digests one document for each of
+// thousands of children.
+func digestCanonical(kind string, targets []Target, canonOp json.RawMessage) (string, error) {
+	if targets == nil {
+		targets = []Target{}
+	}
+	if len(canonOp) == 0 {
+		canonOp = json.RawMessage("{}")
+	}
+	k, err := canonicalOf(kind)
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:]), nil
+	t, err := canonicalOf(targets)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(`{"kind":`), k, []byte(`,"operation":`), canonOp, []byte(`,"targets":`), t, []byte(`}`)} {
+		h.Write(part)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// canonicalOf answers v's JSON in canonical form.
+func canonicalOf(v any) (json.RawMessage, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return Canonical(raw)
 }

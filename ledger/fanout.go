@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -131,16 +132,21 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		releaseNow := cur.CancelRequestedAt == nil
 		children := make([]Operation, len(plan.Children))
 		events := make([]Event, len(plan.Children), len(plan.Children)+max)
+		// A plan's children mostly carry one operation (one document for
+		// every node): its canonical form is made once and shared.
+		var lastOp, canon json.RawMessage
 		for i, c := range plan.Children {
 			ck, ok := s.kinds.Kind(c.Kind)
 			if !ok {
 				return fmt.Errorf("fan-out child kind %q is not served", c.Kind)
 			}
-			canon, err := Canonical(c.Operation)
-			if err != nil {
-				return err
+			if canon == nil || !bytes.Equal(c.Operation, lastOp) {
+				if canon, err = Canonical(c.Operation); err != nil {
+					return err
+				}
+				lastOp = c.Operation
 			}
-			digest, err := Digest(c.Kind, c.Targets, canon)
+			digest, err := digestCanonical(c.Kind, c.Targets, canon)
 			if err != nil {
 				return err
 			}

@@ -1,6 +1,8 @@
 package ledger_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"strconv"
 	"sync"
@@ -58,6 +60,45 @@ func TestDigestIsCanonical(t *testing.T) {
 	d, err := ledger.Digest("k2", []ledger.Target{{Kind: "node", ID: "n1"}}, json.RawMessage(`{"b":1,"a":[1,"x"]}`))
 	require.NoError(t, err)
 	require.NotEqual(t, a, d, "the kind is part of the digest")
+}
+
+// TestDigestIsTheCanonicalBody: the digest, made from the members'
+// canonical forms, is the SHA-256 of the canonical JSON of the whole body
+// {kind, targets, operation} (DECISIONS.md §13), for strings JSON escapes
+// in more than one way, numbers with more than one spelling, members out
+// of order, and no targets or operation.
+func TestDigestIsTheCanonicalBody(t *testing.T) {
+	cases := []struct {
+		kind      string
+		targets   []ledger.Target
+		operation string
+	}{
+		{"node.configure", []ledger.Target{{Kind: "node", ID: "n1"}}, `{"format":"f/v1","document":{"z":1e2,"a":[0.10,-0,"<&>"]}}`},
+		{"k<&>", []ledger.Target{{Kind: "node", ID: "é \"x"}, {Kind: "fleet"}}, `{"s":"\u00e9\ud83d\ude00\n","b":true,"n":null}`},
+		{"fleet.command", nil, `{}`},
+		{"test.noop", []ledger.Target{}, ``},
+	}
+	for _, c := range cases {
+		got, err := ledger.Digest(c.kind, c.targets, json.RawMessage(c.operation))
+		require.NoError(t, err)
+		targets, operation := c.targets, json.RawMessage(c.operation)
+		if targets == nil {
+			targets = []ledger.Target{}
+		}
+		if len(operation) == 0 {
+			operation = json.RawMessage(`{}`)
+		}
+		body, err := json.Marshal(struct {
+			Kind      string          `json:"kind"`
+			Targets   []ledger.Target `json:"targets"`
+			Operation json.RawMessage `json:"operation"`
+		}{c.kind, targets, operation})
+		require.NoError(t, err)
+		canon, err := ledger.Canonical(body)
+		require.NoError(t, err)
+		sum := sha256.Sum256(canon)
+		require.Equal(t, hex.EncodeToString(sum[:]), got, "%s %s", c.kind, c.operation)
+	}
 }
 
 func TestSubmit(t *testing.T) {

@@ -290,7 +290,7 @@ func (s *Service) Submit(ctx context.Context, p Principal, sub Submission) (Oper
 	if sub.Targets == nil {
 		sub.Targets = []Target{}
 	}
-	digest, err := Digest(sub.Kind, sub.Targets, canon)
+	digest, err := digestCanonical(sub.Kind, sub.Targets, canon)
 	if err != nil {
 		return Operation{}, false, err
 	}

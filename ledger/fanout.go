@@ -126,9 +126,10 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		// claimable index's predicate, so no HOT update: a new entry in
 		// every index of operations). Only kinds recorded together
 		// (RecordedTogether: the node commands, node.configure) are
-		// released here; the others keep the one path they have, held
-		// until the advance. A parent already asked to cancel releases
-		// nothing, as advance would not.
+		// released here, and of those node.configure's stay held until
+		// their recording (HeldUntilRecorded); the others keep the one
+		// path they have, held until the advance. A parent already asked
+		// to cancel releases nothing, as advance would not.
 		releaseNow := cur.CancelRequestedAt == nil
 		children := make([]Operation, len(plan.Children))
 		events := make([]Event, len(plan.Children), len(plan.Children)+max)
@@ -166,7 +167,7 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 				return fmt.Errorf("fan-out child kind %s: target kind %q is not among its TargetKinds", ck.Name, ch.TargetKind)
 			}
 			if releaseNow && ck.RecordedTogether && len(released) < max {
-				ch.Held = false
+				ch.Held = ck.HeldUntilRecorded
 				released = append(released, ch)
 			}
 			children[i] = ch
@@ -175,7 +176,9 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		// Each child's events in the order a later release writes them:
 		// every submitted event, then the released ones.
 		for _, ch := range released {
-			events = append(events, Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)})
+			if !ch.Held {
+				events = append(events, Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)})
+			}
 		}
 		// One multi-row insert for the children and one for their events,
 		// not a statement per child.
@@ -247,12 +250,14 @@ func (s *Service) recordingHere(parentID string) bool {
 	return ok
 }
 
-// recordedTogether answers the kinds recorded together (RecordedTogether): the
-// children a fan-out releases as it records them.
+// recordedTogether answers the kinds recorded together (RecordedTogether)
+// whose children are released before they are recorded: those a
+// recording cut short leaves behind unheld (Tx.Unrecorded). A
+// HeldUntilRecorded kind's are left held, for the advance.
 func (s *Service) recordedTogether() []string {
 	var out []string
 	for _, k := range s.kinds.Kinds() {
-		if k.RecordedTogether {
+		if k.RecordedTogether && !k.HeldUntilRecorded {
 			out = append(out, k.Name)
 		}
 	}
@@ -326,14 +331,15 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 	}
 }
 
-// recordTx records the commands of released children (ids) that are still
-// due one: it locks them, skips those that ended, were held again, run
-// already or already have their command (another recorder got there
-// first: a recovered parent's), ends cancelled those whose cancel was
-// asked before their command existed (nothing to withdraw then), and
-// releases the rest to their nodes (releaseAll). A configure child has no
-// command: a pending one is recorded again, which writes nothing when
-// another recorder got there first (Kind.RecordedTogether).
+// recordTx records the children named (ids) that are still due a record:
+// it locks them, skips those that ended, run already, were held for a
+// slot or already have their command (another recorder got there first:
+// a recovered parent's), ends cancelled those whose cancel was asked
+// before they were recorded (nothing to withdraw then), releases the
+// held ones of a HeldUntilRecorded kind, and records the rest for their
+// nodes (releaseAll). A child of a HeldUntilRecorded kind found unheld
+// was recorded when it was released; recorded again, its record writes
+// nothing.
 func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
 	slices.Sort(ids)
 	chs, err := tx.LockOperations(ctx, ids)
@@ -347,17 +353,37 @@ func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
 	}
 	now := s.clock()
 	var due []Operation
+	var releasing []string
 	for _, ch := range chs {
 		_, recorded := have[ch.ID]
+		kind, _ := s.kinds.Kind(ch.Kind)
+		heldUntilRecorded := kind != nil && kind.HeldUntilRecorded
 		switch {
-		case ch.Terminal() || ch.Held || recorded || ch.State != StatePending:
+		case ch.Terminal() || recorded || ch.State != StatePending:
+		case ch.Held && !heldUntilRecorded:
 		case ch.CancelRequestedAt != nil:
 			if _, err := s.endTx(ctx, tx, ch, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(ch.CancelReason)}, now); err != nil {
 				return err
 			}
+		case ch.Held:
+			releasing = append(releasing, ch.ID)
 		default:
 			due = append(due, ch)
 		}
+	}
+	if len(releasing) > 0 {
+		freed, err := tx.ReleaseChildren(ctx, releasing, now)
+		if err != nil {
+			return err
+		}
+		events := make([]Event, len(freed))
+		for i, ch := range freed {
+			events[i] = Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}
+		}
+		if err := tx.AppendEvents(ctx, events...); err != nil {
+			return err
+		}
+		due = append(due, freed...)
 	}
 	_, err = s.releaseAll(ctx, tx, due, now)
 	return err
@@ -429,7 +455,10 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 		maxConcurrency := maxConcurrencyOf(parent)
 		inFlight := byState[StatePending] + byState[StateRunning] - held
 		more := false
-		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil {
+		// A parent still owned is being recorded (executeFanOut): its
+		// recording releases the children that fit, lane by lane, and the
+		// advance that follows it releases more.
+		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil && parent.Owner == "" {
 			// The held children leave the held ones in one statement and
 			// their released events in one more; then each goes to its
 			// channel. At most ReleasePerAdvance of them: the rest in the

@@ -461,3 +461,55 @@ func count(xs []string, x string) int {
 	}
 	return n
 }
+
+// TestFleetConfigureChildNotYetRecordedIsLeftAlone: while a recording of
+// a fleet.configure's children is cut short, what happens on their nodes
+// does not decide them — a report of the node's current, older revision
+// does not end a child succeeded, a node.configure submitted after the
+// fan-out does not end it as if it had recorded a revision. Once recorded,
+// each child is judged as submitted: a new revision for the first node,
+// superseded by the later submission for the second.
+func TestFleetConfigureChildNotYetRecordedIsLeftAlone(t *testing.T) {
+	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour }
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		b, w := newLaneLedger(t, db, hour)
+		b.start(t)
+		ids, sessions := b.readyNodes(t, 2)
+		for _, id := range ids {
+			b.configureOp(t, id, `{"format":"f/v1","document":{"first":true}}`)
+			b.reportConfig(t, sessions[id], 1, api.ConfigApplied, "")
+		}
+		w.fail.Store(true)
+		failed := w.failed.Load()
+		parent := b.fanOut(t, fanOutKinds[1], ids)
+		require.Eventually(t, func() bool { return w.failed.Load() > failed }, waitLong, tick)
+		w.fail.Store(false)
+
+		b.reportConfig(t, sessions[ids[0]], 1, api.ConfigApplied, "")
+		later := b.configureOp(t, ids[1], `{"format":"f/v1","document":{"later":true}}`)
+		for _, ch := range b.children(t, parent.ID) {
+			got := b.op(t, ch.ID)
+			require.Equal(t, ledger.StatePending, got.State, "child %s for node %s decided before it was recorded", ch.ID, ch.TargetID)
+			require.True(t, got.Held, "child %s not yet recorded", ch.ID)
+		}
+
+		require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
+		byNode := map[string]ledger.Operation{}
+		for _, ch := range b.children(t, parent.ID) {
+			byNode[ch.TargetID] = ch
+		}
+		c, err := b.fleet.NodeConfig(ctx, ids[0])
+		require.NoError(t, err)
+		require.Equal(t, int64(2), c.Desired.Revision)
+		require.Equal(t, byNode[ids[0]].ID, c.Desired.OperationID)
+		require.Equal(t, ledger.StatePending, byNode[ids[0]].State)
+
+		got := b.waitState(t, byNode[ids[1]].ID, ledger.StateFailed)
+		require.Equal(t, ledger.CodeSuperseded, got.Error.Code)
+		require.Contains(t, got.Error.Message, later.ID, "superseded by the configure submitted after it")
+		c, err = b.fleet.NodeConfig(ctx, ids[1])
+		require.NoError(t, err)
+		require.Equal(t, later.ID, c.Desired.OperationID)
+		require.Equal(t, int64(2), c.Desired.Revision)
+	})
+}

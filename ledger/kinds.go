@@ -85,16 +85,24 @@ type Kind struct {
 	// nothing is written for a refused one. An operation its record ended
 	// or made running at once is replaced in ops by how it stands after.
 	RecordMany func(ctx context.Context, tx Tx, ops []Operation, admit func(ok []int) (map[int]error, error)) ([]error, error)
-	// RecordedTogether: a fan-out inserts this kind's children released
-	// and records them together right after it commits (recordReleased),
-	// rather than holding them for its advance. RecordMany must be set,
-	// and a resumed recording, or two racing, must record no child twice
-	// in effect: either Record writes a fleet command under the
-	// operation's id, whose presence marks the child recorded
-	// (Tx.Unrecorded, recordTx), or recording a still pending child again
-	// changes nothing (node.configure: the node's configuration already
-	// names the child's document, so the record writes nothing).
+	// RecordedTogether: a fan-out records this kind's children that fit
+	// its slots together right after it commits, lane by lane
+	// (recordReleased), rather than releasing them from its advance.
+	// RecordMany must be set. Record writes a fleet command under the
+	// operation's id, whose presence tells a recorded child from one a
+	// recording cut short left behind (Tx.Unrecorded, recordTx) — unless
+	// HeldUntilRecorded.
 	RecordedTogether bool
+	// HeldUntilRecorded, for a kind recorded together whose record leaves
+	// no row of its own under the operation's id (node.configure): its
+	// children are inserted held even when they fit the slots, and the
+	// recording releases each in the transaction that records it. Held
+	// is what tells them apart: a node's configuration report, delivery
+	// and next revision end or run its open configures that are not held,
+	// so an unheld child not yet recorded would have been ended
+	// succeeded by a report of the node's older revision. A recording cut
+	// short leaves them held, for the parent's advance to release.
+	HeldUntilRecorded bool
 	// PrepareIssue, for a kind whose Record issues one command
 	// (fleet.IssueTx), builds that command before the submitting
 	// transaction: the submit then tells the store what its transaction

@@ -233,6 +233,12 @@ type Tx interface {
 	// of a parent's held children, oldest first, in one statement, and
 	// answers them as they stand after.
 	ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]Operation, error)
+	// ReleaseChildren releases (held → not held, updated_at now) the held
+	// operations among ids, locked by the caller, in one statement, and
+	// answers them as they stand after. Unlike ReleaseHeld it locks no
+	// operation the caller did not name, so a write lane may run it for
+	// its own nodes' children.
+	ReleaseChildren(ctx context.Context, ids []string, now time.Time) ([]Operation, error)
 	// OpenChildren answers a parent's children not yet ended, oldest
 	// first.
 	OpenChildren(ctx context.Context, parentID string) ([]Operation, error)

@@ -801,6 +801,24 @@ func (t *ledgerTx) InsertOperations(ctx context.Context, ops []ledger.Operation,
 	return appendEvents(t.r.db(ctx), events)
 }
 
+// ReleaseChildren implements ledger.Tx: one UPDATE … RETURNING of the
+// named rows, which the caller locked (in id order), so it takes no lock
+// of its own.
+func (t *ledgerTx) ReleaseChildren(ctx context.Context, ids []string, now time.Time) ([]ledger.Operation, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var rows []Operation
+	err := t.r.db(ctx).Raw(`UPDATE operations SET held = FALSE, updated_at = ? WHERE id IN ? AND held = TRUE RETURNING *`,
+		dbtime.Norm(now), ids).Scan(&rows).Error
+	if err != nil {
+		return nil, err
+	}
+	out := operationsFromRows(rows)
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
 // ReleaseHeld releases a parent's oldest held children in one UPDATE …
 // RETURNING. The parent's row, locked by the caller, serialises every
 // advance of its children, so the rows need no locking order of their
@@ -864,10 +882,7 @@ const lockOperationsPostgres = `SELECT ` + operationScanColumns + ` FROM operati
 
 // Unrecorded reads the parent's children through operations_parent and
 // looks each up in commands by its key: a fan-out's children, a few
-// thousand rows at most, and only when a recording was cut short. A
-// configure child is never running unrecorded (it runs once its revision
-// is delivered), and one still pending is answered whether recorded or
-// not: its record is idempotent (Kind.RecordedTogether).
+// thousand rows at most, and only when a recording was cut short.
 func (t *ledgerTx) Unrecorded(ctx context.Context, parentID string, kinds []string) ([]ledger.Operation, error) {
 	if len(kinds) == 0 {
 		return nil, nil

@@ -33,3 +33,7 @@ func (s *Service) AdvanceForTest(ctx context.Context, parentID string) error {
 func (s *Service) RecordForTest(ctx context.Context, ids []string) error {
 	return s.store.Tx(ctx, func(tx Tx) error { return s.recordTx(ctx, tx, ids) })
 }
+
+// RecordingForTest reports whether this replica is recording the
+// fan-out's children now (its recording has not returned).
+func (s *Service) RecordingForTest(parentID string) bool { return s.recordingHere(parentID) }

@@ -484,6 +484,11 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 		}
 		counts := countsOf(byState)
 		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency, more: more}
+		if parent.Owner != "" {
+			// Held for its recording, not for a slot: no advance releases
+			// them, so none needs to run in the exclusive lane for them.
+			hint.held = 0
+		}
 		changed := *parent.Counts != counts || letGo
 		parent.Counts = &counts
 		if counts.Pending > 0 {

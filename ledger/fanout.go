@@ -61,11 +61,11 @@ const CodeChildrenFailed = "children_failed"
 //
 // A replica that stops between 1 and 3 leaves its parent owned: the
 // parent is recovered like any orphan and claimed again, and the new
-// owner records what is still unrecorded (Tx.Unrecorded) — each child is
-// recorded once in effect, since every recorder locks the child and looks
-// for its command first, and a configure recorded again writes nothing
-// (recordTx). A failed step 2 is resumed by
-// the parent's next advance on this replica.
+// owner records what is still unrecorded (Tx.Unrecorded) — each child's
+// command is recorded once, since every recorder locks the child and
+// looks for its command first (recordTx); a configure child left held is
+// released and recorded by the parent's advance, in one transaction. A
+// failed step 2 is resumed by the parent's next advance on this replica.
 //
 // Only step 1 runs in the dispatcher's slot. Steps 2 and 3 are answered
 // as record, for the dispatcher to run once it has freed the slot: they
@@ -376,17 +376,23 @@ func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
 		if err != nil {
 			return err
 		}
-		events := make([]Event, len(freed))
-		for i, ch := range freed {
-			events[i] = Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}
-		}
-		if err := tx.AppendEvents(ctx, events...); err != nil {
+		if err := appendReleased(ctx, tx, freed, now); err != nil {
 			return err
 		}
 		due = append(due, freed...)
 	}
 	_, err = s.releaseAll(ctx, tx, due, now)
 	return err
+}
+
+// appendReleased writes the released event of each child just released,
+// in one statement.
+func appendReleased(ctx context.Context, tx Tx, chs []Operation, now time.Time) error {
+	events := make([]Event, len(chs))
+	for i, ch := range chs {
+		events[i] = Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}
+	}
+	return tx.AppendEvents(ctx, events...)
 }
 
 // maxConcurrencyOf reads back the limit a parent recorded.
@@ -469,11 +475,7 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 			if err != nil {
 				return err
 			}
-			events := make([]Event, len(waiting))
-			for i, ch := range waiting {
-				events[i] = Event{OperationID: ch.ID, Type: EventReleased, At: now, Data: json.RawMessage(`{}`)}
-			}
-			if err := tx.AppendEvents(ctx, events...); err != nil {
+			if err := appendReleased(ctx, tx, waiting, now); err != nil {
 				return err
 			}
 			after, err := s.releaseAll(ctx, tx, waiting, now)

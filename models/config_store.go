@@ -372,7 +372,7 @@ func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencin
 	if err := t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error; err != nil {
 		return err
 	}
-	if err := t.db(ctx).Raw(pending+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
+	if err := t.db(ctx).Raw(configuresRunningSQLite+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
 		return err
 	}
 	events := make([]ledger.Event, len(running))
@@ -389,9 +389,35 @@ func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencin
 // configuresRunningSQL marks a node's pending configure operations
 // running (its arguments: accepted_at, updated_at, the node's id, the
 // target kind and the kind).
-const configuresRunningSQL = `UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
+const (
+	configuresRunningSQL = `UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
 		WHERE target_id = ? AND terminal = FALSE AND state = 'pending' AND held = FALSE
 		  AND target_kind = ? AND kind = ?`
+	configuresRunningSQLite = `UPDATE ` + sqliteNodeOpenOperations + ` SET state = 'running', accepted_at = ?, updated_at = ?
+		WHERE target_id = ? AND terminal = FALSE AND state = 'pending' AND held = FALSE
+		  AND target_kind = ? AND kind = ?`
+)
+
+// sqliteNodeOpenOperations names the operations table in a SQLite statement
+// that reads one node's open operations of a kind, pinned to the index of
+// open operations by target. Nothing analyzes an embedded database, and
+// without statistics SQLite's planner prefers the index with more equal
+// columns, operations_kind_target (kind, target_kind): a delivery's or a
+// report's statement then read every configure operation the ledger held,
+// ended ones included, to find the node's one or two. That was three
+// quarters of the server's CPU in a fleet.configure to 10,000 nodes
+// (BENCHMARKS.md, thirty-eighth sitting), and it grows with the ledger's
+// history. Postgres plans from statistics it keeps (docs/ledger-plans.md).
+const sqliteNodeOpenOperations = "operations INDEXED BY operations_open_target"
+
+// nodeOpenOperations is the table to read one node's open operations of a
+// kind from, in dialect (sqliteNodeOpenOperations).
+func nodeOpenOperations(dialect string) string {
+	if dialect == SQLite {
+		return sqliteNodeOpenOperations
+	}
+	return "operations"
+}
 
 // EndConfigureOperations implements fleet.Tx through the ledger's own
 // ending (state, event, announcement, the fan-out parent told), in this
@@ -401,7 +427,7 @@ func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except str
 		return t.endConfiguresPostgres(ctx, nodeID, except, end, "")
 	}
 	var rows []Operation
-	if err := t.forUpdate(openConfiguresQuery(t.db(ctx), nodeID, except)).Find(&rows).Error; err != nil {
+	if err := t.forUpdate(openConfiguresQuery(t.db(ctx), t.dialect, nodeID, except)).Find(&rows).Error; err != nil {
 		return 0, err
 	}
 	if len(rows) == 0 {
@@ -484,13 +510,8 @@ func (t *fleetTx) EndConfigureOperationsOf(ctx context.Context, ends map[string]
 		nodes = append(nodes, id)
 	}
 	slices.Sort(nodes)
-	q := t.db(ctx).Where("target_id IN ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE",
-		nodes, ledger.TargetNode, ledger.KindNodeConfigure)
-	if len(except) > 0 {
-		q = q.Where("id NOT IN ?", except)
-	}
 	var rows []Operation
-	if err := t.forUpdate(q.Order("seq")).Find(&rows).Error; err != nil {
+	if err := t.forUpdate(openConfiguresOfQuery(t.db(ctx), t.dialect, nodes, except)).Find(&rows).Error; err != nil {
 		return 0, err
 	}
 	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
@@ -503,9 +524,18 @@ func (t *fleetTx) EndConfigureOperationsOf(ctx context.Context, ends map[string]
 	return len(rows), nil
 }
 
-func openConfiguresQuery(g *gorm.DB, nodeID, except string) *gorm.DB {
-	return g.Where("target_id = ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE AND id <> ?",
+func openConfiguresQuery(g *gorm.DB, dialect, nodeID, except string) *gorm.DB {
+	return g.Table(nodeOpenOperations(dialect)).Where("target_id = ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE AND id <> ?",
 		nodeID, ledger.TargetNode, ledger.KindNodeConfigure, except).Order("seq")
+}
+
+func openConfiguresOfQuery(g *gorm.DB, dialect string, nodeIDs, except []string) *gorm.DB {
+	q := g.Table(nodeOpenOperations(dialect)).Where("target_id IN ? AND terminal = FALSE AND target_kind = ? AND kind = ? AND held = FALSE",
+		nodeIDs, ledger.TargetNode, ledger.KindNodeConfigure)
+	if len(except) > 0 {
+		q = q.Where("id NOT IN ?", except)
+	}
+	return q.Order("seq")
 }
 
 // The desired configuration's statements, for the query-plan tool.
@@ -529,11 +559,23 @@ func (q LedgerStatements) CountConfigs() Statement {
 // OpenConfigures is the select of a node's open configure operations a
 // report or a new revision ends.
 func (q LedgerStatements) OpenConfigures(nodeID string) Statement {
-	return q.build(func(g *gorm.DB) *gorm.DB { return openConfiguresQuery(g, nodeID, "").Find(&[]Operation{}) })
+	return q.build(func(g *gorm.DB) *gorm.DB { return openConfiguresQuery(g, q.dialect, nodeID, "").Find(&[]Operation{}) })
+}
+
+// OpenConfiguresOf is the select of the open configure operations a
+// fleet.configure's new revisions supersede, over the nodes it names.
+func (q LedgerStatements) OpenConfiguresOf(nodeIDs []string) Statement {
+	return q.build(func(g *gorm.DB) *gorm.DB {
+		return openConfiguresOfQuery(g, q.dialect, nodeIDs, nil).Find(&[]Operation{})
+	})
 }
 
 // ConfiguresRunning is the update a configuration's delivery makes.
 func (q LedgerStatements) ConfiguresRunning(nodeID string, at time.Time) Statement {
 	at = dbtime.Norm(at)
-	return q.raw(configuresRunningSQL, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure)
+	sql := configuresRunningSQL
+	if q.dialect == SQLite {
+		sql = configuresRunningSQLite
+	}
+	return q.raw(sql, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure)
 }

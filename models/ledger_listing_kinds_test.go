@@ -189,6 +189,27 @@ func TestSQLiteRecoveryScanReadsTheIndex(t *testing.T) {
 	require.Contains(t, plan, "operations_owned")
 }
 
+// TestSQLiteNodeConfiguresReadTheOpenTargetIndex: a configuration's
+// delivery and report, and a new revision's supersession, find the node's
+// open configure operations through operations_open_target on SQLite,
+// which has no statistics (the server never gathers any). Left to its
+// heuristics SQLite took operations_kind_target, two equal columns against
+// one, and read every configure operation of the ledger's history for each
+// node's delivery and report.
+func TestSQLiteNodeConfiguresReadTheOpenTargetIndex(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	st := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil)).Statements()
+	for _, s := range []models.Statement{
+		st.OpenConfigures("node-7"),
+		st.OpenConfiguresOf([]string{"node-7", "node-8"}),
+		st.ConfiguresRunning("node-7", t0),
+	} {
+		plan := requireNoTableScan(t, db, s)
+		require.Contains(t, plan, "operations_open_target", "%s", s.SQL)
+		require.NotContains(t, plan, "operations_kind_target", "%s", s.SQL)
+	}
+}
+
 // TestSQLiteNodeCommandsReadTheIndexes: a node's commands of a state, or
 // of any (both partial indexes merged), are read through
 // commands_pending and commands_settled (migration 00021) on SQLite too.

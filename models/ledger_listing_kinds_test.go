@@ -210,6 +210,41 @@ func TestSQLiteNodeConfiguresReadTheOpenTargetIndex(t *testing.T) {
 	}
 }
 
+// TestSQLiteNarrowedListingLeadsWithItsIndex: a listing narrowed by a
+// request id, a parent, a target or an open state reads that filter's
+// index on SQLite, with or without a cursor, whatever other filters it
+// carries. Left to its heuristics (no statistics) SQLite read a kind's
+// whole history for a node's operations of that kind, and every succeeded
+// operation for a fan-out's succeeded children.
+func TestSQLiteNarrowedListingLeadsWithItsIndex(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	st := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil)).Statements()
+	reg := servedRegistry()
+	host := ledger.PrincipalPackageHost
+	for _, c := range []struct {
+		name  string
+		f     ledger.Filter
+		index string
+	}{
+		{"request id and host", ledger.Filter{RequestID: "r-1", PrincipalKind: host, PrincipalID: "ph_1"}, "operations_request"},
+		{"parent", ledger.Filter{ParentID: "op-1"}, "operations_parent"},
+		{"parent and an ended state", ledger.Filter{ParentID: "op-1", State: ledger.StateSucceeded}, "operations_parent"},
+		{"parent and a kind", ledger.Filter{ParentID: "op-1", Kind: ledger.KindNodeConfigure}, "operations_parent"},
+		{"target", ledger.Filter{TargetID: "node-7"}, "operations_target_id"},
+		{"target and a kind", ledger.Filter{TargetID: "node-7", Kind: ledger.KindNodeStopWorkload, TargetKind: ledger.TargetNode}, "operations_target_id"},
+		{"target and an ended state", ledger.Filter{TargetID: "node-7", State: ledger.StateFailed}, "operations_target_id"},
+		{"an open state and a family", ledger.Filter{State: ledger.StatePending, Family: ledger.FamilyCommands}, "operations_open"},
+	} {
+		for _, before := range []int64{0, 50} {
+			f := reg.Narrow(c.f)
+			f.Limit, f.Before = 100, before
+			s := st.List(f)
+			plan := requireNoTableScan(t, db, s)
+			require.Regexp(t, `USING INDEX `+c.index+`( |$)`, plan, "%s, before %d:\n%s", c.name, before, s.SQL)
+		}
+	}
+}
+
 // TestSQLiteNodeCommandsReadTheIndexes: a node's commands of a state, or
 // of any (both partial indexes merged), are read through
 // commands_pending and commands_settled (migration 00021) on SQLite too.

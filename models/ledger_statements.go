@@ -41,7 +41,7 @@ func (q LedgerStatements) raw(sql string, args ...any) Statement {
 
 // List is the listing's query for f.
 func (q LedgerStatements) List(f ledger.Filter) Statement {
-	return q.build(func(g *gorm.DB) *gorm.DB { return listQuery(g, f).Find(&[]Operation{}) })
+	return q.build(func(g *gorm.DB) *gorm.DB { return listQuery(g, q.dialect, f).Find(&[]Operation{}) })
 }
 
 // OperationByRequest is the idempotency lookup.

@@ -237,7 +237,7 @@ func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Opera
 		return nil, nil // no kind can match (an unknown family or target kind)
 	}
 	var rows []Operation
-	if err := listQuery(r.r.db(ctx), f).Find(&rows).Error; err != nil {
+	if err := listQuery(r.r.db(ctx), r.r.dialect, f).Find(&rows).Error; err != nil {
 		return nil, err
 	}
 	return operationsFromRows(rows), nil
@@ -253,8 +253,9 @@ func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Opera
 // family finds its rows in its few ranges, a common one its first page at
 // the top of its ranges, the cursor bounding each); with one (an id, a
 // target, a parent, an open state) that index leads and the filters'
-// columns are compared on its few rows.
-func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
+// columns are compared on its few rows (on SQLite, named:
+// sqliteListIndex).
+func listQuery(g *gorm.DB, dialect string, f ledger.Filter) *gorm.DB {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -266,7 +267,11 @@ func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
 		kinds = nil
 	}
 	if len(kinds) < 2 {
-		return listWhere(g.Model(&Operation{}), f, kinds).Order("seq DESC").Limit(limit)
+		q := g.Model(&Operation{})
+		if idx := sqliteListIndex(f); dialect == SQLite && idx != "" {
+			q = q.Table("operations INDEXED BY " + idx)
+		}
+		return listWhere(q, f, kinds).Order("seq DESC").Limit(limit)
 	}
 	branches := make([]string, len(kinds))
 	args := make([]any, 0, len(kinds)+1)
@@ -276,6 +281,31 @@ func listQuery(g *gorm.DB, f ledger.Filter) *gorm.DB {
 		args = append(args, b.Order("seq DESC").Limit(limit))
 	}
 	return g.Raw(strings.Join(branches, " UNION ALL ")+" ORDER BY seq DESC LIMIT ?", append(args, limit)...)
+}
+
+// sqliteListIndex is the index a narrowed listing leads with on SQLite,
+// which plans without statistics (nothing analyzes the embedded database).
+// Its heuristics count equal columns: they took operations_kind_target for
+// a kind and a target id, and operations_ended for a parent's children in
+// an ended state — a kind's or a state's whole history read for a node's or
+// a fan-out's few rows — and flipped between the two with the cursor.
+// Postgres chooses from its statistics (docs/ledger-plans.md). "" leaves
+// the choice to SQLite: an operation id is a unique key, which it always
+// takes, and without a narrowing filter the branches above decide.
+func sqliteListIndex(f ledger.Filter) string {
+	switch {
+	case f.OperationID != "":
+		return ""
+	case f.RequestID != "":
+		return "operations_request"
+	case f.ParentID != "":
+		return "operations_parent"
+	case f.TargetID != "":
+		return "operations_target_id"
+	case f.State != "" && !f.State.Terminal():
+		return "operations_open"
+	}
+	return ""
 }
 
 // listWhere is the listing's conditions, kinds (when not nil: none, or

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
@@ -207,6 +208,46 @@ func TestSQLiteNodeConfiguresReadTheOpenTargetIndex(t *testing.T) {
 		plan := requireNoTableScan(t, db, s)
 		require.Contains(t, plan, "operations_open_target", "%s", s.SQL)
 		require.NotContains(t, plan, "operations_kind_target", "%s", s.SQL)
+	}
+}
+
+// TestSQLiteLedgerStatementsReadTheirIndexes: every hot statement of the
+// ledger and the desired configuration that the plan tool explains on
+// Postgres (docs/ledger-plans.md) reads, on SQLite, the index it was
+// written for. SQLite plans without statistics — the server gathers none
+// — so a plan is fixed by the schema and the statement alone, and a new
+// index or a reworded filter can change it (operations_kind_target took
+// over a node's open configures that way).
+func TestSQLiteLedgerStatementsReadTheirIndexes(t *testing.T) {
+	db := dbtest.Open(t, models.SQLite)
+	st := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil)).Statements()
+	admin := ledger.Principal{Kind: ledger.PrincipalAdmin, ID: "usr_01"}
+	host := ledger.Principal{Kind: ledger.PrincipalPackageHost, ID: "ph_01"}
+	for _, c := range []struct {
+		name    string
+		st      models.Statement
+		indexes []string
+	}{
+		{"ClaimQueue", st.ClaimQueue(100), []string{"operations_claimable"}},
+		{"CountOpenForNode", st.CountOpenForNode("node-7", nil), []string{"operations_open_target"}},
+		{"CountOpenForNode, except node.retire", st.CountOpenForNode("node-7", []string{ledger.KindNodeRetire}), []string{"operations_open_target"}},
+		{"CountOpenForPrincipal, administrator", st.CountOpenForPrincipal(admin), []string{"operations_open_principal"}},
+		{"CountOpenForPrincipal, package host", st.CountOpenForPrincipal(host), []string{"operations_open_principal"}},
+		{"Overdue", st.Overdue(t0, 100), []string{"operations_waiting"}},
+		{"FanningOut", st.FanningOut(100), []string{"operations_fanning_out"}},
+		{"OperationByRequest", st.OperationByRequest(admin, "r-1"), []string{"operations_request"}},
+		{"Events", st.Events("op-1", 0, 500), []string{"operation_events_operation"}},
+		{"ChildCounts", st.ChildCounts("op-1"), []string{"operations_parent"}},
+		{"CountOpen", st.CountOpen(), []string{"operations_open"}},
+		{"DueWork", st.DueWork(fleet.Due{NodeID: "node-7", Fencing: 1, RedeliverBefore: t0}), []string{"commands_pending"}},
+		{"LaggingConfigs", st.LaggingConfigs("", 101), []string{"node_configs_lagging"}},
+		{"LaggingConfigs, before", st.LaggingConfigs("node-5", 101), []string{"node_configs_lagging"}},
+		{"CountConfigs", st.CountConfigs(), []string{"node_configs_lagging", "node_configs_never_reported"}},
+	} {
+		plan := requireNoTableScan(t, db, c.st)
+		for _, idx := range c.indexes {
+			require.Regexp(t, `(?m)USING (COVERING )?INDEX `+idx+`( |$)`, plan, "%s:\n%s", c.name, c.st.SQL)
+		}
 	}
 }
 

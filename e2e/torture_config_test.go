@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/metrics"
 )
 
 // cfgTortureHook is the apply hook the configuration torture gives every
@@ -200,6 +201,18 @@ func (r *cfgTortureRig) lagging() cfgTortureLagging {
 	return l
 }
 
+// waitGauge waits for nodeward_config_lagging_nodes to read want: the
+// server reads it from the database at most every
+// metrics.StoreReadInterval, so a scrape may answer an earlier read's
+// figure for that long.
+func (r *cfgTortureRig) waitGauge(want float64, when string) {
+	r.t.Helper()
+	var got float64
+	testwait.For(r.t, fmt.Sprintf("nodeward_config_lagging_nodes to read %v %s", want, when), 10*metrics.StoreReadInterval,
+		func() bool { got = r.gauge(); return got == want },
+		func() string { return fmt.Sprintf("it reads %v", got) })
+}
+
 // gauge reads nodeward_config_lagging_nodes, failing when it is absent.
 func (r *cfgTortureRig) gauge() float64 {
 	r.t.Helper()
@@ -375,9 +388,7 @@ func runConfigTorture(t *testing.T, fault, dbURL string) {
 	if l.Count != 1 || l.NeverReported != 0 || len(l.Nodes) != 1 || l.Nodes[0].NodeID != r.nodes[0] {
 		t.Errorf("lagging with node 0 stopped: %+v, want exactly node %s", l, r.nodes[0])
 	}
-	if g := r.gauge(); g != 1 {
-		t.Errorf("nodeward_config_lagging_nodes = %v with node 0 stopped, want 1", g)
-	}
+	r.waitGauge(1, "with node 0 stopped")
 	r.agents[0].Start(t)
 	r.waitConverged("every node to apply the final revision", all)
 
@@ -387,9 +398,7 @@ func runConfigTorture(t *testing.T, fault, dbURL string) {
 	if l.Count != 0 || l.NeverReported != 0 || len(l.Nodes) != 0 {
 		t.Errorf("lagging at the end: %+v, want none", l)
 	}
-	if g := r.gauge(); g != 0 {
-		t.Errorf("nodeward_config_lagging_nodes = %v at the end, want 0", g)
-	}
+	r.waitGauge(0, "at the end")
 
 	// The hook logs: in order, re-runs only after an interrupted run,
 	// the last line the final revision.

@@ -12,6 +12,8 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/apitest"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/metrics"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -118,9 +120,15 @@ func TestNodeConfigHTTP(t *testing.T) {
 		for _, bad := range []string{"%00", "%ff", "a%20b"} {
 			s.Problem(t, http.MethodGet, "/api/v1/config/lagging?before="+bad, nil, s.AdminToken, http.StatusBadRequest, "invalid_parameter")
 		}
-		status, _, raw := s.Do(t, http.MethodGet, "/metrics", nil, "")
-		require.Equal(t, http.StatusOK, status)
-		require.Contains(t, string(raw), "\nnodeward_config_lagging_nodes 1\n", "the lagging gauge")
+		// The gauge is read from the database at most every
+		// metrics.StoreReadInterval.
+		var raw []byte
+		testwait.For(t, "the lagging gauge to read 1", 10*metrics.StoreReadInterval, func() bool {
+			var status int
+			status, _, raw = s.Do(t, http.MethodGet, "/metrics", nil, "")
+			require.Equal(t, http.StatusOK, status)
+			return strings.Contains(string(raw), "\nnodeward_config_lagging_nodes 1\n")
+		}, func() string { return string(raw) })
 
 		// A retired node never lags, and cannot be configured.
 		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/retire", map[string]any{}, http.StatusOK, nil)

@@ -4,9 +4,23 @@
 package metrics
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
+
+// StoreReadInterval is the least time between two reads of the fleet-wide
+// counts /metrics exports from the shared database (nodeward_operations,
+// nodeward_config_lagging_nodes). Each is a count that grows with the open
+// operations or the lagging nodes — 74 ms of Postgres apiece with 10,000
+// of a fleet.configure's children open (BENCHMARKS.md, thirty-eighth
+// sitting) — /metrics answers whoever reaches it, and every replica
+// exports the same figures. A scrape within the interval answers the last
+// read's figures, and scrapes at the same moment share one read, so no
+// scraper can make a replica read them more often.
+const StoreReadInterval = 5 * time.Second
 
 // Metrics is one server's collectors.
 type Metrics struct {
@@ -56,9 +70,11 @@ type Metrics struct {
 	// advances they and the sweep caused, coalesced (ledger/advance.go).
 	FanOutChildEnds prometheus.Counter
 	FanOutAdvances  *prometheus.CounterVec
-	// OperationStates is read at scrape time: operations by state across
-	// replicas (pending is the queue depth). Wiring sets it.
-	OperationStates func() map[string]float64
+	// OperationStates is read at scrape time, at most once per
+	// StoreReadInterval: operations by state across replicas (pending is
+	// the queue depth); false when the store could not answer. Wiring sets
+	// it.
+	OperationStates func() (map[string]float64, bool)
 	// CredentialCache is read at scrape time: this replica's credential
 	// cache counters. Wiring sets it.
 	CredentialCache func() CredentialCacheCounts
@@ -71,9 +87,47 @@ type Metrics struct {
 	// TablesMaintained counts VACUUMs and ANALYZEs the server ran itself
 	// (Postgres with autovacuum off), by table and action.
 	TablesMaintained *prometheus.CounterVec
-	// ConfigLagging is read at scrape time: nodes whose applied revision
-	// is behind the desired one. Wiring sets it.
+	// ConfigLagging is read at scrape time, at most once per
+	// StoreReadInterval: nodes whose applied revision is behind the
+	// desired one. Wiring sets it.
 	ConfigLagging func() (float64, bool)
+
+	// Now is the clock of the store reads' interval (nil: time.Now).
+	Now func() time.Time
+
+	operationStatesRead storeRead[map[string]float64]
+	configLaggingRead   storeRead[float64]
+}
+
+// storeRead is the last answer of a scrape-time read of the store, kept
+// for StoreReadInterval.
+type storeRead[T any] struct {
+	mu   sync.Mutex // held through a read, so concurrent scrapes share it
+	at   time.Time
+	have bool
+	val  T
+}
+
+// get answers the value read within the interval before now, else reads
+// it again; a read that fails is not kept.
+func (r *storeRead[T]) get(now time.Time, read func() (T, bool)) (T, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.have && now.Sub(r.at) < StoreReadInterval {
+		return r.val, true
+	}
+	v, ok := read()
+	if ok {
+		r.val, r.at, r.have = v, now, true
+	}
+	return v, ok
+}
+
+func (m *Metrics) now() time.Time {
+	if m.Now != nil {
+		return m.Now()
+	}
+	return time.Now()
 }
 
 // New builds the collectors and registers them, plus the Go and process
@@ -233,7 +287,7 @@ func New(pending func() float64) *Metrics {
 type operationStates struct{ m *Metrics }
 
 var operationStatesDesc = prometheus.NewDesc("nodeward_operations",
-	"Open operations by state (pending: the queue depth; running) across replicas; ended ones are counted per replica by nodeward_operations_ended_total.", []string{"state"}, nil)
+	"Open operations by state (pending: the queue depth; running) across replicas, read from the database at most every 5 s; ended ones are counted per replica by nodeward_operations_ended_total.", []string{"state"}, nil)
 
 func (c operationStates) Describe(ch chan<- *prometheus.Desc) { ch <- operationStatesDesc }
 
@@ -241,7 +295,11 @@ func (c operationStates) Collect(ch chan<- prometheus.Metric) {
 	if c.m.OperationStates == nil {
 		return
 	}
-	for state, n := range c.m.OperationStates() {
+	states, ok := c.m.operationStatesRead.get(c.m.now(), c.m.OperationStates)
+	if !ok {
+		return
+	}
+	for state, n := range states {
 		ch <- prometheus.MustNewConstMetric(operationStatesDesc, prometheus.GaugeValue, n, state)
 	}
 }
@@ -251,7 +309,7 @@ func (c operationStates) Collect(ch chan<- prometheus.Metric) {
 type configLagging struct{ m *Metrics }
 
 var configLaggingDesc = prometheus.NewDesc("nodeward_config_lagging_nodes",
-	"Nodes that reported a configuration and whose applied revision is behind the desired one.", nil, nil)
+	"Nodes that reported a configuration and whose applied revision is behind the desired one (read from the database at most every 5 s).", nil, nil)
 
 func (c configLagging) Describe(ch chan<- *prometheus.Desc) { ch <- configLaggingDesc }
 
@@ -259,7 +317,7 @@ func (c configLagging) Collect(ch chan<- prometheus.Metric) {
 	if c.m.ConfigLagging == nil {
 		return
 	}
-	if n, ok := c.m.ConfigLagging(); ok {
+	if n, ok := c.m.configLaggingRead.get(c.m.now(), c.m.ConfigLagging); ok {
 		ch <- prometheus.MustNewConstMetric(configLaggingDesc, prometheus.GaugeValue, n)
 	}
 }

@@ -288,18 +288,18 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*App, error) {
 	a.Ledger.Kinds().Register(ledger.EndpointKind(&diagnose.Prober{Allow: allow, Now: cfg.Now}, a.Secrets))
 	// Only a build tagged nodeward_testkinds adds anything here.
 	testkinds.Register(a.Ledger.Kinds(), cfg.ReplicaID)
-	a.Metrics.OperationStates = func() map[string]float64 {
+	a.Metrics.OperationStates = func() (map[string]float64, bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		counts, err := ledgerStore.CountOpen(ctx)
-		out := map[string]float64{}
 		if err != nil {
-			return out
+			return nil, false
 		}
+		out := map[string]float64{}
 		for st, n := range counts {
 			out[string(st)] = float64(n)
 		}
-		return out
+		return out, true
 	}
 	a.Metrics.CredentialCache = func() metrics.CredentialCacheCounts {
 		st := a.Auth.CacheStats()

@@ -9,31 +9,16 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/internal/testclock"
 )
-
-type memoClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *memoClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *memoClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // TestDueMemo: what a read found is kept only if nothing was forgotten
 // between its start and its end, only at its fencing token, only while
 // the notifier is healthy, and only for maxAge; at most limit nodes.
 func TestDueMemo(t *testing.T) {
-	clk := &memoClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-	newMemo := func() *dueMemo { return newDueMemo(5*time.Minute, 3, true, clk.now) }
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	newMemo := func() *dueMemo { return newDueMemo(5*time.Minute, 3, true, clk.Now) }
 
 	t.Run("Kept", func(t *testing.T) {
 		m := newMemo()
@@ -57,7 +42,7 @@ func TestDueMemo(t *testing.T) {
 		m.put("n", m.begin("n"), 1, true, false)
 		m.settled("n", 1)
 		require.True(t, m.quiet("n", 1), "quiet stays quiet")
-		clk.advance(5 * time.Minute)
+		clk.Advance(5 * time.Minute)
 		m.settled("n", 1)
 		require.False(t, m.quiet("n", 1), "aged out")
 	})
@@ -103,15 +88,15 @@ func TestDueMemo(t *testing.T) {
 		require.False(t, m.quiet("n", 1), "not back by itself")
 		m.put("n", m.begin("n"), 1, true, false)
 		require.True(t, m.quiet("n", 1))
-		cross := newDueMemo(time.Minute, 10, false, clk.now)
+		cross := newDueMemo(time.Minute, 10, false, clk.Now)
 		require.Zero(t, cross.begin("n"), "a replica starts unhealthy until its listener connects")
 	})
 	t.Run("AgesOut", func(t *testing.T) {
 		m := newMemo()
 		m.put("n", m.begin("n"), 1, true, false)
-		clk.advance(5*time.Minute - time.Nanosecond)
+		clk.Advance(5*time.Minute - time.Nanosecond)
 		require.True(t, m.quiet("n", 1))
-		clk.advance(time.Nanosecond)
+		clk.Advance(time.Nanosecond)
 		require.False(t, m.quiet("n", 1))
 	})
 	t.Run("Bounded", func(t *testing.T) {
@@ -123,7 +108,7 @@ func TestDueMemo(t *testing.T) {
 		require.Zero(t, m.begin("x"), "full of fresh entries: not kept")
 		require.Equal(t, 3, m.count())
 		require.NotZero(t, m.begin("1"), "a node already known is read anew in place")
-		clk.advance(5 * time.Minute)
+		clk.Advance(5 * time.Minute)
 		tok := m.begin("x")
 		require.NotZero(t, tok, "expired entries pruned to make room")
 		m.put("x", tok, 1, true, false)
@@ -131,7 +116,7 @@ func TestDueMemo(t *testing.T) {
 		require.Equal(t, 1, m.count())
 	})
 	t.Run("Disabled", func(t *testing.T) {
-		m := newDueMemo(-1, 10, true, clk.now)
+		m := newDueMemo(-1, 10, true, clk.Now)
 		m.put("n", m.begin("n"), 1, true, false)
 		require.False(t, m.quiet("n", 1))
 	})
@@ -144,8 +129,8 @@ func TestDueMemo(t *testing.T) {
 // Once every write is announced, a node the memo calls quiet was kept from
 // a read that saw its last write: a read a forget overlapped is never kept.
 func TestDueMemoConcurrent(t *testing.T) {
-	clk := &memoClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-	m := newDueMemo(time.Hour, 1000, true, clk.now)
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	m := newDueMemo(time.Hour, 1000, true, clk.Now)
 	const nodes = 3
 	var mu sync.Mutex
 	version := make([]int, nodes) // the store: writes commit here

@@ -10,20 +10,22 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/internal/testclock"
 )
 
 // TestMemoFallback: a memo with a fallback age (the node cache) keeps what
 // it read while notifications may be missed, for that age only; a change of
 // the notifier's health either way voids everything.
 func TestMemoFallback(t *testing.T) {
-	clk := &memoClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-	m := newMemo[string](5*time.Minute, 10*time.Second, 10, false, clk.now)
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	m := newMemo[string](5*time.Minute, 10*time.Second, 10, false, clk.Now)
 	m.put("n", m.begin("n"), "down", true)
-	clk.advance(10*time.Second - time.Nanosecond)
+	clk.Advance(10*time.Second - time.Nanosecond)
 	v, ok := m.get("n")
 	require.True(t, ok)
 	require.Equal(t, "down", v)
-	clk.advance(time.Nanosecond)
+	clk.Advance(time.Nanosecond)
 	_, ok = m.get("n")
 	require.False(t, ok, "past the fallback age")
 
@@ -32,7 +34,7 @@ func TestMemoFallback(t *testing.T) {
 	_, ok = m.get("n")
 	require.False(t, ok, "kept while down: not trusted for the max age")
 	m.put("n", m.begin("n"), "up", true)
-	clk.advance(5*time.Minute - time.Nanosecond)
+	clk.Advance(5*time.Minute - time.Nanosecond)
 	v, ok = m.get("n")
 	require.True(t, ok)
 	require.Equal(t, "up", v)
@@ -43,7 +45,7 @@ func TestMemoFallback(t *testing.T) {
 	m.put("n", m.begin("n"), "x", false)
 	require.Zero(t, m.count(), "a read not kept takes no room")
 
-	off := newMemo[string](-1, 10*time.Second, 10, false, clk.now)
+	off := newMemo[string](-1, 10*time.Second, 10, false, clk.Now)
 	require.Zero(t, off.begin("n"), "disabled: nothing kept, down or up")
 }
 
@@ -53,14 +55,14 @@ func TestMemoFallback(t *testing.T) {
 // all once everything was forgotten (the notifier's health changed) — and
 // its entries age from when its read began.
 func TestMemoWarm(t *testing.T) {
-	clk := &memoClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-	m := newMemo[string](5*time.Minute, 0, 10, true, clk.now)
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	m := newMemo[string](5*time.Minute, 0, 10, true, clk.Now)
 	require.True(t, m.beginWarm())
 	require.False(t, m.beginWarm(), "one warm-up at a time")
 	m.forget("written")
 	own := m.begin("own")
 	m.put("done", m.begin("done"), "its own read", true)
-	clk.advance(time.Minute)
+	clk.Advance(time.Minute)
 	for _, id := range []string{"a", "written", "own", "done"} {
 		m.fill(id, "warm")
 	}
@@ -81,10 +83,10 @@ func TestMemoWarm(t *testing.T) {
 	_, ok = m.get("late")
 	require.False(t, ok, "no warm-up in flight: nothing filled")
 
-	clk.advance(4*time.Minute - time.Nanosecond)
+	clk.Advance(4*time.Minute - time.Nanosecond)
 	_, ok = m.get("a")
 	require.True(t, ok)
-	clk.advance(time.Nanosecond)
+	clk.Advance(time.Nanosecond)
 	_, ok = m.get("a")
 	require.False(t, ok, "aged from when the warm-up's read began")
 
@@ -96,14 +98,14 @@ func TestMemoWarm(t *testing.T) {
 	_, ok = m.get("b")
 	require.False(t, ok, "everything was forgotten since it began")
 
-	full := newMemo[string](5*time.Minute, 0, 1, true, clk.now)
+	full := newMemo[string](5*time.Minute, 0, 1, true, clk.Now)
 	require.True(t, full.beginWarm())
 	full.fill("x", "warm")
 	full.fill("y", "warm")
 	full.endWarm()
 	require.Equal(t, 1, full.count(), "bounded like any read")
 
-	down := newMemo[string](5*time.Minute, 0, 10, false, clk.now)
+	down := newMemo[string](5*time.Minute, 0, 10, false, clk.Now)
 	require.False(t, down.beginWarm(), "nothing would be kept while notifications may be missed")
 }
 
@@ -112,9 +114,9 @@ func TestMemoWarm(t *testing.T) {
 // -race). Once every write is announced, whatever the warm-up left known
 // is what the store holds: a fill a forget overlapped is never kept.
 func TestMemoWarmConcurrent(t *testing.T) {
-	clk := &memoClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	clk := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	for round := range 20 {
-		m := newMemo[int](time.Hour, 0, 1000, true, clk.now)
+		m := newMemo[int](time.Hour, 0, 1000, true, clk.Now)
 		const nodes = 200
 		var mu sync.Mutex
 		version := make([]int, nodes)

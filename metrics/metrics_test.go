@@ -9,33 +9,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nodeward/nodeward/internal/testclock"
 	"github.com/nodeward/nodeward/metrics"
 )
 
-// fakeClock is a settable clock for the store reads' interval.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // setup answers metrics whose store-backed gauges count their reads and
 // answer what lagging and states hold at the read.
-func setup(t *testing.T) (m *metrics.Metrics, clock *fakeClock, reads *atomic.Int64, lagging *atomic.Int64, fail *atomic.Bool) {
+func setup(t *testing.T) (m *metrics.Metrics, clock *testclock.Clock, reads *atomic.Int64, lagging *atomic.Int64, fail *atomic.Bool) {
 	t.Helper()
 	m = metrics.New(nil)
-	clock = &fakeClock{now: time.Date(2026, 12, 6, 21, 0, 0, 0, time.UTC)}
+	clock = testclock.New(time.Date(2026, 12, 6, 21, 0, 0, 0, time.UTC))
 	m.Now = clock.Now
 	reads, lagging, fail = &atomic.Int64{}, &atomic.Int64{}, &atomic.Bool{}
 	m.ConfigLagging = func() (float64, bool) {
@@ -84,12 +67,12 @@ func TestStoreGaugesReadAtMostOncePerInterval(t *testing.T) {
 
 	lagging.Store(5)
 	for range 10 {
-		clock.Add(metrics.StoreReadInterval / 20)
+		clock.Advance(metrics.StoreReadInterval / 20)
 		require.Equal(t, 3.0, laggingGauge(t, m), "within the interval: the last read's figure")
 	}
 	require.Equal(t, int64(2), reads.Load(), "ten scrapes within the interval read nothing")
 
-	clock.Add(metrics.StoreReadInterval)
+	clock.Advance(metrics.StoreReadInterval)
 	require.Equal(t, 5.0, laggingGauge(t, m))
 	require.Equal(t, int64(4), reads.Load())
 }

@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/nodeward/nodeward/auth"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/handlers"
+	"github.com/nodeward/nodeward/internal/testclock"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
@@ -29,28 +29,13 @@ import (
 	"github.com/nodeward/nodeward/views"
 )
 
+// clock is the tests' settable clock.
+type clock = testclock.Clock
+
 const (
 	adminName     = "ada"
 	adminPassword = "correct horse battery staple"
 )
-
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex // guards t
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // console is one test's bundle: the real router over a real auth service
 // and database.
@@ -68,7 +53,7 @@ type consoleOpts struct {
 
 func newConsole(t *testing.T, db *models.DB, opts consoleOpts) *console {
 	t.Helper()
-	clk := &clock{t: time.Now().UTC().Truncate(time.Second)}
+	clk := testclock.New(time.Now().UTC().Truncate(time.Second))
 	svc := auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: keys.NewRing(bytes.Repeat([]byte{7}, 32)), Now: clk.Now})
 	if !opts.noAdmin {
 		_, err := svc.CreateAdmin(context.Background(), adminName, adminPassword)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodeward/nodeward/errcode"
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/testclock"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/metrics"
@@ -23,25 +24,10 @@ import (
 	"github.com/nodeward/nodeward/models/dbtest"
 )
 
+// clock is the tests' settable clock.
+type clock = testclock.Clock
+
 var ctx = context.Background()
-
-// clock is an injected clock tests move by hand.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 // testKinds are kinds only tests serve: a no-op, one that blocks until
 // released or cancelled, one that fails, and a fan-out of no-ops.
@@ -221,7 +207,7 @@ func newTestKinds() *testKinds {
 	return &testKinds{release: make(chan struct{}), started: make(chan string, 64)}
 }
 
-func newClock() *clock { return &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)} }
+func newClock() *clock { return testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)) }
 
 // each runs fn on a fresh ledger over every dialect.
 func each(t *testing.T, fn func(t *testing.T, b *bundle), mutate ...func(*ledger.Settings)) {

@@ -14,11 +14,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/errcode"
+	"github.com/nodeward/nodeward/internal/testclock"
 	"github.com/nodeward/nodeward/keys"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 	"github.com/nodeward/nodeward/secrets"
 )
+
+// clock is the tests' settable clock.
+type clock = testclock.Clock
 
 var (
 	ctx     = context.Background()
@@ -28,18 +32,6 @@ var (
 	node1   = secrets.Target{Kind: secrets.TargetNode, ID: "n1"}
 )
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 type fixture struct {
 	svc   *secrets.Service
 	store *models.SecretsStore
@@ -48,7 +40,7 @@ type fixture struct {
 }
 
 func setup(t *testing.T, db *models.DB, ring *keys.Ring) fixture {
-	c := &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	c := testclock.New(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	st := models.NewSecretsStore(db)
 	return fixture{svc: secrets.New(secrets.Options{Store: st, Keys: ring, Now: c.Now, MaxLive: 5}), store: st, db: db, clock: c}
 }
@@ -156,7 +148,7 @@ func TestResolveDenials(t *testing.T) {
 			{"another key", func() string {
 				// Sealed by a server whose master key this one never had.
 				other := setup(t, db, keys.NewRing(masterB))
-				other.clock.t = f.clock.Now()
+				other.clock.Set(f.clock.Now())
 				return other.seal(t, admin, "req-1", node1, "/env/DB_PASSWORD", "hunter2")
 			}, func(h string) secrets.Use { return use(admin, "req-1", "op", node1, envOp(h)) }},
 		}
@@ -177,7 +169,7 @@ func TestResolveDenials(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, secrets.OutcomeDenied, audit[0].Outcome, "the denial is audited")
 				require.Equal(t, secrets.Digest(h)[:16], audit[0].HandleDigest)
-				f.clock.t = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+				f.clock.Set(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 				_, err = f.store.Purge(ctx, f.clock.Now().Add(48*time.Hour), 1000) // the quota is small
 				require.NoError(t, err)
 			})
@@ -229,7 +221,7 @@ func TestRotationKeepsValuesReadable(t *testing.T) {
 		f := setup(t, db, keys.NewRing(masterA))
 		h := f.seal(t, admin, "req-1", node1, "/env/DB_PASSWORD", "hunter2")
 		rotated := setup(t, db, keys.NewRing(masterB, masterA))
-		rotated.clock.t = f.clock.Now()
+		rotated.clock.Set(f.clock.Now())
 		got, err := rotated.resolve(use(admin, "req-1", "op-1", node1, envOp(h)))
 		require.NoError(t, err)
 		require.Equal(t, "hunter2", got["/env/DB_PASSWORD"])

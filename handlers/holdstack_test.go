@@ -34,9 +34,9 @@ func TestHeldPollStackIsSmall(t *testing.T) {
 	}
 	tr.CloseIdleConnections()
 	// The count is the process's: a goroutine of an earlier test still
-	// winding down can grow its stack meanwhile (a run of the whole package
-	// read 11.5 KB a poll twice, 7 KB alone). Noise only adds, so
-	// the least of three holds is the poll's.
+	// winding down can grow its stack meanwhile (two runs of the whole
+	// package here failed it, one reading 11.5 KB a poll; alone, 7 KB).
+	// Noise only adds, so the least of three holds is the poll's.
 	best := math.Inf(1)
 	for range 3 {
 		stack, _, _ := heldMemory(t, strings.TrimPrefix(s.URL, "http://"), tokens, s.App.Fleet.Hub().Held)

@@ -351,7 +351,7 @@ func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencin
 	if revision <= 0 {
 		return t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error
 	}
-	const pending = configuresRunningSQL
+	pending := configuresRunningSQL(t.dialect)
 	var running []string
 	if t.dialect == Postgres {
 		err := t.db(ctx).Raw(`WITH cfg AS (`+mark+` RETURNING node_id),
@@ -372,7 +372,7 @@ func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencin
 	if err := t.db(ctx).Exec(mark, fencing, revision, at, nodeID).Error; err != nil {
 		return err
 	}
-	if err := t.db(ctx).Raw(configuresRunningSQLite+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
+	if err := t.db(ctx).Raw(pending+` RETURNING id`, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure).Scan(&running).Error; err != nil {
 		return err
 	}
 	events := make([]ledger.Event, len(running))
@@ -388,15 +388,12 @@ func (t *fleetTx) MarkConfigDelivered(ctx context.Context, nodeID string, fencin
 
 // configuresRunningSQL marks a node's pending configure operations
 // running (its arguments: accepted_at, updated_at, the node's id, the
-// target kind and the kind).
-const (
-	configuresRunningSQL = `UPDATE operations SET state = 'running', accepted_at = ?, updated_at = ?
+// target kind and the kind), in dialect.
+func configuresRunningSQL(dialect string) string {
+	return `UPDATE ` + nodeOpenOperations(dialect) + ` SET state = 'running', accepted_at = ?, updated_at = ?
 		WHERE target_id = ? AND terminal = FALSE AND state = 'pending' AND held = FALSE
 		  AND target_kind = ? AND kind = ?`
-	configuresRunningSQLite = `UPDATE ` + sqliteNodeOpenOperations + ` SET state = 'running', accepted_at = ?, updated_at = ?
-		WHERE target_id = ? AND terminal = FALSE AND state = 'pending' AND held = FALSE
-		  AND target_kind = ? AND kind = ?`
-)
+}
 
 // sqliteNodeOpenOperations names the operations table in a SQLite statement
 // that reads one node's open operations of a kind, pinned to the index of
@@ -404,8 +401,8 @@ const (
 // without statistics SQLite's planner prefers the index with more equal
 // columns, operations_kind_target (kind, target_kind): a delivery's or a
 // report's statement then read every configure operation the ledger held,
-// ended ones included, to find the node's one or two. That was three
-// quarters of the server's CPU in a fleet.configure to 10,000 nodes
+// ended ones included, to find the node's one or two. That was over two
+// thirds of the process's CPU in a fleet.configure to 10,000 nodes
 // (BENCHMARKS.md, thirty-eighth sitting), and it grows with the ledger's
 // history. Postgres plans from statistics it keeps (docs/ledger-plans.md).
 const sqliteNodeOpenOperations = "operations INDEXED BY operations_open_target"
@@ -573,9 +570,5 @@ func (q LedgerStatements) OpenConfiguresOf(nodeIDs []string) Statement {
 // ConfiguresRunning is the update a configuration's delivery makes.
 func (q LedgerStatements) ConfiguresRunning(nodeID string, at time.Time) Statement {
 	at = dbtime.Norm(at)
-	sql := configuresRunningSQL
-	if q.dialect == SQLite {
-		sql = configuresRunningSQLite
-	}
-	return q.raw(sql, at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure)
+	return q.raw(configuresRunningSQL(q.dialect), at, at, nodeID, ledger.TargetNode, ledger.KindNodeConfigure)
 }

@@ -254,3 +254,55 @@ func TestConfigDelivery(t *testing.T) {
 		})
 	})
 }
+
+// TestConfigureManyTxDecidesEachDocument: a batch whose configures share a
+// document makes it canonical and hashes it once, so the batch must still
+// tell documents apart: each node gets its own document's hash, and a
+// configure refused for its format refuses no neighbour sharing its
+// document.
+func TestConfigureManyTxDecidesEachDocument(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		nodes := make([]string, 6)
+		for i := range nodes {
+			nodes[i], _, _ = b.readyNode(t)
+		}
+		a, c := json.RawMessage(`{"b":2, "a":1}`), json.RawMessage(`{"a":2}`)
+		ins := []fleet.Configure{
+			{Format: "test/v1", Document: a},
+			{Format: "test/v1", Document: a},
+			{Format: "bad format", Document: a},
+			{Format: "test/v1", Document: a},
+			{Format: "test/v2", Document: a},
+			{Format: "test/v1", Document: c},
+		}
+		for i := range ins {
+			ins[i].NodeID, ins[i].OperationID = nodes[i], "cfg-"+randomSuffix()
+		}
+		var outs []fleet.ConfigureOutcome
+		var refused []error
+		require.NoError(t, b.store.Tx(ctx, func(tx fleet.Tx) error {
+			var err error
+			outs, refused, err = b.svc.ConfigureManyTx(ctx, tx, ins, func([]int) (map[int]error, error) { return nil, nil })
+			return err
+		}))
+		for i, in := range ins {
+			if i == 2 {
+				require.ErrorContains(t, refused[i], "operation/format")
+				cfg, err := b.svc.NodeConfig(ctx, in.NodeID)
+				require.NoError(t, err)
+				require.Nil(t, cfg.Desired, "a refused configure writes nothing")
+				continue
+			}
+			require.NoError(t, refused[i], "configure %d", i)
+			want, err := fleet.ConfigHash(in.Format, in.Document)
+			require.NoError(t, err)
+			require.Equal(t, want, outs[i].Hash, "configure %d", i)
+			cfg, err := b.svc.NodeConfig(ctx, in.NodeID)
+			require.NoError(t, err)
+			require.Equal(t, want, cfg.Desired.Hash, "configure %d", i)
+			require.Equal(t, in.Format, cfg.Desired.Format, "configure %d", i)
+		}
+		require.NotEqual(t, outs[0].Hash, outs[4].Hash, "the format is hashed with the document")
+		require.NotEqual(t, outs[0].Hash, outs[5].Hash)
+	})
+}

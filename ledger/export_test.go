@@ -37,3 +37,6 @@ func (s *Service) RecordForTest(ctx context.Context, ids []string) error {
 // RecordingForTest reports whether this replica is recording the
 // fan-out's children now (its recording has not returned).
 func (s *Service) RecordingForTest(parentID string) bool { return s.recordingHere(parentID) }
+
+// RecordChunks is recordChunks.
+var RecordChunks = recordChunks

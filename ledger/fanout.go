@@ -289,16 +289,12 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 	var wg sync.WaitGroup
 	for i, l := range lanes {
 		chs := byLane[l]
-		ids := make([]string, len(chs))
-		for j, ch := range chs {
-			ids[j] = ch.ID
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			// Routed by any node of the lane: every node it locks is of it.
 			lctx := fleet.OnNode(ctx, chs[0].TargetID)
-			for chunk := range slices.Chunk(ids, s.settings.ReleasePerAdvance) {
+			for _, chunk := range recordChunks(chs, s.settings.ReleasePerAdvance, recordBytes) {
 				if errs[i] = s.store.Tx(lctx, func(tx Tx) error { return s.recordTx(ctx, tx, chunk) }); errs[i] != nil {
 					return
 				}
@@ -329,6 +325,34 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 	if err != nil && ctx.Err() == nil {
 		s.log.Error("ledger: let go of a recorded fan-out; its next advance does", "operation_id", parentID, "err", err)
 	}
+}
+
+// recordBytes bounds the operations one recording transaction carries
+// (one child alone may pass it). Each child's operation is read back,
+// decoded, and for a node.configure sealed for its node, so a chunk
+// holds several copies of its children's documents: 500 children of a
+// fleet.configure with a 250 KB document held the server's memory at
+// gigabytes (BENCHMARKS.md, thirty-ninth sitting).
+const recordBytes = 8 << 20
+
+// recordChunks splits chs into the ids of runs of at most most children
+// and, past a run's first child, at most bytes of operations.
+func recordChunks(chs []Operation, most, bytes int) [][]string {
+	var out [][]string
+	var cur []string
+	size := 0
+	for _, ch := range chs {
+		if len(cur) > 0 && (len(cur) == most || size+len(ch.Operation) > bytes) {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, ch.ID)
+		size += len(ch.Operation)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
 }
 
 // recordTx records the children named (ids) that are still due a record:
@@ -468,8 +492,10 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 			// The held children leave the held ones in one statement and
 			// their released events in one more; then each goes to its
 			// channel. At most ReleasePerAdvance of them: the rest in the
-			// next advance, at once (more).
-			batch := min(free, s.settings.ReleasePerAdvance)
+			// next advance, at once (more). Children carry their parent's
+			// operation, so large ones are released fewer at a time
+			// (recordBytes).
+			batch := min(free, s.settings.ReleasePerAdvance, max(1, recordBytes/max(1, len(parent.Operation))))
 			more = batch < free && held > batch
 			waiting, err := tx.ReleaseHeld(ctx, parentID, batch, now)
 			if err != nil {

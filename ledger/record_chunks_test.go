@@ -1,0 +1,42 @@
+package ledger_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// TestRecordChunks: a fan-out's recording goes in transactions of at most
+// a number of children and, past each one's first child, a number of
+// bytes of operations, so children carrying a large document are
+// recorded a few at a time and small ones many at a time.
+func TestRecordChunks(t *testing.T) {
+	children := func(sizes ...int) []ledger.Operation {
+		out := make([]ledger.Operation, len(sizes))
+		for i, n := range sizes {
+			out[i] = ledger.Operation{ID: "c" + strconv.Itoa(i), Operation: []byte(strings.Repeat("x", n))}
+		}
+		return out
+	}
+	cases := []struct {
+		name        string
+		sizes       []int
+		most, bytes int
+		want        [][]string
+	}{
+		{"None", nil, 3, 100, nil},
+		{"ByCount", []int{1, 1, 1, 1, 1, 1, 1}, 3, 100, [][]string{{"c0", "c1", "c2"}, {"c3", "c4", "c5"}, {"c6"}}},
+		{"ByBytes", []int{40, 40, 40, 40, 40}, 10, 100, [][]string{{"c0", "c1"}, {"c2", "c3"}, {"c4"}}},
+		{"ExactlyTheBytes", []int{50, 50, 50}, 10, 100, [][]string{{"c0", "c1"}, {"c2"}}},
+		{"OneLargerThanTheBytesGoesAlone", []int{10, 500, 10, 10}, 10, 100, [][]string{{"c0"}, {"c1"}, {"c2", "c3"}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, ledger.RecordChunks(children(tc.sizes...), tc.most, tc.bytes))
+		})
+	}
+}

@@ -175,6 +175,11 @@ func writeJSONChecked(w http.ResponseWriter, status int, v any) error {
 		w.WriteHeader(http.StatusInternalServerError)
 		return err
 	}
+	return writeBodyChecked(w, status, body)
+}
+
+// writeBodyChecked is writeJSONChecked for a body already encoded.
+func writeBodyChecked(w http.ResponseWriter, status int, body []byte) error {
 	body = append(body, '\n')
 	h := w.Header()
 	h["Content-Type"] = hdrJSON

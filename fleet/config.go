@@ -776,13 +776,17 @@ func validateConfigEvent(v *errcode.Validation, field string, e api.Event) {
 // revision on an applied report naming the desired revision and hash, and
 // ends the operations waiting on that revision in the same transaction.
 func (s *Service) recordConfigReportTx(ctx context.Context, tx Tx, sess Session, e api.Event, now time.Time) error {
-	cur, err := tx.LockNodeConfig(ctx, sess.NodeID)
+	// The document is read only when its sealed values scrub the message.
+	cur, err := tx.LockNodeConfigHead(ctx, sess.NodeID)
 	if isNoRows(err) {
 		// No row yet: take the node's lock, as a configure does before it
 		// writes the first row, so the two never both insert it.
 		if _, err := tx.LockNode(ctx, sess.NodeID); err != nil {
 			return err
 		}
+		cur, err = tx.LockNodeConfigHead(ctx, sess.NodeID)
+	}
+	if err == nil && len(cur.SealedPointers) > 0 {
 		cur, err = tx.LockNodeConfig(ctx, sess.NodeID)
 	}
 	exists := err == nil

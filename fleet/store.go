@@ -327,6 +327,9 @@ type Tx interface {
 	// LockNodeConfig answers the node's configuration row locked, or
 	// ErrNoRows.
 	LockNodeConfig(ctx context.Context, nodeID string) (NodeConfig, error)
+	// LockNodeConfigHead is LockNodeConfig without the document: Box is
+	// nil (KeyID and the rest as stored), for writes that do not need it.
+	LockNodeConfigHead(ctx context.Context, nodeID string) (NodeConfig, error)
 	// LockNodeConfigs answers the configuration rows of the nodes of ids
 	// that have one, by node id, locked in node id order.
 	LockNodeConfigs(ctx context.Context, ids []string) (map[string]NodeConfig, error)

@@ -248,6 +248,32 @@ func TestSealedConfigHTTP(t *testing.T) {
 	})
 }
 
+// TestFirstConfigSecretScrubbedHTTP: a node's report on the first
+// revision with a sealed value, which no earlier revision kept, is
+// scrubbed of that value (the report reads the document only for it).
+func TestFirstConfigSecretScrubbedHTTP(t *testing.T) {
+	t.Parallel()
+	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
+		boot, sess := inviteAndEnroll(t, s)
+		secret := "pa55-" + apitest.RandomID("v")
+		h := sealFor(t, s, s.AdminToken, "first-sealed", boot.NodeID, "/document/token", secret)
+		var op opJSON
+		s.Admin(t, http.MethodPost, "/api/v1/operations", configureBody("first-sealed", boot.NodeID,
+			map[string]any{"format": "app/v1", "document": map[string]any{"token": h}}), http.StatusCreated, &op)
+		var polled api.CommandsResponse
+		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+		require.NotNil(t, polled.Config)
+		require.Equal(t, int64(1), polled.Config.Revision)
+		postConfigReport(t, s, sess.SessionToken, "first-sealed-rep", 1, polled.Config.Hash, api.ConfigFailed,
+			"token "+secret+" was refused")
+		var cfg nodeConfigJSON
+		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+boot.NodeID+"/config", nil, http.StatusOK, &cfg)
+		require.Equal(t, api.ConfigFailed, cfg.Reported.State)
+		require.NotContains(t, cfg.Reported.Message, secret)
+		require.Contains(t, cfg.Reported.Message, "was refused", "only the value is taken out")
+	})
+}
+
 // TestReplacedConfigSecretsScrubbedHTTP: a node reports on a revision a
 // later configure replaced (its hook was still running) or cleared; the
 // report's message is scrubbed of the replaced revision's sealed values,

@@ -198,3 +198,30 @@ func TestConfigVerdicts(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigStoreHead: the row without its document reads as the whole
+// row does, every field but the document's.
+func TestConfigStoreHead(t *testing.T) {
+	withStore(t, func(t *testing.T, s *models.FleetStore, rec *recorder) {
+		insert(t, s, sampleNode("n1", "r1", 1))
+		f := configService(s)
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			_, err := tx.LockNodeConfigHead(ctx, "n1")
+			require.ErrorIs(t, err, fleet.ErrNoRows)
+			return nil
+		}))
+		configure(t, s, f, "n1", `{"a":1}`, false)
+		configure(t, s, f, "n1", `{"a":2}`, false)
+		require.NoError(t, s.Tx(ctx, func(tx fleet.Tx) error {
+			whole, err := tx.LockNodeConfig(ctx, "n1")
+			require.NoError(t, err)
+			require.NotNil(t, whole.Box)
+			head, err := tx.LockNodeConfigHead(ctx, "n1")
+			require.NoError(t, err)
+			require.Nil(t, head.Box, "no document")
+			head.Box = whole.Box
+			require.Equal(t, whole, head, "every other field as stored")
+			return nil
+		}))
+	})
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -77,6 +78,11 @@ type ConfigReport struct {
 	ChildEndNotices float64 `json:"child_end_notices"`
 	Advances        float64 `json:"advances"`
 	SweepAdvances   float64 `json:"sweep_advances"`
+	// The tool's resident memory (the server's, when it started it: the
+	// agents run in the workers) just before the submit, and its peak
+	// until the parent ended, sampled every 100 ms.
+	SubmitRSSMB float64 `json:"submit_rss_mb,omitempty"`
+	PeakRSSMB   float64 `json:"peak_rss_mb,omitempty"`
 	// The lagging count's cost over LaggingNodes seeded nodes.
 	LaggingNodes  int     `json:"lagging_nodes"`
 	SeedSeconds   float64 `json:"seed_seconds,omitempty"`
@@ -226,6 +232,16 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 	if err != nil {
 		return rep, err
 	}
+	var rssDone func() int64
+	if local != nil {
+		rep.SubmitRSSMB = float64(rssKB(os.Getpid())) / 1024
+		rssDone = peakRSS(os.Getpid(), 100*time.Millisecond)
+		defer func() {
+			if rssDone != nil {
+				rssDone()
+			}
+		}()
+	}
 	submitted := time.Now()
 	if _, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", body, &parent); err != nil {
 		return rep, err
@@ -266,6 +282,10 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 		}
 		if op.State == "succeeded" || op.State == "failed" || op.State == "cancelled" {
 			rep.ParentEndedSeconds = time.Since(submitted).Seconds()
+			if rssDone != nil {
+				rep.PeakRSSMB = float64(rssDone()) / 1024
+				rssDone = nil
+			}
 			break
 		}
 		if time.Now().After(deadline) {
@@ -436,6 +456,9 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 		fmt.Fprintf(w, "postgres commits         %d = %.2f per node (whole database, submit → parent ended; %.0f/s idle before the submit)\n",
 			r.PGCommits, r.CommitsPerNode, r.PGIdleCommitsPS)
 	}
+	if r.PeakRSSMB > 0 {
+		fmt.Fprintf(w, "memory (this process)    %.0f MB at the submit, peak %.0f MB until the parent ended (RSS every 100 ms)\n", r.SubmitRSSMB, r.PeakRSSMB)
+	}
 	if r.ChildEndNotices > 0 {
 		fmt.Fprintf(w, "parent advances          %.0f for %.0f child-end notices (+%.0f by the periodic sweep)\n", r.Advances, r.ChildEndNotices, r.SweepAdvances)
 	}
@@ -469,5 +492,29 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)
 		fmt.Fprintf(w, "GET /config/lagging ms   p50 %.2f  max %.2f\n", r.LaggingGetP50, r.LaggingGetMax)
 		fmt.Fprintf(w, "CountLagging ms          p50 %.2f  max %.2f\n", r.CountP50, r.CountMax)
+	}
+}
+
+// peakRSS samples a process's resident set every interval until the
+// function it answers is called, which answers the peak in KiB.
+func peakRSS(pid int, every time.Duration) func() int64 {
+	stop, done := make(chan struct{}), make(chan int64, 1)
+	go func() {
+		peak := rssKB(pid)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				done <- max(peak, rssKB(pid))
+				return
+			case <-t.C:
+				peak = max(peak, rssKB(pid))
+			}
+		}
+	}()
+	return func() int64 {
+		close(stop)
+		return <-done
 	}
 }

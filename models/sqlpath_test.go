@@ -278,6 +278,9 @@ func TestLargeRowsSplitAcrossStatements(t *testing.T) {
 	withStore(t, func(t *testing.T, s *models.FleetStore, _ *recorder) {
 		ls := models.NewLedgerStore(s)
 		big := json.RawMessage(`{"document":"` + strings.Repeat("x", models.StatementBytes/2) + `"}`)
+		// Rows sharing an operation share its text; each keeps its own.
+		other := json.RawMessage(`{"document":"` + strings.Repeat("y", models.StatementBytes/2) + `"}`)
+		operations := []json.RawMessage{big, big, other, append(json.RawMessage(nil), big...), other}
 		var ops []ledger.Operation
 		var nodes []fleet.Node
 		var cfgs []fleet.NodeConfig
@@ -286,7 +289,7 @@ func TestLargeRowsSplitAcrossStatements(t *testing.T) {
 			ops = append(ops, ledger.Operation{ID: id, RequestID: "req-" + id, Digest: "d", PrincipalKind: ledger.PrincipalAdmin,
 				PrincipalID: "u1", Family: ledger.FamilyNodeConfig, Kind: ledger.KindNodeConfigure, State: ledger.StatePending,
 				Channel: ledger.ChannelLongPoll, Targets: []ledger.Target{{Kind: ledger.TargetNode, ID: id}},
-				TargetKind: ledger.TargetNode, TargetID: id, Operation: big, CreatedAt: t0, Deadline: t0.Add(time.Hour), UpdatedAt: t0})
+				TargetKind: ledger.TargetNode, TargetID: id, Operation: operations[i], CreatedAt: t0, Deadline: t0.Add(time.Hour), UpdatedAt: t0})
 			nodes = append(nodes, sampleNode(id, "rent-"+id, 1))
 			cfgs = append(cfgs, fleet.NodeConfig{NodeID: id, Revision: 1, Hash: "h", Format: "f/v1", Box: []byte(big),
 				SizeBytes: int64(len(big)), UpdatedAt: t0, OperationID: id})
@@ -298,10 +301,10 @@ func TestLargeRowsSplitAcrossStatements(t *testing.T) {
 			}
 			return tx.Fleet().SaveNodeConfigs(ctx, cfgs)
 		}))
-		for _, op := range ops {
+		for i, op := range ops {
 			got, err := ls.Operation(ctx, op.ID)
 			require.NoError(t, err)
-			require.JSONEq(t, string(big), string(got.Operation))
+			require.JSONEq(t, string(operations[i]), string(got.Operation), "operation %d", i)
 			c, err := s.NodeConfig(ctx, op.ID)
 			require.NoError(t, err)
 			require.Equal(t, []byte(big), c.Box)

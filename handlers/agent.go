@@ -234,7 +234,7 @@ func (h *handler) answerPoll(w http.ResponseWriter, r *http.Request, sess fleet.
 	} else {
 		var body []byte
 		if body, err = pollAnswerBody(out); err != nil {
-			w.WriteHeader(http.StatusInternalServerError)
+			writeError(w, r, err)
 		} else {
 			err = writeBodyChecked(w, http.StatusOK, body)
 		}

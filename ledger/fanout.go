@@ -335,14 +335,14 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 // gigabytes (BENCHMARKS.md, thirty-ninth sitting).
 const recordBytes = 8 << 20
 
-// recordChunks splits chs into the ids of runs of at most most children
-// and, past a run's first child, at most bytes of operations.
-func recordChunks(chs []Operation, most, bytes int) [][]string {
+// recordChunks splits chs into the ids of runs of at most maxChildren
+// children and, past a run's first child, at most maxBytes of operations.
+func recordChunks(chs []Operation, maxChildren, maxBytes int) [][]string {
 	var out [][]string
 	var cur []string
 	size := 0
 	for _, ch := range chs {
-		if len(cur) > 0 && (len(cur) == most || size+len(ch.Operation) > bytes) {
+		if len(cur) > 0 && (len(cur) == maxChildren || size+len(ch.Operation) > maxBytes) {
 			out = append(out, cur)
 			cur, size = nil, 0
 		}

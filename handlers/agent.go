@@ -233,10 +233,21 @@ func (h *handler) answerPoll(w http.ResponseWriter, r *http.Request, sess fleet.
 		err = errors.New("sealed values not delivered")
 	} else {
 		var body []byte
-		if body, err = pollAnswerBody(out); err != nil {
+		var kept int
+		if body, kept, err = pollAnswerBody(out, api.MaxAnswerBytes/2); err != nil {
 			writeError(w, r, err)
 		} else {
-			err = writeBodyChecked(w, http.StatusOK, body)
+			if kept < len(cmds) {
+				// Those that did not fit go in the next answers.
+				if err = h.Fleet.Release(r.Context(), sess, cmds[kept:]); err == nil {
+					cmds = cmds[:kept]
+				}
+			}
+			if err == nil {
+				err = writeBodyChecked(w, http.StatusOK, body)
+			} else {
+				writeError(w, r, err)
+			}
 		}
 	}
 	if err != nil || r.Context().Err() != nil {
@@ -255,45 +266,57 @@ func (h *handler) answerPoll(w http.ResponseWriter, r *http.Request, sess fleet.
 	}
 }
 
-// pollAnswerBody encodes a poll's answer as encoding/json does, except
-// for the configuration's document, which is copied as it is after a
-// check that it is JSON: it is the server's own canonical JSON, and
-// encoding/json re-validates and compacts every json.RawMessage through
-// its slow scanner, 2.6 ms for a 250 KB document against 0.2 ms for the
-// check, most of the CPU of a large configuration's delivery
-// (BENCHMARKS.md, thirty-ninth sitting).
-func pollAnswerBody(out api.CommandsResponse) ([]byte, error) {
-	cfg := out.Config
-	out.Config = nil
-	body, err := json.Marshal(out)
-	if err != nil || cfg == nil {
-		return body, err
+// pollAnswerBody encodes a poll's answer as encoding/json does, with as
+// many of its commands, in order, as fit in commandBytes (at least one),
+// and answers how many it kept. The configuration's document is copied
+// as it is after a check that it is JSON: it is the server's own
+// canonical JSON, and encoding/json re-validates and compacts every
+// json.RawMessage through its slow scanner, 2.6 ms for a 250 KB document
+// against 0.2 ms for the check, most of the CPU of a large
+// configuration's delivery (BENCHMARKS.md, thirty-ninth sitting).
+func pollAnswerBody(out api.CommandsResponse, commandBytes int) ([]byte, int, error) {
+	answer := append(make([]byte, 0, 512), `{"commands":[`...)
+	kept := 0
+	for _, c := range out.Commands {
+		enc, err := json.Marshal(c)
+		if err != nil {
+			return nil, 0, err
+		}
+		if kept > 0 && len(answer)+len(enc) > commandBytes {
+			break
+		}
+		if kept > 0 {
+			answer = append(answer, ',')
+		}
+		answer = append(answer, enc...)
+		kept++
 	}
-	doc := cfg.Document
-	if len(doc) == 0 {
-		doc = json.RawMessage("null")
+	answer = append(answer, ']')
+	if cfg := out.Config; cfg != nil {
+		doc := cfg.Document
+		if len(doc) == 0 {
+			doc = json.RawMessage("null")
+		}
+		if !jsontext.Value(doc).IsValid() {
+			return nil, 0, errors.New("handlers: the configuration document to deliver is not JSON")
+		}
+		head := *cfg
+		head.Document = json.RawMessage("null")
+		enc, err := json.Marshal(head)
+		if err != nil {
+			return nil, 0, err
+		}
+		// The document is ConfigDelivery's last field.
+		enc, ok := bytes.CutSuffix(enc, []byte(`null}`))
+		if !ok {
+			return nil, 0, errors.New("handlers: a configuration's encoding is not the shape expected")
+		}
+		answer = append(answer, `,"config":`...)
+		answer = append(answer, enc...)
+		answer = append(answer, doc...)
+		answer = append(answer, '}')
 	}
-	if !jsontext.Value(doc).IsValid() {
-		return nil, errors.New("handlers: the configuration document to deliver is not JSON")
-	}
-	head := *cfg
-	head.Document = json.RawMessage("null")
-	enc, err := json.Marshal(head)
-	if err != nil {
-		return nil, err
-	}
-	// The document is ConfigDelivery's last field.
-	enc, ok := bytes.CutSuffix(enc, []byte(`null}`))
-	body, closed := bytes.CutSuffix(body, []byte(`}`))
-	if !ok || !closed {
-		return nil, errors.New("handlers: a poll answer's encoding is not the shape expected")
-	}
-	answer := make([]byte, 0, len(body)+len(enc)+len(doc)+16)
-	answer = append(answer, body...)
-	answer = append(answer, `,"config":`...)
-	answer = append(answer, enc...)
-	answer = append(answer, doc...)
-	return append(answer, "}}"...), nil
+	return append(answer, '}'), kept, nil
 }
 
 func (h *handler) postResults(w http.ResponseWriter, r *http.Request) {

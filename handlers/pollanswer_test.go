@@ -29,8 +29,9 @@ func TestPollAnswerBody(t *testing.T) {
 	}
 	for name, out := range cases {
 		t.Run(name, func(t *testing.T) {
-			body, err := pollAnswerBody(out)
+			body, kept, err := pollAnswerBody(out, api.MaxAnswerBytes/2)
 			require.NoError(t, err)
+			require.Equal(t, len(out.Commands), kept, "small commands all fit")
 			want, err := json.Marshal(out)
 			require.NoError(t, err)
 			if out.Config == nil {
@@ -52,8 +53,22 @@ func TestPollAnswerBody(t *testing.T) {
 		})
 	}
 	t.Run("ADocumentThatIsNotJSONIsRefused", func(t *testing.T) {
-		_, err := pollAnswerBody(api.CommandsResponse{Commands: []api.Command{},
-			Config: &api.ConfigDelivery{Revision: 1, Hash: "ab", Format: "x/v1", Document: json.RawMessage(`{"a":`)}})
+		_, _, err := pollAnswerBody(api.CommandsResponse{Commands: []api.Command{},
+			Config: &api.ConfigDelivery{Revision: 1, Hash: "ab", Format: "x/v1", Document: json.RawMessage(`{"a":`)}}, api.MaxAnswerBytes/2)
 		require.Error(t, err)
+	})
+	t.Run("CommandsBeyondTheBytesWait", func(t *testing.T) {
+		large := cmd
+		large.Payload = json.RawMessage(`{"blob":"` + strings.Repeat("<", 1000) + `"}`) // 6,000 bytes encoded
+		cmds := []api.Command{large, large, large, large}
+		body, kept, err := pollAnswerBody(api.CommandsResponse{Commands: cmds}, 13000)
+		require.NoError(t, err)
+		require.Equal(t, 2, kept, "two fit in 13,000 bytes, a third does not")
+		var got api.CommandsResponse
+		require.NoError(t, json.Unmarshal(body, &got))
+		require.Len(t, got.Commands, 2)
+		_, kept, err = pollAnswerBody(api.CommandsResponse{Commands: cmds}, 100)
+		require.NoError(t, err)
+		require.Equal(t, 1, kept, "one command always goes, however large")
 	})
 }

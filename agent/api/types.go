@@ -127,6 +127,12 @@ type Command struct {
 	Payload      json.RawMessage `json:"payload"`
 }
 
+// MaxAnswerBytes is the most of an answer the agent reads. The server
+// keeps a poll answer's commands within half of it (at least one command
+// an answer), so a node with many large commands pending takes them over
+// several polls instead of failing to read one answer again and again.
+const MaxAnswerBytes = 8 << 20
+
 // CommandsResponse answers GET /agent/v1/commands.
 type CommandsResponse struct {
 	Commands []Command `json:"commands"`

@@ -350,7 +350,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		return err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, api.MaxAnswerBytes))
 	if err != nil {
 		return fmt.Errorf("%s %s: read answer: %w", method, path, err)
 	}

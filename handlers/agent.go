@@ -234,20 +234,17 @@ func (h *handler) answerPoll(w http.ResponseWriter, r *http.Request, sess fleet.
 	} else {
 		var body []byte
 		var kept int
-		if body, kept, err = pollAnswerBody(out, api.MaxAnswerBytes/2); err != nil {
-			writeError(w, r, err)
+		body, kept, err = pollAnswerBody(out, api.MaxAnswerBytes/2)
+		if err == nil && kept < len(cmds) {
+			// Those that did not fit go in the next answers.
+			if err = h.Fleet.Release(r.Context(), sess, cmds[kept:]); err == nil {
+				cmds = cmds[:kept]
+			}
+		}
+		if err == nil {
+			err = writeBodyChecked(w, http.StatusOK, body)
 		} else {
-			if kept < len(cmds) {
-				// Those that did not fit go in the next answers.
-				if err = h.Fleet.Release(r.Context(), sess, cmds[kept:]); err == nil {
-					cmds = cmds[:kept]
-				}
-			}
-			if err == nil {
-				err = writeBodyChecked(w, http.StatusOK, body)
-			} else {
-				writeError(w, r, err)
-			}
+			writeError(w, r, err)
 		}
 	}
 	if err != nil || r.Context().Err() != nil {

@@ -643,7 +643,7 @@ func (s *Service) answerLate(ctx context.Context, sess Session, out *pollStep, l
 	room = max(0, min(room, len(late)))
 	out.answer.Commands = append(out.answer.Commands, late[:room]...)
 	if rest := late[room:]; len(rest) > 0 {
-		if err := s.Release(context.WithoutCancel(ctx), sess, rest); err != nil {
+		if err := s.Unclaim(context.WithoutCancel(ctx), sess, rest); err != nil {
 			s.log.Warn("release commands handed to a poll that had answered", "err", err)
 		}
 	}
@@ -806,7 +806,7 @@ func (s *Service) answer(ctx context.Context, sess Session, cmds []Command, conf
 	}
 	var err error
 	if out.Config, err = s.deliverConfig(ctx, sess); err != nil {
-		if rerr := s.Release(context.WithoutCancel(ctx), sess, cmds); rerr != nil {
+		if rerr := s.Unclaim(context.WithoutCancel(ctx), sess, cmds); rerr != nil {
 			s.log.Warn("release undelivered commands", "err", rerr)
 		}
 		return PollAnswer{}, err
@@ -900,8 +900,27 @@ func (s *Service) observeDeliveries(cmds []Command, now time.Time) {
 }
 
 // Release makes commands a poll claimed due again at once: the answer that
-// carried them could not be written, so the node never saw them.
+// carried them failed part-way or was never read, so the node most likely
+// never saw them. Most likely is not surely: each keeps the delivery the
+// claim recorded, so a re-enrollment still treats a launch or stop among
+// them as possibly applied (DECISIONS.md §1).
 func (s *Service) Release(ctx context.Context, sess Session, cmds []Command) error {
+	return s.release(ctx, sess, cmds, false)
+}
+
+// Unclaim makes commands a claim took due again at once, as though the
+// claim had not taken them: no answer carried them (trimmed from a full
+// answer, handed to a poll that had answered already, or an answer that
+// failed before its first byte). A first delivery undone leaves the
+// command never delivered, so a re-enrollment or retirement before the
+// next poll redelivers or cancels a launch or stop the node never saw
+// instead of ending it outcome_unknown. The operation stays running: its
+// claim happened, and the ledger's states do not go back.
+func (s *Service) Unclaim(ctx context.Context, sess Session, cmds []Command) error {
+	return s.release(ctx, sess, cmds, true)
+}
+
+func (s *Service) release(ctx context.Context, sess Session, cmds []Command, unsent bool) error {
 	if len(cmds) == 0 {
 		return nil
 	}
@@ -913,6 +932,17 @@ func (s *Service) Release(ctx context.Context, sess Session, cmds []Command) err
 			}
 			if cur.State != CommandPending || cur.DeliveredFencing == nil || *cur.DeliveredFencing != sess.Fencing {
 				continue
+			}
+			if unsent {
+				// Only the claim that answered c is undone: a count that
+				// moved since is another claim's delivery, which stands.
+				if cur.DeliveryCount != c.DeliveryCount {
+					continue
+				}
+				cur.DeliveryCount--
+				if cur.DeliveryCount == 0 {
+					cur.DeliveredFencing, cur.FirstDeliveredAt = nil, nil
+				}
 			}
 			cur.LastDeliveredAt = nil
 			if err := tx.UpdateCommand(ctx, cur); err != nil {

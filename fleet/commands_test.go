@@ -210,7 +210,7 @@ func TestDelivery(t *testing.T) {
 			got, err := b.svc.Poll(ctx, sess, 0, "")
 			require.NoError(t, err)
 			require.NoError(t, b.svc.Release(ctx, sess, got))
-			again, err := b.svc.Poll(ctx, sess, 0, "")
+		again, err := b.svc.Poll(ctx, sess, 0, "")
 			require.NoError(t, err)
 			require.Equal(t, []string{"lost-answer"}, ops(again))
 		})
@@ -612,5 +612,75 @@ func TestLoneReplicaPublishesNoSessionList(t *testing.T) {
 				require.NoError(t, (<-res).err)
 			})
 		}
+	})
+}
+
+// TestUnclaim: commands a claim took that no answer carried count as
+// never delivered when it was their first delivery, so a re-enrollment
+// redelivers a launch rather than ending it outcome_unknown; a
+// redelivery undone keeps the earlier delivery; and only the claim that
+// answered the copy is undone.
+func TestUnclaim(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		boot := b.invite(t, fleet.Invite{})
+		first := b.enroll(t, boot)
+		sess, err := b.svc.Authenticate(ctx, first.SessionToken, fleet.DoorAsk)
+		require.NoError(t, err)
+		id := boot.NodeID
+		b.issue(t, id, launch("unsent"))
+		b.issue(t, id, launch("redelivered"))
+		b.issue(t, id, launch("sent"))
+		state := func(op string) fleet.Command {
+			c, err := b.svc.Command(ctx, op)
+			require.NoError(t, err)
+			return c
+		}
+		byOp := func(cmds []fleet.Command) map[string]fleet.Command {
+			m := map[string]fleet.Command{}
+			for _, c := range cmds {
+				m[c.OperationID] = c
+			}
+			return m
+		}
+
+		got, err := b.svc.Poll(ctx, sess, 0, "")
+		require.NoError(t, err)
+		claimed := byOp(got)
+		require.Len(t, claimed, 3)
+		// "redelivered" was answered, then its answer failed: released, due
+		// again, and claimed a second time.
+		require.NoError(t, b.svc.Release(ctx, sess, []fleet.Command{claimed["redelivered"]}))
+		again, err := b.svc.Poll(ctx, sess, 0, "")
+		require.NoError(t, err)
+		require.Equal(t, []string{"redelivered"}, ops(again))
+		// The first claim's copy is stale: undoing it changes nothing.
+		require.NoError(t, b.svc.Unclaim(ctx, sess, []fleet.Command{claimed["redelivered"]}))
+		require.Equal(t, 2, state("redelivered").DeliveryCount)
+		require.NotNil(t, state("redelivered").LastDeliveredAt, "still awaiting its settlement")
+
+		require.NoError(t, b.svc.Unclaim(ctx, sess, []fleet.Command{claimed["unsent"], again[0]}))
+		unsent := state("unsent")
+		require.Zero(t, unsent.DeliveryCount)
+		require.Nil(t, unsent.DeliveredFencing)
+		require.Nil(t, unsent.FirstDeliveredAt)
+		redelivered := state("redelivered")
+		require.Equal(t, 1, redelivered.DeliveryCount)
+		require.NotNil(t, redelivered.DeliveredFencing, "its first answer may have reached the node")
+		require.Nil(t, redelivered.LastDeliveredAt, "due again at once")
+
+		fresh, err := b.svc.Reinvite(ctx, "a", id, nil)
+		require.NoError(t, err)
+		second, err := b.svc.Enroll(ctx, enrollReq(fresh, b.clock.Now()))
+		require.NoError(t, err)
+		require.Equal(t, fleet.CommandPending, state("unsent").State, "never sent: redelivered")
+		for _, op := range []string{"sent", "redelivered"} {
+			require.Equal(t, fleet.CommandRefused, state(op).State, op)
+			require.Equal(t, "outcome_unknown", state(op).FailureCode, op)
+		}
+		sess2, err := b.svc.Authenticate(ctx, second.SessionToken, fleet.DoorAsk)
+		require.NoError(t, err)
+		after, err := b.svc.Poll(ctx, sess2, 0, "")
+		require.NoError(t, err)
+		require.Equal(t, []string{"unsent"}, ops(after))
 	})
 }

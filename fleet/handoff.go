@@ -103,9 +103,9 @@ func (s *Service) handOff(nodeID string, h *handoff) {
 	}
 	s.quiet.forget(nodeID)
 	sess := Session{NodeID: nodeID, Fencing: h.fencing}
-	// Not on the committing goroutine: Release is a transaction of its own.
+	// Not on the committing goroutine: Unclaim is a transaction of its own.
 	go func() {
-		if err := s.Release(context.Background(), sess, h.cmds); err != nil {
+		if err := s.Unclaim(context.Background(), sess, h.cmds); err != nil {
 			s.log.Warn("release commands claimed for a poll that had answered", "node_id", nodeID, "err", err)
 		}
 	}()

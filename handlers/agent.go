@@ -228,37 +228,46 @@ func (h *handler) answerPoll(w http.ResponseWriter, r *http.Request, sess fleet.
 			break
 		}
 	}
-	if err != nil {
-		writeError(w, r, err)
-		err = errors.New("sealed values not delivered")
-	} else {
-		var body []byte
-		var kept int
+	var body []byte
+	kept := len(cmds)
+	if err == nil {
 		body, kept, err = pollAnswerBody(out, api.MaxAnswerBytes/2)
-		if err == nil && kept < len(cmds) {
-			// Those that did not fit go in the next answers.
-			if err = h.Fleet.Release(r.Context(), sess, cmds[kept:]); err == nil {
-				cmds = cmds[:kept]
-			}
-		}
-		if err == nil {
-			err = writeBodyChecked(w, http.StatusOK, body)
-		} else {
-			writeError(w, r, err)
+	}
+	if err == nil && kept < len(cmds) {
+		// Those that did not fit go in the next answers.
+		if err = h.Fleet.Unclaim(r.Context(), sess, cmds[kept:]); err == nil {
+			cmds = cmds[:kept]
 		}
 	}
-	if err != nil || r.Context().Err() != nil {
-		// The node never saw this answer: make its commands due again now
-		// rather than after the visibility timeout.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-		defer cancel()
-		if rerr := h.Fleet.Release(ctx, sess, cmds); rerr != nil {
-			logger(r).Warn("release undelivered commands", "err", rerr)
-		}
-		if answer.Config != nil {
-			if rerr := h.Fleet.ReleaseConfig(ctx, sess); rerr != nil {
-				logger(r).Warn("release undelivered configuration", "err", rerr)
-			}
+	if err != nil {
+		// Not a byte of the answer was written: the node saw none of it.
+		writeError(w, r, err)
+		h.releasePoll(r, sess, cmds, answer.Config != nil, true)
+		return
+	}
+	if err := writeBodyChecked(w, http.StatusOK, body); err != nil || r.Context().Err() != nil {
+		h.releasePoll(r, sess, cmds, answer.Config != nil, false)
+	}
+}
+
+// releasePoll makes an answer's commands and configuration due again now
+// rather than after the visibility timeout. An answer that was written,
+// even in part, may have reached the node: its commands keep their
+// delivery (fleet.Service.Release); one never written is undone
+// (fleet.Service.Unclaim).
+func (h *handler) releasePoll(r *http.Request, sess fleet.Session, cmds []fleet.Command, config, unsent bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	defer cancel()
+	release := h.Fleet.Release
+	if unsent {
+		release = h.Fleet.Unclaim
+	}
+	if err := release(ctx, sess, cmds); err != nil {
+		logger(r).Warn("release undelivered commands", "err", err)
+	}
+	if config {
+		if err := h.Fleet.ReleaseConfig(ctx, sess); err != nil {
+			logger(r).Warn("release undelivered configuration", "err", err)
 		}
 	}
 }

@@ -210,7 +210,7 @@ func TestDelivery(t *testing.T) {
 			got, err := b.svc.Poll(ctx, sess, 0, "")
 			require.NoError(t, err)
 			require.NoError(t, b.svc.Release(ctx, sess, got))
-		again, err := b.svc.Poll(ctx, sess, 0, "")
+			again, err := b.svc.Poll(ctx, sess, 0, "")
 			require.NoError(t, err)
 			require.Equal(t, []string{"lost-answer"}, ops(again))
 		})

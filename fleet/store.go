@@ -425,6 +425,13 @@ type TxRoute struct {
 	// Shared is the key of a lock that transactions of other nodes take
 	// too (a package host's quota: "principal:…"), or "".
 	Shared string
+	// Bulk, with Operation, is a transaction that writes much — a
+	// fan-out's children, up to 10,000 rows each carrying the operation's
+	// document — and locks nothing but that operation. It runs on a
+	// connection of its own, beside the write lanes rather than in one,
+	// so it holds back neither its lane's other writes nor, once the
+	// exclusive lane waits for it, every lane's.
+	Bulk bool
 }
 
 // Key is what the route's lane is chosen by: the node, else the
@@ -452,6 +459,11 @@ func OnNode(ctx context.Context, nodeID string) context.Context {
 // of no node (a fan-out's parent).
 func OnOperation(ctx context.Context, operationID string) context.Context {
 	return WithTxRoute(ctx, TxRoute{Operation: operationID})
+}
+
+// OnOperationBulk is OnOperation for a bulk transaction (TxRoute.Bulk).
+func OnOperationBulk(ctx context.Context, operationID string) context.Context {
+	return WithTxRoute(ctx, TxRoute{Operation: operationID, Bulk: true})
 }
 
 // TxRouteOf answers the route ctx carries, if any.

@@ -94,9 +94,10 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 	}()
 	var released []Operation
 	recording, resuming := false, false
-	// Routed to the parent (its lane): it locks the parent and inserts
-	// new rows only.
-	err := s.store.Tx(fleet.OnOperation(ctx, op.ID), func(tx Tx) error {
+	// Routed to the parent, in bulk: it locks the parent and inserts new
+	// rows only, up to MaxFanOut children carrying the document, which
+	// no lane's other writes should wait behind.
+	err := s.store.Tx(fleet.OnOperationBulk(ctx, op.ID), func(tx Tx) error {
 		released, recording, resuming = nil, false, false
 		cur, err := tx.LockOperation(ctx, op.ID)
 		if err != nil {

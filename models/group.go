@@ -50,6 +50,19 @@ import (
 //     to, or having let go of what it took — and runs again in the
 //     exclusive lane.
 //
+// A bulk request (fleet.TxRoute.Bulk: a fan-out's first transaction,
+// inserting up to 10,000 children with their documents, seconds long) is
+// a batch of its own on a connection of its own, outside the gate: in its
+// operation's lane it held that lane's batches back for its whole length,
+// and once an exclusive request waited at the gate behind it, every
+// lane's (sync.RWMutex holds new readers back behind a waiting writer).
+// It locks its operation and inserts new rows only, so a lane's batch or
+// the exclusive lane's can wait on it only for that operation's row (a
+// cancel of it), and it waits on nobody after taking that row: no cycle.
+// A lock outside its operation strays as a lane's would. At most as many
+// run at once as there are lanes (bulk), so they never hold more
+// connections than the lanes do.
+//
 // Sorting by node id also has every lane's batch lock its nodes in id
 // order, as the lease renewals do, so batches of two replicas rarely meet
 // in the opposite order. When they still do (two replicas' exclusive
@@ -71,6 +84,8 @@ type groupCommit struct {
 	// excl takes every request with no route, and the retries.
 	lanes []*lane
 	excl  *lane
+	// bulk bounds the bulk requests running at once (len(lanes)).
+	bulk chan struct{}
 	// gate: a lane's batch runs under its read lock, the exclusive lane's
 	// under its write lock (which also holds new lane batches back while
 	// it waits: sync.RWMutex prefers the writer).
@@ -139,7 +154,8 @@ func (s *FleetStore) GroupStats() GroupStats {
 // lane is one queue of batches, run one at a time.
 type lane struct {
 	g     *groupCommit
-	index int // -1: the exclusive lane
+	index int // -1: the exclusive lane; len(lanes): a bulk request's own
+	bulk  bool
 
 	// spoiled: the lane's last batch had a failed request, so the next
 	// one keeps savepoints from the start (run).
@@ -200,6 +216,7 @@ func newGroupCommit(s *FleetStore, lanes int) *groupCommit {
 		for i := range g.lanes {
 			g.lanes[i] = &lane{g: g, index: i}
 		}
+		g.bulk = make(chan struct{}, lanes)
 	}
 	return g
 }
@@ -221,10 +238,31 @@ func (g *groupCommit) enqueue(ctx context.Context, r *groupReq) error {
 	l := g.excl
 	if route, ok := fleet.TxRouteOf(ctx); ok && len(g.lanes) > 0 {
 		r.route = route
+		if route.Bulk {
+			g.runBulk(ctx, r)
+			return r.err
+		}
 		l = g.lanes[laneOf(route.Key(), len(g.lanes))]
 	}
 	l.enqueue(ctx, r)
 	return r.err
+}
+
+// runBulk runs a bulk request as a batch of its own, outside the gate (see
+// groupCommit), once fewer than len(lanes) others run.
+func (g *groupCommit) runBulk(ctx context.Context, r *groupReq) {
+	select {
+	case g.bulk <- struct{}{}:
+	case <-ctx.Done():
+		r.err = ctx.Err()
+		close(r.done)
+		return
+	}
+	defer func() { <-g.bulk }()
+	if batch := dropEnded([]*groupReq{r}); len(batch) > 0 {
+		// Its own lane index, which no node's is: every node it locks strays.
+		g.runBatch(context.WithoutCancel(ctx), &lane{g: g, index: len(g.lanes), bulk: true}, batch)
+	}
 }
 
 // enqueue adds r to the lane and returns once r's outcome is final,
@@ -322,17 +360,20 @@ func (g *groupCommit) runBatch(ctx context.Context, l *lane, batch []*groupReq) 
 }
 
 // runGated runs one batch under the gate — a lane's beside the other
-// lanes', the exclusive lane's alone — and, once the gate is let go,
-// hands out its notifications and outcomes.
+// lanes', the exclusive lane's alone, a bulk request's outside it — and,
+// once the gate is let go, hands out its notifications and outcomes.
 func (g *groupCommit) runGated(ctx context.Context, l *lane, batch []*groupReq) []*groupReq {
 	unlock := g.gate.RUnlock
-	if l.index >= 0 {
+	switch {
+	case l.bulk:
+		unlock = func() {}
+	case l.index >= 0:
 		waitFrom := time.Now()
 		g.gateWaiting.Add(1)
 		g.gate.RLock()
 		g.gateWaiting.Add(-1)
 		g.stats.laneWait.Add(int64(time.Since(waitFrom)))
-	} else {
+	default:
 		g.gate.Lock()
 		heldFrom := time.Now()
 		unlock = func() {

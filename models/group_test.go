@@ -762,3 +762,82 @@ func TestGroupCommitSkipsRequestsWhoseCallerGaveUpAtTheGate(t *testing.T) {
 	}))
 	require.EqualValues(t, 1, dbtest.Count(t, db.DB, &models.NodeAudit{}, "action = ?", "kept"))
 }
+
+// A bulk transaction (a fan-out's first: thousands of children) runs
+// beside the lanes, not in one: while it is held, a transaction of a node
+// in its operation's lane and an exclusive one both commit. In its
+// operation's lane it held that lane back, and once the exclusive request
+// waited at the gate behind it, every lane. A lock outside its operation
+// strays, and the transaction runs again in the exclusive lane. SQLite
+// has one writer: the bulk transaction is its batch like any other.
+func TestGroupCommitBulkBesideTheLanes(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		fs := models.NewFleetStore(db, "r1", nil)
+		s := models.NewLedgerStore(fs)
+		const parent = "bulk-parent"
+		op := ledger.Operation{
+			ID: parent, RequestID: "req-" + parent, Digest: "d",
+			PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: "fleet", Kind: "fleet.command",
+			State: ledger.StatePending, Channel: ledger.ChannelLocal, Targets: []ledger.Target{{Kind: "fleet"}},
+			Operation: json.RawMessage(`{}`), CreatedAt: t0, Deadline: t0.Add(time.Minute), UpdatedAt: t0, TargetKind: "fleet",
+		}
+		require.NoError(t, s.Insert(ctx, &op))
+		lockParent := func(tx ledger.Tx) error {
+			_, err := tx.LockOperation(ctx, parent)
+			return err
+		}
+		if db.Dialect != models.Postgres {
+			require.NoError(t, s.Tx(fleet.OnOperationBulk(ctx, parent), lockParent))
+			return
+		}
+		lanes := fs.GroupStats().Lanes
+		node := nodesInLanes("bulk", lanes)[models.LaneOf("operation:"+parent, lanes)]
+		insert(t, fs, sampleNode(node, "rent-"+node, 1))
+
+		before := fs.GroupStats()
+		held, release := make(chan struct{}), make(chan struct{})
+		bulkDone := make(chan error, 1)
+		go func() {
+			bulkDone <- s.Tx(fleet.OnOperationBulk(ctx, parent), func(tx ledger.Tx) error {
+				if err := lockParent(tx); err != nil {
+					return err
+				}
+				close(held)
+				<-release
+				return nil
+			})
+		}()
+		<-held
+		lockNode := func(tx fleet.Tx) error {
+			_, err := tx.LockNode(ctx, node)
+			return err
+		}
+		exclusive := make(chan error, 1)
+		go func() { exclusive <- fs.Tx(ctx, lockNode) }()
+		lane := make(chan error, 1)
+		go func() { lane <- fs.Tx(fleet.OnNode(ctx, node), lockNode) }()
+		for name, done := range map[string]chan error{"the exclusive transaction": exclusive, "the lane's transaction": lane} {
+			select {
+			case err := <-done:
+				require.NoError(t, err, name)
+			case <-time.After(testwait.Patience):
+				close(release)
+				t.Fatalf("%s waited for the bulk transaction", name)
+			}
+		}
+		close(release)
+		require.NoError(t, <-bulkDone)
+		after := fs.GroupStats()
+		require.Equal(t, before.Strays, after.Strays)
+		require.GreaterOrEqual(t, after.MaxRunning, int64(2), "beside the others")
+
+		runs := 0
+		require.NoError(t, s.Tx(fleet.OnOperationBulk(ctx, parent), func(tx ledger.Tx) error {
+			runs++
+			_, err := tx.Fleet().LockNode(ctx, node)
+			return err
+		}))
+		require.Equal(t, 2, runs, "strayed, then ran again")
+		require.Equal(t, after.Strays+1, fs.GroupStats().Strays)
+	})
+}

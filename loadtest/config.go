@@ -8,9 +8,12 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/agent/client"
 	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/models"
@@ -40,6 +43,10 @@ type ConfigLoad struct {
 	// DocumentBytes pads the document to about this size (0: a few
 	// bytes): what a real configuration weighs on every write of its row.
 	DocumentBytes int
+	// ProbeRate is how many single commands a second are submitted while
+	// the wave runs, round robin over the agents, each submit timed: how
+	// long the wave holds the fleet's other writes back (0: none).
+	ProbeRate float64
 }
 
 // ConfigReport is what a config run measured.
@@ -83,6 +90,13 @@ type ConfigReport struct {
 	// until the parent ended, sampled every 100 ms.
 	SubmitRSSMB float64 `json:"submit_rss_mb,omitempty"`
 	PeakRSSMB   float64 `json:"peak_rss_mb,omitempty"`
+	// The probe's submits during the wave (ConfigLoad.ProbeRate): how
+	// many, how many failed, and their latency in ms.
+	ProbeSubmits int     `json:"probe_submits,omitempty"`
+	ProbeErrors  int     `json:"probe_errors,omitempty"`
+	ProbeP50     float64 `json:"probe_p50_ms,omitempty"`
+	ProbeP99     float64 `json:"probe_p99_ms,omitempty"`
+	ProbeMax     float64 `json:"probe_max_ms,omitempty"`
 	// The lagging count's cost over LaggingNodes seeded nodes.
 	LaggingNodes  int     `json:"lagging_nodes"`
 	SeedSeconds   float64 `json:"seed_seconds,omitempty"`
@@ -247,6 +261,7 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 		return rep, err
 	}
 	logf("submitted fleet.configure %s over %d agents; waiting for it to end", parent.OperationID, up.enrolled)
+	probeDone := startProbe(ctx, admin, run, up.boots, cfg.ProbeRate)
 	var op struct {
 		State  string `json:"state"`
 		Counts *struct {
@@ -282,6 +297,7 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 		}
 		if op.State == "succeeded" || op.State == "failed" || op.State == "cancelled" {
 			rep.ParentEndedSeconds = time.Since(submitted).Seconds()
+			probeDone(&rep)
 			if rssDone != nil {
 				rep.PeakRSSMB = float64(rssDone()) / 1024
 				rssDone = nil
@@ -459,6 +475,10 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 	if r.PeakRSSMB > 0 {
 		fmt.Fprintf(w, "memory (this process)    %.0f MB at the submit, peak %.0f MB until the parent ended (RSS every 100 ms)\n", r.SubmitRSSMB, r.PeakRSSMB)
 	}
+	if r.ProbeSubmits > 0 {
+		fmt.Fprintf(w, "probe submits            %d single commands during the wave (errors %d): ms p50 %.1f  p99 %.1f  max %.1f\n",
+			r.ProbeSubmits, r.ProbeErrors, r.ProbeP50, r.ProbeP99, r.ProbeMax)
+	}
 	if r.ChildEndNotices > 0 {
 		fmt.Fprintf(w, "parent advances          %.0f for %.0f child-end notices (+%.0f by the periodic sweep)\n", r.Advances, r.ChildEndNotices, r.SweepAdvances)
 	}
@@ -492,6 +512,64 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)
 		fmt.Fprintf(w, "GET /config/lagging ms   p50 %.2f  max %.2f\n", r.LaggingGetP50, r.LaggingGetMax)
 		fmt.Fprintf(w, "CountLagging ms          p50 %.2f  max %.2f\n", r.CountP50, r.CountMax)
+	}
+}
+
+// startProbe submits a single command every 1/rate seconds, round robin
+// over the agents, each in its own goroutine so that one held back does
+// not delay the next, until the function it answers is called; that
+// waits for the submits in flight and writes their figures into rep.
+// A rate of 0 probes nothing.
+func startProbe(ctx context.Context, admin *adminClient, run string, boots []api.Bootstrap, rate float64) func(*ConfigReport) {
+	if rate <= 0 || len(boots) == 0 {
+		return func(*ConfigReport) {}
+	}
+	stop := make(chan struct{})
+	var (
+		mu     sync.Mutex
+		us     []int64
+		errs   int
+		wg     sync.WaitGroup
+		ticker = time.NewTicker(time.Duration(float64(time.Second) / rate))
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer ticker.Stop()
+		for i := 0; ; i++ {
+			if i > 0 { // the first at once: a short wave is probed too
+				select {
+				case <-stop:
+					return
+				case <-ctx.Done():
+					return
+				case <-ticker.C:
+				}
+			}
+			op := "lt-probe-" + run + "-" + strconv.Itoa(i)
+			body := `{"kind":"prepare_image","operation_id":"` + op + `","payload":{"image":"probe"}}`
+			path := "/api/v1/nodes/" + boots[i%len(boots)].NodeID + "/commands"
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				start := time.Now()
+				_, err := admin.do(ctx, http.MethodPost, path, []byte(body), nil)
+				took := time.Since(start)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs++
+					return
+				}
+				us = append(us, took.Microseconds())
+			}()
+		}
+	}()
+	return func(rep *ConfigReport) {
+		close(stop)
+		wg.Wait()
+		rep.ProbeSubmits, rep.ProbeErrors = len(us)+errs, errs
+		rep.ProbeP50, rep.ProbeP99, rep.ProbeMax = pct(us, 0.5), pct(us, 0.99), pct(us, 1)
 	}
 }
 

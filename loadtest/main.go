@@ -177,6 +177,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	concurrency := fs.Int("concurrency", 64, "enroll: concurrent enrollments over all workers")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
 	documentBytes := fs.Int("document-bytes", 0, "config: pad the configuration document to about this many bytes (at most 256 KiB in all)")
+	probeRate := fs.Float64("probe-rate", 0, "config: single commands submitted per second during the wave, round robin over the agents, each submit timed: how long the wave holds the fleet's other writes back (0: none)")
 	laggingNodes := fs.Int("lagging-nodes", 0, "config: configured nodes seeded afterwards to time GET /api/v1/config/lagging and CountLagging against (0: skip)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	quiet := fs.Bool("q", false, "no progress lines")
@@ -256,7 +257,11 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "loadtest: -document-bytes must be between 0 and 256000 (a document is at most 256 KiB)")
 			return 2
 		}
-		cc := ConfigLoad{Config: cfg, LaggingNodes: *laggingNodes, DocumentBytes: *documentBytes}
+		if *probeRate < 0 || *probeRate > 1000 {
+			fmt.Fprintln(stderr, "loadtest: -probe-rate must be between 0 and 1000 commands/s")
+			return 2
+		}
+		cc := ConfigLoad{Config: cfg, LaggingNodes: *laggingNodes, DocumentBytes: *documentBytes, ProbeRate: *probeRate}
 		if !visited(fs, "drain") {
 			cc.Drain = 0 // the scenario's own default
 		}

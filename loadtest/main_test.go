@@ -135,7 +135,7 @@ func TestConfigSmoke(t *testing.T) {
 	for _, db := range dbs {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		rep, err := RunConfig(ctx, ConfigLoad{Config: Config{Agents: agents, AgentsPerWorker: 15, Wait: 5 * time.Second,
-			Drain: 2 * time.Minute, DatabaseURL: db, Log: testLog{t}}, LaggingNodes: seeded, LaggingSamples: 3})
+			Drain: 2 * time.Minute, DatabaseURL: db, Log: testLog{t}}, LaggingNodes: seeded, LaggingSamples: 3, ProbeRate: 50})
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -161,6 +161,10 @@ func TestConfigSmoke(t *testing.T) {
 			if tick.Written > int64(agents) || tick.Applied > tick.Written || tick.Delivered > tick.Written {
 				t.Fatalf("%s: a tick counts configurations the fleet does not have: %+v", rep.Database, tick)
 			}
+		}
+		if rep.ProbeSubmits < 1 || rep.ProbeErrors != 0 || rep.ProbeP50 <= 0 || rep.ProbeMax < rep.ProbeP99 || rep.ProbeP99 < rep.ProbeP50 {
+			t.Fatalf("%s: the probe's submits: %d, errors %d, ms p50 %.2f p99 %.2f max %.2f", rep.Database,
+				rep.ProbeSubmits, rep.ProbeErrors, rep.ProbeP50, rep.ProbeP99, rep.ProbeMax)
 		}
 		if rep.Database == "postgres" && rep.PGCommits <= 0 {
 			t.Fatalf("postgres: no commits counted")

@@ -805,7 +805,7 @@ func (s *Service) answer(ctx context.Context, sess Session, cmds []Command, conf
 		return out, nil
 	}
 	var err error
-	if out.Config, err = s.deliverConfig(ctx, sess); err != nil {
+	if out.Config, err = s.deliverConfig(ctx, sess, len(cmds) == 0); err != nil {
 		if rerr := s.Unclaim(context.WithoutCancel(ctx), sess, cmds); rerr != nil {
 			s.log.Warn("release undelivered commands", "err", rerr)
 		}

@@ -894,12 +894,20 @@ func (w DueWork) awaiting() bool { return !w.Commands && w.Unsettled && w.Config
 
 // deliverConfig answers the configuration due for the session, with its
 // real values, and marks it delivered to the session's fencing token;
-// nil when none is due (any more).
-func (s *Service) deliverConfig(ctx context.Context, sess Session) (*api.ConfigDelivery, error) {
+// nil when none is due (any more). Alone in its answer (background), the
+// mark is a background write: a fleet.configure's wave marks every node
+// at once, and the fleet's other writes do not queue behind it
+// (TxRoute.Background); beside commands it is not, for their answer
+// waits on it.
+func (s *Service) deliverConfig(ctx context.Context, sess Session, background bool) (*api.ConfigDelivery, error) {
 	var c NodeConfig
 	due := false
 	now := s.clock()
-	err := s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
+	route := OnNode
+	if background {
+		route = OnNodeBackground
+	}
+	err := s.store.Tx(route(ctx, sess.NodeID), func(tx Tx) error {
 		var err error
 		c, err = tx.LockNodeConfig(ctx, sess.NodeID)
 		if isNoRows(err) {

@@ -87,10 +87,17 @@ func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.E
 	}
 	if len(workloads) > 0 {
 		ids := make([]string, len(workloads))
+		// Configuration reports alone are a background write: a
+		// fleet.configure's wave has every node report at once
+		// (TxRoute.Background).
+		route := OnNodeBackground
 		for i, e := range workloads {
 			ids[i] = e.ID
+			if e.Kind != api.EventConfig {
+				route = OnNode
+			}
 		}
-		err := s.store.Tx(OnNode(ctx, sess.NodeID), func(tx Tx) error {
+		err := s.store.Tx(route(ctx, sess.NodeID), func(tx Tx) error {
 			fresh, err := tx.RecordEventIDs(ctx, sess.NodeID, ids, now)
 			if err != nil {
 				return err

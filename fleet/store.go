@@ -432,6 +432,12 @@ type TxRoute struct {
 	// so it holds back neither its lane's other writes nor, once the
 	// exclusive lane waits for it, every lane's.
 	Bulk bool
+	// Background is a write that may wait behind the others queued in its
+	// lane: one of the burst a fleet-wide operation sets off on every
+	// node (a configuration's delivery, its report), which would
+	// otherwise queue every other write of the fleet behind thousands of
+	// its own. It still gets half of each batch while it waits.
+	Background bool
 }
 
 // Key is what the route's lane is chosen by: the node, else the
@@ -459,6 +465,11 @@ func OnNode(ctx context.Context, nodeID string) context.Context {
 // of no node (a fan-out's parent).
 func OnOperation(ctx context.Context, operationID string) context.Context {
 	return WithTxRoute(ctx, TxRoute{Operation: operationID})
+}
+
+// OnNodeBackground is OnNode for a background write (TxRoute.Background).
+func OnNodeBackground(ctx context.Context, nodeID string) context.Context {
+	return WithTxRoute(ctx, TxRoute{Node: nodeID, Background: true})
 }
 
 // OnOperationBulk is OnOperation for a bulk transaction (TxRoute.Bulk).

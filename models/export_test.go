@@ -22,8 +22,11 @@ func QueuedExclusive(s *FleetStore) int {
 	l := s.group.excl
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.pending)
+	return len(l.pending) + len(l.background)
 }
+
+// MaxBatch bounds one write batch's requests.
+const MaxBatch = maxBatch
 
 // CommandColumns, NodeColumns and OperationColumns are the column lists of
 // the statements sent around GORM, in the order their rows are scanned.

@@ -841,3 +841,62 @@ func TestGroupCommitBulkBesideTheLanes(t *testing.T) {
 		require.Equal(t, after.Strays+1, fs.GroupStats().Strays)
 	})
 }
+
+// Background writes (fleet.TxRoute.Background: a fleet.configure's
+// deliveries and reports, queued by the thousand) fill what the others
+// leave of a batch: a write that arrives behind hundreds of them runs in
+// the next batch. They keep half of each batch while they wait, so a
+// flood of the others does not starve them either. Both dialects, in the
+// exclusive lane (SQLite's one writer).
+func TestGroupCommitBackgroundFillsTheBatch(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s := models.NewFleetStore(db, "r1", nil)
+		background := fleet.WithTxRoute(ctx, fleet.TxRoute{Background: true})
+		const queued = 200
+		// order answers the position each write ran at, once the
+		// exclusive lane, held while they queue, lets them through: queued
+		// writes of the crowd's kind, then one of the other.
+		order := func(crowd, last context.Context) (lastAt int) {
+			var mu sync.Mutex
+			var ran []string
+			write := func(c context.Context, name string) <-chan error {
+				done := make(chan error, 1)
+				go func() {
+					done <- s.Tx(c, func(fleet.Tx) error {
+						mu.Lock()
+						defer mu.Unlock()
+						ran = append(ran, name)
+						return nil
+					})
+				}()
+				return done
+			}
+			held, release := make(chan struct{}), make(chan struct{})
+			busy := make(chan error, 1)
+			go func() {
+				busy <- s.Tx(ctx, func(fleet.Tx) error {
+					close(held)
+					<-release
+					return nil
+				})
+			}()
+			<-held
+			var all []<-chan error
+			for i := range queued {
+				all = append(all, write(crowd, fmt.Sprint("crowd-", i)))
+			}
+			testwait.For(t, "the crowd queued", testwait.Patience, func() bool { return models.QueuedExclusive(s) == queued })
+			all = append(all, write(last, "last"))
+			testwait.For(t, "the last write queued", testwait.Patience, func() bool { return models.QueuedExclusive(s) == queued+1 })
+			close(release)
+			require.NoError(t, <-busy)
+			for _, done := range all {
+				require.NoError(t, <-done)
+			}
+			require.Len(t, ran, queued+1)
+			return slices.Index(ran, "last")
+		}
+		require.Less(t, order(background, ctx), models.MaxBatch, "ahead of the background crowd: in the next batch")
+		require.Less(t, order(ctx, background), models.MaxBatch, "background keeps its share of the next batch")
+	})
+}

@@ -130,6 +130,9 @@ type ConfigTick struct {
 	WriteBatches     float64 `json:"write_batches"`
 	WriteBatchSecs   float64 `json:"write_batch_seconds"`
 	ExclusiveSeconds float64 `json:"exclusive_seconds"`
+	// Queued is how many write requests waited for their batch at the
+	// tick, over every lane.
+	Queued float64 `json:"write_queued"`
 }
 
 // The group commit's metrics a tick reads.
@@ -137,6 +140,7 @@ const (
 	metricWriteBatches     = "nodeward_write_batch_seconds_count"
 	metricWriteBatchSecs   = "nodeward_write_batch_seconds_sum"
 	metricExclusiveSeconds = "nodeward_write_exclusive_seconds_total"
+	metricWriteQueued      = "nodeward_write_queued_requests"
 )
 
 // countConfigRows fills t's row counts from db (node_configs).
@@ -292,6 +296,7 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 			tick.WriteBatches = m[metricWriteBatches] - batches0[metricWriteBatches]
 			tick.WriteBatchSecs = m[metricWriteBatchSecs] - batches0[metricWriteBatchSecs]
 			tick.ExclusiveSeconds = m[metricExclusiveSeconds] - batches0[metricExclusiveSeconds]
+			tick.Queued = m[metricWriteQueued]
 			rep.Timeline = append(rep.Timeline, tick)
 			nextTick = at.Truncate(time.Second) + time.Second
 		}
@@ -507,6 +512,11 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 			prev = t
 		}
 		fmt.Fprintln(w, " (batches ended, their mean ms, ms the exclusive lane held the others back)")
+		fmt.Fprintf(w, "write queue by second    ")
+		for _, t := range r.Timeline {
+			fmt.Fprintf(w, " %.0fs:%.0f", t.Seconds, t.Queued)
+		}
+		fmt.Fprintln(w, " (requests waiting for their batch at the tick)")
 	}
 	if r.LaggingNodes > 0 {
 		fmt.Fprintf(w, "lagging seeded           %d nodes in %.1fs: count %d, never reported %d\n", r.LaggingNodes, r.SeedSeconds, r.LaggingCount, r.NeverReported)

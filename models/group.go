@@ -175,7 +175,7 @@ type groupReq struct {
 	route fleet.TxRoute // zero in the exclusive lane
 	// background: fleet.TxRoute.Background, in whichever lane.
 	background bool
-	notes []fleet.Notification
+	notes      []fleet.Notification
 	// pg are the payloads of this request's notifications to announce to
 	// the other replicas (Postgres), sent with the batch's commit.
 	pg []string

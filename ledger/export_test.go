@@ -40,3 +40,6 @@ func (s *Service) RecordingForTest(parentID string) bool { return s.recordingHer
 
 // RecordChunks is recordChunks.
 var RecordChunks = recordChunks
+
+// MayWriteMuch is mayWriteMuch for the external tests.
+var MayWriteMuch = mayWriteMuch

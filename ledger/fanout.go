@@ -94,10 +94,12 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 	}()
 	var released []Operation
 	recording, resuming := false, false
-	// Routed to the parent, in bulk: it locks the parent and inserts new
-	// rows only, up to MaxFanOut children carrying the document, which
-	// no lane's other writes should wait behind.
-	err := s.store.Tx(fleet.OnOperationBulk(ctx, op.ID), func(tx Tx) error {
+	// Routed to the parent: it locks the parent and inserts new rows only.
+	route := fleet.OnOperation
+	if mayWriteMuch(op) {
+		route = fleet.OnOperationBulk
+	}
+	err := s.store.Tx(route(ctx, op.ID), func(tx Tx) error {
 		released, recording, resuming = nil, false, false
 		cur, err := tx.LockOperation(ctx, op.ID)
 		if err != nil {
@@ -264,6 +266,27 @@ func (s *Service) recordedTogether() []string {
 	}
 	return out
 }
+
+// mayWriteMuch tells a fan-out whose first transaction may write much —
+// over bulkChildren children, or bulkBytes of their operations — and so
+// runs in bulk (fleet.TxRoute.Bulk), beside the write lanes rather than
+// holding its parent's lane and, once the exclusive lane waits behind it,
+// every lane. A selector's (the fleet target) may pick up to MaxFanOut.
+// Smaller ones stay in the lane, sharing its batches' commits: in bulk,
+// fan-outs of 100 at saturation doubled their children's
+// issued_at→receipt p99 (BENCHMARKS.md, fortieth sitting).
+func mayWriteMuch(op Operation) bool {
+	children := len(op.Targets)
+	if children == 1 && op.Targets[0].Kind == TargetFleet {
+		children = MaxFanOut
+	}
+	return children > bulkChildren || children*len(op.Operation) > bulkBytes
+}
+
+const (
+	bulkChildren = 1000
+	bulkBytes    = 8 << 20
+)
 
 // recordReleased is step 2 and 3 of executeFanOut: the released
 // children's commands, the write lanes at once, each lane's children in

@@ -50,7 +50,7 @@ import (
 //     to, or having let go of what it took — and runs again in the
 //     exclusive lane.
 //
-// A bulk request (fleet.TxRoute.Bulk: a fan-out's first transaction,
+// A bulk request (fleet.TxRoute.Bulk: a large fan-out's first transaction,
 // inserting up to 10,000 children with their documents, seconds long) is
 // a batch of its own on a connection of its own, outside the gate: in its
 // operation's lane it held that lane's batches back for its whole length,

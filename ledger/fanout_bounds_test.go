@@ -1,6 +1,8 @@
 package ledger_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,5 +40,34 @@ func TestRecordChunks(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, ledger.RecordChunks(children(tc.sizes...), tc.most, tc.bytes))
 		})
+	}
+}
+
+// A fan-out's first transaction runs in bulk when it may write much: a
+// selector's (up to MaxFanOut children), over a thousand named nodes, or
+// a large operation to many; a hundred named nodes stay in the lane.
+func TestMayWriteMuch(t *testing.T) {
+	nodes := func(n int) []ledger.Target {
+		ts := make([]ledger.Target, n)
+		for i := range ts {
+			ts[i] = ledger.Target{Kind: ledger.TargetNode, ID: fmt.Sprint("n", i)}
+		}
+		return ts
+	}
+	small := json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"x"}}`)
+	large := json.RawMessage(`{"document":"` + strings.Repeat("x", 250_000) + `"}`)
+	for _, c := range []struct {
+		name    string
+		targets []ledger.Target
+		op      json.RawMessage
+		want    bool
+	}{
+		{"the fleet", []ledger.Target{{Kind: ledger.TargetFleet}}, small, true},
+		{"100 nodes", nodes(100), small, false},
+		{"1,001 nodes", nodes(1001), small, true},
+		{"100 nodes, 250 KB", nodes(100), large, true},
+		{"10 nodes, 250 KB", nodes(10), large, false},
+	} {
+		require.Equal(t, c.want, ledger.MayWriteMuch(ledger.Operation{Targets: c.targets, Operation: c.op}), c.name)
 	}
 }

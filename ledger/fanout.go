@@ -360,7 +360,8 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 // long the transaction holds its lane's batch, and every write queued
 // behind it: at 8 MiB (33 such children) the lanes' batches ran about a
 // second through the wave and a command submitted meanwhile waited 1.3 s
-// at the median; at 1 MiB, 0.15 s, the wave as fast (fortieth sitting).
+// at the median; at 1 MiB, 0.15 s, for a wave about a tenth longer (more
+// commits; BENCHMARKS.md, fortieth sitting).
 const recordBytes = 1 << 20
 
 // recordChunks splits chs into the ids of runs of at most maxChildren

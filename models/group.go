@@ -336,8 +336,9 @@ func (l *lane) runNext(ctx context.Context) {
 // A fleet.configure over 10,000 nodes queued 3,500–5,700 deliveries and
 // reports at once, and a command submitted meanwhile waited behind all of
 // them, 2.4–3.7 s at the median (BENCHMARKS.md, fortieth sitting); now
-// it waits for about the batch running and its own. Background requests keep half of each batch while
-// they wait, so the others never starve them either.
+// it waits for about the batch running and its own. Background requests
+// keep half of each batch while they wait, so the others never starve
+// them either.
 func (l *lane) take() []*groupReq {
 	bg := min(len(l.background), maxBatch/2)
 	fg := min(len(l.pending), maxBatch-bg)

@@ -622,11 +622,7 @@ func TestLoneReplicaPublishesNoSessionList(t *testing.T) {
 // answered the copy is undone.
 func TestUnclaim(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
-		boot := b.invite(t, fleet.Invite{})
-		first := b.enroll(t, boot)
-		sess, err := b.svc.Authenticate(ctx, first.SessionToken, fleet.DoorAsk)
-		require.NoError(t, err)
-		id := boot.NodeID
+		id, sess, _ := b.readyNode(t)
 		b.issue(t, id, launch("unsent"))
 		b.issue(t, id, launch("redelivered"))
 		b.issue(t, id, launch("sent"))

@@ -14,6 +14,20 @@ import (
 	"github.com/nodeward/nodeward/apitest"
 )
 
+// submitLargeLaunches submits n launches to node, operation ids prefix0
+// onwards, each with 240,000 bytes of payload that encoding/json escapes
+// to 1.44 MB, and answers that payload's env value.
+func submitLargeLaunches(t *testing.T, s *apitest.Server, node, prefix string, n int) string {
+	t.Helper()
+	blob := strings.Repeat("<&>", 80000)
+	for i := range n {
+		body := `{"kind":"launch_workload","operation_id":"` + prefix + strconv.Itoa(i) + `","payload":{"run_id":"r` + strconv.Itoa(i) +
+			`","attempt_id":"a1","command":"/bin/true","env":{"BLOB":"` + blob + `"}}}`
+		s.Admin(t, http.MethodPost, "/api/v1/nodes/"+node+"/commands", apitest.Raw(body), http.StatusCreated, nil)
+	}
+	return blob
+}
+
 // TestLargeCommandsSpanPolls: commands whose answers together pass what
 // the agent reads (api.MaxAnswerBytes) reach the node over several polls,
 // each answer readable, each command once; none is stuck in an answer
@@ -22,15 +36,9 @@ func TestLargeCommandsSpanPolls(t *testing.T) {
 	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		boot, sess := inviteAndEnroll(t, s)
-		// 240,000 bytes of payload each, 1.44 MB once encoding/json
-		// escapes them: eight pass the agent's 8 MiB together.
-		blob := strings.Repeat("<&>", 80000)
+		// Eight pass the agent's 8 MiB together.
 		const n = 8
-		for i := range n {
-			body := `{"kind":"launch_workload","operation_id":"big-` + strconv.Itoa(i) + `","payload":{"run_id":"r` + strconv.Itoa(i) +
-				`","attempt_id":"a1","command":"/bin/true","env":{"BLOB":"` + blob + `"}}}`
-			s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/commands", apitest.Raw(body), http.StatusCreated, nil)
-		}
+		blob := submitLargeLaunches(t, s, boot.NodeID, "big-", n)
 		seen := map[string]int{}
 		for polls := 0; len(seen) < n; polls++ {
 			require.Less(t, polls, 2*n, "every command delivered within a few polls")
@@ -64,13 +72,8 @@ func TestTrimmedCommandsSurviveReenrollment(t *testing.T) {
 	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
 		boot, sess := inviteAndEnroll(t, s)
-		blob := strings.Repeat("<&>", 80000) // 1.44 MB a command, encoded
 		const n = 6
-		for i := range n {
-			body := `{"kind":"launch_workload","operation_id":"trim-` + strconv.Itoa(i) + `","payload":{"run_id":"r` + strconv.Itoa(i) +
-				`","attempt_id":"a1","command":"/bin/true","env":{"BLOB":"` + blob + `"}}}`
-			s.Admin(t, http.MethodPost, "/api/v1/nodes/"+boot.NodeID+"/commands", apitest.Raw(body), http.StatusCreated, nil)
-		}
+		submitLargeLaunches(t, s, boot.NodeID, "trim-", n)
 		var first api.CommandsResponse
 		s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &first)
 		require.NotEmpty(t, first.Commands)

@@ -444,9 +444,9 @@ func (t *fleetTx) EndConfigureOperations(ctx context.Context, nodeID, except str
 	if len(rows) == 0 {
 		return 0, nil
 	}
-	ops := make([]ledger.Operation, len(rows))
-	for i, r := range rows {
-		ops[i] = operationFromRow(r)
+	ops, err := t.operations(ctx, rows)
+	if err != nil {
+		return 0, err
 	}
 	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
 	return len(ops), ledger.EndConfigures(ctx, ltx, ops, end)
@@ -525,9 +525,12 @@ func (t *fleetTx) EndConfigureOperationsOf(ctx context.Context, ends map[string]
 	if err := t.forUpdate(openConfiguresOfQuery(t.db(ctx), t.dialect, nodes, except)).Find(&rows).Error; err != nil {
 		return 0, err
 	}
+	ops, err := t.operations(ctx, rows)
+	if err != nil {
+		return 0, err
+	}
 	ltx := &ledgerTx{ledgerReader: ledgerReader{r: t.fleetReader}, ftx: t}
-	for _, r := range rows {
-		op := operationFromRow(r)
+	for _, op := range ops {
 		if err := ledger.EndConfigures(ctx, ltx, []ledger.Operation{op}, ends[op.TargetID]); err != nil {
 			return 0, err
 		}

@@ -96,3 +96,11 @@ const SweepLock = sweepLock
 var RowsThatFit = rowsThatFit
 
 const StatementBytes = statementBytes
+
+// ForgetBodies empties this process's cache of shared operations, so a
+// read must find them in the database.
+func ForgetBodies() { bodyCache = newBodyLRU(bodyCache.max) }
+
+// SharedBodyMin is the size from which a fan-out's children share their
+// stored operation.
+const SharedBodyMin = sharedBodyMin

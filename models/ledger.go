@@ -26,6 +26,7 @@ type Operation struct {
 	Counts                *string
 	Reason                string
 	Operation             string
+	BodyDigest            *string // names a shared operation (operation_bodies); Operation is then empty
 	Result                *string
 	ErrorCode             *string
 	ErrorMessage          *string

@@ -26,13 +26,13 @@ import (
 const operationColumns = `id, request_id, digest, principal_kind, principal_id, principal_name, package_host_generation,
 	family, kind, state, terminal, channel, attempt, targets, target_kind, target_id, parent_id, held, counts, reason,
 	operation, result, error_code, error_message, error_retryable, evidence, cancel_requested_at, cancel_reason, owner,
-	created_at, accepted_at, finished_at, deadline, updated_at`
+	created_at, accepted_at, finished_at, deadline, updated_at, body_digest`
 
 func operationValues(r Operation) []any {
 	return []any{r.ID, r.RequestID, r.Digest, r.PrincipalKind, r.PrincipalID, r.PrincipalName, r.PackageHostGeneration,
 		r.Family, r.Kind, r.State, r.Terminal, r.Channel, r.Attempt, r.Targets, r.TargetKind, r.TargetID, r.ParentID, r.Held,
 		r.Counts, r.Reason, r.Operation, r.Result, r.ErrorCode, r.ErrorMessage, r.ErrorRetryable, r.Evidence,
-		r.CancelRequestedAt, r.CancelReason, r.Owner, r.CreatedAt, r.AcceptedAt, r.FinishedAt, r.Deadline, r.UpdatedAt}
+		r.CancelRequestedAt, r.CancelReason, r.Owner, r.CreatedAt, r.AcceptedAt, r.FinishedAt, r.Deadline, r.UpdatedAt, r.BodyDigest}
 }
 
 func placeholders(n int) string {

@@ -106,6 +106,13 @@ func (q LedgerStatements) PruneEvents(before time.Time, batch int) Statement {
 	return q.raw(pruneEventsSQL, batch, dbtime.Norm(before))
 }
 
+// PruneBodies is Prune's delete of the stored operations no operation
+// names any more.
+func (q LedgerStatements) PruneBodies(before time.Time, batch int) Statement {
+	b := dbtime.Norm(before)
+	return q.raw(pruneBodiesSQL, b, b, batch)
+}
+
 // ChildCounts is a fan-out parent's count of its children by state.
 func (q LedgerStatements) ChildCounts(parentID string) Statement {
 	return q.raw(childCountsSQL, parentID)

@@ -109,7 +109,9 @@ func rowFromOperation(o ledger.Operation) Operation {
 	return r
 }
 
-func operationFromRow(r Operation) ledger.Operation {
+// convertRow answers a row as the ledger's operation, its operation as
+// the row holds it: fleetReader.operations puts back a shared one first.
+func convertRow(r Operation) ledger.Operation {
 	o := ledger.Operation{
 		Cursor: r.Seq, ID: r.ID, RequestID: r.RequestID, Digest: r.Digest,
 		PrincipalKind: ledger.PrincipalKind(r.PrincipalKind), PrincipalID: r.PrincipalID, PrincipalName: r.PrincipalName,
@@ -135,14 +137,6 @@ func operationFromRow(r Operation) ledger.Operation {
 	return o
 }
 
-func operationsFromRows(rows []Operation) []ledger.Operation {
-	out := make([]ledger.Operation, len(rows))
-	for i, r := range rows {
-		out[i] = operationFromRow(r)
-	}
-	return out
-}
-
 // Reader.
 
 func (s *LedgerStore) Operation(ctx context.Context, id string) (ledger.Operation, error) {
@@ -166,7 +160,7 @@ func (r ledgerReader) Operation(ctx context.Context, id string) (ledger.Operatio
 	if err != nil {
 		return ledger.Operation{}, err
 	}
-	return operationFromRow(row), nil
+	return r.r.operation(ctx, row)
 }
 
 // An operation by its id, sent around GORM (sqlpath.go): a fan-out's
@@ -214,7 +208,7 @@ func operationDest(r *Operation) []any {
 		&r.PackageHostGeneration, &r.Family, &r.Kind, &r.State, &r.Terminal, &r.Channel, &r.Attempt, &r.Targets,
 		&r.TargetKind, &r.TargetID, &r.ParentID, &r.Held, &r.Counts, &r.Reason, &r.Operation, &r.Result, &r.ErrorCode,
 		&r.ErrorMessage, &r.ErrorRetryable, &r.Evidence, &r.CancelRequestedAt, &r.CancelReason, &r.Owner,
-		&r.CreatedAt, &r.AcceptedAt, &r.FinishedAt, &r.Deadline, &r.UpdatedAt}
+		&r.CreatedAt, &r.AcceptedAt, &r.FinishedAt, &r.Deadline, &r.UpdatedAt, &r.BodyDigest}
 }
 
 func (r ledgerReader) OperationByRequest(ctx context.Context, p ledger.Principal, requestID string) (ledger.Operation, error) {
@@ -222,7 +216,7 @@ func (r ledgerReader) OperationByRequest(ctx context.Context, p ledger.Principal
 	if err := byRequestQuery(r.r.db(ctx), p, requestID).Take(&row).Error; err != nil {
 		return ledger.Operation{}, ledgerNotFound(err)
 	}
-	return operationFromRow(row), nil
+	return r.r.operation(ctx, row)
 }
 
 // The queries below are built by functions that both the store and
@@ -241,7 +235,7 @@ func (r ledgerReader) List(ctx context.Context, f ledger.Filter) ([]ledger.Opera
 	if err := listQuery(r.r.db(ctx), r.r.dialect, f).Find(&rows).Error; err != nil {
 		return nil, err
 	}
-	return operationsFromRows(rows), nil
+	return r.r.operations(ctx, rows)
 }
 
 // listQuery is the listing's statement. The family and target_kind
@@ -442,7 +436,7 @@ func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operati
 	if err := t.strayOperation(row); err != nil {
 		return ledger.Operation{}, err
 	}
-	return operationFromRow(row), nil
+	return t.r.operation(ctx, row)
 }
 
 // strayOperation is fleetTx.stray for an operation's row: one node's
@@ -692,7 +686,7 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 			return nil, err
 		}
 		sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
-		return operationsFromRows(rows), nil
+		return s.fleet.fleetReader.operations(ctx, rows)
 	}
 	var out []ledger.Operation
 	err := s.Tx(ctx, func(tx ledger.Tx) error {
@@ -702,7 +696,10 @@ func (s *LedgerStore) Claim(ctx context.Context, replica string, now time.Time, 
 			return err
 		}
 		sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
-		out = operationsFromRows(rows)
+		var err error
+		if out, err = t.r.operations(ctx, rows); err != nil {
+			return err
+		}
 		events := make([]ledger.Event, len(out))
 		for i, op := range out {
 			data, _ := json.Marshal(map[string]any{"owner": replica, "attempt": op.Attempt})
@@ -753,7 +750,10 @@ func (s *LedgerStore) DropOwners(ctx context.Context, prefix, except string) err
 func (s *LedgerStore) Orphans(ctx context.Context, except string, now time.Time, limit int) ([]ledger.Operation, error) {
 	var rows []Operation
 	err := s.fleet.db.WithContext(ctx).Raw(orphansSQL, except, dbtime.Norm(now), limit).Scan(&rows).Error
-	return operationsFromRows(rows), err
+	if err != nil {
+		return nil, err
+	}
+	return s.fleet.fleetReader.operations(ctx, rows)
 }
 
 // orphansSQL: a fan-out parent has no owner once its children are
@@ -799,7 +799,10 @@ func (t *ledgerTx) OpenNodeOperations(ctx context.Context, nodeID string) ([]led
 	var rows []Operation
 	q := t.r.db(ctx).Where("target_id = ? AND terminal = FALSE AND target_kind = ?", nodeID, ledger.TargetNode).Order("seq")
 	err := t.r.forUpdate(q).Find(&rows).Error
-	return operationsFromRows(rows), err
+	if err != nil {
+		return nil, err
+	}
+	return t.r.operations(ctx, rows)
 }
 
 // The third column singles out children that failed capability_missing
@@ -822,18 +825,31 @@ func (t *ledgerTx) InsertOperations(ctx context.Context, ops []ledger.Operation,
 	args := make([]any, 0, operationValueCount*len(ops))
 	// A fan-out's children carry one operation: they share one string of
 	// it, not a copy each (a 250 KB document over 10,000 children was
-	// 2.5 GB held at once).
+	// 2.5 GB held at once), and from sharedBodyMin bytes one stored copy,
+	// named by digest (operation_bodies.go).
 	var text string
+	var digest *string
 	var from json.RawMessage
+	shared := map[string]string{}
 	for _, op := range ops {
 		body := op.Operation
 		op.Operation = nil
 		r := rowFromOperation(op)
 		if from == nil || !bytes.Equal(body, from) {
-			text, from = string(body), body
+			text, from, digest = string(body), body, nil
+			if len(text) >= sharedBodyMin {
+				d := bodyDigest(text)
+				shared[d], digest = text, &d
+			}
 		}
-		r.Operation = text
+		if digest == nil {
+			r.Operation = text
+		}
+		r.BodyDigest = digest
 		args = append(args, operationValues(r)...)
+	}
+	if err := useBodies(t.r.db(ctx), shared, ops[0].CreatedAt); err != nil {
+		return err
 	}
 	if err := insertRows(t.r.db(ctx), "operations", operationColumns, operationValueCount, args); err != nil {
 		if isDuplicate(err) {
@@ -857,7 +873,10 @@ func (t *ledgerTx) ReleaseChildren(ctx context.Context, ids []string, now time.T
 	if err != nil {
 		return nil, err
 	}
-	out := operationsFromRows(rows)
+	out, err := t.r.operations(ctx, rows)
+	if err != nil {
+		return nil, err
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
@@ -881,14 +900,17 @@ func (t *ledgerTx) ReleaseHeld(ctx context.Context, parentID string, limit int, 
 	}
 	// RETURNING answers in no promised order: oldest first, as released.
 	sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
-	return operationsFromRows(rows), nil
+	return t.r.operations(ctx, rows)
 }
 
 // OpenChildren answers a parent's children not yet ended, oldest first.
 func (t *ledgerTx) OpenChildren(ctx context.Context, parentID string) ([]ledger.Operation, error) {
 	var rows []Operation
 	err := t.r.db(ctx).Where("parent_id = ? AND terminal = FALSE", parentID).Order("seq").Find(&rows).Error
-	return operationsFromRows(rows), err
+	if err != nil {
+		return nil, err
+	}
+	return t.r.operations(ctx, rows)
 }
 
 // LockOperations locks the operations of ids in id order (the order
@@ -914,7 +936,7 @@ func (t *ledgerTx) LockOperations(ctx context.Context, ids []string) ([]ledger.O
 			return nil, err
 		}
 	}
-	return operationsFromRows(rows), nil
+	return t.r.operations(ctx, rows)
 }
 
 // lockOperationsPostgres is LockOperations's statement on Postgres, sent
@@ -935,7 +957,10 @@ func (t *ledgerTx) Unrecorded(ctx context.Context, parentID string, kinds []stri
 		WHERE o.parent_id = ? AND o.terminal = FALSE AND o.held = FALSE AND o.state = 'pending' AND o.kind IN ?
 		  AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.operation_id = o.id)
 		ORDER BY o.seq`, parentID, kinds).Scan(&rows).Error
-	return operationsFromRows(rows), err
+	if err != nil {
+		return nil, err
+	}
+	return t.r.operations(ctx, rows)
 }
 
 // WriteLane answers the lane of the group commit a node's transactions
@@ -960,7 +985,10 @@ const fanningOutSQL = `SELECT id FROM operations WHERE terminal = FALSE AND coun
 func (s *LedgerStore) Overdue(ctx context.Context, now time.Time, limit int) ([]ledger.Operation, error) {
 	var rows []Operation
 	err := s.fleet.db.WithContext(ctx).Raw(overdueSQL, dbtime.Norm(now), limit).Scan(&rows).Error
-	return operationsFromRows(rows), err
+	if err != nil {
+		return nil, err
+	}
+	return s.fleet.fleetReader.operations(ctx, rows)
 }
 
 // overdueSQL: undelivered node operations, and configure operations
@@ -1012,6 +1040,9 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 				return res.Error
 			}
 			ops = int(res.RowsAffected)
+		}
+		if err := pruneBodies(g, opsBefore, batch); err != nil {
+			return err
 		}
 		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (`+pruneEventsSQL+`)`, batch, dbtime.Norm(eventsBefore))
 		events = int(res.RowsAffected)

@@ -34,6 +34,7 @@ var allModels = []any{
 	&models.Operation{},
 	&models.OperationEvent{},
 	&models.OperationOwner{},
+	&models.OperationBody{},
 	&models.SealedSecret{},
 	&models.SecretDelivery{},
 	&models.SecretAudit{},

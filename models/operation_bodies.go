@@ -1,0 +1,218 @@
+package models
+
+import (
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/nodeward/nodeward/internal/dbtime"
+	"github.com/nodeward/nodeward/ledger"
+)
+
+// A fan-out's children share their operation: InsertOperations stores
+// each distinct operation of at least sharedBodyMin bytes once in
+// operation_bodies and has the children's rows name it by digest
+// (migration 00030), and every read of operations puts it back
+// (fleetReader.operations), so the ledger's callers never see the difference.
+// Smaller operations, and every operation not recorded by a fan-out,
+// stay in their row: a single command's payload is its own, and a row of
+// its own would add a write to the command path.
+//
+// OperationBody is a row of operation_bodies.
+type OperationBody struct {
+	Digest string `gorm:"primaryKey"`
+	Body   string
+	UsedAt time.Time
+}
+
+// sharedBodyMin is the size from which a fan-out's children name their
+// operation instead of holding it: below it the digest and the extra row
+// cost about what the copies would.
+const sharedBodyMin = 1 << 10
+
+// bodyDigest names a body: the lowercase hex SHA-256 of its text.
+func bodyDigest(body string) string {
+	sum := sha256.Sum256([]byte(body))
+	return hex.EncodeToString(sum[:])
+}
+
+// useBodies stores the bodies of digests (digest → body) once each, and
+// stamps those already stored as used at now (the fan-out's clock).
+// Retention deletes a body once no operation names it and it was last
+// used before the operations it deletes ended (pruneBodies), so a
+// transaction that names an old body keeps it: on Postgres the stamp
+// locks the row until the commit, and retention's delete, waiting for it,
+// then sees the row stamped.
+func useBodies(g *gorm.DB, bodies map[string]string, now time.Time) error {
+	if len(bodies) == 0 {
+		return nil
+	}
+	now = dbtime.Norm(now)
+	args := make([]any, 0, 3*len(bodies))
+	for d, b := range bodies {
+		args = append(args, d, b, now)
+		bodyCache.put(d, b)
+	}
+	// One statement per body: a body may be 256 KiB, and few are shared
+	// at once (one per fan-out, as a rule).
+	for i := 0; i < len(args); i += 3 {
+		q := `INSERT INTO operation_bodies (digest, body, used_at) VALUES (?, ?, ?)
+			ON CONFLICT (digest) DO UPDATE SET used_at = excluded.used_at`
+		if onPostgres(g) {
+			q = numbered(q)
+		}
+		if _, err := execRows(g, q, args[i:i+3]...); err != nil {
+			return fmt.Errorf("store a shared operation: %w", err)
+		}
+	}
+	return nil
+}
+
+// pruneBodies deletes at most batch stored bodies that no operation names
+// and that were last used before cutoff (retention's cut-off for ended
+// operations: a body's children were recorded when it was last used,
+// and they are pruned only once they ended before the cut-off). The
+// outer used_at test is the one Postgres checks again on the row's
+// newest version when the delete waited for a transaction that stamped
+// it (the subquery's rows are the snapshot's).
+func pruneBodies(g *gorm.DB, cutoff time.Time, batch int) error {
+	cutoff = dbtime.Norm(cutoff)
+	return g.Exec(pruneBodiesSQL, cutoff, cutoff, batch).Error
+}
+
+// pruneBodiesSQL: whether an operation names a body is one probe of
+// operations_body (the rows that name one).
+const pruneBodiesSQL = `DELETE FROM operation_bodies WHERE used_at < ? AND digest IN (
+		SELECT b.digest FROM operation_bodies b
+		WHERE b.used_at < ? AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.body_digest = b.digest)
+		LIMIT ?)`
+
+// operations answers rows as the ledger's operations, each with its
+// operation put back: from this process's cache, or else in one read
+// through r (the caller's transaction, which may have stored them
+// itself), made only when a row names one the cache lacks.
+func (r fleetReader) operations(ctx context.Context, rows []Operation) ([]ledger.Operation, error) {
+	if err := r.resolveBodies(ctx, rows); err != nil {
+		return nil, err
+	}
+	out := make([]ledger.Operation, len(rows))
+	for i, row := range rows {
+		out[i] = convertRow(row)
+	}
+	return out, nil
+}
+
+// operation is operations for one row.
+func (r fleetReader) operation(ctx context.Context, row Operation) (ledger.Operation, error) {
+	if row.BodyDigest == nil {
+		return convertRow(row), nil
+	}
+	rows := []Operation{row}
+	if err := r.resolveBodies(ctx, rows); err != nil {
+		return ledger.Operation{}, err
+	}
+	return convertRow(rows[0]), nil
+}
+
+func (r fleetReader) resolveBodies(ctx context.Context, rows []Operation) error {
+	var missing []string
+	for i := range rows {
+		d := rows[i].BodyDigest
+		if d == nil {
+			continue
+		}
+		if b, ok := bodyCache.get(*d); ok {
+			rows[i].Operation = b
+		} else {
+			missing = append(missing, *d)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	found := make(map[string]string, len(missing))
+	q, args := idsStatement(r.dialect, `SELECT digest, body FROM operation_bodies WHERE digest = ANY($1::text[])`,
+		`SELECT digest, body FROM operation_bodies WHERE digest IN (`, `)`, missing)
+	err := eachRow(r.db(ctx), q, args, func(rs *sql.Rows) error {
+		var d, b string
+		if err := rs.Scan(&d, &b); err != nil {
+			return err
+		}
+		found[d] = b
+		bodyCache.put(d, b)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read shared operations: %w", err)
+	}
+	for i := range rows {
+		d := rows[i].BodyDigest
+		if d == nil || rows[i].Operation != "" {
+			continue
+		}
+		b, ok := found[*d]
+		if !ok {
+			return fmt.Errorf("operation %s names shared operation %s, which is not stored", rows[i].ID, *d)
+		}
+		rows[i].Operation = b
+	}
+	return nil
+}
+
+// bodyCache keeps shared operations this process stored or read. A body
+// is named by its own digest, so a cached one is never stale, in any
+// database; the bound is on bytes, the least recently used going first.
+var bodyCache = newBodyLRU(64 << 20)
+
+type bodyLRU struct {
+	mu    sync.Mutex // guards the following
+	max   int
+	size  int
+	order *list.List // of *bodyEntry, most recently used first
+	byKey map[string]*list.Element
+}
+
+type bodyEntry struct{ digest, body string }
+
+func newBodyLRU(max int) *bodyLRU {
+	return &bodyLRU{max: max, order: list.New(), byKey: map[string]*list.Element{}}
+}
+
+func (c *bodyLRU) get(digest string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.byKey[digest]
+	if !ok {
+		return "", false
+	}
+	c.order.MoveToFront(e)
+	return e.Value.(*bodyEntry).body, true
+}
+
+func (c *bodyLRU) put(digest, body string) {
+	if len(body) > c.max/8 {
+		return // one body never crowds out the rest
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.byKey[digest]; ok {
+		c.order.MoveToFront(e)
+		return
+	}
+	c.byKey[digest] = c.order.PushFront(&bodyEntry{digest, body})
+	c.size += len(body)
+	for c.size > c.max {
+		last := c.order.Back()
+		ent := last.Value.(*bodyEntry)
+		c.order.Remove(last)
+		delete(c.byKey, ent.digest)
+		c.size -= len(ent.body)
+	}
+}

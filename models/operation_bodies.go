@@ -20,10 +20,10 @@ import (
 // each distinct operation of at least sharedBodyMin bytes once in
 // operation_bodies and has the children's rows name it by digest
 // (migration 00030), and every read of operations puts it back
-// (fleetReader.operations), so the ledger's callers never see the difference.
-// Smaller operations, and every operation not recorded by a fan-out,
-// stay in their row: a single command's payload is its own, and a row of
-// its own would add a write to the command path.
+// (fleetReader.operations), so the ledger's callers never see the
+// difference. Smaller operations, and every operation not recorded by a
+// fan-out, stay in their row: a single command's payload is its own, and
+// a row of its own would add a write to the command path.
 //
 // OperationBody is a row of operation_bodies.
 type OperationBody struct {
@@ -51,29 +51,27 @@ func bodyDigest(body string) string {
 // locks the row until the commit, and retention's delete, waiting for it,
 // then sees the row stamped.
 func useBodies(g *gorm.DB, bodies map[string]string, now time.Time) error {
-	if len(bodies) == 0 {
-		return nil
+	q := useBodySQLite
+	if onPostgres(g) {
+		q = useBodyPostgres
 	}
 	now = dbtime.Norm(now)
-	args := make([]any, 0, 3*len(bodies))
-	for d, b := range bodies {
-		args = append(args, d, b, now)
-		bodyCache.put(d, b)
-	}
 	// One statement per body: a body may be 256 KiB, and few are shared
 	// at once (one per fan-out, as a rule).
-	for i := 0; i < len(args); i += 3 {
-		q := `INSERT INTO operation_bodies (digest, body, used_at) VALUES (?, ?, ?)
-			ON CONFLICT (digest) DO UPDATE SET used_at = excluded.used_at`
-		if onPostgres(g) {
-			q = numbered(q)
-		}
-		if _, err := execRows(g, q, args[i:i+3]...); err != nil {
+	for d, b := range bodies {
+		if _, err := execRows(g, q, d, b, now); err != nil {
 			return fmt.Errorf("store a shared operation: %w", err)
 		}
+		bodyCache.put(d, b)
 	}
 	return nil
 }
+
+var (
+	useBodySQLite = `INSERT INTO operation_bodies (digest, body, used_at) VALUES (?, ?, ?)
+		ON CONFLICT (digest) DO UPDATE SET used_at = excluded.used_at`
+	useBodyPostgres = numbered(useBodySQLite)
+)
 
 // pruneBodies deletes at most batch stored bodies that no operation names
 // and that were last used before cutoff (retention's cut-off for ended

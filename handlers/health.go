@@ -2,8 +2,11 @@ package handlers
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
+
+	"github.com/nodeward/nodeward/migrations"
 )
 
 func (h *handler) healthz(w http.ResponseWriter, r *http.Request) {
@@ -12,6 +15,8 @@ func (h *handler) healthz(w http.ResponseWriter, r *http.Request) {
 
 // readyz answers 200 only when the database answers and its schema is
 // current, and not while draining: a load balancer stops sending work here.
+// A schema a newer release migrated is "ahead": this replica is an old one
+// left running through an upgrade, and must get no more work.
 func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
@@ -21,7 +26,10 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 		checks["database"] = "unreachable"
 		ready = false
 		logger(r).Warn("readyz: database", "err", err)
-	} else if ok, err := h.Ready.MigrationsCurrent(ctx); err != nil || !ok {
+	} else if ok, err := h.Ready.MigrationsCurrent(ctx); errors.Is(err, migrations.ErrAhead) {
+		checks["migrations"] = "ahead"
+		ready = false
+	} else if err != nil || !ok {
 		checks["migrations"] = "pending"
 		ready = false
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 
@@ -33,7 +34,15 @@ func provider(db *sql.DB, dialect string) (*goose.Provider, error) {
 	return goose.NewProvider(gd, db, sub)
 }
 
-// Up applies every pending migration, each in its own transaction.
+// ErrAhead: the database holds migrations this build does not know — a
+// newer release migrated it. Rows may then mean what this build cannot
+// read (00030: a fan-out's children name a stored operation), so a build
+// neither serves nor migrates such a database; it is never rolled back
+// for it.
+var ErrAhead = errors.New("the database was migrated by a newer release")
+
+// Up applies every pending migration, each in its own transaction. It
+// answers ErrAhead for a database a newer release migrated.
 func Up(ctx context.Context, db *sql.DB, dialect string) error {
 	p, err := provider(db, dialect)
 	if err != nil {
@@ -42,10 +51,11 @@ func Up(ctx context.Context, db *sql.DB, dialect string) error {
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate %s: %w", dialect, err)
 	}
-	return nil
+	return ahead(ctx, p)
 }
 
-// Current reports whether the database has every embedded migration.
+// Current reports whether the database has every embedded migration, and
+// ErrAhead (with false) when it has more.
 func Current(ctx context.Context, db *sql.DB, dialect string) (bool, error) {
 	p, err := provider(db, dialect)
 	if err != nil {
@@ -55,5 +65,26 @@ func Current(ctx context.Context, db *sql.DB, dialect string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return !pending, nil
+	if pending {
+		return false, nil
+	}
+	if err := ahead(ctx, p); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// ahead answers ErrAhead when the database's newest migration is newer
+// than this build's; it runs once nothing is pending, so the version
+// table exists.
+func ahead(ctx context.Context, p *goose.Provider) error {
+	current, target, err := p.GetVersions(ctx)
+	if err != nil {
+		return err
+	}
+	if current > target {
+		return fmt.Errorf("%w: the database is at migration %d, this build knows up to %d; run the newer release (stop every older replica first)",
+			ErrAhead, current, target)
+	}
+	return nil
 }

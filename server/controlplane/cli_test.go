@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/apitest"
+	"github.com/nodeward/nodeward/migrations"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 	"github.com/nodeward/nodeward/server/controlplane"
@@ -207,6 +208,29 @@ func TestCLIMigrate(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ok)
 	})
+}
+
+// TestCLIRefusesADatabaseANewerReleaseMigrated: a build whose migrations
+// stop short of the database's neither migrates nor serves it (rows may
+// mean what it cannot read); it says why and exits non-zero.
+func TestCLIRefusesADatabaseANewerReleaseMigrated(t *testing.T) {
+	cleanEnv(t)
+	dir := t.TempDir()
+	r := mainRun(t, "", "migrate", "--data-dir", dir)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	db, err := models.Open(context.Background(), models.Options{DataDir: dir})
+	require.NoError(t, err)
+	require.NoError(t, db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (99999, TRUE)`).Error)
+	ok, err := db.MigrationsCurrent(context.Background())
+	require.ErrorIs(t, err, migrations.ErrAhead)
+	require.False(t, ok)
+	require.NoError(t, db.Close())
+	for _, args := range [][]string{{"migrate", "--data-dir", dir}, {"serve", "--data-dir", dir, "--listen", "127.0.0.1:0"}} {
+		r = mainRun(t, "", args...)
+		require.NotEqual(t, 0, r.code, args[0])
+		require.Contains(t, r.stderr, "migrated by a newer release", args[0])
+		require.Contains(t, r.stderr, "99999", args[0])
+	}
 }
 
 func TestCLIVersion(t *testing.T) {

@@ -42,6 +42,9 @@ type ConfigLoad struct {
 	LaggingSamples int
 	// DocumentBytes pads the document to about this size (0: a few
 	// bytes): what a real configuration weighs on every write of its row.
+	// The pad is text that compresses about as a configuration does
+	// (padText), not one repeated byte, which Postgres's TOAST stored in
+	// a few kilobytes whatever the size.
 	DocumentBytes int
 	// ProbeRate is how many single commands a second are submitted while
 	// the wave runs, round robin over the agents, each submit timed: how
@@ -227,7 +230,7 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 	}
 	document := map[string]any{"run": run, "listen": ":8080", "workers": 4}
 	if cfg.DocumentBytes > 0 {
-		document["pad"] = strings.Repeat("x", cfg.DocumentBytes)
+		document["pad"] = padText(cfg.DocumentBytes)
 	}
 	body, _ := json.Marshal(map[string]any{"request_id": "lt-config-" + run, "kind": "fleet.configure",
 		"targets": []any{map[string]any{"kind": "fleet"}},
@@ -605,4 +608,29 @@ func peakRSS(pid int, every time.Duration) func() int64 {
 		close(stop)
 		return <-done
 	}
+}
+
+// padText answers n bytes of words drawn from a small vocabulary by a
+// fixed sequence, with a number now and then: text that Postgres's TOAST
+// compression shrinks to about a third (250,000 bytes stored in 78,059),
+// as it would a real configuration document, and the same in every run.
+func padText(n int) string {
+	words := strings.Fields(`server listen upstream location proxy_pass timeout retries backend
+		weight health_check interval path header value enabled replicas region zone cache size max min
+		limit burst tls certificate key cipher protocol route match prefix rewrite log level format`)
+	var b strings.Builder
+	b.Grow(n + 16)
+	x := uint32(2463534242)
+	for b.Len() < n {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b.WriteString(words[x%uint32(len(words))])
+		b.WriteByte(' ')
+		if x%7 == 0 {
+			b.WriteString(strconv.FormatUint(uint64(x%100000), 10))
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()[:n]
 }

@@ -136,33 +136,28 @@ func TestReadyzAheadOfThisBuild(t *testing.T) {
 	t.Parallel()
 	db := dbtest.Open(t, models.SQLite)
 	require.NoError(t, db.Exec(`INSERT INTO goose_db_version (version_id, is_applied) VALUES (99999, TRUE)`).Error)
-	ring := keys.NewRing([]byte("0123456789abcdef0123456789abcdef"))
-	h := handlers.New(handlers.Deps{Ready: db, Auth: auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring}), Metrics: metrics.New(nil),
-		OpenAPI: nodeward.OpenAPI, Draining: func() bool { return false }})
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-	c := &http.Client{Transport: apitest.NewTransport(t, nil)}
-	resp, err := c.Get(srv.URL + "/readyz")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	var body struct {
-		Status string            `json:"status"`
-		Checks map[string]string `json:"checks"`
-	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
-	require.Equal(t, "not_ready", body.Status)
-	require.Equal(t, map[string]string{"database": "ok", "migrations": "ahead", "draining": "no"}, body.Checks)
+	status, checks := readyz(t, db, false)
+	require.Equal(t, "not_ready", status)
+	require.Equal(t, map[string]string{"database": "ok", "migrations": "ahead", "draining": "no"}, checks)
 }
 
 // TestReadyzWhileDraining checks the 503 shape of /readyz against the
 // contract (the real server drains too briefly to catch it there).
 func TestReadyzWhileDraining(t *testing.T) {
 	t.Parallel()
-	db := dbtest.Open(t, models.SQLite)
+	status, checks := readyz(t, dbtest.Open(t, models.SQLite), true)
+	require.Equal(t, "not_ready", status)
+	require.Equal(t, "yes", checks["draining"])
+}
+
+// readyz asks a server of db for /readyz, through the contract's
+// validating transport, expecting 503, and answers the body's status and
+// checks.
+func readyz(t *testing.T, db *models.DB, draining bool) (string, map[string]string) {
+	t.Helper()
 	ring := keys.NewRing([]byte("0123456789abcdef0123456789abcdef"))
 	h := handlers.New(handlers.Deps{Ready: db, Auth: auth.New(auth.Options{Store: models.NewAuthStore(db), Keys: ring}), Metrics: metrics.New(nil),
-		OpenAPI: nodeward.OpenAPI, Draining: func() bool { return true }})
+		OpenAPI: nodeward.OpenAPI, Draining: func() bool { return draining }})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	c := &http.Client{Transport: apitest.NewTransport(t, nil)}
@@ -175,6 +170,5 @@ func TestReadyzWhileDraining(t *testing.T) {
 		Checks map[string]string `json:"checks"`
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
-	require.Equal(t, "not_ready", body.Status)
-	require.Equal(t, "yes", body.Checks["draining"])
+	return body.Status, body.Checks
 }

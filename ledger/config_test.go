@@ -35,6 +35,31 @@ func (b *bundle) reportConfig(t *testing.T, sess fleet.Session, rev int64, state
 	require.NoError(t, err)
 }
 
+// reportEach polls every node until each was handed its configuration,
+// and reports on it the state and message judge answers (judge may
+// also check what the node was handed).
+func (b *bundle) reportEach(t *testing.T, ids []string, sessions map[string]fleet.Session,
+	judge func(i int, handed *api.ConfigDelivery) (state, message string)) {
+	t.Helper()
+	reported := map[string]bool{}
+	require.Eventually(t, func() bool {
+		for i, id := range ids {
+			if reported[id] {
+				continue
+			}
+			a, err := b.fleet.PollWork(ctx, sessions[id], 0, "")
+			require.NoError(t, err)
+			if a.Config == nil {
+				continue
+			}
+			state, msg := judge(i, a.Config)
+			b.reportConfig(t, sessions[id], a.Config.Revision, state, msg)
+			reported[id] = true
+		}
+		return len(reported) == len(ids)
+	}, waitLong, tick)
+}
+
 func lastEvent(t *testing.T, b *bundle, id string) ledger.Event {
 	t.Helper()
 	evs, err := b.store.Events(ctx, id, 0, 100)
@@ -277,26 +302,12 @@ func TestFleetConfigure(t *testing.T) {
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == n }, waitLong, tick)
 		// Every node converges as its child is handed out; the first fails.
-		reported := map[string]bool{}
-		require.Eventually(t, func() bool {
-			for i, id := range ids {
-				if reported[id] {
-					continue
-				}
-				a, err := b.fleet.PollWork(ctx, sessions[id], 0, "")
-				require.NoError(t, err)
-				if a.Config == nil {
-					continue
-				}
-				state := api.ConfigApplied
-				if i == 0 {
-					state = api.ConfigFailed
-				}
-				b.reportConfig(t, sessions[id], a.Config.Revision, state, "node "+strconv.Itoa(i))
-				reported[id] = true
+		b.reportEach(t, ids, sessions, func(i int, _ *api.ConfigDelivery) (string, string) {
+			if i == 0 {
+				return api.ConfigFailed, "node 0"
 			}
-			return len(reported) == n
-		}, waitLong, tick)
+			return api.ConfigApplied, "node " + strconv.Itoa(i)
+		})
 		done := b.waitState(t, parent.ID, ledger.StateFailed)
 		require.Equal(t, ledger.CodeChildrenFailed, done.Error.Code)
 		require.Equal(t, &ledger.Counts{Total: n, Succeeded: n - 1, Failed: 1}, done.Counts)

@@ -35,23 +35,10 @@ func TestFanOutLargeOperationStoredOnce(t *testing.T) {
 				Operation: json.RawMessage(`{"format":"f/v1","document":` + document + `,"max_concurrency":3}`)})
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return len(b.children(t, parent.ID)) == n }, waitLong, tick)
-			reported := map[string]bool{}
-			require.Eventually(t, func() bool {
-				for _, id := range ids {
-					if reported[id] {
-						continue
-					}
-					a, err := b.fleet.PollWork(ctx, sessions[id], 0, "")
-					require.NoError(t, err)
-					if a.Config == nil {
-						continue
-					}
-					require.JSONEq(t, document, string(a.Config.Document), id)
-					b.reportConfig(t, sessions[id], a.Config.Revision, api.ConfigApplied, "")
-					reported[id] = true
-				}
-				return len(reported) == n
-			}, waitLong, tick)
+			b.reportEach(t, ids, sessions, func(i int, handed *api.ConfigDelivery) (string, string) {
+				require.JSONEq(t, document, string(handed.Document), ids[i])
+				return api.ConfigApplied, ""
+			})
 			b.waitState(t, parent.ID, ledger.StateSucceeded)
 			for _, ch := range b.children(t, parent.ID) {
 				require.JSONEq(t, `{"format":"f/v1","document":`+document+`}`, string(ch.Operation), ch.ID)

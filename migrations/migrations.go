@@ -37,8 +37,7 @@ func provider(db *sql.DB, dialect string) (*goose.Provider, error) {
 // ErrAhead: the database holds migrations this build does not know — a
 // newer release migrated it. Rows may then mean what this build cannot
 // read (00030: a fan-out's children name a stored operation), so a build
-// neither serves nor migrates such a database; it is never rolled back
-// for it.
+// neither serves nor migrates such a database, nor rolls it back.
 var ErrAhead = errors.New("the database was migrated by a newer release")
 
 // Up applies every pending migration, each in its own transaction. It

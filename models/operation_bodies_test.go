@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,5 +137,75 @@ func TestFanOutChildrenShareTheirOperation(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, db.Raw("SELECT COUNT(*) FROM operation_bodies").Scan(&n).Error)
 		require.Zero(t, n)
+	})
+}
+
+// TestRetentionKeepsABodyAFanOutIsNaming: retention on one replica runs
+// while a fan-out on another names a stored operation no row named any
+// more, in a transaction not yet committed. On Postgres the retention's
+// delete waits for that transaction's row lock (checked in
+// pg_stat_activity) and then must see the body used again; on SQLite the
+// one writer runs them in turn. Either way the body stays and the new
+// child reads whole.
+func TestRetentionKeepsABodyAFanOutIsNaming(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s1 := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil))
+		s2 := models.NewLedgerStore(models.NewFleetStore(db, "r2", nil))
+		body := json.RawMessage(fmt.Sprintf(`{"pad":%q}`, strings.Repeat("y", models.SharedBodyMin)))
+		child := func(id, parent string, at time.Time) ledger.Operation {
+			return ledger.Operation{
+				ID: id, RequestID: parent + ":0", Digest: "d",
+				PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: "test", Kind: "test.noop",
+				State: ledger.StatePending, Channel: ledger.ChannelLocal, ParentID: parent, Held: true,
+				Targets: []ledger.Target{}, Operation: body, CreatedAt: at, Deadline: at.Add(time.Minute), UpdatedAt: at,
+			}
+		}
+		// A fan-out long ago stored the body; its children are gone.
+		require.NoError(t, s1.Tx(ctx, func(tx ledger.Tx) error {
+			return tx.InsertOperations(ctx, []ledger.Operation{child("old-child", "old-parent", t0)}, nil)
+		}))
+		require.NoError(t, db.Exec("DELETE FROM operations WHERE parent_id = 'old-parent'").Error)
+
+		later := t0.Add(48 * time.Hour)
+		named, release, committed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		var releaseOnce sync.Once
+		letGo := func() { releaseOnce.Do(func() { close(release) }) }
+		defer letGo() // a failure below must not leave the transaction open
+		go func() {
+			committed <- s1.Tx(ctx, func(tx ledger.Tx) error {
+				if err := tx.InsertOperations(ctx, []ledger.Operation{child("new-child", "new-parent", later)}, nil); err != nil {
+					return err
+				}
+				close(named)
+				<-release
+				return nil
+			})
+		}()
+		<-named
+		pruned := make(chan error, 1)
+		go func() {
+			// The cut-off falls between the body's first use and this one.
+			_, _, _, err := s2.Prune(ctx, t0.Add(24*time.Hour), t0, 100)
+			pruned <- err
+		}()
+		if db.Dialect == models.Postgres {
+			require.Eventually(t, func() bool {
+				var waiting int64
+				require.NoError(t, db.Raw(`SELECT COUNT(*) FROM pg_stat_activity
+					WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM operation_bodies%'`).Scan(&waiting).Error)
+				return waiting > 0
+			}, 10*time.Second, 5*time.Millisecond, "retention's delete waits for the fan-out's lock")
+		}
+		letGo()
+		require.NoError(t, <-committed)
+		require.NoError(t, <-pruned)
+
+		var n int64
+		require.NoError(t, db.Raw("SELECT COUNT(*) FROM operation_bodies").Scan(&n).Error)
+		require.EqualValues(t, 1, n, "the body the new child names is kept")
+		models.ForgetBodies()
+		got, err := s1.Operation(ctx, "new-child")
+		require.NoError(t, err)
+		require.JSONEq(t, string(body), string(got.Operation))
 	})
 }

@@ -30,12 +30,7 @@ func TestFanOutChildrenShareTheirOperation(t *testing.T) {
 		}
 		big, other, small := doc("a"), doc("b"), json.RawMessage(`{"format":"t/v1","document":{}}`)
 		mk := func(i int, parent string, body json.RawMessage) ledger.Operation {
-			return ledger.Operation{
-				ID: fmt.Sprintf("ch-%02d", i), RequestID: fmt.Sprintf("%s:%d", parent, i), Digest: "d",
-				PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: "test", Kind: "test.noop",
-				State: ledger.StatePending, Channel: ledger.ChannelLocal, ParentID: parent, Held: true,
-				Targets: []ledger.Target{}, Operation: body, CreatedAt: now, Deadline: now.Add(time.Minute), UpdatedAt: now,
-			}
+			return fanOutChild(fmt.Sprintf("ch-%02d", i), parent, i, body, now)
 		}
 		want := map[string]json.RawMessage{}
 		var first []ledger.Operation
@@ -140,6 +135,17 @@ func TestFanOutChildrenShareTheirOperation(t *testing.T) {
 	})
 }
 
+// fanOutChild is the i-th child of parent, held, carrying body, recorded
+// at at.
+func fanOutChild(id, parent string, i int, body json.RawMessage, at time.Time) ledger.Operation {
+	return ledger.Operation{
+		ID: id, RequestID: fmt.Sprintf("%s:%d", parent, i), Digest: "d",
+		PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: "test", Kind: "test.noop",
+		State: ledger.StatePending, Channel: ledger.ChannelLocal, ParentID: parent, Held: true,
+		Targets: []ledger.Target{}, Operation: body, CreatedAt: at, Deadline: at.Add(time.Minute), UpdatedAt: at,
+	}
+}
+
 // TestRetentionKeepsABodyAFanOutIsNaming: retention on one replica runs
 // while a fan-out on another names a stored operation no row named any
 // more, in a transaction not yet committed. On Postgres the retention's
@@ -152,14 +158,7 @@ func TestRetentionKeepsABodyAFanOutIsNaming(t *testing.T) {
 		s1 := models.NewLedgerStore(models.NewFleetStore(db, "r1", nil))
 		s2 := models.NewLedgerStore(models.NewFleetStore(db, "r2", nil))
 		body := json.RawMessage(fmt.Sprintf(`{"pad":%q}`, strings.Repeat("y", models.SharedBodyMin)))
-		child := func(id, parent string, at time.Time) ledger.Operation {
-			return ledger.Operation{
-				ID: id, RequestID: parent + ":0", Digest: "d",
-				PrincipalKind: ledger.PrincipalAdmin, PrincipalID: "u1", Family: "test", Kind: "test.noop",
-				State: ledger.StatePending, Channel: ledger.ChannelLocal, ParentID: parent, Held: true,
-				Targets: []ledger.Target{}, Operation: body, CreatedAt: at, Deadline: at.Add(time.Minute), UpdatedAt: at,
-			}
-		}
+		child := func(id, parent string, at time.Time) ledger.Operation { return fanOutChild(id, parent, 0, body, at) }
 		// A fan-out long ago stored the body; its children are gone.
 		require.NoError(t, s1.Tx(ctx, func(tx ledger.Tx) error {
 			return tx.InsertOperations(ctx, []ledger.Operation{child("old-child", "old-parent", t0)}, nil)

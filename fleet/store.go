@@ -338,6 +338,11 @@ type Tx interface {
 	// SaveNodeConfigs is SaveNodeConfig for many nodes (each at most once)
 	// in one statement.
 	SaveNodeConfigs(ctx context.Context, cs []NodeConfig) error
+	// SaveConfigDocuments stores shared documents (new ids) for the
+	// configuration rows about to name them; every read that answers a
+	// row's document fills its Shared.Box. A stored document is deleted
+	// by retention once no row names it.
+	SaveConfigDocuments(ctx context.Context, docs []SharedDocument) error
 	// SaveConfigReport writes a report into the node's existing
 	// configuration row (LockNodeConfig found it): the last report, the
 	// applied revision, settled and lagging, and nothing of the desired

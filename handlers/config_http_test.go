@@ -319,42 +319,58 @@ func TestReplacedConfigSecretsScrubbedHTTP(t *testing.T) {
 }
 
 // TestFleetConfigureSealedHTTP: one document with a value sealed for the
-// fleet reaches every targeted node, and the fan-out ends with its counts.
+// fleet reaches every targeted node, and the fan-out ends with its counts
+// — a small document sealed in each node's row, a large one sealed once
+// for the nodes recorded together (fleet.SharedDocument).
 func TestFleetConfigureSealedHTTP(t *testing.T) {
 	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
-		a, sa := inviteAndEnroll(t, s)
-		b, sb := inviteAndEnroll(t, s)
-		var sealed sealJSON
-		s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": "fan-cfg", "target": map[string]any{"kind": "fleet"},
-			"field": "/document/token", "value": "fleet-token-value"}, http.StatusCreated, &sealed)
-		var parent opJSON
-		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-cfg", "kind": "fleet.configure",
-			"targets":   []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
-			"operation": map[string]any{"format": "agent.token/v1", "document": map[string]any{"token": sealed.Handle}, "max_concurrency": 2}},
-			http.StatusCreated, &parent)
-		for _, sess := range []api.EnrollResponse{sa, sb} {
-			var polled api.CommandsResponse
-			deadline := time.Now().Add(30 * time.Second)
-			for polled.Config == nil && time.Now().Before(deadline) {
-				s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
-			}
-			require.NotNil(t, polled.Config)
-			require.JSONEq(t, `{"token":"fleet-token-value"}`, string(polled.Config.Document))
-			postConfigReport(t, s, sess.SessionToken, "fan-"+sess.NodeID, polled.Config.Revision, polled.Config.Hash, api.ConfigApplied, "")
+		for _, size := range []struct {
+			name string
+			pad  string
+		}{{"Small", ""}, {"Large", strings.Repeat("p", 2048)}} {
+			t.Run(size.name, func(t *testing.T) {
+				a, sa := inviteAndEnroll(t, s)
+				b, sb := inviteAndEnroll(t, s)
+				requestID := "fan-cfg-" + size.name
+				value := "fleet-token-" + apitest.RandomID("v")
+				var sealed sealJSON
+				s.Admin(t, http.MethodPost, "/api/v1/secrets/seal", map[string]any{"request_id": requestID, "target": map[string]any{"kind": "fleet"},
+					"field": "/document/token", "value": value}, http.StatusCreated, &sealed)
+				var parent opJSON
+				s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": requestID, "kind": "fleet.configure",
+					"targets": []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
+					"operation": map[string]any{"format": "agent.token/v1", "document": map[string]any{"token": sealed.Handle, "pad": size.pad},
+						"max_concurrency": 2}},
+					http.StatusCreated, &parent)
+				for _, sess := range []api.EnrollResponse{sa, sb} {
+					var polled api.CommandsResponse
+					deadline := time.Now().Add(30 * time.Second)
+					for polled.Config == nil && time.Now().Before(deadline) {
+						s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
+					}
+					require.NotNil(t, polled.Config)
+					require.JSONEq(t, `{"token":"`+value+`","pad":"`+size.pad+`"}`, string(polled.Config.Document))
+					postConfigReport(t, s, sess.SessionToken, "fan-"+sess.NodeID, polled.Config.Revision, polled.Config.Hash, api.ConfigApplied, "")
+				}
+				var done opJSON
+				deadline := time.Now().Add(30 * time.Second)
+				for done.State != "succeeded" && time.Now().Before(deadline) {
+					s.Admin(t, http.MethodGet, "/api/v1/operations/"+parent.OperationID, nil, http.StatusOK, &done)
+				}
+				require.Equal(t, "succeeded", done.State)
+				var cfg nodeConfigJSON
+				s.Admin(t, http.MethodGet, "/api/v1/nodes/"+b.NodeID+"/config", nil, http.StatusOK, &cfg)
+				require.JSONEq(t, `{"token":"[sealed]","pad":"`+size.pad+`"}`, string(cfg.Desired.Document))
+				_, err := s.App.Secrets.Sweep(t.Context())
+				require.NoError(t, err)
+				require.NotContains(t, dumpDatabase(t, s.App.DB), value)
+				var shared int64
+				require.NoError(t, s.App.DB.Raw(`SELECT COUNT(*) FROM node_configs WHERE node_id IN ? AND document_id IS NOT NULL`,
+					[]string{a.NodeID, b.NodeID}).Scan(&shared).Error)
+				require.Equal(t, size.pad != "", shared == 2, "a large document is shared, a small one is not: %d rows name one", shared)
+			})
 		}
-		var done opJSON
-		deadline := time.Now().Add(30 * time.Second)
-		for done.State != "succeeded" && time.Now().Before(deadline) {
-			s.Admin(t, http.MethodGet, "/api/v1/operations/"+parent.OperationID, nil, http.StatusOK, &done)
-		}
-		require.Equal(t, "succeeded", done.State)
-		var cfg nodeConfigJSON
-		s.Admin(t, http.MethodGet, "/api/v1/nodes/"+b.NodeID+"/config", nil, http.StatusOK, &cfg)
-		require.JSONEq(t, `{"token":"[sealed]"}`, string(cfg.Desired.Document))
-		_, err := s.App.Secrets.Sweep(t.Context())
-		require.NoError(t, err)
-		require.NotContains(t, dumpDatabase(t, s.App.DB), "fleet-token-value")
 	})
 }
 

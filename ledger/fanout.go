@@ -309,6 +309,11 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 		}
 		byLane[l] = append(byLane[l], ch)
 	}
+	once := false
+	if len(released) > 0 {
+		kind, ok := s.kinds.Kind(released[0].Kind)
+		once = ok && kind.RecordsOperationOnce
+	}
 	errs := make([]error, len(lanes))
 	var wg sync.WaitGroup
 	for i, l := range lanes {
@@ -318,7 +323,7 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 			defer wg.Done()
 			// Routed by any node of the lane: every node it locks is of it.
 			lctx := fleet.OnNode(ctx, chs[0].TargetID)
-			for _, chunk := range recordChunks(chs, s.settings.ReleasePerAdvance, recordBytes) {
+			for _, chunk := range recordChunks(chs, s.settings.ReleasePerAdvance, recordBytes, once) {
 				if errs[i] = s.store.Tx(lctx, func(tx Tx) error { return s.recordTx(ctx, tx, chunk) }); errs[i] != nil {
 					return
 				}
@@ -365,23 +370,38 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 const recordBytes = 1 << 20
 
 // recordChunks splits chs into the ids of runs of at most maxChildren
-// children and, past a run's first child, at most maxBytes of operations.
-func recordChunks(chs []Operation, maxChildren, maxBytes int) [][]string {
+// children and, past a run's first child, at most maxBytes of operations;
+// once (Kind.RecordsOperationOnce) counts a child carrying the operation
+// of the child before it in its run as nothing.
+func recordChunks(chs []Operation, maxChildren, maxBytes int, once bool) [][]string {
 	var out [][]string
 	var cur []string
 	size := 0
-	for _, ch := range chs {
-		if len(cur) > 0 && (len(cur) == maxChildren || size+len(ch.Operation) > maxBytes) {
+	for i, ch := range chs {
+		n := len(ch.Operation)
+		if once && len(cur) > 0 && sameOperation(chs[i-1].Operation, ch.Operation) {
+			n = 0
+		}
+		if len(cur) > 0 && (len(cur) == maxChildren || size+n > maxBytes) {
 			out = append(out, cur)
-			cur, size = nil, 0
+			cur, size, n = nil, 0, len(ch.Operation)
 		}
 		cur = append(cur, ch.ID)
-		size += len(ch.Operation)
+		size += n
 	}
 	if len(cur) > 0 {
 		out = append(out, cur)
 	}
 	return out
+}
+
+// sameOperation reports whether two operations are equal, at once when
+// they are one copy (a fan-out's children share their parent's).
+func sameOperation(a, b json.RawMessage) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	return len(a) == 0 || &a[0] == &b[0] || bytes.Equal(a, b)
 }
 
 // recordTx records the children named (ids) that are still due a record:

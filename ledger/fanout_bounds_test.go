@@ -15,7 +15,8 @@ import (
 // TestRecordChunks: a fan-out's recording goes in transactions of at most
 // a number of children and, past each one's first child, a number of
 // bytes of operations, so children carrying a large document are
-// recorded a few at a time and small ones many at a time.
+// recorded a few at a time and small ones many at a time — unless their
+// kind writes a run's one document once.
 func TestRecordChunks(t *testing.T) {
 	children := func(sizes ...int) []ledger.Operation {
 		out := make([]ledger.Operation, len(sizes))
@@ -38,9 +39,19 @@ func TestRecordChunks(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, ledger.RecordChunks(children(tc.sizes...), tc.most, tc.bytes))
+			require.Equal(t, tc.want, ledger.RecordChunks(children(tc.sizes...), tc.most, tc.bytes, false))
 		})
 	}
+	// A kind that records a run's one operation once (node.configure)
+	// counts it once a run: 2 runs of one 60-byte operation go as one
+	// transaction each, however many children carry them.
+	op, other := []byte(strings.Repeat("x", 60)), []byte(strings.Repeat("y", 60))
+	var shared []ledger.Operation
+	for i, o := range [][]byte{op, op, op, other, other, other, op} {
+		shared = append(shared, ledger.Operation{ID: "c" + strconv.Itoa(i), Operation: o})
+	}
+	require.Equal(t, [][]string{{"c0", "c1", "c2"}, {"c3", "c4", "c5"}, {"c6"}}, ledger.RecordChunks(shared, 10, 100, true))
+	require.Equal(t, [][]string{{"c0"}, {"c1"}, {"c2"}, {"c3"}, {"c4"}, {"c5"}, {"c6"}}, ledger.RecordChunks(shared, 10, 100, false))
 }
 
 // A fan-out's first transaction runs in bulk when it may write much: a

@@ -93,6 +93,12 @@ type Kind struct {
 	// recording cut short left behind (Tx.Unrecorded, recordTx) — unless
 	// HeldUntilRecorded.
 	RecordedTogether bool
+	// RecordsOperationOnce: RecordMany writes what children carrying one
+	// operation need of it once a call, not once a child (node.configure:
+	// one sealed document, fleet.SharedDocument), so a recording
+	// transaction's bound on bytes counts that operation once
+	// (recordChunks).
+	RecordsOperationOnce bool
 	// HeldUntilRecorded, for a kind recorded together whose record leaves
 	// no row of its own under the operation's id (node.configure): its
 	// children are inserted held even when they fit the slots, and the

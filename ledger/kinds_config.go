@@ -157,8 +157,9 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 		// locked nodes of every lane and so ran in the exclusive lane,
 		// holding the fleet's other writes back for most of a wave
 		// (BENCHMARKS.md, thirty-sixth sitting).
-		RecordedTogether:  true,
-		HeldUntilRecorded: true,
+		RecordedTogether:     true,
+		RecordsOperationOnce: true,
+		HeldUntilRecorded:    true,
 	}
 	fleetKind := &Kind{
 		Name: KindFleetConfigure, Family: FamilyNodeConfig, TargetKinds: fanOutTargets,

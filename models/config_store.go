@@ -30,22 +30,25 @@ type NodeConfigRow struct {
 	// 00026), under EarlierSecretsKeyID.
 	EarlierSecretsKeyID string
 	EarlierSecrets      *string
-	SizeBytes           int64
-	UpdatedAt           time.Time `gorm:"autoUpdateTime:false"`
-	OperationID         string
-	SubmittedCursor     int64
-	Settled             bool
-	ReportedRevision    *int64
-	ReportedHash        *string
-	ReportedState       *string
-	ReportedMessage     *string
-	ReportedAt          *time.Time
-	ReportedFencing     *int64
-	AppliedRevision     int64
-	Lagging             bool
-	DeliveredFencing    *int64
-	DeliveredRevision   *int64
-	DeliveredAt         *time.Time
+	// DocumentID names the shared document (config_documents, migration
+	// 00031) whose data key Box holds; NULL: Box holds the document.
+	DocumentID        *string
+	SizeBytes         int64
+	UpdatedAt         time.Time `gorm:"autoUpdateTime:false"`
+	OperationID       string
+	SubmittedCursor   int64
+	Settled           bool
+	ReportedRevision  *int64
+	ReportedHash      *string
+	ReportedState     *string
+	ReportedMessage   *string
+	ReportedAt        *time.Time
+	ReportedFencing   *int64
+	AppliedRevision   int64
+	Lagging           bool
+	DeliveredFencing  *int64
+	DeliveredRevision *int64
+	DeliveredAt       *time.Time
 }
 
 // TableName pins the table name.
@@ -64,6 +67,10 @@ func rowFromConfig(c fleet.NodeConfig) NodeConfigRow {
 	if c.Box != nil {
 		b := base64.StdEncoding.EncodeToString(c.Box)
 		r.Box = &b
+	}
+	if c.Shared != nil {
+		id := c.Shared.ID
+		r.DocumentID = &id
 	}
 	r.EarlierSecretsKeyID = c.EarlierKeyID
 	if c.EarlierBox != nil {
@@ -91,6 +98,9 @@ func configFromRow(r NodeConfigRow) (fleet.NodeConfig, error) {
 			return fleet.NodeConfig{}, err
 		}
 		c.Box = b
+	}
+	if r.DocumentID != nil {
+		c.Shared = &fleet.SharedDocument{ID: *r.DocumentID}
 	}
 	c.EarlierKeyID = r.EarlierSecretsKeyID
 	if r.EarlierSecrets != nil {
@@ -189,12 +199,28 @@ const nodesAtRestSQL = `SELECT n.*,
 			AND NOT COALESCE(k.settled AND k.reported_fencing = n.fencing_token, FALSE))) AS busy
 	FROM nodes n WHERE n.state <> ? AND n.id > ? ORDER BY n.id LIMIT ?`
 
+// NodeConfig implements fleet.Reader: the row and its shared document in
+// one statement, since it locks nothing that keeps retention from
+// deleting a document between two.
 func (r fleetReader) NodeConfig(ctx context.Context, nodeID string) (fleet.NodeConfig, error) {
-	var row NodeConfigRow
-	if err := r.db(ctx).Where("node_id = ?", nodeID).Take(&row).Error; err != nil {
+	var row struct {
+		NodeConfigRow
+		SharedBox *string
+	}
+	err := r.db(ctx).Table("node_configs AS c").Select("c.*, d.box AS shared_box").
+		Joins("LEFT JOIN config_documents d ON d.id = c.document_id").Where("c.node_id = ?", nodeID).Take(&row).Error
+	if err != nil {
 		return fleet.NodeConfig{}, notFound(err)
 	}
-	return configFromRow(row)
+	c, err := configFromRow(row.NodeConfigRow)
+	if err != nil || c.Shared == nil {
+		return c, err
+	}
+	if row.SharedBox == nil {
+		return fleet.NodeConfig{}, fmt.Errorf("node %s's configuration names shared document %s, which is not stored", nodeID, c.Shared.ID)
+	}
+	c.Shared.Box, err = base64.StdEncoding.DecodeString(*row.SharedBox)
+	return c, err
 }
 
 func (r fleetReader) LaggingConfigs(ctx context.Context, before string, limit int) ([]fleet.NodeConfig, error) {
@@ -248,7 +274,11 @@ func (t *fleetTx) LockNodeConfig(ctx context.Context, nodeID string) (fleet.Node
 	if err := t.forUpdate(t.db(ctx)).Where("node_id = ?", nodeID).Take(&row).Error; err != nil {
 		return fleet.NodeConfig{}, notFound(err)
 	}
-	return configFromRow(row)
+	c, err := configFromRow(row)
+	if err != nil {
+		return fleet.NodeConfig{}, err
+	}
+	return c, fillShared(t.db(ctx), t.dialect, []*fleet.NodeConfig{&c})
 }
 
 // LockNodeConfigHead implements fleet.Tx: the row's every column but
@@ -314,12 +344,19 @@ func (t *fleetTx) LockNodeConfigs(ctx context.Context, ids []string) (map[string
 	if err := t.forUpdate(t.db(ctx)).Where("node_id IN ?", ids).Order("node_id").Find(&rows).Error; err != nil {
 		return nil, err
 	}
-	for _, r := range rows {
+	cs := make([]*fleet.NodeConfig, len(rows))
+	for i, r := range rows {
 		c, err := configFromRow(r)
 		if err != nil {
 			return nil, err
 		}
-		out[c.NodeID] = c
+		cs[i] = &c
+	}
+	if err := fillShared(t.db(ctx), t.dialect, cs); err != nil {
+		return nil, err
+	}
+	for _, c := range cs {
+		out[c.NodeID] = *c
 	}
 	return out, nil
 }

@@ -99,8 +99,12 @@ const StatementBytes = statementBytes
 
 // ForgetBodies empties this process's cache of shared operations, so a
 // read must find them in the database.
-func ForgetBodies() { bodyCache = newBodyLRU(bodyCache.max) }
+func ForgetBodies() { bodyCache = newSizedLRU[string](bodyCache.max) }
 
 // SharedBodyMin is the size from which a fan-out's children share their
 // stored operation.
 const SharedBodyMin = sharedBodyMin
+
+// ForgetConfigDocuments empties the cache of shared configuration
+// documents, so reads go to the database.
+func ForgetConfigDocuments() { documentCache = newSizedLRU[[]byte](documentCache.max) }

@@ -113,6 +113,12 @@ func (q LedgerStatements) PruneBodies(before time.Time, batch int) Statement {
 	return q.raw(pruneBodiesSQL, b, b, batch)
 }
 
+// PruneConfigDocuments is Prune's delete of the shared configuration
+// documents no configuration row names.
+func (q LedgerStatements) PruneConfigDocuments(batch int) Statement {
+	return q.raw(pruneConfigDocumentsSQL, batch)
+}
+
 // ChildCounts is a fan-out parent's count of its children by state.
 func (q LedgerStatements) ChildCounts(parentID string) Statement {
 	return q.raw(childCountsSQL, parentID)

@@ -1044,6 +1044,9 @@ func (s *LedgerStore) Prune(ctx context.Context, opsBefore, eventsBefore time.Ti
 		if err := pruneBodies(g, opsBefore, batch); err != nil {
 			return err
 		}
+		if err := pruneConfigDocuments(g, batch); err != nil {
+			return err
+		}
 		res := g.Exec(`DELETE FROM operation_events WHERE seq IN (`+pruneEventsSQL+`)`, batch, dbtime.Norm(eventsBefore))
 		events = int(res.RowsAffected)
 		if res.Error != nil {

@@ -1,13 +1,12 @@
 package models
 
 import (
-	"container/list"
 	"context"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -101,8 +100,26 @@ func (r fleetReader) operations(ctx context.Context, rows []Operation) ([]ledger
 		return nil, err
 	}
 	out := make([]ledger.Operation, len(rows))
+	// Rows that name one stored operation share one copy of it: a
+	// recording transaction reads a fan-out's children by the hundred.
+	var shared map[string]json.RawMessage
 	for i, row := range rows {
+		d := row.BodyDigest
+		if d == nil {
+			out[i] = convertRow(row)
+			continue
+		}
+		if shared == nil {
+			shared = map[string]json.RawMessage{}
+		}
+		if body, ok := shared[*d]; ok {
+			row.Operation = ""
+			out[i] = convertRow(row)
+			out[i].Operation = body
+			continue
+		}
 		out[i] = convertRow(row)
+		shared[*d] = out[i].Operation
 	}
 	return out, nil
 }
@@ -164,53 +181,5 @@ func (r fleetReader) resolveBodies(ctx context.Context, rows []Operation) error 
 	return nil
 }
 
-// bodyCache keeps shared operations this process stored or read. A body
-// is named by its own digest, so a cached one is never stale, in any
-// database; the bound is on bytes, the least recently used going first.
-var bodyCache = newBodyLRU(64 << 20)
-
-type bodyLRU struct {
-	mu    sync.Mutex // guards the following
-	max   int
-	size  int
-	order *list.List // of *bodyEntry, most recently used first
-	byKey map[string]*list.Element
-}
-
-type bodyEntry struct{ digest, body string }
-
-func newBodyLRU(max int) *bodyLRU {
-	return &bodyLRU{max: max, order: list.New(), byKey: map[string]*list.Element{}}
-}
-
-func (c *bodyLRU) get(digest string) (string, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.byKey[digest]
-	if !ok {
-		return "", false
-	}
-	c.order.MoveToFront(e)
-	return e.Value.(*bodyEntry).body, true
-}
-
-func (c *bodyLRU) put(digest, body string) {
-	if len(body) > c.max/8 {
-		return // one body never crowds out the rest
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.byKey[digest]; ok {
-		c.order.MoveToFront(e)
-		return
-	}
-	c.byKey[digest] = c.order.PushFront(&bodyEntry{digest, body})
-	c.size += len(body)
-	for c.size > c.max {
-		last := c.order.Back()
-		ent := last.Value.(*bodyEntry)
-		c.order.Remove(last)
-		delete(c.byKey, ent.digest)
-		c.size -= len(ent.body)
-	}
-}
+// bodyCache keeps shared operations this process stored or read.
+var bodyCache = newSizedLRU[string](64 << 20)

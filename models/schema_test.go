@@ -35,6 +35,7 @@ var allModels = []any{
 	&models.OperationEvent{},
 	&models.OperationOwner{},
 	&models.OperationBody{},
+	&models.ConfigDocument{},
 	&models.SealedSecret{},
 	&models.SecretDelivery{},
 	&models.SecretAudit{},

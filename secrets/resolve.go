@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -362,4 +363,60 @@ func (s *Service) DigestSecret(value string) (string, error) {
 // OpenDocument decrypts what SealDocument sealed.
 func (s *Service) OpenDocument(nodeID string, revision int64, kid string, box []byte) ([]byte, error) {
 	return s.open(kid, box, configAAD(nodeID, revision))
+}
+
+// A document many nodes are given at once is sealed once, under a data
+// key of its own, and each node's row holds that key sealed for the node
+// and revision (envelope encryption): the nodes' rows stay small, and a
+// row still opens only for its own node and revision, since the key it
+// holds is bound to them and to the document's id, and the document to
+// its id.
+
+func sharedDocumentAAD(id string) []byte { return []byte("config-document\x00" + id) }
+
+func documentKeyAAD(nodeID string, revision int64, id string) []byte {
+	return []byte("config-key\x00" + nodeID + "\x00" + strconv.FormatInt(revision, 10) + "\x00" + id)
+}
+
+// SealSharedDocument encrypts a document stored once under id, under a
+// fresh data key, answering the key and the sealed document.
+func (s *Service) SealSharedDocument(id string, plain []byte) (key, box []byte, err error) {
+	key = make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, nil, err
+	}
+	gcm, err := newGCM(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A fresh key seals one document, so a random nonce never repeats
+	// under it.
+	nonce := make([]byte, gcm.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, nil, err
+	}
+	return key, gcm.Seal(nonce, nonce, plain, sharedDocumentAAD(id)), nil
+}
+
+// WrapDocumentKey seals a shared document's data key for one node's
+// revision (under the sealing key).
+func (s *Service) WrapDocumentKey(nodeID string, revision int64, id string, key []byte) (string, []byte, error) {
+	return s.seal(key, documentKeyAAD(nodeID, revision, id))
+}
+
+// OpenSharedDocument decrypts a shared document through the data key a
+// node's row holds (WrapDocumentKey).
+func (s *Service) OpenSharedDocument(nodeID string, revision int64, id, kid string, wrapped, box []byte) ([]byte, error) {
+	key, err := s.open(kid, wrapped, documentKeyAAD(nodeID, revision, id))
+	if err != nil {
+		return nil, err
+	}
+	gcm, err := newGCM(key)
+	if err != nil {
+		return nil, err
+	}
+	if len(box) < gcm.NonceSize() {
+		return nil, errors.New("sealed document too short")
+	}
+	return gcm.Open(nil, box[:gcm.NonceSize()], box[gcm.NonceSize():], sharedDocumentAAD(id))
 }

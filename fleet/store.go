@@ -441,7 +441,8 @@ type TxRoute struct {
 	// lane: one of the burst a fleet-wide operation sets off on every
 	// node (a configuration's delivery, its report), which would
 	// otherwise queue every other write of the fleet behind thousands of
-	// its own. It still gets half of each batch while it waits.
+	// its own. It takes a small share of each batch, so every batch stays
+	// short, and keeps it while it waits.
 	Background bool
 }
 

@@ -357,16 +357,18 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 }
 
 // recordBytes bounds the operations one recording transaction carries
-// (one child alone may pass it). Each child's operation is read back,
-// decoded, and for a node.configure sealed for its node, so a chunk
-// holds several copies of its children's documents: 500 children of a
-// fleet.configure with a 250 KB document held the server's memory at
-// gigabytes (BENCHMARKS.md, thirty-ninth sitting). It also bounds how
-// long the transaction holds its lane's batch, and every write queued
-// behind it: at 8 MiB (33 such children) the lanes' batches ran about a
-// second through the wave and a command submitted meanwhile waited 1.3 s
-// at the median; at 1 MiB, 0.15 s, for a wave about a tenth longer (more
-// commits; BENCHMARKS.md, fortieth sitting).
+// (one child alone may pass it). A fleet.command's child writes its
+// payload into its node's command, so a chunk holds and writes a copy a
+// child; 500 children of a fleet.configure with a 250 KB document, each
+// then sealed for its node, held the server's memory at gigabytes
+// (BENCHMARKS.md, thirty-ninth sitting) — a node.configure's children
+// now share one read, one decoding and one sealed copy of a run's
+// document, which counts once (Kind.RecordsOperationOnce). It also
+// bounds how long the transaction holds its lane's batch, and every
+// write queued behind it: at 8 MiB (33 such children) the lanes' batches
+// ran about a second through the wave and a command submitted meanwhile
+// waited 1.3 s at the median; at 1 MiB, 0.15 s, for a wave about a tenth
+// longer (more commits; BENCHMARKS.md, fortieth sitting).
 const recordBytes = 1 << 20
 
 // recordChunks splits chs into the ids of runs of at most maxChildren

@@ -28,6 +28,9 @@ func QueuedExclusive(s *FleetStore) int {
 // MaxBatch bounds one write batch's requests.
 const MaxBatch = maxBatch
 
+// MaxBackground bounds one write batch's background requests.
+const MaxBackground = maxBackground
+
 // CommandColumns, NodeColumns and OperationColumns are the column lists of
 // the statements sent around GORM, in the order their rows are scanned.
 const (

@@ -202,6 +202,16 @@ type groupReq struct {
 // maxBatch bounds one batch, so a commit never waits on an unbounded list.
 const maxBatch = 128
 
+// maxBackground bounds the background requests (fleet.TxRoute.Background)
+// of one batch, whether or not others wait: a batch's length is what a
+// write arriving meanwhile waits for. Once a fleet.configure's nodes
+// shared one sealed document, a 2,000-node wave queued all its
+// deliveries and reports at once; batches of 128 of them ran about a
+// second each on Postgres, and a command submitted during the wave
+// waited 1.1–1.3 s at the median; with 16, 0.16 s, for a wave as long
+// (BENCHMARKS.md, forty-second sitting).
+const maxBackground = 16
+
 // maxTries bounds the runs again of a request refused by deadlocks.
 const maxTries = 5
 
@@ -331,18 +341,16 @@ func (l *lane) runNext(ctx context.Context) {
 }
 
 // take removes the lane's next batch from its queues (l.mu held): the
-// waiting requests in arrival order, except that background ones
-// (fleet.TxRoute.Background) fill what the others leave of the batch.
-// A fleet.configure over 10,000 nodes queued 3,500–5,700 deliveries and
-// reports at once, and a command submitted meanwhile waited behind all of
-// them, 2.4–3.7 s at the median (BENCHMARKS.md, fortieth sitting); now
-// it waits for about the batch running and its own. Background requests
-// keep half of each batch while they wait, so the others never starve
-// them either.
+// waiting requests in arrival order, and at most maxBackground background
+// ones (fleet.TxRoute.Background). A fleet.configure over 10,000 nodes
+// queued 3,500–5,700 deliveries and reports at once, and a command
+// submitted meanwhile waited behind all of them, 2.4–3.7 s at the median
+// (BENCHMARKS.md, fortieth sitting); now it waits for about the batch
+// running and its own, each short. Background requests keep their share
+// of each batch while they wait, so the others never starve them either.
 func (l *lane) take() []*groupReq {
-	bg := min(len(l.background), maxBatch/2)
+	bg := min(len(l.background), maxBackground)
 	fg := min(len(l.pending), maxBatch-bg)
-	bg = min(len(l.background), maxBatch-fg)
 	batch := make([]*groupReq, 0, fg+bg)
 	batch = append(append(batch, l.pending[:fg]...), l.background[:bg]...)
 	l.pending, l.background = l.pending[fg:], l.background[bg:]

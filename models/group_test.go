@@ -843,10 +843,11 @@ func TestGroupCommitBulkBesideTheLanes(t *testing.T) {
 }
 
 // Background writes (fleet.TxRoute.Background: a fleet.configure's
-// deliveries and reports, queued by the thousand) fill what the others
-// leave of a batch: a write that arrives behind hundreds of them runs in
-// the next batch. They keep half of each batch while they wait, so a
-// flood of the others does not starve them either. Both dialects, in the
+// deliveries and reports, queued by the thousand) take at most
+// MaxBackground of a batch: a write that arrives behind hundreds of them
+// runs in the next batch, and that batch, like every batch of theirs, is
+// short. They keep their share of each batch while they wait, so a flood
+// of the others does not starve them either. Both dialects, in the
 // exclusive lane (SQLite's one writer).
 func TestGroupCommitBackgroundFillsTheBatch(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
@@ -856,7 +857,7 @@ func TestGroupCommitBackgroundFillsTheBatch(t *testing.T) {
 		// order answers the position each write ran at, once the
 		// exclusive lane, held while they queue, lets them through: queued
 		// writes of the crowd's kind, then one of the other.
-		order := func(crowd, last context.Context) (lastAt int) {
+		order := func(crowd, last context.Context) (lastAt int, batches int64) {
 			var mu sync.Mutex
 			var ran []string
 			write := func(c context.Context, name string) <-chan error {
@@ -888,15 +889,19 @@ func TestGroupCommitBackgroundFillsTheBatch(t *testing.T) {
 			testwait.For(t, "the crowd queued", testwait.Patience, func() bool { return models.QueuedExclusive(s) == queued })
 			all = append(all, write(last, "last"))
 			testwait.For(t, "the last write queued", testwait.Patience, func() bool { return models.QueuedExclusive(s) == queued+1 })
+			before := s.GroupStats().Batches
 			close(release)
 			require.NoError(t, <-busy)
 			for _, done := range all {
 				require.NoError(t, <-done)
 			}
 			require.Len(t, ran, queued+1)
-			return slices.Index(ran, "last")
+			return slices.Index(ran, "last"), s.GroupStats().Batches - before
 		}
-		require.Less(t, order(background, ctx), models.MaxBatch, "ahead of the background crowd: in the next batch")
-		require.Less(t, order(ctx, background), models.MaxBatch, "background keeps its share of the next batch")
+		at, batches := order(background, ctx)
+		require.Less(t, at, models.MaxBatch, "ahead of the background crowd: in the next batch")
+		require.GreaterOrEqual(t, batches, int64(queued/models.MaxBackground), "the background crowd goes in short batches")
+		at, _ = order(ctx, background)
+		require.Less(t, at, models.MaxBatch, "background keeps its share of the next batch")
 	})
 }

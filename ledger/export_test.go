@@ -1,6 +1,9 @@
 package ledger
 
-import "context"
+import (
+	"context"
+	"encoding/json"
+)
 
 // ClaimForTest claims as the dispatcher does, without running anything.
 func (s *Service) ClaimForTest(ctx context.Context, n int) ([]Operation, error) {
@@ -43,3 +46,17 @@ var RecordChunks = recordChunks
 
 // MayWriteMuch is mayWriteMuch for the external tests.
 var MayWriteMuch = mayWriteMuch
+
+// DigestInTurn digests requests in turn through one requestDigester (a
+// fan-out's children), each operation already canonical.
+func DigestInTurn(kinds []string, targets [][]Target, ops []json.RawMessage) ([]string, error) {
+	var d requestDigester
+	out := make([]string, len(kinds))
+	for i := range kinds {
+		var err error
+		if out[i], err = d.digest(kinds[i], targets[i], ops[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -139,18 +138,19 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 		// A plan's children mostly carry one operation (one document for
 		// every node): its canonical form is made once and shared.
 		var lastOp, canon json.RawMessage
+		var digests requestDigester
 		for i, c := range plan.Children {
 			ck, ok := s.kinds.Kind(c.Kind)
 			if !ok {
 				return fmt.Errorf("fan-out child kind %q is not served", c.Kind)
 			}
-			if canon == nil || !bytes.Equal(c.Operation, lastOp) {
+			if canon == nil || !sameBytes(c.Operation, lastOp) {
 				if canon, err = Canonical(c.Operation); err != nil {
 					return err
 				}
 				lastOp = c.Operation
 			}
-			digest, err := digestCanonical(c.Kind, c.Targets, canon)
+			digest, err := digests.digest(c.Kind, c.Targets, canon)
 			if err != nil {
 				return err
 			}
@@ -381,7 +381,7 @@ func recordChunks(chs []Operation, maxChildren, maxBytes int, once bool) [][]str
 	size := 0
 	for i, ch := range chs {
 		n := len(ch.Operation)
-		if once && len(cur) > 0 && sameOperation(chs[i-1].Operation, ch.Operation) {
+		if once && len(cur) > 0 && sameBytes(chs[i-1].Operation, ch.Operation) {
 			n = 0
 		}
 		if len(cur) > 0 && (len(cur) == maxChildren || size+n > maxBytes) {
@@ -395,15 +395,6 @@ func recordChunks(chs []Operation, maxChildren, maxBytes int, once bool) [][]str
 		out = append(out, cur)
 	}
 	return out
-}
-
-// sameOperation reports whether two operations are equal, at once when
-// they are one copy (a fan-out's children share their parent's).
-func sameOperation(a, b json.RawMessage) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	return len(a) == 0 || &a[0] == &b[0] || bytes.Equal(a, b)
 }
 
 // recordTx records the children named (ids) that are still due a record:

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,29 @@ func TestDigestIsCanonical(t *testing.T) {
 	d, err := ledger.Digest("k2", []ledger.Target{{Kind: "node", ID: "n1"}}, json.RawMessage(`{"b":1,"a":[1,"x"]}`))
 	require.NoError(t, err)
 	require.NotEqual(t, a, d, "the kind is part of the digest")
+}
+
+// TestFanOutChildDigestsAreTheirRequestsDigests: a fan-out digests its
+// children in turn, hashing what they share once; each digest is the one
+// its request alone has, whether the kind, the operation or only the
+// target changed from the child before.
+func TestFanOutChildDigestsAreTheirRequestsDigests(t *testing.T) {
+	big := json.RawMessage(`{"document":{"pad":"` + strings.Repeat("p", 4096) + `"},"format":"f/v1"}`)
+	small := json.RawMessage(`{"kind":"node.prepare_image","payload":{"image":"x"}}`)
+	node := func(id string) []ledger.Target { return []ledger.Target{{Kind: "node", ID: id}} }
+	kinds := []string{"node.configure", "node.configure", "node.configure", "node.prepare_image", "node.prepare_image", "node.configure", "node.configure"}
+	targets := [][]ledger.Target{node("n1"), node("n2"), node("n2"), node("n1"), nil, node("n3"), node("n1")}
+	ops := []json.RawMessage{big, big, small, small, small, big, append(json.RawMessage(nil), big...)}
+	got, err := ledger.DigestInTurn(kinds, targets, ops)
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for i := range kinds {
+		want, err := ledger.Digest(kinds[i], targets[i], ops[i])
+		require.NoError(t, err)
+		require.Equal(t, want, got[i], "request %d", i)
+		seen[got[i]] = true
+	}
+	require.Len(t, seen, len(kinds)-1, "only the first and last requests are the same request")
 }
 
 // TestDigestIsTheCanonicalBody: the digest, made from the members'

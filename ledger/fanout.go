@@ -323,7 +323,11 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 			defer wg.Done()
 			// Routed by any node of the lane: every node it locks is of it.
 			lctx := fleet.OnNode(ctx, chs[0].TargetID)
-			for _, chunk := range recordChunks(chs, s.settings.ReleasePerAdvance, recordBytes, once) {
+			perTx := s.settings.ReleasePerAdvance
+			if once {
+				perTx = min(perTx, recordSharedChildren)
+			}
+			for _, chunk := range recordChunks(chs, perTx, recordBytes, once) {
 				if errs[i] = s.store.Tx(lctx, func(tx Tx) error { return s.recordTx(ctx, tx, chunk) }); errs[i] != nil {
 					return
 				}
@@ -370,6 +374,15 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 // waited 1.3 s at the median; at 1 MiB, 0.15 s, for a wave about a tenth
 // longer (more commits; BENCHMARKS.md, fortieth sitting).
 const recordBytes = 1 << 20
+
+// recordSharedChildren bounds the children of a recording transaction
+// whose kind records their one operation once, so bytes no longer bound
+// them: 500 such a transaction (a fleet.configure of 10,000 nodes
+// recorded in about 3 s) held their lanes' batches 300–370 ms each, and a
+// command submitted in those seconds waited up to 0.7–1 s; at 128, 0.4 s,
+// for a wave about a fifteenth longer (BENCHMARKS.md, forty-second
+// sitting).
+const recordSharedChildren = 128
 
 // recordChunks splits chs into the ids of runs of at most maxChildren
 // children and, past a run's first child, at most maxBytes of operations;

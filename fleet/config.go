@@ -482,20 +482,22 @@ type sharedSeal struct {
 	key []byte
 }
 
-// seal answers the shared document, sealing it the first time.
+// seal seals the document under a fresh id and data key the first time
+// it is called; later calls keep what the first made.
 func (sh *sharedSeal) seal(sealer DocumentSealer, plain []byte) error {
 	if sh.doc.ID != "" {
 		return nil
 	}
-	id := make([]byte, 16)
-	if _, err := rand.Read(id); err != nil {
+	raw := make([]byte, 16)
+	if _, err := rand.Read(raw); err != nil {
 		return err
 	}
-	key, box, err := sealer.SealSharedDocument(hex.EncodeToString(id), plain)
+	id := hex.EncodeToString(raw)
+	key, box, err := sealer.SealSharedDocument(id, plain)
 	if err != nil {
 		return err
 	}
-	sh.doc, sh.key = SharedDocument{ID: hex.EncodeToString(id), Box: box}, key
+	sh.doc, sh.key = SharedDocument{ID: id, Box: box}, key
 	return nil
 }
 

@@ -97,7 +97,7 @@ type Kind struct {
 	// operation need of it once a call, not once a child (node.configure:
 	// one sealed document, fleet.SharedDocument), so a recording
 	// transaction's bound on bytes counts that operation once
-	// (recordChunks).
+	// (recordChunks) and recordSharedChildren bounds its children.
 	RecordsOperationOnce bool
 	// HeldUntilRecorded, for a kind recorded together whose record leaves
 	// no row of its own under the operation's id (node.configure): its

@@ -1,6 +1,7 @@
 package models_test
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -88,5 +89,68 @@ func TestSharedConfigDocumentsReadBack(t *testing.T) {
 		require.NoError(t, err)
 		require.Nil(t, c.Shared)
 		require.Equal(t, "own copy", string(c.Box))
+	})
+}
+
+// TestRetentionKeepsADocumentARecordingIsNaming: retention on one replica
+// runs while a recording on another, not yet committed, stores a new
+// shared document and moves a node's row onto it from an older one. It
+// deletes neither: the new document is named by the time it can be seen,
+// and the old one until the move commits. Once it has, the old one goes.
+// On Postgres retention runs beside the open transaction; on SQLite it
+// waits for the writer.
+func TestRetentionKeepsADocumentARecordingIsNaming(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		s1, s2 := models.NewFleetStore(db, "r1", nil), models.NewFleetStore(db, "r2", nil)
+		row := func(doc fleet.SharedDocument, revision int64) fleet.NodeConfig {
+			return fleet.NodeConfig{NodeID: "n1", Revision: revision, Hash: "h", Format: "t/v1", KeyID: "k1",
+				Box: []byte("key"), Shared: &fleet.SharedDocument{ID: doc.ID}, UpdatedAt: t0}
+		}
+		old, next := fleet.SharedDocument{ID: "doc-old", Box: []byte("old")}, fleet.SharedDocument{ID: "doc-new", Box: []byte("new")}
+		save := func(s *models.FleetStore, doc fleet.SharedDocument, revision int64, hold func()) error {
+			return s.Tx(ctx, func(tx fleet.Tx) error {
+				if err := tx.SaveConfigDocuments(ctx, []fleet.SharedDocument{doc}); err != nil {
+					return err
+				}
+				if err := tx.SaveNodeConfigs(ctx, []fleet.NodeConfig{row(doc, revision)}); err != nil {
+					return err
+				}
+				hold()
+				return nil
+			})
+		}
+		require.NoError(t, save(s1, old, 1, func() {}))
+		stored := func() (ids []string) {
+			require.NoError(t, db.Raw(`SELECT id FROM config_documents ORDER BY id`).Scan(&ids).Error)
+			return ids
+		}
+		prune := func() error {
+			_, _, _, err := models.NewLedgerStore(s2).Prune(ctx, t0, t0, 100)
+			return err
+		}
+
+		named, release, committed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		var releaseOnce sync.Once
+		letGo := func() { releaseOnce.Do(func() { close(release) }) }
+		defer letGo() // a failure below must not leave the transaction open
+		go func() { committed <- save(s1, next, 2, func() { close(named); <-release }) }()
+		<-named
+		pruned := make(chan error, 1)
+		go func() { pruned <- prune() }()
+		if db.Dialect == models.Postgres {
+			require.NoError(t, <-pruned, "retention runs beside the recording")
+			require.Equal(t, []string{old.ID}, stored(), "the old document is still named")
+			letGo()
+		} else {
+			letGo()
+			require.NoError(t, <-pruned)
+		}
+		require.NoError(t, <-committed)
+		require.NoError(t, prune())
+		require.Equal(t, []string{next.ID}, stored(), "the new document is kept, the old one goes")
+		models.ForgetConfigDocuments()
+		c, err := s2.NodeConfig(ctx, "n1")
+		require.NoError(t, err)
+		require.Equal(t, "new", string(c.Shared.Box))
 	})
 }

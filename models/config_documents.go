@@ -2,7 +2,6 @@ package models
 
 import (
 	"context"
-	"database/sql"
 	"encoding/base64"
 	"fmt"
 
@@ -57,22 +56,7 @@ func fillShared(g *gorm.DB, dialect string, cs []*fleet.NodeConfig) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	found := make(map[string][]byte, len(missing))
-	q, args := idsStatement(dialect, `SELECT id, box FROM config_documents WHERE id = ANY($1::text[])`,
-		`SELECT id, box FROM config_documents WHERE id IN (`, `)`, missing)
-	err := eachRow(g, q, args, func(rs *sql.Rows) error {
-		var id, b64 string
-		if err := rs.Scan(&id, &b64); err != nil {
-			return err
-		}
-		box, err := base64.StdEncoding.DecodeString(b64)
-		if err != nil {
-			return err
-		}
-		found[id] = box
-		documentCache.put(id, box)
-		return nil
-	})
+	found, err := readThrough(g, dialect, "config_documents", "id", "box", missing, base64.StdEncoding.DecodeString, documentCache)
 	if err != nil {
 		return fmt.Errorf("read shared configuration documents: %w", err)
 	}

@@ -2,7 +2,10 @@ package models
 
 import (
 	"container/list"
+	"database/sql"
 	"sync"
+
+	"gorm.io/gorm"
 )
 
 // sizedLRU keeps values named by their own content (a digest, a never
@@ -57,4 +60,28 @@ func (c *sizedLRU[V]) put(key string, value V) {
 		delete(c.byKey, ent.key)
 		c.size -= len(ent.value)
 	}
+}
+
+// readThrough reads the values of keys from table (its key and value
+// columns, text) in one statement through g, decoding each and keeping it
+// in cache; a key not stored is absent from the answer.
+func readThrough[V ~string | ~[]byte](g *gorm.DB, dialect, table, key, value string, keys []string,
+	decode func(string) (V, error), cache *sizedLRU[V]) (map[string]V, error) {
+	sel := `SELECT ` + key + `, ` + value + ` FROM ` + table + ` WHERE ` + key
+	q, args := idsStatement(dialect, sel+` = ANY($1::text[])`, sel+` IN (`, `)`, keys)
+	found := make(map[string]V, len(keys))
+	err := eachRow(g, q, args, func(rs *sql.Rows) error {
+		var k, raw string
+		if err := rs.Scan(&k, &raw); err != nil {
+			return err
+		}
+		v, err := decode(raw)
+		if err != nil {
+			return err
+		}
+		found[k] = v
+		cache.put(k, v)
+		return nil
+	})
+	return found, err
 }

@@ -3,7 +3,6 @@ package models
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -152,18 +151,8 @@ func (r fleetReader) resolveBodies(ctx context.Context, rows []Operation) error 
 	if len(missing) == 0 {
 		return nil
 	}
-	found := make(map[string]string, len(missing))
-	q, args := idsStatement(r.dialect, `SELECT digest, body FROM operation_bodies WHERE digest = ANY($1::text[])`,
-		`SELECT digest, body FROM operation_bodies WHERE digest IN (`, `)`, missing)
-	err := eachRow(r.db(ctx), q, args, func(rs *sql.Rows) error {
-		var d, b string
-		if err := rs.Scan(&d, &b); err != nil {
-			return err
-		}
-		found[d] = b
-		bodyCache.put(d, b)
-		return nil
-	})
+	found, err := readThrough(r.db(ctx), r.dialect, "operation_bodies", "digest", "body", missing,
+		func(b string) (string, error) { return b, nil }, bodyCache)
 	if err != nil {
 		return fmt.Errorf("read shared operations: %w", err)
 	}

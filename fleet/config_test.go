@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/models"
+	"github.com/nodeward/nodeward/models/dbtest"
 )
 
 // Delivery of desired configuration in the long-poll (DECISIONS.md §32),
@@ -76,6 +79,58 @@ func (b *bundle) dueWork(t *testing.T, sess fleet.Session) fleet.DueWork {
 	w, err := b.store.DueWork(ctx, fleet.Due{NodeID: sess.NodeID, Fencing: sess.Fencing, RedeliverBefore: now.Add(-time.Minute), Now: now, Limit: 100})
 	require.NoError(t, err)
 	return w
+}
+
+// routeLog is a fleet.Store that records the route of every routed
+// transaction.
+type routeLog struct {
+	fleet.Store
+	mu     sync.Mutex // guards routes
+	routes []fleet.TxRoute
+}
+
+func (s *routeLog) Tx(ctx context.Context, fn func(fleet.Tx) error) error {
+	if r, ok := fleet.TxRouteOf(ctx); ok {
+		s.mu.Lock()
+		s.routes = append(s.routes, r)
+		s.mu.Unlock()
+	}
+	return s.Store.Tx(ctx, fn)
+}
+
+// take answers the routes recorded since the last take.
+func (s *routeLog) take() []fleet.TxRoute {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.routes
+	s.routes = nil
+	return r
+}
+
+// A fleet.configure's wave sets off a delivery and a report on every node
+// at once. Both are background writes, so the fleet's other writes do not
+// queue behind them, and the report finishes what its delivery handed out,
+// so it goes ahead of the deliveries still queued (fleet.TxRoute). A
+// workload event, and a delivery riding beside commands, are neither.
+func TestConfigWaveWritesAreBackground(t *testing.T) {
+	dbtest.Each(t, func(t *testing.T, db *models.DB) {
+		log := &routeLog{}
+		b := setupWrapped(t, db, func(s fleet.Store) fleet.Store { log.Store = s; return log })
+		id, sess, _ := b.readyNode(t)
+		out := b.configure(t, id, `{"a":1}`, false)
+		log.take()
+
+		require.NotNil(t, b.pollNow(t, sess).Config)
+		require.Contains(t, log.take(), fleet.TxRoute{Node: id, Background: true}, "the delivery alone in its answer")
+
+		b.reportConfig(t, sess, 1, out.Hash, api.ConfigApplied, "")
+		require.Equal(t, []fleet.TxRoute{{Node: id, Background: true, Finishing: true}}, log.take(), "the report")
+
+		_, err := b.svc.RecordEvents(ctx, sess, []api.Event{{ID: "ev-" + randomSuffix(), Kind: api.EventWorkload, ObservedAt: b.clock.Now(),
+			Workload: &api.WorkloadObservation{RunID: "r1", AttemptID: "a1", State: api.WorkloadRunning, ObservedAt: b.clock.Now()}}})
+		require.NoError(t, err)
+		require.Equal(t, []fleet.TxRoute{{Node: id}}, log.take(), "a workload event")
+	})
 }
 
 func TestConfigDelivery(t *testing.T) {

@@ -87,10 +87,10 @@ func (s *Service) RecordEvents(ctx context.Context, sess Session, events []api.E
 	}
 	if len(workloads) > 0 {
 		ids := make([]string, len(workloads))
-		// Configuration reports alone are a background write: a
-		// fleet.configure's wave has every node report at once
-		// (TxRoute.Background).
-		route := OnNodeBackground
+		// Configuration reports alone are a background write that
+		// finishes a delivery: a fleet.configure's wave has every node
+		// report at once (TxRoute.Background, TxRoute.Finishing).
+		route := OnNodeFinishing
 		for i, e := range workloads {
 			ids[i] = e.ID
 			if e.Kind != api.EventConfig {

@@ -38,6 +38,13 @@ var testKey = bytes.Repeat([]byte{0x42}, 32)
 
 func setup(t *testing.T, db *models.DB, mutate ...func(*fleet.Settings)) *bundle {
 	t.Helper()
+	return setupWrapped(t, db, nil, mutate...)
+}
+
+// setupWrapped is setup with the service's store wrapped by wrap (nil: not
+// wrapped); b.store stays the store underneath.
+func setupWrapped(t *testing.T, db *models.DB, wrap func(fleet.Store) fleet.Store, mutate ...func(*fleet.Settings)) *bundle {
+	t.Helper()
 	b := &bundle{db: db, clock: newClock(), metrics: metrics.New(nil), ring: keys.NewRing(testKey)}
 	// The memos start cold: tests count the reads that fill them.
 	st := fleet.Settings{PublicURL: "https://cp.example", AgentVersion: "1.2.3", ReplicaID: "test", LeaseFlushInterval: 5 * time.Millisecond,
@@ -46,7 +53,11 @@ func setup(t *testing.T, db *models.DB, mutate ...func(*fleet.Settings)) *bundle
 		m(&st)
 	}
 	b.store = models.NewFleetStore(db, "test", nil)
-	b.svc = fleet.New(fleet.Options{Store: b.store, Keys: b.ring, Settings: st, Now: b.clock.Now, Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler)})
+	var store fleet.Store = b.store
+	if wrap != nil {
+		store = wrap(b.store)
+	}
+	b.svc = fleet.New(fleet.Options{Store: store, Keys: b.ring, Settings: st, Now: b.clock.Now, Metrics: b.metrics, Logger: slog.New(slog.DiscardHandler)})
 	b.start(t)
 	return b
 }

@@ -444,6 +444,13 @@ type TxRoute struct {
 	// its own. It takes a small share of each batch, so every batch stays
 	// short, and keeps it while it waits.
 	Background bool
+	// Finishing, with Background, is a background write that ends what
+	// another handed out (a configuration's report, after its
+	// delivery): it goes ahead of the background writes still queued,
+	// so a wave's nodes finish as they are reached, and the progress an
+	// operator watches moves through the wave rather than all at its
+	// end. It cannot starve them: each is set off by one of them.
+	Finishing bool
 }
 
 // Key is what the route's lane is chosen by: the node, else the
@@ -476,6 +483,12 @@ func OnOperation(ctx context.Context, operationID string) context.Context {
 // OnNodeBackground is OnNode for a background write (TxRoute.Background).
 func OnNodeBackground(ctx context.Context, nodeID string) context.Context {
 	return WithTxRoute(ctx, TxRoute{Node: nodeID, Background: true})
+}
+
+// OnNodeFinishing is OnNodeBackground for a background write that ends
+// what another handed out (TxRoute.Finishing).
+func OnNodeFinishing(ctx context.Context, nodeID string) context.Context {
+	return WithTxRoute(ctx, TxRoute{Node: nodeID, Background: true, Finishing: true})
 }
 
 // OnOperationBulk is OnOperation for a bulk transaction (TxRoute.Bulk).

@@ -22,7 +22,7 @@ func QueuedExclusive(s *FleetStore) int {
 	l := s.group.excl
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.pending) + len(l.background)
+	return len(l.pending) + len(l.finishing) + len(l.background)
 }
 
 // MaxBatch bounds one write batch's requests.

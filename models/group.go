@@ -162,20 +162,22 @@ type lane struct {
 	spoiled atomic.Bool
 
 	mu sync.Mutex // guards the following
-	// pending and background are the requests waiting for a batch, each
-	// in arrival order; background holds those of fleet.TxRoute.Background
-	// (take says how a batch draws on both).
-	pending, background []*groupReq
-	flushing            bool
+	// pending, finishing and background are the requests waiting for a
+	// batch, each in arrival order; finishing holds those of
+	// fleet.TxRoute.Finishing, background the other ones of
+	// fleet.TxRoute.Background (take says how a batch draws on them).
+	pending, finishing, background []*groupReq
+	flushing                       bool
 }
 
 type groupReq struct {
 	ctx   context.Context // the caller's: one that ended is not run (runNext)
 	fn    func(fleet.Tx) error
 	route fleet.TxRoute // zero in the exclusive lane
-	// background: fleet.TxRoute.Background, in whichever lane.
-	background bool
-	notes      []fleet.Notification
+	// background, finishing: fleet.TxRoute.Background and Finishing, in
+	// whichever lane.
+	background, finishing bool
+	notes                 []fleet.Notification
 	// pg are the payloads of this request's notifications to announce to
 	// the other replicas (Postgres), sent with the batch's commit.
 	pg []string
@@ -252,7 +254,7 @@ func (g *groupCommit) enqueue(ctx context.Context, r *groupReq) error {
 	r.done, r.lead = make(chan struct{}), make(chan struct{}, 1)
 	l := g.excl
 	route, ok := fleet.TxRouteOf(ctx)
-	r.background = route.Background
+	r.background, r.finishing = route.Background, route.Background && route.Finishing
 	if ok && len(g.lanes) > 0 {
 		r.route = route
 		if route.Bulk {
@@ -286,9 +288,12 @@ func (g *groupCommit) runBulk(ctx context.Context, r *groupReq) {
 // leading batches meanwhile when it is r's turn.
 func (l *lane) enqueue(ctx context.Context, r *groupReq) {
 	l.mu.Lock()
-	if r.background {
+	switch {
+	case r.finishing:
+		l.finishing = append(l.finishing, r)
+	case r.background:
 		l.background = append(l.background, r)
-	} else {
+	default:
 		l.pending = append(l.pending, r)
 	}
 	l.g.queued.Add(1)
@@ -332,6 +337,8 @@ func (l *lane) runNext(ctx context.Context) {
 	switch {
 	case len(l.pending) > 0:
 		l.pending[0].lead <- struct{}{}
+	case len(l.finishing) > 0:
+		l.finishing[0].lead <- struct{}{}
 	case len(l.background) > 0:
 		l.background[0].lead <- struct{}{}
 	default:
@@ -348,12 +355,17 @@ func (l *lane) runNext(ctx context.Context) {
 // (BENCHMARKS.md, fortieth sitting); now it waits for about the batch
 // running and its own, each short. Background requests keep their share
 // of each batch while they wait, so the others never starve them either.
+// Within that share the finishing ones (fleet.TxRoute.Finishing: the
+// wave's reports) go first: with the share first-come, a wave over
+// 10,000 nodes acknowledged almost none until its last delivery, then
+// every report at once (BENCHMARKS.md, forty-second sitting).
 func (l *lane) take() []*groupReq {
-	bg := min(len(l.background), maxBackground)
-	fg := min(len(l.pending), maxBatch-bg)
-	batch := make([]*groupReq, 0, fg+bg)
-	batch = append(append(batch, l.pending[:fg]...), l.background[:bg]...)
-	l.pending, l.background = l.pending[fg:], l.background[bg:]
+	fin := min(len(l.finishing), maxBackground)
+	bg := min(len(l.background), maxBackground-fin)
+	fg := min(len(l.pending), maxBatch-fin-bg)
+	batch := make([]*groupReq, 0, fg+fin+bg)
+	batch = append(append(append(batch, l.pending[:fg]...), l.finishing[:fin]...), l.background[:bg]...)
+	l.pending, l.finishing, l.background = l.pending[fg:], l.finishing[fin:], l.background[bg:]
 	return batch
 }
 

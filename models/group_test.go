@@ -847,12 +847,15 @@ func TestGroupCommitBulkBesideTheLanes(t *testing.T) {
 // MaxBackground of a batch: a write that arrives behind hundreds of them
 // runs in the next batch, and that batch, like every batch of theirs, is
 // short. They keep their share of each batch while they wait, so a flood
-// of the others does not starve them either. Both dialects, in the
-// exclusive lane (SQLite's one writer).
+// of the others does not starve them either. Within that share a
+// finishing write (a report) goes ahead of the background crowd (the
+// deliveries still queued). Both dialects, in the exclusive lane
+// (SQLite's one writer).
 func TestGroupCommitBackgroundFillsTheBatch(t *testing.T) {
 	dbtest.Each(t, func(t *testing.T, db *models.DB) {
 		s := models.NewFleetStore(db, "r1", nil)
 		background := fleet.WithTxRoute(ctx, fleet.TxRoute{Background: true})
+		finishing := fleet.WithTxRoute(ctx, fleet.TxRoute{Background: true, Finishing: true})
 		const queued = 200
 		// order answers the position each write ran at, once the
 		// exclusive lane, held while they queue, lets them through: queued
@@ -903,5 +906,7 @@ func TestGroupCommitBackgroundFillsTheBatch(t *testing.T) {
 		require.GreaterOrEqual(t, batches, int64(queued/models.MaxBackground), "the background crowd goes in short batches")
 		at, _ = order(ctx, background)
 		require.Less(t, at, models.MaxBatch, "background keeps its share of the next batch")
+		at, _ = order(background, finishing)
+		require.Less(t, at, models.MaxBackground, "a report goes ahead of the deliveries queued before it")
 	})
 }

@@ -130,6 +130,16 @@ func TestConfigWaveWritesAreBackground(t *testing.T) {
 			Workload: &api.WorkloadObservation{RunID: "r1", AttemptID: "a1", State: api.WorkloadRunning, ObservedAt: b.clock.Now()}}})
 		require.NoError(t, err)
 		require.Equal(t, []fleet.TxRoute{{Node: id}}, log.take(), "a workload event")
+
+		b.configure(t, id, `{"a":2}`, false)
+		b.issue(t, id, prepare("op-beside-config"))
+		log.take()
+		a := b.pollNow(t, sess)
+		require.NotNil(t, a.Config)
+		require.Len(t, a.Commands, 1)
+		for _, r := range log.take() {
+			require.False(t, r.Background, "a delivery beside commands: their answer waits on it")
+		}
 	})
 }
 

@@ -112,6 +112,10 @@ type ConfigReport struct {
 	// Timeline is the parent's counts about once a second from the
 	// submit: where the wave's time goes (releases, deliveries, reports).
 	Timeline []ConfigTick `json:"timeline"`
+	// MaxUnreported is the most nodes at a tick that had been delivered
+	// the revision but whose applied report had not landed: how far the
+	// wave's progress trailed its deliveries (the tool's server only).
+	MaxUnreported int64 `json:"max_delivered_unapplied,omitempty"`
 }
 
 // ConfigTick is the parent operation's children by state, some seconds
@@ -301,6 +305,7 @@ func RunConfig(ctx context.Context, cfg ConfigLoad) (rep ConfigReport, err error
 			tick.ExclusiveSeconds = m[metricExclusiveSeconds] - batches0[metricExclusiveSeconds]
 			tick.Queued = m[metricWriteQueued]
 			rep.Timeline = append(rep.Timeline, tick)
+			rep.MaxUnreported = max(rep.MaxUnreported, tick.Delivered-tick.Applied)
 			nextTick = at.Truncate(time.Second) + time.Second
 		}
 		if op.State == "succeeded" || op.State == "failed" || op.State == "cancelled" {
@@ -502,6 +507,7 @@ func printConfigReport(w io.Writer, r ConfigReport) {
 				fmt.Fprintf(w, " %.0fs:%d/%d/%d", t.Seconds, t.Written, t.Delivered, t.Applied)
 			}
 			fmt.Fprintln(w, " (written/delivered/applied)")
+			fmt.Fprintf(w, "delivered, not applied   at most %d at a tick (nodes whose report had not landed)\n", r.MaxUnreported)
 		}
 		fmt.Fprintf(w, "write batches by second  ")
 		var prev ConfigTick

@@ -158,6 +158,9 @@ func TestConfigSmoke(t *testing.T) {
 			t.Fatalf("%s: the timeline does not count the parent's %d children: %+v", rep.Database, agents, rep.Timeline)
 		}
 		for _, tick := range rep.Timeline {
+			if tick.Delivered-tick.Applied > rep.MaxUnreported {
+				t.Fatalf("%s: %d delivered, not applied at %.0fs, more than the most reported (%d)", rep.Database, tick.Delivered-tick.Applied, tick.Seconds, rep.MaxUnreported)
+			}
 			if tick.Written > int64(agents) || tick.Applied > tick.Written || tick.Delivered > tick.Written {
 				t.Fatalf("%s: a tick counts configurations the fleet does not have: %+v", rep.Database, tick)
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/testwait"
+	"github.com/nodeward/nodeward/internal/txroutes"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
 )
@@ -85,26 +85,12 @@ func (b *bundle) dueWork(t *testing.T, sess fleet.Session) fleet.DueWork {
 // transaction.
 type routeLog struct {
 	fleet.Store
-	mu     sync.Mutex // guards routes
-	routes []fleet.TxRoute
+	txroutes.Log
 }
 
 func (s *routeLog) Tx(ctx context.Context, fn func(fleet.Tx) error) error {
-	if r, ok := fleet.TxRouteOf(ctx); ok {
-		s.mu.Lock()
-		s.routes = append(s.routes, r)
-		s.mu.Unlock()
-	}
+	s.Note(ctx)
 	return s.Store.Tx(ctx, fn)
-}
-
-// take answers the routes recorded since the last take.
-func (s *routeLog) take() []fleet.TxRoute {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.routes
-	s.routes = nil
-	return r
 }
 
 // A fleet.configure's wave sets off a delivery and a report on every node
@@ -118,26 +104,26 @@ func TestConfigWaveWritesAreBackground(t *testing.T) {
 		b := setupWrapped(t, db, func(s fleet.Store) fleet.Store { log.Store = s; return log })
 		id, sess, _ := b.readyNode(t)
 		out := b.configure(t, id, `{"a":1}`, false)
-		log.take()
+		log.Take()
 
 		require.NotNil(t, b.pollNow(t, sess).Config)
-		require.Contains(t, log.take(), fleet.TxRoute{Node: id, Background: true}, "the delivery alone in its answer")
+		require.Contains(t, log.Take(), fleet.TxRoute{Node: id, Background: true}, "the delivery alone in its answer")
 
 		b.reportConfig(t, sess, 1, out.Hash, api.ConfigApplied, "")
-		require.Equal(t, []fleet.TxRoute{{Node: id, Background: true, Finishing: true}}, log.take(), "the report")
+		require.Equal(t, []fleet.TxRoute{{Node: id, Background: true, Finishing: true}}, log.Take(), "the report")
 
 		_, err := b.svc.RecordEvents(ctx, sess, []api.Event{{ID: "ev-" + randomSuffix(), Kind: api.EventWorkload, ObservedAt: b.clock.Now(),
 			Workload: &api.WorkloadObservation{RunID: "r1", AttemptID: "a1", State: api.WorkloadRunning, ObservedAt: b.clock.Now()}}})
 		require.NoError(t, err)
-		require.Equal(t, []fleet.TxRoute{{Node: id}}, log.take(), "a workload event")
+		require.Equal(t, []fleet.TxRoute{{Node: id}}, log.Take(), "a workload event")
 
 		b.configure(t, id, `{"a":2}`, false)
 		b.issue(t, id, prepare("op-beside-config"))
-		log.take()
+		log.Take()
 		a := b.pollNow(t, sess)
 		require.NotNil(t, a.Config)
 		require.Len(t, a.Commands, 1)
-		for _, r := range log.take() {
+		for _, r := range log.Take() {
 			require.False(t, r.Background, "a delivery beside commands: their answer waits on it")
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/fleet"
+	"github.com/nodeward/nodeward/internal/txroutes"
 	"github.com/nodeward/nodeward/ledger"
 	"github.com/nodeward/nodeward/models"
 	"github.com/nodeward/nodeward/models/dbtest"
@@ -19,29 +20,12 @@ import (
 // runs through its store.
 type routeWatch struct {
 	ledger.Store
-	mu     sync.Mutex // guards routes
-	routes []fleet.TxRoute
+	txroutes.Log
 }
 
 func (s *routeWatch) Tx(ctx context.Context, fn func(ledger.Tx) error) error {
-	if r, ok := fleet.TxRouteOf(ctx); ok {
-		s.mu.Lock()
-		s.routes = append(s.routes, r)
-		s.mu.Unlock()
-	}
+	s.Note(ctx)
 	return s.Store.Tx(ctx, fn)
-}
-
-func (s *routeWatch) routedTo(node string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, r := range s.routes {
-		if r.Node == node {
-			n++
-		}
-	}
-	return n
 }
 
 // TestInvitationsRunInTheNodesLane: an invitation is recorded and carried
@@ -71,7 +55,7 @@ func TestInvitationsRunInTheNodesLane(t *testing.T) {
 
 		strays := b.fstore.GroupStats().Strays
 		invite("lanes-g1", 1)
-		require.Equal(t, 2, w.routedTo("lanes-g1"), "its record and its run, each routed to the node's lane")
+		require.Equal(t, 2, w.ToNode("lanes-g1"), "its record and its run, each routed to the node's lane")
 		require.Equal(t, strays, b.fstore.GroupStats().Strays, "a new rental's invitation locks nothing of another lane")
 
 		// Generation 2 reserved in another lane than generation 1.
@@ -83,7 +67,7 @@ func TestInvitationsRunInTheNodesLane(t *testing.T) {
 			}
 		}
 		invite(second, 2)
-		require.Equal(t, 2, w.routedTo(second))
+		require.Equal(t, 2, w.ToNode(second))
 		if db.Dialect == models.Postgres {
 			require.Greater(t, b.fstore.GroupStats().Strays, strays, "retiring generation 1 left the lane of generation 2")
 		}

@@ -223,13 +223,37 @@ func (w *shapeWalker) text(start, end int64, field string) {
 // noNUL records against field a string token holding U+0000, which no
 // text of the API needs and PostgreSQL cannot store in text.
 func (w *shapeWalker) noNUL(tok json.Token, field string) {
-	if s, ok := tok.(string); ok && strings.IndexByte(s, 0) >= 0 && !w.nulSeen[field] {
-		if w.nulSeen == nil {
-			w.nulSeen = map[string]bool{}
-		}
-		w.nulSeen[field] = true
-		w.v.Add(fieldName(field), "must not contain the character U+0000")
+	if s, ok := tok.(string); ok && strings.IndexByte(s, 0) >= 0 {
+		w.nul(field)
 	}
+}
+
+// nul records, once per field, that field holds U+0000.
+func (w *shapeWalker) nul(field string) {
+	if w.nulSeen[field] {
+		return
+	}
+	if w.nulSeen == nil {
+		w.nulSeen = map[string]bool{}
+	}
+	w.nulSeen[field] = true
+	w.v.Add(fieldName(field), "must not contain the character U+0000")
+}
+
+// escapesNUL reports whether the JSON text raw (valid, as decoded once
+// already) holds U+0000 in a string or key. Valid JSON can write it only
+// as the escape \u0000, and a backslash appears only inside a string.
+func escapesNUL(raw []byte) bool {
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		if i+6 <= len(raw) && raw[i+1] == 'u' && string(raw[i+2:i+6]) == "0000" {
+			return true
+		}
+		i++ // the escaped character, which starts no escape of its own
+	}
+	return false
 }
 
 func fieldName(path string) string {
@@ -263,6 +287,9 @@ func opaque(t reflect.Type) bool {
 func (w *shapeWalker) value(t reflect.Type, path string, canBeNull bool) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if opaque(t) && path != "" {
+		return w.opaqueValue(t, path, canBeNull)
 	}
 	tok, start, end, err := w.token()
 	if err != nil {
@@ -354,6 +381,30 @@ func (w *shapeWalker) mapping(t reflect.Type, path string) error {
 	}
 	_, _, _, err := w.token()
 	return err
+}
+
+// opaqueValue reads at path a value of opaque type t whole, and checks
+// what the walk checks inside one (null, UTF-8, U+0000) on its text. An
+// operation's payload is opaque and most of a submit's body, and reading
+// it token by token (skip) allocated for every string and number in it.
+func (w *shapeWalker) opaqueValue(t reflect.Type, path string, canBeNull bool) error {
+	start := w.dec.InputOffset()
+	var raw json.RawMessage
+	if err := w.dec.Decode(&raw); err != nil {
+		// The body decoded once already; this cannot happen.
+		return errShape
+	}
+	if string(raw) == "null" {
+		if !canBeNull && t.Kind() != reflect.Interface {
+			w.v.Add(path, "must not be null; omit the field to leave it out")
+		}
+		return nil
+	}
+	w.text(start, w.dec.InputOffset(), path)
+	if escapesNUL(raw) {
+		w.nul(path)
+	}
+	return nil
 }
 
 // skip reads to the end of the object or array just opened, reporting

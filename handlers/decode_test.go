@@ -2,9 +2,13 @@ package handlers
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -31,6 +35,9 @@ type shapeBody struct {
 	Inner    *struct {
 		Value string `json:"value"`
 	} `json:"inner"`
+	// Opaque: read whole by the walk (opaqueValue), checked on its text.
+	Payload json.RawMessage `json:"payload"`
+	Any     any             `json:"any"`
 }
 
 func TestDecodeJSONShape(t *testing.T) {
@@ -60,6 +67,15 @@ func TestDecodeJSONShape(t *testing.T) {
 		{"NULInValue", `{"name":"a\u0000"}`, errcode.ValidationFailed, "name"},
 		{"NULInMapKey", `{"labels":{"k\u0000":"v"}}`, errcode.ValidationFailed, "labels"},
 		{"InvalidUTF8FieldName", "{\"na\xffme\":\"v\"}", errcode.InvalidJSON, ""},
+		{"Opaque", `{"payload":{"a":[1,"x",{"b":null}],"c":"\u00e9"},"any":[true]}`, "", ""},
+		{"OpaqueEscapedBackslashBeforeU0000", `{"payload":{"p":"C:\\u0000"},"any":"\\u0000"}`, "", ""},
+		{"NullOpaque", `{"payload":null}`, errcode.ValidationFailed, "payload"},
+		{"NullInterface", `{"any":null}`, "", ""},
+		{"NULInOpaqueValue", `{"name":"x","payload":{"p":["a\u0000"]}}`, errcode.ValidationFailed, "payload"},
+		{"NULInOpaqueKey", `{"payload":{"k\u0000":1}}`, errcode.ValidationFailed, "payload"},
+		{"NULInOpaqueString", `{"any":"\\\u0000"}`, errcode.ValidationFailed, "any"},
+		{"InvalidUTF8InOpaque", "{\"payload\":{\"p\":\"\xff\"}}", errcode.ValidationFailed, "payload"},
+		{"InvalidUTF8InOpaqueKey", "{\"name\":\"x\",\"any\":{\"\xfe\":1}}", errcode.ValidationFailed, "any"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,10 +112,12 @@ func TestDecodeJSONNullableFields(t *testing.T) {
 }
 
 // FuzzDecodeJSON: no body makes the decoder panic or fail without a code,
-// and nothing it accepts holds invalid UTF-8.
+// and nothing it accepts holds invalid UTF-8 or, in any string or key
+// (opaque values included), U+0000.
 func FuzzDecodeJSON(f *testing.F) {
 	for _, s := range []string{
 		`{"name":"x","count":1,"tags":["a"],"labels":{"k":"v"},"inner":{"value":"v"}}`,
+		`{"payload":{"p":["a\\u0000","\u00e9"]},"any":{"k":null}}`,
 		`{"NAME":"x"}`, `{"name":null}`, `{"labels":{"k":"a","k":"b"}}`, "{\"name\":\"\xff\"}", `null`, `[]`, `{"inner":{"value":{}}}`,
 	} {
 		f.Add([]byte(s))
@@ -114,7 +132,28 @@ func FuzzDecodeJSON(f *testing.F) {
 			return
 		}
 		require.True(t, utf8.Valid(body), "invalid UTF-8 was accepted")
+		var back any
+		require.NoError(t, json.Unmarshal(body, &back))
+		require.False(t, holdsNUL(back), "U+0000 was accepted")
 	})
+}
+
+// holdsNUL reports whether a decoded JSON value holds U+0000 in a string
+// or key.
+func holdsNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.IndexByte(v, 0) >= 0
+	case []any:
+		return slices.ContainsFunc(v, holdsNUL)
+	case map[string]any:
+		for k, e := range v {
+			if holdsNUL(k) || holdsNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func TestDisplayable(t *testing.T) {
@@ -125,5 +164,28 @@ func TestDisplayable(t *testing.T) {
 	for _, s := range []string{"a\x00", "a\tb", "a\nb", "\x7f", "\u0085", "a\u202eb", "\u202a", "\u2066x", "\u2069", "\u200e", "\u200f", "\u061c",
 		"a\u2028b", "\u2029", "\ufffd", "bad\xff", "\xc3"} {
 		require.False(t, displayable(s), "%q", s)
+	}
+}
+
+// BenchmarkDecodeSubmit decodes a submit whose operation (opaque here, read
+// by the ledger) is a 4 KiB-ish configuration document: what checkShape
+// spends on the operation is what opaqueValue saves.
+func BenchmarkDecodeSubmit(b *testing.B) {
+	doc := map[string]any{}
+	for i := range 100 {
+		doc[fmt.Sprintf("key-%03d", i)] = map[string]any{"port": 8000 + i, "host": "backend.example", "enabled": i%2 == 0}
+	}
+	op, err := json.Marshal(map[string]any{"format": "test/v1", "document": doc})
+	require.NoError(b, err)
+	body := []byte(`{"request_id":"r-1","kind":"fleet.configure","targets":[{"kind":"fleet"}],"operation":` + string(op) + `}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		var v submitBody
+		if err := decodeJSON(r, &v, false); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

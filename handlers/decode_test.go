@@ -168,24 +168,28 @@ func TestDisplayable(t *testing.T) {
 }
 
 // BenchmarkDecodeSubmit decodes a submit whose operation (opaque here, read
-// by the ledger) is a 4 KiB-ish configuration document: what checkShape
-// spends on the operation is what opaqueValue saves.
+// by the ledger) is a configuration document of about 6 KB and 250 KB:
+// what checkShape spends on the operation is what opaqueValue saves.
 func BenchmarkDecodeSubmit(b *testing.B) {
-	doc := map[string]any{}
-	for i := range 100 {
-		doc[fmt.Sprintf("key-%03d", i)] = map[string]any{"port": 8000 + i, "host": "backend.example", "enabled": i%2 == 0}
-	}
-	op, err := json.Marshal(map[string]any{"format": "test/v1", "document": doc})
-	require.NoError(b, err)
-	body := []byte(`{"request_id":"r-1","kind":"fleet.configure","targets":[{"kind":"fleet"}],"operation":` + string(op) + `}`)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
-		r.Header.Set("Content-Type", "application/json")
-		var v submitBody
-		if err := decodeJSON(r, &v, false); err != nil {
-			b.Fatal(err)
+	for _, keys := range []int{100, 4000} {
+		doc := map[string]any{}
+		for i := range keys {
+			doc[fmt.Sprintf("key-%04d", i)] = map[string]any{"port": 8000 + i, "host": "backend.example", "enabled": i%2 == 0}
 		}
+		op, err := json.Marshal(map[string]any{"format": "test/v1", "document": doc})
+		require.NoError(b, err)
+		body := []byte(`{"request_id":"r-1","kind":"fleet.configure","targets":[{"kind":"fleet"}],"operation":` + string(op) + `}`)
+		b.Run(fmt.Sprintf("%dKB", len(body)/1000), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+				r.Header.Set("Content-Type", "application/json")
+				var v submitBody
+				if err := decodeJSON(r, &v, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -53,6 +53,9 @@ type Config struct {
 	// over FanOut nodes (POST /api/v1/operations) instead of one node
 	// command; Rate then counts operations.
 	FanOut int
+	// PayloadBytes pads every command's payload (an env entry of words)
+	// to about this many bytes: a large fan-out payload's cost.
+	PayloadBytes int
 	// IssueWherePolled issues each command through the replica its node's
 	// agent polls rather than round robin: for stand-ins that share no
 	// database (the floor's processes).
@@ -338,6 +341,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	start := time.Now()
 	var missed atomic.Int64
 	admin.fanOut = cfg.FanOut
+	if cfg.PayloadBytes > 0 {
+		admin.pad = `,"` + padKey + `":"` + padText(cfg.PayloadBytes) + `"`
+	}
 	issued, issueErrs := admin.issue(ctx, run, nodes, cfg.Rate, cfg.Duration, &missed, logf)
 	rep.Missed, rep.EndedOps = missed.Load(), admin.ended.Load()
 	window := time.Since(start).Seconds()
@@ -659,6 +665,8 @@ type adminClient struct {
 	peers []*adminClient
 	// fanOut > 0 issues fleet.command operations over that many nodes.
 	fanOut int
+	// pad is appended to each payload's env (Config.PayloadBytes).
+	pad string
 	// ended counts the fan-outs an issuer saw end (closed-loop only).
 	ended *atomic.Int64
 	// polledAt, when set, is the replica each node's agent polls: a
@@ -759,7 +767,7 @@ func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rat
 			via = c
 		}
 		op := "lt-" + run + "-" + strconv.FormatInt(seq, 10)
-		payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(at.UnixNano(), 10) + `"}}`
+		payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(at.UnixNano(), 10) + `"` + a.pad + `}}`
 		path, body := "", ""
 		if a.fanOut > 0 {
 			path, body = "/api/v1/operations", fleetCommandBody(op, payload, nodes, seq, a.fanOut)

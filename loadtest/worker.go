@@ -29,6 +29,9 @@ const workerEnv = "NODEWARD_LOADTEST_WORKER"
 // to be issued (Unix nanoseconds): the start of its issue→receipt latency.
 const sentKey = "LT_SENT"
 
+// padKey is the payload env entry that pads a command (-payload-bytes).
+const padKey = "LT_PAD"
+
 // workerJob is what the coordinator hands a worker on stdin, one JSON line.
 type workerJob struct {
 	URL      string          `json:"url"`

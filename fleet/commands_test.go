@@ -122,6 +122,51 @@ func TestIssue(t *testing.T) {
 	})
 }
 
+// TestIssueMany: a release validates each distinct payload once, and
+// each command still answers the refusal Issue would answer for it alone.
+func TestIssueMany(t *testing.T) {
+	each(t, func(t *testing.T, b *bundle) {
+		n1, _, _ := b.readyNode(t)
+		n2, _, _ := b.readyNode(t)
+		n3, _, _ := b.readyNode(t)
+		shared := json.RawMessage(` { "command": "true", "attempt_id": "1", "run_id": "r" } `)
+		ins := []fleet.IssueCommand{
+			{NodeID: n1, OperationID: "many-1", Kind: api.KindLaunchWorkload, Payload: shared},
+			{NodeID: n2, OperationID: "bad id", Kind: api.KindLaunchWorkload, Payload: shared},
+			{NodeID: n2, OperationID: "many-2", Kind: api.KindLaunchWorkload, Payload: shared},
+			// The same text for another kind is that kind's to judge.
+			{NodeID: n3, OperationID: "many-3", Kind: api.KindPrepareArtifact, Payload: shared},
+			{NodeID: n3, OperationID: "bad id", Kind: api.KindPrepareArtifact, Payload: shared},
+		}
+		var refused []error
+		require.NoError(t, b.store.Tx(ctx, func(tx fleet.Tx) error {
+			var err error
+			refused, err = b.svc.IssueManyTx(ctx, tx, ins, func([]int) (map[int]error, error) { return nil, nil })
+			return err
+		}))
+		for i, in := range ins {
+			_, _, alone := b.svc.Issue(ctx, "a", in)
+			if i == 0 || i == 2 {
+				require.NoError(t, refused[i], in.OperationID)
+				continue
+			}
+			var got, want *errcode.Error
+			require.ErrorAs(t, refused[i], &got, "%d", i)
+			require.ErrorAs(t, alone, &want, "%d", i)
+			require.Equal(t, want.Fields, got.Fields, "%d", i)
+		}
+		// Recorded as Issue records them: the canonical payload, one digest.
+		ref := b.issue(t, n1, fleet.IssueCommand{OperationID: "many-ref", Kind: api.KindLaunchWorkload, Payload: shared})
+		for _, id := range []string{"many-1", "many-2"} {
+			c, err := b.svc.Command(ctx, id)
+			require.NoError(t, err)
+			require.JSONEq(t, string(shared), string(c.Payload))
+			require.Equal(t, ref.Payload, c.Payload)
+			require.Equal(t, ref.PayloadDigest, c.PayloadDigest)
+		}
+	})
+}
+
 func TestDelivery(t *testing.T) {
 	each(t, func(t *testing.T, b *bundle) {
 		t.Run("OldestFirstAtMostBatch", func(t *testing.T) {

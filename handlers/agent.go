@@ -274,17 +274,21 @@ func (h *handler) releasePoll(r *http.Request, sess fleet.Session, cmds []fleet.
 
 // pollAnswerBody encodes a poll's answer as encoding/json does, with as
 // many of its commands, in order, as fit in commandBytes (at least one),
-// and answers how many it kept. The configuration's document is copied
-// as it is after a check that it is JSON: it is the server's own
-// canonical JSON, and encoding/json re-validates and compacts every
-// json.RawMessage through its slow scanner, 2.6 ms for a 250 KB document
-// against 0.2 ms for the check, most of the CPU of a large
-// configuration's delivery (BENCHMARKS.md, thirty-ninth sitting).
+// and answers how many it kept. Each command's payload and the
+// configuration's document are copied as they are after a check that
+// they are JSON: they are the server's own canonical JSON, and
+// encoding/json re-validates and compacts every json.RawMessage through
+// its slow scanner, 2.6 ms for a 250 KB document against 0.2 ms for the
+// check, most of the CPU of a large configuration's delivery
+// (BENCHMARKS.md, thirty-ninth sitting) and of a large fan-out's
+// (forty-fourth).
 func pollAnswerBody(out api.CommandsResponse, commandBytes int) ([]byte, int, error) {
 	answer := append(make([]byte, 0, 512), `{"commands":[`...)
 	kept := 0
 	for _, c := range out.Commands {
-		enc, err := json.Marshal(c)
+		payload := c.Payload
+		c.Payload = nil
+		enc, err := encodeRawLast(c, payload, "a command's payload")
 		if err != nil {
 			return nil, 0, err
 		}
@@ -299,30 +303,38 @@ func pollAnswerBody(out api.CommandsResponse, commandBytes int) ([]byte, int, er
 	}
 	answer = append(answer, ']')
 	if cfg := out.Config; cfg != nil {
-		doc := cfg.Document
-		if len(doc) == 0 {
-			doc = json.RawMessage("null")
-		}
-		if !jsontext.Value(doc).IsValid() {
-			return nil, 0, errors.New("handlers: the configuration document to deliver is not JSON")
-		}
 		head := *cfg
-		head.Document = json.RawMessage("null")
-		enc, err := json.Marshal(head)
+		head.Document = nil
+		enc, err := encodeRawLast(head, cfg.Document, "the configuration document")
 		if err != nil {
 			return nil, 0, err
 		}
-		// The document is ConfigDelivery's last field.
-		enc, ok := bytes.CutSuffix(enc, []byte(`null}`))
-		if !ok {
-			return nil, 0, errors.New("handlers: a configuration's encoding is not the shape expected")
-		}
 		answer = append(answer, `,"config":`...)
 		answer = append(answer, enc...)
-		answer = append(answer, doc...)
-		answer = append(answer, '}')
 	}
 	return append(answer, '}'), kept, nil
+}
+
+// encodeRawLast encodes head, a struct whose last field is a nil
+// json.RawMessage, with raw (what names it in an error) in that field's
+// place: nil is JSON null, anything else must be JSON.
+func encodeRawLast(head any, raw json.RawMessage, what string) ([]byte, error) {
+	if len(raw) == 0 {
+		raw = json.RawMessage("null")
+	}
+	if !jsontext.Value(raw).IsValid() {
+		return nil, fmt.Errorf("handlers: %s to deliver is not JSON", what)
+	}
+	enc, err := json.Marshal(head)
+	if err != nil {
+		return nil, err
+	}
+	enc, ok := bytes.CutSuffix(enc, []byte(`null}`))
+	if !ok {
+		return nil, fmt.Errorf("handlers: the encoding around %s is not the shape expected", what)
+	}
+	enc = append(enc, raw...)
+	return append(enc, '}'), nil
 }
 
 func (h *handler) postResults(w http.ResponseWriter, r *http.Request) {

@@ -12,9 +12,9 @@ import (
 	"github.com/nodeward/nodeward/agent/api"
 )
 
-// TestPollAnswerBody: the poll's answer, whose configuration document is
-// copied rather than re-encoded, reads back as encoding/json's encoding
-// of the same answer.
+// TestPollAnswerBody: the poll's answer, whose commands' payloads and
+// configuration document are copied rather than re-encoded, reads back as
+// encoding/json's encoding of the same answer.
 func TestPollAnswerBody(t *testing.T) {
 	cmd := api.Command{OperationID: "op-1", NodeID: "n-1", Kind: "launch_workload", FencingToken: 3,
 		IssuedAt: time.Date(2026, 12, 6, 1, 2, 3, 0, time.UTC), Payload: json.RawMessage(`{"run_id":"r<1>"}`)}
@@ -34,8 +34,8 @@ func TestPollAnswerBody(t *testing.T) {
 			require.Equal(t, len(out.Commands), kept, "small commands all fit")
 			want, err := json.Marshal(out)
 			require.NoError(t, err)
-			if out.Config == nil {
-				require.Equal(t, string(want), string(body), "without a configuration the answer is encoding/json's")
+			for _, c := range out.Commands {
+				require.Contains(t, string(body), `"payload":`+string(c.Payload)+`}`, "the payload is copied as it is")
 			}
 			require.True(t, json.Valid(body), "the answer is JSON")
 			var got, expected any
@@ -57,9 +57,15 @@ func TestPollAnswerBody(t *testing.T) {
 			Config: &api.ConfigDelivery{Revision: 1, Hash: "ab", Format: "x/v1", Document: json.RawMessage(`{"a":`)}}, api.MaxAnswerBytes/2)
 		require.Error(t, err)
 	})
+	t.Run("APayloadThatIsNotJSONIsRefused", func(t *testing.T) {
+		bad := cmd
+		bad.Payload = json.RawMessage(`{"run_id":`)
+		_, _, err := pollAnswerBody(api.CommandsResponse{Commands: []api.Command{cmd, bad}}, api.MaxAnswerBytes/2)
+		require.Error(t, err)
+	})
 	t.Run("CommandsBeyondTheBytesWait", func(t *testing.T) {
 		large := cmd
-		large.Payload = json.RawMessage(`{"blob":"` + strings.Repeat("<", 1000) + `"}`) // 6,000 bytes encoded
+		large.Payload = json.RawMessage(`{"blob":"` + strings.Repeat("<", 6000) + `"}`) // 6,140 bytes encoded
 		cmds := []api.Command{large, large, large, large}
 		body, kept, err := pollAnswerBody(api.CommandsResponse{Commands: cmds}, 13000)
 		require.NoError(t, err)

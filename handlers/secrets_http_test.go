@@ -266,6 +266,9 @@ func TestSealValidationHTTP(t *testing.T) {
 
 // TestSealedSecretFanOutHTTP: a value sealed for the fleet is used by a
 // fleet.command, and every child's node receives it (DECISIONS.md §17).
+// The payload is padded past 1 KiB, so the children's commands name one
+// stored copy of it (migration 00032): delivery, the admin read, the
+// output's scrub and the values' purge all read it back.
 func TestSealedSecretFanOutHTTP(t *testing.T) {
 	t.Parallel()
 	apitest.Each(t, func(t *testing.T, s *apitest.Server) {
@@ -278,7 +281,8 @@ func TestSealedSecretFanOutHTTP(t *testing.T) {
 		s.Admin(t, http.MethodPost, "/api/v1/operations", map[string]any{"request_id": "fan-s", "kind": "fleet.command",
 			"targets": []any{map[string]any{"kind": "node", "id": a.NodeID}, map[string]any{"kind": "node", "id": b.NodeID}},
 			"operation": map[string]any{"kind": "node.launch_workload", "max_concurrency": 2,
-				"payload": map[string]any{"run_id": "r", "attempt_id": "a", "command": "x", "env": map[string]any{"DB_PASSWORD": sealed.Handle}}}},
+				"payload": map[string]any{"run_id": "r", "attempt_id": "a", "command": "x",
+					"env": map[string]any{"DB_PASSWORD": sealed.Handle, "PAD": strings.Repeat("p", 1100)}}}},
 			http.StatusCreated, &parent)
 		for _, sess := range []api.EnrollResponse{sa, sb} {
 			var polled api.CommandsResponse
@@ -287,9 +291,12 @@ func TestSealedSecretFanOutHTTP(t *testing.T) {
 				s.JSON(t, http.MethodGet, "/agent/v1/commands?wait=5", nil, sess.SessionToken, http.StatusOK, &polled)
 			}
 			require.Len(t, polled.Commands, 1)
+			require.EqualValues(t, 1, dbtest.Count(t, s.App.DB.DB, &models.Command{}, "operation_id = ? AND payload = '' AND payload_body IS NOT NULL",
+				polled.Commands[0].OperationID), "the child's command names the stored payload")
 			var payload api.LaunchWorkload
 			require.NoError(t, json.Unmarshal(polled.Commands[0].Payload, &payload))
 			require.Equal(t, "fleet-secret", payload.Env["DB_PASSWORD"])
+			require.Len(t, payload.Env["PAD"], 1100)
 			status, _, raw := s.Do(t, http.MethodGet, "/api/v1/commands/"+polled.Commands[0].OperationID, nil, s.AdminToken)
 			require.Equal(t, http.StatusOK, status)
 			require.NotContains(t, string(raw), "fleet-secret", "the child's command keeps the handle")

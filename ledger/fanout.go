@@ -361,13 +361,13 @@ func (s *Service) recordReleased(ctx context.Context, parentID string, released 
 }
 
 // recordBytes bounds the operations one recording transaction carries
-// (one child alone may pass it). A fleet.command's child writes its
-// payload into its node's command, so a chunk holds and writes a copy a
-// child; 500 children of a fleet.configure with a 250 KB document, each
-// then sealed for its node, held the server's memory at gigabytes
+// (one child alone may pass it), for kinds that write a copy a child:
+// 500 children of a fleet.configure with a 250 KB document, each then
+// sealed for its node, held the server's memory at gigabytes
 // (BENCHMARKS.md, thirty-ninth sitting) — a node.configure's children
 // now share one read, one decoding and one sealed copy of a run's
-// document, which counts once (Kind.RecordsOperationOnce). It also
+// document, and a fleet.command's one stored payload, which count once
+// (Kind.RecordsOperationOnce). It also
 // bounds how long the transaction holds its lane's batch, and every
 // write queued behind it: at 8 MiB (33 such children) the lanes' batches
 // ran about a second through the wave and a command submitted meanwhile

@@ -95,7 +95,8 @@ type Kind struct {
 	RecordedTogether bool
 	// RecordsOperationOnce: RecordMany writes what children carrying one
 	// operation need of it once a call, not once a child (node.configure:
-	// one sealed document, fleet.SharedDocument), so a recording
+	// one sealed document, fleet.SharedDocument; the command kinds: one
+	// stored payload), so a recording
 	// transaction's bound on bytes counts that operation once
 	// (recordChunks) and recordSharedChildren bounds its children.
 	RecordsOperationOnce bool

@@ -113,6 +113,10 @@ type Command struct {
 	LastDeliveredAt  *time.Time
 	DeliveryCount    int
 	SettledAt        *time.Time
+	// PayloadBody names the payload in operation_bodies (migration 00032);
+	// Payload is then empty. Set only by InsertCommands, for a payload
+	// several commands of one insert carry.
+	PayloadBody *string
 }
 
 // Replica is one control-plane process and the long-polls it holds.

@@ -1,6 +1,7 @@
 package models
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -344,7 +345,7 @@ func (r fleetReader) Command(ctx context.Context, operationID string) (fleet.Com
 	if err := r.db(ctx).Where("operation_id = ?", operationID).Take(&row).Error; err != nil {
 		return fleet.Command{}, notFound(err)
 	}
-	return commandFromRow(row), nil
+	return r.command(ctx, row)
 }
 
 // nodeCommandsQuery selects a node's commands in state ("" any), oldest
@@ -401,11 +402,7 @@ func (r fleetReader) Commands(ctx context.Context, nodeID string, state fleet.Co
 	if err := nodeCommandsQuery(r.db(ctx), nodeID, state, limit, nil).Find(&rows).Error; err != nil {
 		return nil, err
 	}
-	out := make([]fleet.Command, len(rows))
-	for i, row := range rows {
-		out[i] = commandFromRow(row)
-	}
-	return out, nil
+	return r.commands(ctx, rows)
 }
 
 func (r fleetReader) CommandHistory(ctx context.Context, nodeID string, state fleet.CommandState, before *fleet.CommandKey, limit int) ([]fleet.Command, error) {
@@ -420,11 +417,7 @@ func (r fleetReader) CommandHistory(ctx context.Context, nodeID string, state fl
 	if err := nodeCommandsOrdered(r.db(ctx), nodeID, state, limit, older, "issued_at DESC, operation_id DESC").Find(&rows).Error; err != nil {
 		return nil, err
 	}
-	out := make([]fleet.Command, len(rows))
-	for i, row := range rows {
-		out[i] = commandFromRow(row)
-	}
-	return out, nil
+	return r.commands(ctx, rows)
 }
 
 func (r fleetReader) HasDue(ctx context.Context, d fleet.Due) (bool, error) {
@@ -1020,11 +1013,11 @@ var (
 func commandValues(r Command) []any {
 	return []any{r.OperationID, r.NodeID, r.Kind, r.Payload, r.PayloadDigest, r.FencingToken, r.IssuedAt,
 		r.State, orNull(r.FailureCode), orNull(r.FailureMessage), orNull(r.DeliveredFencing), orNull(r.FirstDeliveredAt),
-		orNull(r.LastDeliveredAt), r.DeliveryCount, orNull(r.SettledAt)}
+		orNull(r.LastDeliveredAt), r.DeliveryCount, orNull(r.SettledAt), orNull(r.PayloadBody)}
 }
 
 // commandColumnCount is how many values commandValues answers.
-const commandColumnCount = 15
+const commandColumnCount = 16
 
 // orNull is the value p points to, or nil (NULL) for a nil pointer.
 func orNull[T any](p *T) any {
@@ -1034,17 +1027,37 @@ func orNull[T any](p *T) any {
 	return *p
 }
 
+// InsertCommands implements fleet.Tx. The commands of a fan-out's release
+// carry one payload: each payload of at least sharedBodyMin is stored once
+// in operation_bodies and the commands name it (Command.PayloadBody).
 func (t *fleetTx) InsertCommands(ctx context.Context, cs []fleet.Command) error {
 	if len(cs) == 0 {
 		return nil
 	}
 	args := make([]any, 0, commandColumnCount*len(cs))
 	var delivered []fleet.Command
+	bodies := map[string]string{}   // digest → payload
+	digests := map[string]*string{} // payload → digest
 	for _, c := range cs {
-		args = append(args, commandValues(rowFromCommand(c))...)
 		if c.DeliveryCount == 1 && c.LastDeliveredAt != nil {
 			delivered = append(delivered, c)
 		}
+		var named *string
+		if len(c.Payload) >= sharedBodyMin {
+			if named = digests[string(c.Payload)]; named == nil {
+				body := string(c.Payload)
+				d := bodyDigest(body)
+				named, bodies[d] = &d, body
+				digests[body] = named
+			}
+			c.Payload = nil
+		}
+		row := rowFromCommand(c)
+		row.PayloadBody = named
+		args = append(args, commandValues(row)...)
+	}
+	if err := nameBodies(t.db(ctx), bodies, cs[0].IssuedAt); err != nil {
+		return err
 	}
 	if err := insertRows(t.db(ctx), "commands", commandColumns, commandColumnCount, args); err != nil {
 		if isDuplicate(err) {
@@ -1066,7 +1079,7 @@ func (t *fleetTx) LockCommand(ctx context.Context, operationID string) (fleet.Co
 	if err := t.stray(row.NodeID); err != nil {
 		return fleet.Command{}, err
 	}
-	return commandFromRow(row), nil
+	return t.command(ctx, row)
 }
 
 // lockCommands is LockCommands, sent around GORM (sqlpath.go): the
@@ -1078,23 +1091,35 @@ func (t *fleetTx) lockCommands(ctx context.Context, ids []string, out map[string
 		`SELECT `+commandColumns+` FROM commands WHERE operation_id IN (`, `) ORDER BY operation_id`, ids)
 	var r commandScan
 	dest := r.dest()
-	return eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {
+	var locked []Command
+	err := eachRow(t.db(ctx), q, args, func(rows *sql.Rows) error {
 		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
 		if err := t.stray(r.nodeID.String); err != nil {
 			return err
 		}
-		out[r.operationID.String] = commandFromRow(r.row())
+		locked = append(locked, r.row())
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	cs, err := t.commands(ctx, locked)
+	for _, c := range cs {
+		out[c.OperationID] = c
+	}
+	return err
 }
 
 const lockCommandsSQL = `SELECT ` + commandColumns + ` FROM commands WHERE operation_id = ANY($1) ORDER BY operation_id FOR UPDATE`
 
 func (t *fleetTx) UpdateCommand(ctx context.Context, c fleet.Command) error {
 	row := rowFromCommand(c)
-	if err := t.db(ctx).Model(&Command{OperationID: c.OperationID}).Select("*").Omit("operation_id").Updates(&row).Error; err != nil {
+	// A payload never changes once recorded (a command asked again with
+	// another is a conflict), and a shared one is not the row's to write.
+	if err := t.db(ctx).Model(&Command{OperationID: c.OperationID}).Select("*").
+		Omit("operation_id", "payload", "payload_body").Updates(&row).Error; err != nil {
 		return err
 	}
 	return t.mirrorCommandEnd(ctx, c)
@@ -1118,6 +1143,7 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 		// (sqlpath.go), scanned by hand.
 		var work fleet.DueWork
 		var running []string
+		var claimed []Command
 		var r commandScan
 		var opRunning, duePending bool
 		var dueConfig int64
@@ -1132,13 +1158,16 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 				if !r.present() {
 					return nil // nothing claimed
 				}
-				out = append(out, commandFromRow(r.row()))
+				claimed = append(claimed, r.row())
 				if opRunning {
 					running = append(running, r.operationID.String)
 				}
 				return nil
 			})
 		if err != nil {
+			return fleet.DueWork{}, nil, err
+		}
+		if out, err = t.commands(ctx, claimed); err != nil {
 			return fleet.DueWork{}, nil, err
 		}
 		t.noteOperations(running)
@@ -1156,8 +1185,8 @@ func (t *fleetTx) ClaimDue(ctx context.Context, d fleet.Due) (fleet.DueWork, []f
 	if err := t.db(ctx).Raw(claim+`) RETURNING *`, args...).Scan(&rows).Error; err != nil {
 		return fleet.DueWork{}, nil, err
 	}
-	for _, row := range rows {
-		out = append(out, commandFromRow(row))
+	if out, err = t.commands(ctx, rows); err != nil {
+		return fleet.DueWork{}, nil, err
 	}
 	sortCommands(out)
 	work.Commands = len(out) > 0
@@ -1227,24 +1256,32 @@ func (t *fleetTx) Notify(ctx context.Context, n fleet.Notification) error {
 
 // LaunchCommands implements fleet.Reader. The payload is canonical JSON,
 // so the text match narrows to the attempt's launches that carry handles
-// and the decode confirms each.
+// (a shared payload is matched once read back) and the decode confirms
+// each.
 func (r fleetReader) LaunchCommands(ctx context.Context, nodeID, runID, attemptID string) ([]string, error) {
 	var rows []Command
 	launches := func(q *gorm.DB) *gorm.DB {
-		return q.Select("operation_id", "payload", "issued_at").
-			Where("kind = ? AND payload LIKE ?", api.KindLaunchWorkload, "%"+secrets.HandlePrefix+"%")
+		return q.Select("operation_id", "payload", "payload_body", "issued_at").
+			Where("kind = ? AND (payload LIKE ? OR payload_body IS NOT NULL)", api.KindLaunchWorkload, "%"+secrets.HandlePrefix+"%")
 	}
 	if err := nodeCommandsQuery(r.db(ctx), nodeID, "", 0, launches).Find(&rows).Error; err != nil {
 		return nil, err
 	}
+	cs, err := r.commands(ctx, rows)
+	if err != nil {
+		return nil, err
+	}
 	var out []string
-	for _, row := range rows {
+	for _, c := range cs {
+		if !bytes.Contains(c.Payload, []byte(secrets.HandlePrefix)) {
+			continue
+		}
 		var p struct {
 			RunID     string `json:"run_id"`
 			AttemptID string `json:"attempt_id"`
 		}
-		if json.Unmarshal([]byte(row.Payload), &p) == nil && p.RunID == runID && p.AttemptID == attemptID {
-			out = append(out, row.OperationID)
+		if json.Unmarshal(c.Payload, &p) == nil && p.RunID == runID && p.AttemptID == attemptID {
+			out = append(out, c.OperationID)
 		}
 	}
 	return out, nil

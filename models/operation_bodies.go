@@ -10,6 +10,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/nodeward/nodeward/fleet"
 	"github.com/nodeward/nodeward/internal/dbtime"
 	"github.com/nodeward/nodeward/ledger"
 )
@@ -71,6 +72,45 @@ var (
 	useBodyPostgres = numbered(useBodySQLite)
 )
 
+// nameBodies is useBodies for the commands of a fan-out's release
+// (InsertCommands). The write lanes record one fan-out's commands in
+// concurrent transactions that all name its payload, and useBodies' stamp
+// locks the body's row until each commits: the lanes would record one
+// after another. Here a body already stored is stamped only when its last
+// stamp is older than bodyRestamp, with no lock otherwise. That is as safe:
+// retention deletes only bodies last used before its cut-off, the
+// ledger's 90 days back, so a body stamped within the hour stays until
+// this transaction has committed its commands, which name it.
+func nameBodies(g *gorm.DB, bodies map[string]string, now time.Time) error {
+	insert, restamp := nameBodySQLite, restampBodySQLite
+	if onPostgres(g) {
+		insert, restamp = nameBodyPostgres, restampBodyPostgres
+	}
+	now = dbtime.Norm(now)
+	for d, b := range bodies {
+		n, err := execRows(g, insert, d, b, now)
+		if err == nil && n == 0 {
+			_, err = execRows(g, restamp, now, d, now.Add(-bodyRestamp))
+		}
+		if err != nil {
+			return fmt.Errorf("store a shared payload: %w", err)
+		}
+		bodyCache.put(d, b)
+	}
+	return nil
+}
+
+// bodyRestamp is how old a stored body's stamp may be before a command
+// that names it stamps it again (nameBodies).
+const bodyRestamp = time.Hour
+
+var (
+	nameBodySQLite      = `INSERT INTO operation_bodies (digest, body, used_at) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING`
+	nameBodyPostgres    = numbered(nameBodySQLite)
+	restampBodySQLite   = `UPDATE operation_bodies SET used_at = ? WHERE digest = ? AND used_at < ?`
+	restampBodyPostgres = numbered(restampBodySQLite)
+)
+
 // pruneBodies deletes at most batch stored bodies that no operation names
 // and that were last used before cutoff (retention's cut-off for ended
 // operations: a body's children were recorded when it was last used,
@@ -83,11 +123,13 @@ func pruneBodies(g *gorm.DB, cutoff time.Time, batch int) error {
 	return g.Exec(pruneBodiesSQL, cutoff, cutoff, batch).Error
 }
 
-// pruneBodiesSQL: whether an operation names a body is one probe of
-// operations_body (the rows that name one).
+// pruneBodiesSQL: whether an operation or a command names a body is one
+// probe each of operations_body and commands_payload_body (the rows that
+// name one).
 const pruneBodiesSQL = `DELETE FROM operation_bodies WHERE used_at < ? AND digest IN (
 		SELECT b.digest FROM operation_bodies b
 		WHERE b.used_at < ? AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.body_digest = b.digest)
+			AND NOT EXISTS (SELECT 1 FROM commands c WHERE c.payload_body = b.digest)
 		LIMIT ?)`
 
 // operations answers rows as the ledger's operations, each with its
@@ -172,3 +214,62 @@ func (r fleetReader) resolveBodies(ctx context.Context, rows []Operation) error 
 
 // bodyCache keeps shared operations this process stored or read.
 var bodyCache = newSizedLRU[string](64 << 20)
+
+// commands answers rows as the fleet's commands, each with its payload
+// put back where the row names a stored body (Command.PayloadBody): from
+// this process's cache, or else in one read through r. Rows naming one
+// body share one copy of it: a settlement locks a fan-out's commands by
+// the hundred.
+func (r fleetReader) commands(ctx context.Context, rows []Command) ([]fleet.Command, error) {
+	var missing []string
+	shared := map[string]json.RawMessage{}
+	for _, row := range rows {
+		d := row.PayloadBody
+		if d == nil {
+			continue
+		}
+		if _, ok := shared[*d]; ok {
+			continue
+		}
+		if b, ok := bodyCache.get(*d); ok {
+			shared[*d] = json.RawMessage(b)
+		} else {
+			shared[*d] = nil
+			missing = append(missing, *d)
+		}
+	}
+	if len(missing) > 0 {
+		found, err := readThrough(r.db(ctx), r.dialect, "operation_bodies", "digest", "body", missing,
+			func(b string) (string, error) { return b, nil }, bodyCache)
+		if err != nil {
+			return nil, fmt.Errorf("read shared payloads: %w", err)
+		}
+		for _, d := range missing {
+			b, ok := found[d]
+			if !ok {
+				return nil, fmt.Errorf("a command names shared payload %s, which is not stored", d)
+			}
+			shared[d] = json.RawMessage(b)
+		}
+	}
+	out := make([]fleet.Command, len(rows))
+	for i, row := range rows {
+		out[i] = commandFromRow(row)
+		if row.PayloadBody != nil {
+			out[i].Payload = shared[*row.PayloadBody]
+		}
+	}
+	return out, nil
+}
+
+// command is commands for one row.
+func (r fleetReader) command(ctx context.Context, row Command) (fleet.Command, error) {
+	if row.PayloadBody == nil {
+		return commandFromRow(row), nil
+	}
+	out, err := r.commands(ctx, []Command{row})
+	if err != nil {
+		return fleet.Command{}, err
+	}
+	return out[0], nil
+}

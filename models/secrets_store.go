@@ -178,9 +178,11 @@ func deliveries(g *gorm.DB, operationID string) ([]secrets.Delivery, error) {
 
 // PurgeDeliveries implements secrets.Store.
 func (s *SecretsStore) PurgeDeliveries(ctx context.Context, keepLaunchSince time.Time, batch int) (int, error) {
-	field := func(f string) string { return "json_extract(c.payload, '$." + f + "')" }
+	// A command's payload is its own or a shared body (migration 00032).
+	const payload = "COALESCE(b.body, c.payload)"
+	field := func(f string) string { return "json_extract(" + payload + ", '$." + f + "')" }
 	if s.db.Dialect == Postgres {
-		field = func(f string) string { return "(c.payload::jsonb ->> '" + f + "')" }
+		field = func(f string) string { return "(" + payload + "::jsonb ->> '" + f + "')" }
 	}
 	// A launch still owed its output keeps the values its output is
 	// scrubbed of: its own (a single launch) or its fan-out parent's (the
@@ -195,8 +197,10 @@ func (s *SecretsStore) PurgeDeliveries(ctx context.Context, keepLaunchSince time
 		SELECT d.operation_id FROM secret_deliveries d LEFT JOIN operations o ON o.id = d.operation_id
 		WHERE o.id IS NULL OR (o.terminal
 			AND NOT EXISTS (SELECT 1 FROM operations ch JOIN commands c ON c.operation_id = ch.id
+				LEFT JOIN operation_bodies b ON b.digest = c.payload_body
 				WHERE ch.id = o.id AND `+owed+` AND `+noOutput+`)
 			AND NOT EXISTS (SELECT 1 FROM operations ch JOIN commands c ON c.operation_id = ch.id
+				LEFT JOIN operation_bodies b ON b.digest = c.payload_body
 				WHERE ch.parent_id = o.id AND `+owed+` AND `+noOutput+`))
 		LIMIT ?)`, keep, keep, batch)
 		purged = res.RowsAffected

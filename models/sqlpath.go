@@ -234,21 +234,22 @@ func numbered(query string) string {
 // commandScan reads them: statements name them rather than *, so a column
 // added or reordered by a migration cannot shift what lands where.
 const commandColumns = `operation_id, node_id, kind, payload, payload_digest, fencing_token, issued_at, state,
-	failure_code, failure_message, delivered_fencing, first_delivered_at, last_delivered_at, delivery_count, settled_at`
+	failure_code, failure_message, delivered_fencing, first_delivered_at, last_delivered_at, delivery_count, settled_at,
+	payload_body`
 
 // commandScan receives a row's commandColumns. Every column is nullable
 // here: a claim that claimed nothing answers them all NULL (an outer join).
 type commandScan struct {
-	operationID, nodeID, kind, payload, payloadDigest, state, failureCode, failureMessage sql.NullString
-	fencingToken, deliveredFencing, deliveryCount                                         sql.NullInt64
-	issuedAt, firstDeliveredAt, lastDeliveredAt, settledAt                                sql.NullTime
+	operationID, nodeID, kind, payload, payloadDigest, state, failureCode, failureMessage, payloadBody sql.NullString
+	fencingToken, deliveredFencing, deliveryCount                                                      sql.NullInt64
+	issuedAt, firstDeliveredAt, lastDeliveredAt, settledAt                                             sql.NullTime
 }
 
 // dest answers the scan destinations of commandColumns, then extra.
 func (c *commandScan) dest(extra ...any) []any {
 	return append([]any{&c.operationID, &c.nodeID, &c.kind, &c.payload, &c.payloadDigest, &c.fencingToken, &c.issuedAt,
 		&c.state, &c.failureCode, &c.failureMessage, &c.deliveredFencing, &c.firstDeliveredAt, &c.lastDeliveredAt,
-		&c.deliveryCount, &c.settledAt}, extra...)
+		&c.deliveryCount, &c.settledAt, &c.payloadBody}, extra...)
 }
 
 // present reports whether the row carried a command.
@@ -259,7 +260,8 @@ func (c *commandScan) row() Command {
 		PayloadDigest: c.payloadDigest.String, FencingToken: c.fencingToken.Int64, IssuedAt: c.issuedAt.Time,
 		State: c.state.String, FailureCode: nullString(c.failureCode), FailureMessage: nullString(c.failureMessage),
 		DeliveredFencing: nullInt64(c.deliveredFencing), FirstDeliveredAt: nullTime(c.firstDeliveredAt),
-		LastDeliveredAt: nullTime(c.lastDeliveredAt), DeliveryCount: int(c.deliveryCount.Int64), SettledAt: nullTime(c.settledAt)}
+		LastDeliveredAt: nullTime(c.lastDeliveredAt), DeliveryCount: int(c.deliveryCount.Int64), SettledAt: nullTime(c.settledAt),
+		PayloadBody: nullString(c.payloadBody)}
 }
 
 // nodeColumns are the nodes table's columns in the order nodeScan reads

@@ -178,38 +178,59 @@ func (r fleetReader) operation(ctx context.Context, row Operation) (ledger.Opera
 }
 
 func (r fleetReader) resolveBodies(ctx context.Context, rows []Operation) error {
-	var missing []string
+	var digests []string
 	for i := range rows {
-		d := rows[i].BodyDigest
-		if d == nil {
-			continue
-		}
-		if b, ok := bodyCache.get(*d); ok {
-			rows[i].Operation = b
-		} else {
-			missing = append(missing, *d)
+		if d := rows[i].BodyDigest; d != nil {
+			digests = append(digests, *d)
 		}
 	}
-	if len(missing) == 0 {
+	if len(digests) == 0 {
 		return nil
 	}
-	found, err := readThrough(r.db(ctx), r.dialect, "operation_bodies", "digest", "body", missing,
-		func(b string) (string, error) { return b, nil }, bodyCache)
+	found, err := r.bodies(ctx, digests)
 	if err != nil {
 		return fmt.Errorf("read shared operations: %w", err)
 	}
 	for i := range rows {
-		d := rows[i].BodyDigest
-		if d == nil || rows[i].Operation != "" {
-			continue
+		if d := rows[i].BodyDigest; d != nil {
+			rows[i].Operation = found[*d]
 		}
-		b, ok := found[*d]
-		if !ok {
-			return fmt.Errorf("operation %s names shared operation %s, which is not stored", rows[i].ID, *d)
-		}
-		rows[i].Operation = b
 	}
 	return nil
+}
+
+// bodies answers the stored bodies of digests: from this process's cache,
+// or else in one read through r. A digest not stored is an error (a row
+// names it, and retention keeps what rows name).
+func (r fleetReader) bodies(ctx context.Context, digests []string) (map[string]string, error) {
+	found := make(map[string]string, len(digests))
+	var missing []string
+	for _, d := range digests {
+		if _, ok := found[d]; ok {
+			continue
+		}
+		if b, ok := bodyCache.get(d); ok {
+			found[d] = b
+		} else {
+			missing = append(missing, d)
+		}
+	}
+	if len(missing) == 0 {
+		return found, nil
+	}
+	read, err := readThrough(r.db(ctx), r.dialect, "operation_bodies", "digest", "body", missing,
+		func(b string) (string, error) { return b, nil }, bodyCache)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range missing {
+		b, ok := read[d]
+		if !ok {
+			return nil, fmt.Errorf("body %s is named but not stored", d)
+		}
+		found[d] = b
+	}
+	return found, nil
 }
 
 // bodyCache keeps shared operations this process stored or read.
@@ -221,34 +242,19 @@ var bodyCache = newSizedLRU[string](64 << 20)
 // body share one copy of it: a settlement locks a fan-out's commands by
 // the hundred.
 func (r fleetReader) commands(ctx context.Context, rows []Command) ([]fleet.Command, error) {
-	var missing []string
-	shared := map[string]json.RawMessage{}
+	var digests []string
 	for _, row := range rows {
-		d := row.PayloadBody
-		if d == nil {
-			continue
-		}
-		if _, ok := shared[*d]; ok {
-			continue
-		}
-		if b, ok := bodyCache.get(*d); ok {
-			shared[*d] = json.RawMessage(b)
-		} else {
-			shared[*d] = nil
-			missing = append(missing, *d)
+		if d := row.PayloadBody; d != nil {
+			digests = append(digests, *d)
 		}
 	}
-	if len(missing) > 0 {
-		found, err := readThrough(r.db(ctx), r.dialect, "operation_bodies", "digest", "body", missing,
-			func(b string) (string, error) { return b, nil }, bodyCache)
+	shared := map[string]json.RawMessage{}
+	if len(digests) > 0 {
+		found, err := r.bodies(ctx, digests)
 		if err != nil {
 			return nil, fmt.Errorf("read shared payloads: %w", err)
 		}
-		for _, d := range missing {
-			b, ok := found[d]
-			if !ok {
-				return nil, fmt.Errorf("a command names shared payload %s, which is not stored", d)
-			}
+		for d, b := range found {
 			shared[d] = json.RawMessage(b)
 		}
 	}

@@ -114,8 +114,8 @@ type Command struct {
 	DeliveryCount    int
 	SettledAt        *time.Time
 	// PayloadBody names the payload in operation_bodies (migration 00032);
-	// Payload is then empty. Set only by InsertCommands, for a payload
-	// several commands of one insert carry.
+	// Payload is then empty. Set only by InsertCommands (a fan-out's
+	// release), for a payload of at least sharedBodyMin.
 	PayloadBody *string
 }
 

@@ -56,6 +56,10 @@ type Config struct {
 	// PayloadBytes pads every command's payload (an env entry of words)
 	// to about this many bytes: a large fan-out payload's cost.
 	PayloadBytes int
+	// MaxConcurrency is each fleet.command's max_concurrency; 0 hands
+	// all FanOut children out at once. Below FanOut the fan-out rolls:
+	// its held children are released as others end.
+	MaxConcurrency int
 	// IssueWherePolled issues each command through the replica its node's
 	// agent polls rather than round robin: for stand-ins that share no
 	// database (the floor's processes).
@@ -340,7 +344,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	}
 	start := time.Now()
 	var missed atomic.Int64
-	admin.fanOut = cfg.FanOut
+	admin.fanOut, admin.maxConcurrency = cfg.FanOut, cfg.MaxConcurrency
 	if cfg.PayloadBytes > 0 {
 		admin.pad = `,"` + padKey + `":"` + padText(cfg.PayloadBytes) + `"`
 	}
@@ -665,6 +669,8 @@ type adminClient struct {
 	peers []*adminClient
 	// fanOut > 0 issues fleet.command operations over that many nodes.
 	fanOut int
+	// maxConcurrency is each fan-out's (Config.MaxConcurrency).
+	maxConcurrency int
 	// pad is appended to each payload's env (Config.PayloadBytes).
 	pad string
 	// ended counts the fan-outs an issuer saw end (closed-loop only).
@@ -770,7 +776,7 @@ func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rat
 		payload := `{"run_id":"` + op + `","attempt_id":"1","command":"true","env":{"` + sentKey + `":"` + strconv.FormatInt(at.UnixNano(), 10) + `"` + a.pad + `}}`
 		path, body := "", ""
 		if a.fanOut > 0 {
-			path, body = "/api/v1/operations", fleetCommandBody(op, payload, nodes, seq, a.fanOut)
+			path, body = "/api/v1/operations", fleetCommandBody(op, payload, nodes, seq, a.fanOut, a.maxConcurrency)
 		} else {
 			node := nodes[seq%int64(len(nodes))]
 			path = "/api/v1/nodes/" + node + "/commands"
@@ -848,9 +854,13 @@ func (a *adminClient) issue(ctx context.Context, run string, nodes []string, rat
 }
 
 // fleetCommandBody is the seq-th fleet.command operation: the payload
-// fanned out over n nodes (the next n round robin), all handed out at once.
-func fleetCommandBody(op, payload string, nodes []string, seq int64, n int) string {
+// fanned out over n nodes (the next n round robin), at most maxConcurrency
+// of them handed out at once (0: all).
+func fleetCommandBody(op, payload string, nodes []string, seq int64, n, maxConcurrency int) string {
 	n = min(n, len(nodes))
+	if maxConcurrency <= 0 || maxConcurrency > n {
+		maxConcurrency = n
+	}
 	var b strings.Builder
 	b.WriteString(`{"request_id":"` + op + `","kind":"fleet.command","targets":[`)
 	for i := range n {
@@ -859,7 +869,7 @@ func fleetCommandBody(op, payload string, nodes []string, seq int64, n int) stri
 		}
 		b.WriteString(`{"kind":"node","id":"` + nodes[(seq*int64(n)+int64(i))%int64(len(nodes))] + `"}`)
 	}
-	b.WriteString(`],"operation":{"kind":"node.launch_workload","payload":` + payload + `,"max_concurrency":` + strconv.Itoa(n) + `}}`)
+	b.WriteString(`],"operation":{"kind":"node.launch_workload","payload":` + payload + `,"max_concurrency":` + strconv.Itoa(maxConcurrency) + `}}`)
 	return b.String()
 }
 

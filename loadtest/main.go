@@ -176,6 +176,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	backoffMax := fs.Duration("backoff-max", time.Minute, "storm: the agents' longest poll retry delay (the agent's default; held to 5 s, as the agent does, while connections are refused or cut)")
 	concurrency := fs.Int("concurrency", 64, "enroll: concurrent enrollments over all workers")
 	ledgerWorkers := fs.Int("ledger-workers", 16, "ledger: operations each replica runs at once")
+	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", 0, "deliver: each fleet.command's max_concurrency (0: the whole -fanout at once; less rolls it, releasing held children as others end)")
 	fs.IntVar(&cfg.PayloadBytes, "payload-bytes", 0, "deliver: pad every command's payload to about this many bytes (at most 250,000: a payload is at most 256 KiB)")
 	documentBytes := fs.Int("document-bytes", 0, "config: pad the configuration document to about this many bytes (at most 256 KiB in all)")
 	probeRate := fs.Float64("probe-rate", 0, "config: single commands submitted per second during the wave, round robin over the agents, each submit timed: how long the wave holds the fleet's other writes back (0: none)")
@@ -218,6 +219,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	case "deliver":
 		if cfg.PayloadBytes < 0 || cfg.PayloadBytes > 250_000 {
 			fmt.Fprintln(stderr, "loadtest: -payload-bytes must be between 0 and 250000 (a command's payload is at most 256 KiB)")
+			return 2
+		}
+		if cfg.MaxConcurrency < 0 || cfg.MaxConcurrency > 10_000 || (cfg.MaxConcurrency > 0 && cfg.FanOut == 0) {
+			fmt.Fprintln(stderr, "loadtest: -max-concurrency is 0 to 10000, with -fanout")
 			return 2
 		}
 		if *floorRun {

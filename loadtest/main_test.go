@@ -180,15 +180,17 @@ func TestConfigSmoke(t *testing.T) {
 	}
 }
 
-// TestFanOutSmoke runs deliver with -fanout: fleet.command operations over
-// 5 nodes each reach every node once and settle. Counts only.
+// TestFanOutSmoke runs deliver with -fanout and -max-concurrency:
+// fleet.command operations over 5 nodes each, 2 handed out at once (the
+// rest released as others end), reach every node once and settle. Counts
+// only.
 func TestFanOutSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server and two worker processes")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Config{Agents: 20, AgentsPerWorker: 10, Rate: 5, FanOut: 5, Issuers: 4, Duration: 2 * time.Second,
+	rep, err := Run(ctx, Config{Agents: 20, AgentsPerWorker: 10, Rate: 5, FanOut: 5, MaxConcurrency: 2, Issuers: 4, Duration: 2 * time.Second,
 		Wait: 5 * time.Second, Drain: time.Minute, Log: testLog{t}})
 	if err != nil {
 		t.Fatal(err)

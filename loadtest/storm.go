@@ -404,7 +404,7 @@ func stormFanOuts(ctx context.Context, admin *adminClient, run string, boots []a
 		var answer struct {
 			ID string `json:"operation_id"`
 		}
-		_, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", []byte(fleetCommandBody(op, payload, nodes, int64(i), per)), &answer)
+		_, err := admin.do(ctx, http.MethodPost, "/api/v1/operations", []byte(fleetCommandBody(op, payload, nodes, int64(i), per, 0)), &answer)
 		if err == nil && answer.ID == "" {
 			err = errors.New("the answer names no operation_id")
 		}

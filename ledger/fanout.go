@@ -507,7 +507,7 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 	}
 	err := s.store.Tx(route, func(tx Tx) error {
 		hint = advanceHint{}
-		parent, err := tx.LockOperation(ctx, parentID)
+		parent, err := tx.LockParent(ctx, parentID)
 		if err != nil {
 			return err
 		}

@@ -156,7 +156,7 @@ func (s *LedgerStore) Events(ctx context.Context, operationID string, after int6
 }
 
 func (r ledgerReader) Operation(ctx context.Context, id string) (ledger.Operation, error) {
-	row, err := r.r.operationByID(ctx, id, false)
+	row, err := r.r.operationByID(ctx, id, operationByIDSQLite, operationByIDPostgres)
 	if err != nil {
 		return ledger.Operation{}, err
 	}
@@ -170,17 +170,29 @@ var (
 	operationByIDSQLite       = `SELECT ` + operationScanColumns + ` FROM operations WHERE id = ?`
 	operationByIDPostgres     = numbered(operationByIDSQLite)
 	lockOperationByIDPostgres = operationByIDPostgres + ` FOR UPDATE`
+	// LockParent's: the targets are not read (an empty text in their
+	// place).
+	lockParentSQLite   = `SELECT ` + withoutTargets(operationScanColumns) + ` FROM operations WHERE id = ?`
+	lockParentPostgres = numbered(lockParentSQLite) + ` FOR UPDATE`
 )
 
-// operationByID answers the operation with id, locked for update when
-// lock is set (Postgres; SQLite has one writer), or ErrNoRows.
-func (r fleetReader) operationByID(ctx context.Context, id string, lock bool) (Operation, error) {
-	q := operationByIDSQLite
-	switch {
-	case r.dialect == Postgres && lock:
-		q = lockOperationByIDPostgres
-	case r.dialect == Postgres:
-		q = operationByIDPostgres
+// withoutTargets answers columns (operationScanColumns) with the targets
+// column's value replaced by an empty text.
+func withoutTargets(columns string) string {
+	out := strings.Replace(columns, " targets,", " '' AS targets,", 1)
+	if out == columns {
+		panic("models: no targets column in " + columns)
+	}
+	return out
+}
+
+// operationByID answers the operation with id, through sqlite's statement
+// or postgres's (a lock for update is Postgres's alone: SQLite has one
+// writer), or ledger.ErrNoRows.
+func (r fleetReader) operationByID(ctx context.Context, id, sqlite, postgres string) (Operation, error) {
+	q := sqlite
+	if r.dialect == Postgres {
+		q = postgres
 	}
 	var row Operation
 	found := false
@@ -429,7 +441,15 @@ func (t *ledgerTx) LockKey(ctx context.Context, key string) error {
 }
 
 func (t *ledgerTx) LockOperation(ctx context.Context, id string) (ledger.Operation, error) {
-	row, err := t.r.operationByID(ctx, id, true)
+	return t.lockOperation(ctx, id, operationByIDSQLite, lockOperationByIDPostgres)
+}
+
+func (t *ledgerTx) LockParent(ctx context.Context, id string) (ledger.Operation, error) {
+	return t.lockOperation(ctx, id, lockParentSQLite, lockParentPostgres)
+}
+
+func (t *ledgerTx) lockOperation(ctx context.Context, id, sqlite, postgres string) (ledger.Operation, error) {
+	row, err := t.r.operationByID(ctx, id, sqlite, postgres)
 	if err != nil {
 		return ledger.Operation{}, err
 	}

@@ -108,7 +108,7 @@ func TestHandScannedColumnsAreTheTables(t *testing.T) {
 // TestHandWrittenOperationRowsRoundTrip: an operation inserted by the
 // fan-out's multi-row insert (InsertOperations) reads back field by field
 // through the hand-scanned reads (Operation, LockOperation,
-// LockOperations), with every field set to a value no other field has and
+// LockOperations; LockParent, every field but the targets), with every field set to a value no other field has and
 // a second operation with every optional field empty, so two columns
 // swapped or shifted, or a NULL read as a value, fail here. Both dialects.
 func TestHandWrittenOperationRowsRoundTrip(t *testing.T) {
@@ -146,6 +146,13 @@ func TestHandWrittenOperationRowsRoundTrip(t *testing.T) {
 				locked, err := tx.LockOperation(ctx, op.ID)
 				require.NoError(t, err)
 				stored(op, locked)
+				// A fan-out's advance reads every field but the targets.
+				parent, err := tx.LockParent(ctx, op.ID)
+				require.NoError(t, err)
+				require.Empty(t, parent.Targets, "LockParent does not read the targets")
+				withoutTargets := op
+				withoutTargets.Targets = []ledger.Target{}
+				stored(withoutTargets, parent)
 				return nil
 			}))
 		}
@@ -161,6 +168,8 @@ func TestHandWrittenOperationRowsRoundTrip(t *testing.T) {
 		require.ErrorIs(t, err, ledger.ErrNoRows)
 		require.NoError(t, ls.Tx(ctx, func(tx ledger.Tx) error {
 			_, err := tx.LockOperation(ctx, "absent")
+			require.ErrorIs(t, err, ledger.ErrNoRows)
+			_, err = tx.LockParent(ctx, "absent")
 			require.ErrorIs(t, err, ledger.ErrNoRows)
 			return nil
 		}))

@@ -144,6 +144,9 @@ func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Oper
 			if !ok {
 				return fmt.Errorf("fan-out child kind %q is not served", c.Kind)
 			}
+			if kind.ChildKinds != nil && !slices.Contains(kind.ChildKinds, c.Kind) {
+				return fmt.Errorf("fan-out %s: child kind %s is not among its ChildKinds", kind.Name, c.Kind)
+			}
 			if canon == nil || !sameBytes(c.Operation, lastOp) {
 				if canon, err = Canonical(c.Operation); err != nil {
 					return err
@@ -546,11 +549,9 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil && parent.Owner == "" {
 			// The held children leave the held ones in one statement and
 			// their released events in one more; then each goes to its
-			// channel. At most ReleasePerAdvance of them: the rest in the
-			// next advance, at once (more). Children carry their parent's
-			// operation, so large ones are released fewer at a time
-			// (recordBytes).
-			batch := min(free, s.settings.ReleasePerAdvance, max(1, recordBytes/max(1, len(parent.Operation))))
+			// channel. At most advanceBatch of them: the rest in the
+			// next advance, at once (more).
+			batch := min(free, s.advanceBatch(parent))
 			more = batch < free && held > batch
 			waiting, err := tx.ReleaseHeld(ctx, parentID, batch, now)
 			if err != nil {
@@ -606,6 +607,39 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 		return err
 	})
 	return hint, err
+}
+
+// advanceBatch bounds the held children one advance of parent releases:
+// ReleasePerAdvance, and the bytes of a recording (recordBytes) — its
+// children carry the parent's operation, so large ones go fewer at a time.
+// Children whose kinds all record their operation once (ChildKinds,
+// RecordsOperationOnce) write it once a release, whatever their number:
+// they are bounded as a recording of them is (recordSharedChildren), never
+// to fewer. Bounded by bytes, a rolling fleet.command of a 200 KB payload
+// released five children an advance, and each advance locked and read the
+// parent again: 10,000 nodes at max_concurrency 50 took 150 s against 29 s
+// for a small payload (BENCHMARKS.md, forty-fifth sitting).
+func (s *Service) advanceBatch(parent Operation) int {
+	byBytes := max(1, recordBytes/max(1, len(parent.Operation)))
+	if s.childrenRecordOnce(parent.Kind) {
+		byBytes = max(byBytes, recordSharedChildren)
+	}
+	return min(s.settings.ReleasePerAdvance, byBytes)
+}
+
+// childrenRecordOnce reports whether every kind a fan-out kind's children
+// may be (ChildKinds) is served and records its operation once.
+func (s *Service) childrenRecordOnce(parentKind string) bool {
+	k, ok := s.kinds.Kind(parentKind)
+	if !ok || len(k.ChildKinds) == 0 {
+		return false
+	}
+	for _, name := range k.ChildKinds {
+		if ck, ok := s.kinds.Kind(name); !ok || !ck.RecordsOperationOnce {
+			return false
+		}
+	}
+	return true
 }
 
 // foldReleased folds children just released (releaseAll's answer) into

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nodeward/nodeward/agent/api"
@@ -514,4 +515,89 @@ func TestFleetConfigureChildNotYetRecordedIsLeftAlone(t *testing.T) {
 		require.Equal(t, later.ID, c.Desired.OperationID)
 		require.Equal(t, int64(2), c.Desired.Revision)
 	})
+}
+
+// TestRollingFanOutReleasesALargeOperationTogether: a fan-out whose
+// children record their operation once (a fleet.command's payload, a
+// fleet.configure's document) fills every free slot in one advance,
+// however large that operation. Bounded by its bytes (1 MiB a recording),
+// a 200 KB one went five an advance, and 10,000 nodes at max_concurrency
+// 50 took five times as long as a small payload (BENCHMARKS.md,
+// forty-fifth sitting). The first six children end while no ledger runs,
+// so the next ledger's first advance finds six slots free and six held.
+func TestRollingFanOutReleasesALargeOperationTogether(t *testing.T) {
+	pad := strings.Repeat("large ", 200_000/6)
+	operations := map[string]string{
+		ledger.KindFleetCommand: `{"kind":"node.launch_workload","payload":{"run_id":"rolling","attempt_id":"1","command":"true",` +
+			`"env":{"PAD":"` + pad + `"}},"max_concurrency":6}`,
+		ledger.KindFleetConfigure: `{"format":"rolling/v1","document":{"pad":"` + pad + `"},"max_concurrency":6}`,
+	}
+	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
+		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			tk, c := newTestKinds(), newClock()
+			first := newLedger(t, db, tk, c)
+			first.start(t)
+			ids, sessions := first.readyNodes(t, 12)
+			parent, _, err := first.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: k.name,
+				Targets: nodeTargets(ids...), Operation: json.RawMessage(operations[k.name])})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				op, err := first.store.Operation(ctx, parent.ID)
+				require.NoError(t, err)
+				return op.Counts != nil && op.Owner == "" && k.recorded(t, first, parent.ID) == 6
+			}, waitLong, tick, "the first six children were not recorded")
+			first.stop()
+
+			answered := 0
+			for _, sess := range sessions {
+				if k.name == ledger.KindFleetConfigure {
+					a, err := first.fleet.PollWork(ctx, sess, 0, "test")
+					require.NoError(t, err)
+					if a.Config != nil {
+						first.reportConfig(t, sess, a.Config.Revision, api.ConfigApplied, "")
+						answered++
+					}
+					continue
+				}
+				for _, cmd := range first.poll(t, sess) {
+					first.settle(t, sess, api.Result{OperationID: cmd.OperationID, Applied: true})
+					answered++
+				}
+			}
+			require.Equal(t, 6, answered, "six children were handed out")
+
+			second := newLedger(t, db, tk, c)
+			second.start(t)
+			require.Eventually(t, func() bool { return k.recorded(t, second, parent.ID) == 12 }, waitLong, tick,
+				"the held children were not released")
+			continued := testutil.ToFloat64(second.metrics.FanOutAdvances.WithLabelValues("continued"))
+			require.Zero(t, continued, "the six held children went in one advance")
+			k.answer(second, t, parent.ID, sessions)
+			done := second.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: 12, Succeeded: 12}, done.Counts)
+		})
+	})
+}
+
+// TestServedFanOutKindsNameTheirChildren: every served fan-out kind names
+// the kinds of its children (Kind.ChildKinds), each served and recording
+// its operation once, so a rolling wave of any of them is released by
+// count, not by its operation's bytes.
+func TestServedFanOutKindsNameTheirChildren(t *testing.T) {
+	ks := append(ledger.ServedKinds(nil), ledger.ConfigKinds(nil, nil)...)
+	reg := ledger.NewRegistry(ks...)
+	fanOuts := 0
+	for _, k := range reg.Kinds() {
+		if k.FanOut == nil {
+			continue
+		}
+		fanOuts++
+		require.NotEmpty(t, k.ChildKinds, k.Name)
+		for _, name := range k.ChildKinds {
+			ck, ok := reg.Kind(name)
+			require.True(t, ok, "%s: child kind %s is served", k.Name, name)
+			require.True(t, ck.RecordsOperationOnce, "%s: child kind %s records its operation once", k.Name, name)
+		}
+	}
+	require.Equal(t, 3, fanOuts, "fleet.command, fleet.configure, fleet.diagnose")
 }

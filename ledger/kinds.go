@@ -119,6 +119,13 @@ type Kind struct {
 	// target (see fanout.go); it runs in the claiming transaction, so a
 	// crash before it committed leaves nothing recorded.
 	FanOut func(ctx context.Context, tx Tx, op Operation) (Plan, error)
+	// ChildKinds, for a fan-out kind, names every kind its plans' children
+	// may be (a plan naming another fails). When all of them record their
+	// operation once (RecordsOperationOnce), an advance releases its held
+	// children in batches bounded by their count, not by the parent's
+	// operation's bytes (advanceBatch). Nil: any served kind, bounded by
+	// bytes.
+	ChildKinds []string
 	// Summarize, for a fan-out kind, starts a fold of what its children
 	// found, kept as `summary` in the parent's result when the last child
 	// ended (optional). Children are fed a page at a time, never all at

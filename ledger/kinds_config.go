@@ -162,7 +162,7 @@ func ConfigKinds(f *fleet.Service, sec *secrets.Service) []*Kind {
 		HeldUntilRecorded:    true,
 	}
 	fleetKind := &Kind{
-		Name: KindFleetConfigure, Family: FamilyNodeConfig, TargetKinds: fanOutTargets,
+		Name: KindFleetConfigure, Family: FamilyNodeConfig, TargetKinds: fanOutTargets, ChildKinds: []string{KindNodeConfigure},
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetConfigureOperation
 			if err := decodeConfigure(d.Operation, &o); err != nil {

@@ -47,7 +47,7 @@ func DiagnoseKinds(f *fleet.Service) []*Kind {
 		return v.Err()
 	})
 	return []*Kind{nodeDiagnose, {
-		Name: KindFleetDiagnose, Family: FamilyDiagnose, TargetKinds: fanOutTargets,
+		Name: KindFleetDiagnose, Family: FamilyDiagnose, TargetKinds: fanOutTargets, ChildKinds: []string{KindNodeDiagnose},
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetDiagnoseOperation
 			if err := DecodeOperation(d.Operation, &o); err != nil {

@@ -617,8 +617,8 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 // they are bounded as a recording of them is (recordSharedChildren), never
 // to fewer. Bounded by bytes, a rolling fleet.command of a 200 KB payload
 // released five children an advance, and each advance locked and read the
-// parent again: 10,000 nodes at max_concurrency 50 took 150 s against 29 s
-// for a small payload (BENCHMARKS.md, forty-fifth sitting).
+// parent again: 10,000 nodes at max_concurrency 50 took 126–130 s against
+// 25–28 s for a small payload (BENCHMARKS.md, forty-fifth sitting).
 func (s *Service) advanceBatch(parent Operation) int {
 	byBytes := max(1, recordBytes/max(1, len(parent.Operation)))
 	if s.childrenRecordOnce(parent.Kind) {

@@ -522,7 +522,7 @@ func TestFleetConfigureChildNotYetRecordedIsLeftAlone(t *testing.T) {
 // fleet.configure's document) fills every free slot in one advance,
 // however large that operation. Bounded by its bytes (1 MiB a recording),
 // a 200 KB one went five an advance, and 10,000 nodes at max_concurrency
-// 50 took five times as long as a small payload (BENCHMARKS.md,
+// 50 took about five times as long as with a small payload (BENCHMARKS.md,
 // forty-fifth sitting). The first six children end while no ledger runs,
 // so the next ledger's first advance finds six slots free and six held.
 func TestRollingFanOutReleasesALargeOperationTogether(t *testing.T) {

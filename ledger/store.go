@@ -194,8 +194,8 @@ type Tx interface {
 	// LockParent is LockOperation for a fan-out's advance, which locks its
 	// parent for every batch of children that end: Targets is answered
 	// empty, not read. A parent naming 10,000 nodes holds half a megabyte
-	// of them, and decoding it took most of a rolling wave's CPU
-	// (BENCHMARKS.md, forty-fifth sitting).
+	// of them, and decoding it on every advance was a quarter of a rolling
+	// wave's CPU (BENCHMARKS.md, forty-fifth sitting).
 	LockParent(ctx context.Context, id string) (Operation, error)
 	// InsertOperation records op with its first events and sets its
 	// Cursor; ErrDuplicate when its id, or its principal's request id,

@@ -210,6 +210,11 @@ type Report struct {
 	// Replicas are the server processes over the issue window (the
 	// -binary and -replicas runs).
 	Replicas []ReplicaStat `json:"replicas,omitempty"`
+	// Wave is the server's fan-out and write-path counters from the
+	// window's start to the drain's end (fan-outs only): a fan-out that
+	// outlasts the window, one over the whole fleet above all, does most
+	// of its work in the drain, which the window's figures miss.
+	Wave *WaveCounters `json:"wave,omitempty"`
 	// Tail is the evidence about the tail latency (causes named when
 	// SentP99 exceeded the target).
 	Tail TailCause `json:"tail"`
@@ -415,6 +420,11 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 		}
 	}
 
+	if cfg.FanOut > 0 {
+		if m, err := admin.metricsAll(ctx); err == nil {
+			rep.Wave = waveCounters(before, m, time.Since(start))
+		}
+	}
 	// Stop the workers and gather what they saw.
 	var sent, issuedLat, settle []int64
 	for _, w := range workers {
@@ -992,4 +1002,31 @@ func writeHeapProfile(path string) error {
 		ms.HeapInuse>>10, ms.HeapAlloc>>10, ms.StackInuse>>10, ms.HeapSys>>10, ms.HeapReleased>>10, ms.Sys>>10,
 		runtime.NumGoroutine())
 	return writeProfile("goroutine", path+".goroutine")
+}
+
+// WaveCounters are the server's counters over a fan-out run's window and
+// drain (Report.Wave).
+type WaveCounters struct {
+	Seconds float64 `json:"seconds"`
+	// ChildEnds are the child-end notices; Advances the parent advances
+	// by what asked for them (prompt, interval, continued, sweep).
+	ChildEnds float64            `json:"child_end_notices"`
+	Advances  map[string]float64 `json:"advances"`
+	// ExclusiveSeconds is how long exclusive write batches held every
+	// lane back; GateWaitSeconds what requests waited at the lanes' gate
+	// meanwhile, summed.
+	ExclusiveSeconds float64 `json:"exclusive_seconds"`
+	GateWaitSeconds  float64 `json:"gate_wait_seconds"`
+}
+
+// waveCounters answers the counters moved between before and after, over
+// a span of elapsed.
+func waveCounters(before, after map[string]float64, elapsed time.Duration) *WaveCounters {
+	d := func(name string) float64 { return after[name] - before[name] }
+	w := &WaveCounters{Seconds: elapsed.Seconds(), ChildEnds: d("nodeward_fanout_child_end_notices_total"), Advances: map[string]float64{},
+		ExclusiveSeconds: d("nodeward_write_exclusive_seconds_total"), GateWaitSeconds: d("nodeward_write_lane_gate_wait_seconds_total")}
+	for _, source := range []string{"prompt", "interval", "continued", "sweep"} {
+		w.Advances[source] = d(`nodeward_fanout_advances_total{source="` + source + `"}`)
+	}
+	return w
 }

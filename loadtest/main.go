@@ -358,6 +358,12 @@ func printReport(w io.Writer, r Report) {
 	}
 	if r.FanOut > 0 {
 		fmt.Fprintf(w, "fan-out                  %d fleet.command operations over %d nodes each\n", r.IssuedOps, r.FanOut)
+		if v := r.Wave; v != nil {
+			a := v.Advances
+			fmt.Fprintf(w, "wave (window and drain)  %.1f s: %.0f parent advances (%.0f prompt, %.0f interval, %.0f continued, %.0f sweep) for %.0f child ends; exclusive write batches %.1f s, lane gate waits %.1f s summed\n",
+				v.Seconds, a["prompt"]+a["interval"]+a["continued"]+a["sweep"], a["prompt"], a["interval"], a["continued"], a["sweep"], v.ChildEnds,
+				v.ExclusiveSeconds, v.GateWaitSeconds)
+		}
 		if r.TargetRate == 0 {
 			fmt.Fprintf(w, "fan-outs ended           %d in the window (closed-loop, one in flight per issuer)\n", r.EndedOps)
 		}

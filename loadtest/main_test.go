@@ -202,6 +202,11 @@ func TestFanOutSmoke(t *testing.T) {
 	if rep.Received != rep.Issued || rep.Settled != rep.Issued || rep.AgentErrs != 0 {
 		t.Fatalf("issued %d, received %d, settled %d, agent errors %d (%s)", rep.Issued, rep.Received, rep.Settled, rep.AgentErrs, rep.FirstErr)
 	}
+	// Each fan-out released its last three children by advances, which
+	// the wave's counters (window and drain) saw.
+	if v := rep.Wave; v == nil || v.ChildEnds == 0 || v.Advances["prompt"]+v.Advances["interval"]+v.Advances["continued"]+v.Advances["sweep"] == 0 {
+		t.Fatalf("wave counters %+v: want the child ends and the parents' advances", v)
+	}
 }
 
 // TestFanOutClosedLoopSmoke runs saturation fan-out (-rate 0): closed-loop,

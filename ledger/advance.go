@@ -50,6 +50,7 @@ type advanceHint struct {
 	held           int  // of them, held back for a slot
 	maxConcurrency int
 	more           bool // it released its most (ReleasePerAdvance) with slots left for more
+	byLane         bool // its held children are released by their write lanes (releasedByLane)
 }
 
 // advancing is one parent's coalescing state.
@@ -205,8 +206,9 @@ func (s *Service) advanceLoop(ctx context.Context) {
 			case p.waited:
 				source = "interval"
 			}
-			// Held children and a slot likely free: this advance releases.
-			releasing := p.continued || p.hint.known && p.hint.held > 0
+			// Held children and a slot likely free: this advance releases,
+			// in the exclusive lane unless the children's write lanes do.
+			releasing := (p.continued || p.hint.known && p.hint.held > 0) && !p.hint.byLane
 			p.continued = false
 			a.mu.Unlock()
 			s.metrics.FanOutAdvances.WithLabelValues(source).Inc()

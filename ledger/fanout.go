@@ -78,14 +78,8 @@ const CodeChildrenFailed = "children_failed"
 // claims no more fan-outs than it can record.
 func (s *Service) executeFanOut(ctx, runCtx context.Context, kind *Kind, op Operation) (record func()) {
 	// While it runs, this replica's advances leave the recording to it.
-	s.mu.Lock()
-	s.recording[op.ID] = struct{}{}
-	s.mu.Unlock()
-	recorded := func() {
-		s.mu.Lock()
-		delete(s.recording, op.ID)
-		s.mu.Unlock()
-	}
+	s.setRecording(op.ID, true)
+	recorded := func() { s.setRecording(op.ID, false) }
 	defer func() {
 		if record == nil {
 			recorded()
@@ -414,14 +408,15 @@ func recordChunks(chs []Operation, maxChildren, maxBytes int, once bool) [][]str
 }
 
 // recordTx records the children named (ids) that are still due a record:
-// it locks them, skips those that ended, run already, were held for a
-// slot or already have their command (another recorder got there first:
-// a recovered parent's), ends cancelled those whose cancel was asked
-// before they were recorded (nothing to withdraw then), releases the
-// held ones of a HeldUntilRecorded kind, and records the rest for their
-// nodes (releaseAll). A child of a HeldUntilRecorded kind found unheld
-// was recorded when it was released; recorded again, its record writes
-// nothing.
+// it locks them, skips those that ended, run already or already have
+// their command (another recorder got there first: a recovered parent's),
+// ends cancelled those whose cancel was asked before they were recorded
+// (nothing to withdraw then), releases the held ones — a
+// HeldUntilRecorded kind's, or any a rolling advance picked for a slot
+// (advance) — and records the rest for their nodes (releaseAll). Every
+// caller names only children that fit a slot. A child of a
+// HeldUntilRecorded kind found unheld was recorded when it was released;
+// recorded again, its record writes nothing.
 func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
 	slices.Sort(ids)
 	chs, err := tx.LockOperations(ctx, ids)
@@ -438,11 +433,8 @@ func (s *Service) recordTx(ctx context.Context, tx Tx, ids []string) error {
 	var releasing []string
 	for _, ch := range chs {
 		_, recorded := have[ch.ID]
-		kind, _ := s.kinds.Kind(ch.Kind)
-		heldUntilRecorded := kind != nil && kind.HeldUntilRecorded
 		switch {
 		case ch.Terminal() || recorded || ch.State != StatePending:
-		case ch.Held && !heldUntilRecorded:
 		case ch.CancelRequestedAt != nil:
 			if _, err := s.endTx(ctx, tx, ch, StateCancelled, nil, &Error{Code: "cancelled", Message: cancelMessage(ch.CancelReason)}, now); err != nil {
 				return err
@@ -508,8 +500,15 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 	if releasing {
 		route = ctx
 	}
+	var handOff []Operation
+	marked := false
+	defer func() {
+		if marked {
+			s.setRecording(parentID, false)
+		}
+	}()
 	err := s.store.Tx(route, func(tx Tx) error {
-		hint = advanceHint{}
+		hint, handOff = advanceHint{}, nil
 		parent, err := tx.LockParent(ctx, parentID)
 		if err != nil {
 			return err
@@ -553,27 +552,58 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 			// next advance, at once (more).
 			batch := min(free, s.advanceBatch(parent))
 			more = batch < free && held > batch
-			waiting, err := tx.ReleaseHeld(ctx, parentID, batch, now)
-			if err != nil {
-				return err
+			if s.releasedByLane(parent.Kind) {
+				// Picked here and released by their write lanes once this
+				// commits (recordReleased), each lane's in transactions
+				// beside its nodes' other writes. Releasing them here
+				// locked children of every lane, so it ran in the
+				// exclusive lane and held every node's writes back: a
+				// rolling wave of 10,000 at max_concurrency 50 spent 11
+				// of its 15 s there (BENCHMARKS.md, forty-fifth sitting).
+				// The parent is owned meanwhile, as while a fan-out's
+				// first children are recorded, so no advance here or on
+				// another replica releases past max_concurrency; a
+				// replica that stops before letting go leaves it to be
+				// recovered like any orphan, the picked children still
+				// held.
+				if handOff, err = tx.HeldChildren(ctx, parentID, batch); err != nil {
+					return err
+				}
+				if len(handOff) > 0 {
+					parent.Owner = s.replica
+					if !marked {
+						s.setRecording(parentID, true)
+						marked = true
+					}
+				}
+			} else {
+				waiting, err := tx.ReleaseHeld(ctx, parentID, batch, now)
+				if err != nil {
+					return err
+				}
+				if err := appendReleased(ctx, tx, waiting, now); err != nil {
+					return err
+				}
+				after, err := s.releaseAll(ctx, tx, waiting, now)
+				if err != nil {
+					return err
+				}
+				held -= foldReleased(byState, after)
 			}
-			if err := appendReleased(ctx, tx, waiting, now); err != nil {
-				return err
-			}
-			after, err := s.releaseAll(ctx, tx, waiting, now)
-			if err != nil {
-				return err
-			}
-			held -= foldReleased(byState, after)
 		}
 		counts := countsOf(byState)
-		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency, more: more}
-		if parent.Owner != "" {
+		hint = advanceHint{known: true, open: counts.Pending, held: held, maxConcurrency: maxConcurrency, more: more,
+			byLane: s.releasedByLane(parent.Kind)}
+		switch {
+		case len(handOff) > 0:
+			// Those left held wait for a slot.
+			hint.held = held - len(handOff)
+		case parent.Owner != "":
 			// Held for its recording, not for a slot: no advance releases
 			// them, so none needs to run in the exclusive lane for them.
 			hint.held = 0
 		}
-		changed := *parent.Counts != counts || letGo
+		changed := *parent.Counts != counts || letGo || len(handOff) > 0
 		parent.Counts = &counts
 		if counts.Pending > 0 {
 			if !changed {
@@ -606,7 +636,39 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 		}
 		return err
 	})
+	if err == nil && len(handOff) > 0 {
+		s.recordReleased(ctx, parentID, handOff)
+	}
 	return hint, err
+}
+
+// setRecording marks (or unmarks) a fan-out whose children this replica
+// is recording now, for its advances to leave the recording to it.
+func (s *Service) setRecording(parentID string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.recording[parentID] = struct{}{}
+	} else {
+		delete(s.recording, parentID)
+	}
+}
+
+// releasedByLane reports whether a fan-out kind's held children are
+// released by their write lanes (advance): every kind its children may be
+// (ChildKinds) is recorded together (RecordedTogether), so its recording
+// in a node's lane can release it too (recordTx).
+func (s *Service) releasedByLane(parentKind string) bool {
+	k, ok := s.kinds.Kind(parentKind)
+	if !ok || len(k.ChildKinds) == 0 {
+		return false
+	}
+	for _, name := range k.ChildKinds {
+		if ck, ok := s.kinds.Kind(name); !ok || !ck.RecordedTogether {
+			return false
+		}
+	}
+	return true
 }
 
 // advanceBatch bounds the held children one advance of parent releases:

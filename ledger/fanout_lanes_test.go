@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -548,23 +549,7 @@ func TestRollingFanOutReleasesALargeOperationTogether(t *testing.T) {
 			}, waitLong, tick, "the first six children were not recorded")
 			first.stop()
 
-			answered := 0
-			for _, sess := range sessions {
-				if k.name == ledger.KindFleetConfigure {
-					a, err := first.fleet.PollWork(ctx, sess, 0, "test")
-					require.NoError(t, err)
-					if a.Config != nil {
-						first.reportConfig(t, sess, a.Config.Revision, api.ConfigApplied, "")
-						answered++
-					}
-					continue
-				}
-				for _, cmd := range first.poll(t, sess) {
-					first.settle(t, sess, api.Result{OperationID: cmd.OperationID, Applied: true})
-					answered++
-				}
-			}
-			require.Equal(t, 6, answered, "six children were handed out")
+			require.Equal(t, 6, first.answerHanded(t, k, sessions), "six children were handed out")
 
 			second := newLedger(t, db, tk, c)
 			second.start(t)
@@ -580,9 +565,10 @@ func TestRollingFanOutReleasesALargeOperationTogether(t *testing.T) {
 }
 
 // TestServedFanOutKindsNameTheirChildren: every served fan-out kind names
-// the kinds of its children (Kind.ChildKinds), each served and recording
-// its operation once, so a rolling wave of any of them is released by
-// count, not by its operation's bytes.
+// the kinds of its children (Kind.ChildKinds), each served, recorded
+// together and recording its operation once, so a rolling wave of any of
+// them is released by its children's write lanes, by count, not by its
+// operation's bytes.
 func TestServedFanOutKindsNameTheirChildren(t *testing.T) {
 	ks := append(ledger.ServedKinds(nil), ledger.ConfigKinds(nil, nil)...)
 	reg := ledger.NewRegistry(ks...)
@@ -597,7 +583,133 @@ func TestServedFanOutKindsNameTheirChildren(t *testing.T) {
 			ck, ok := reg.Kind(name)
 			require.True(t, ok, "%s: child kind %s is served", k.Name, name)
 			require.True(t, ck.RecordsOperationOnce, "%s: child kind %s records its operation once", k.Name, name)
+			require.True(t, ck.RecordedTogether, "%s: child kind %s is recorded together", k.Name, name)
 		}
 	}
 	require.Equal(t, 3, fanOuts, "fleet.command, fleet.configure, fleet.diagnose")
+}
+
+// answerHanded has each session's agent poll once and answer, as applied,
+// what it is handed (a command, or a configuration); it answers how many
+// it answered.
+func (b *bundle) answerHanded(t *testing.T, k fanOutKind, sessions map[string]fleet.Session) int {
+	t.Helper()
+	answered := 0
+	for _, sess := range sessions {
+		if k.name == ledger.KindFleetConfigure {
+			a, err := b.fleet.PollWork(ctx, sess, 0, "test")
+			require.NoError(t, err)
+			if a.Config != nil {
+				b.reportConfig(t, sess, a.Config.Revision, api.ConfigApplied, "")
+				answered++
+			}
+			continue
+		}
+		for _, cmd := range b.poll(t, sess) {
+			b.settle(t, sess, api.Result{OperationID: cmd.OperationID, Applied: true})
+			answered++
+		}
+	}
+	return answered
+}
+
+// rolling is k's operation with max_concurrency set.
+func (k fanOutKind) rolling(maxConcurrency int) string {
+	return strings.TrimSuffix(k.operation, "}") + `,"max_concurrency":` + strconv.Itoa(maxConcurrency) + "}"
+}
+
+// TestRollingFanOutReleasesLaneByLane: a rolling fan-out (max_concurrency
+// below its children) releases its held children through their write
+// lanes — the advance picks them in the parent's lane, each lane releases
+// and records its own — so on Postgres none of its transactions runs in
+// the exclusive lane, which holds every node's writes back, and none
+// strays there; it never has more children out than max_concurrency, and
+// each child runs once.
+func TestRollingFanOutReleasesLaneByLane(t *testing.T) {
+	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
+		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			b, w := newLaneLedger(t, db)
+			b.start(t)
+			ids, sessions := b.readyNodes(t, 16)
+			before := b.fstore.GroupStats()
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: k.name,
+				Targets: nodeTargets(ids...), Operation: json.RawMessage(k.rolling(4))})
+			require.NoError(t, err)
+			answered := 0
+			require.Eventually(t, func() bool {
+				require.LessOrEqual(t, k.recorded(t, b, parent.ID)-int64(answered), int64(4), "more than max_concurrency out")
+				answered += b.answerHanded(t, k, sessions)
+				return answered == len(ids)
+			}, waitLong, tick, "the rolling fan-out never handed every child out")
+			done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+			b.requireRecordedOnce(t, parent.ID, ids)
+			released := 0
+			for _, l := range w.recorded() {
+				if l.routed && l.route.Node != "" {
+					released += len(l.ids)
+				}
+			}
+			require.GreaterOrEqual(t, released, len(ids), "every child locked by its node's lane")
+			after := b.fstore.GroupStats()
+			require.Equal(t, before.Strays, after.Strays, "a transaction of the rolling fan-out strayed from its lane")
+			if db.Dialect == models.Postgres {
+				require.Equal(t, before.Exclusive, after.Exclusive, "a transaction of the rolling fan-out ran in the exclusive lane")
+			}
+		})
+	})
+}
+
+// TestRollingFanOutReleaseResumes: a rolling advance's release that its
+// lanes fail to record (the replica stopping part-way) leaves the parent
+// owned here and the picked children held; the next advance takes the
+// parent back and releases them, each child running once.
+func TestRollingFanOutReleaseResumes(t *testing.T) {
+	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour } // no owner tick, no sweep
+	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
+		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			b, w := newLaneLedger(t, db, hour)
+			b.start(t)
+			ids, sessions := b.readyNodes(t, 6)
+			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: k.name,
+				Targets: nodeTargets(ids...), Operation: json.RawMessage(k.rolling(2))})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				op, err := b.store.Operation(ctx, parent.ID)
+				require.NoError(t, err)
+				return op.Counts != nil && op.Owner == "" && k.recorded(t, b, parent.ID) == 2
+			}, waitLong, tick, "the first two children were not recorded")
+
+			failed := w.failed.Load()
+			w.fail.Store(true)
+			require.Equal(t, 2, b.answerHanded(t, k, sessions))
+			require.Eventually(t, func() bool { return w.failed.Load() > failed && !b.svc.RecordingForTest(parent.ID) }, waitLong, tick,
+				"the release after the first two ended never failed")
+			// Still failing, so an advance queued meanwhile fails alike.
+			op, err := b.store.Operation(ctx, parent.ID)
+			require.NoError(t, err)
+			require.Equal(t, b.replica, op.Owner, "a parent whose release failed stays owned")
+			require.Equal(t, int64(2), k.recorded(t, b, parent.ID))
+			held := 0
+			for _, ch := range b.children(t, parent.ID) {
+				if ch.Held {
+					held++
+				}
+			}
+			require.Equal(t, 4, held, "the picked children stay held")
+			w.fail.Store(false)
+
+			// Its own, or one a notice of the parent queued meanwhile.
+			require.NoError(t, b.svc.AdvanceForTest(ctx, parent.ID))
+			require.Eventually(t, func() bool {
+				op, err := b.store.Operation(ctx, parent.ID)
+				require.NoError(t, err)
+				return op.Owner == "" && k.recorded(t, b, parent.ID) == 4
+			}, waitLong, tick, "the next advance did not release two more and let the parent go")
+			k.answer(b, t, parent.ID, sessions)
+			done := b.waitState(t, parent.ID, ledger.StateSucceeded)
+			require.Equal(t, &ledger.Counts{Total: len(ids), Succeeded: len(ids)}, done.Counts)
+			b.requireRecordedOnce(t, parent.ID, ids)
+		})
+	})
 }

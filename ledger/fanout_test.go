@@ -317,8 +317,10 @@ func TestRestartRecordsChildrenAtOnce(t *testing.T) {
 	}, hour)
 }
 
-// releaseCounter counts the children the advance releases (Tx.ReleaseHeld,
-// the statement that rewrites held children).
+// releaseCounter counts the children released after their creation: by
+// an advance (Tx.ReleaseHeld), or by the write lanes a rolling advance
+// hands them to (Tx.ReleaseChildren); both statements rewrite held
+// children.
 type releaseCounter struct {
 	ledger.Store
 	released atomic.Int64
@@ -335,6 +337,14 @@ type releaseCountingTx struct {
 
 func (t releaseCountingTx) ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]ledger.Operation, error) {
 	ops, err := t.Tx.ReleaseHeld(ctx, parentID, limit, now)
+	t.s.released.Add(int64(len(ops)))
+	return ops, err
+}
+
+// ReleaseChildren is how a rolling advance's picks are released, by their
+// write lanes.
+func (t releaseCountingTx) ReleaseChildren(ctx context.Context, ids []string, now time.Time) ([]ledger.Operation, error) {
+	ops, err := t.Tx.ReleaseChildren(ctx, ids, now)
 	t.s.released.Add(int64(len(ops)))
 	return ops, err
 }

@@ -239,6 +239,11 @@ type Tx interface {
 	// of a parent's held children, oldest first, in one statement, and
 	// answers them as they stand after.
 	ReleaseHeld(ctx context.Context, parentID string, limit int, now time.Time) ([]Operation, error)
+	// HeldChildren answers up to limit of a parent's held children,
+	// oldest first (the order ReleaseHeld releases them), without locking
+	// them: a rolling advance picks in its parent's lane what the write
+	// lanes then release (Service.advance).
+	HeldChildren(ctx context.Context, parentID string, limit int) ([]Operation, error)
 	// ReleaseChildren releases (held → not held, updated_at now) the held
 	// operations among ids, locked by the caller, in one statement, and
 	// answers them as they stand after. Unlike ReleaseHeld it locks no

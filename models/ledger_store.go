@@ -923,6 +923,31 @@ func (t *ledgerTx) ReleaseHeld(ctx context.Context, parentID string, limit int, 
 	return t.r.operations(ctx, rows)
 }
 
+// HeldChildren reads through operations_parent, as ReleaseHeld's
+// subquery does; sent around GORM (sqlpath.go), as the rows are scanned
+// by hand.
+func (t *ledgerTx) HeldChildren(ctx context.Context, parentID string, limit int) ([]ledger.Operation, error) {
+	q := heldChildrenSQLite
+	if t.r.dialect == Postgres {
+		q = heldChildrenPostgres
+	}
+	var rows []Operation
+	err := eachRow(t.r.db(ctx), q, []any{parentID, limit}, func(r *sql.Rows) error {
+		rows = append(rows, Operation{})
+		return r.Scan(operationDest(&rows[len(rows)-1])...)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return t.r.operations(ctx, rows)
+}
+
+var (
+	heldChildrenSQLite = `SELECT ` + operationScanColumns + ` FROM operations
+		WHERE parent_id = ? AND held = TRUE AND state = 'pending' ORDER BY seq LIMIT ?`
+	heldChildrenPostgres = numbered(heldChildrenSQLite)
+)
+
 // OpenChildren answers a parent's children not yet ended, oldest first.
 func (t *ledgerTx) OpenChildren(ctx context.Context, parentID string) ([]ledger.Operation, error) {
 	var rows []Operation

@@ -509,6 +509,11 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 	}()
 	err := s.store.Tx(route, func(tx Tx) error {
 		hint, handOff = advanceHint{}, nil
+		if marked {
+			// An attempt rolled back: nothing of it is recording.
+			s.setRecording(parentID, false)
+			marked = false
+		}
 		parent, err := tx.LockParent(ctx, parentID)
 		if err != nil {
 			return err
@@ -571,10 +576,8 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 				}
 				if len(handOff) > 0 {
 					parent.Owner = s.replica
-					if !marked {
-						s.setRecording(parentID, true)
-						marked = true
-					}
+					s.setRecording(parentID, true)
+					marked = true
 				}
 			} else {
 				waiting, err := tx.ReleaseHeld(ctx, parentID, batch, now)

@@ -628,6 +628,9 @@ func (k fanOutKind) rolling(maxConcurrency int) string {
 func TestRollingFanOutReleasesLaneByLane(t *testing.T) {
 	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
 		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			if db.Dialect != models.Postgres {
+				t.Skip("write lanes are Postgres's: SQLite's one writer releases in the advance's transaction")
+			}
 			b, w := newLaneLedger(t, db)
 			b.start(t)
 			ids, sessions := b.readyNodes(t, 16)
@@ -653,9 +656,7 @@ func TestRollingFanOutReleasesLaneByLane(t *testing.T) {
 			require.GreaterOrEqual(t, released, len(ids), "every child locked by its node's lane")
 			after := b.fstore.GroupStats()
 			require.Equal(t, before.Strays, after.Strays, "a transaction of the rolling fan-out strayed from its lane")
-			if db.Dialect == models.Postgres {
-				require.Equal(t, before.Exclusive, after.Exclusive, "a transaction of the rolling fan-out ran in the exclusive lane")
-			}
+			require.Equal(t, before.Exclusive, after.Exclusive, "a transaction of the rolling fan-out ran in the exclusive lane")
 		})
 	})
 }
@@ -668,6 +669,9 @@ func TestRollingFanOutReleaseResumes(t *testing.T) {
 	hour := func(s *ledger.Settings) { s.OwnerLease = time.Hour } // no owner tick, no sweep
 	eachFanOutKind(t, func(t *testing.T, k fanOutKind) {
 		dbtest.Each(t, func(t *testing.T, db *models.DB) {
+			if db.Dialect != models.Postgres {
+				t.Skip("write lanes are Postgres's: SQLite's one writer releases in the advance's transaction")
+			}
 			b, w := newLaneLedger(t, db, hour)
 			b.start(t)
 			ids, sessions := b.readyNodes(t, 6)

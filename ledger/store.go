@@ -123,6 +123,9 @@ type Store interface {
 	// lanes' work instead of holding every lane back. A store with one
 	// writer answers 0 for every node.
 	WriteLane(nodeID string) int
+	// WriteLanes answers how many write lanes the store runs: 0 or 1 for
+	// one writer.
+	WriteLanes() int
 	// Overdue answers up to limit pending operations of channel long_poll
 	// whose deadline passed before now, oldest deadline first.
 	Overdue(ctx context.Context, now time.Time, limit int) ([]Operation, error)

@@ -1017,6 +1017,8 @@ func (s *LedgerStore) WriteLane(nodeID string) int {
 	return 0
 }
 
+func (s *LedgerStore) WriteLanes() int { return len(s.fleet.group.lanes) }
+
 // FanningOut answers the ids of running fan-out parents.
 func (s *LedgerStore) FanningOut(ctx context.Context, limit int) ([]string, error) {
 	var ids []string

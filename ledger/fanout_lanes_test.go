@@ -539,14 +539,7 @@ func TestRollingFanOutReleasesALargeOperationTogether(t *testing.T) {
 			first := newLedger(t, db, tk, c)
 			first.start(t)
 			ids, sessions := first.readyNodes(t, 12)
-			parent, _, err := first.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: k.name,
-				Targets: nodeTargets(ids...), Operation: json.RawMessage(operations[k.name])})
-			require.NoError(t, err)
-			require.Eventually(t, func() bool {
-				op, err := first.store.Operation(ctx, parent.ID)
-				require.NoError(t, err)
-				return op.Counts != nil && op.Owner == "" && k.recorded(t, first, parent.ID) == 6
-			}, waitLong, tick, "the first six children were not recorded")
+			parent := first.submitRolling(t, k, ids, operations[k.name], 6)
 			first.stop()
 
 			require.Equal(t, 6, first.answerHanded(t, k, sessions), "six children were handed out")
@@ -613,6 +606,22 @@ func (b *bundle) answerHanded(t *testing.T, k fanOutKind, sessions map[string]fl
 	return answered
 }
 
+// submitRolling submits a fan-out of kind k over ids with operation and
+// waits until its first slots' children (slots of them) are recorded and
+// the parent let go.
+func (b *bundle) submitRolling(t *testing.T, k fanOutKind, ids []string, operation string, slots int64) ledger.Operation {
+	t.Helper()
+	parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: k.name,
+		Targets: nodeTargets(ids...), Operation: json.RawMessage(operation)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		op, err := b.store.Operation(ctx, parent.ID)
+		require.NoError(t, err)
+		return op.Counts != nil && op.Owner == "" && k.recorded(t, b, parent.ID) == slots
+	}, waitLong, tick, "the children of the first slots were not recorded")
+	return parent
+}
+
 // rolling is k's operation with max_concurrency set.
 func (k fanOutKind) rolling(maxConcurrency int) string {
 	return strings.TrimSuffix(k.operation, "}") + `,"max_concurrency":` + strconv.Itoa(maxConcurrency) + "}"
@@ -675,14 +684,7 @@ func TestRollingFanOutReleaseResumes(t *testing.T) {
 			b, w := newLaneLedger(t, db, hour)
 			b.start(t)
 			ids, sessions := b.readyNodes(t, 6)
-			parent, _, err := b.svc.Submit(ctx, admin, ledger.Submission{RequestID: newRequestID(), Kind: k.name,
-				Targets: nodeTargets(ids...), Operation: json.RawMessage(k.rolling(2))})
-			require.NoError(t, err)
-			require.Eventually(t, func() bool {
-				op, err := b.store.Operation(ctx, parent.ID)
-				require.NoError(t, err)
-				return op.Counts != nil && op.Owner == "" && k.recorded(t, b, parent.ID) == 2
-			}, waitLong, tick, "the first two children were not recorded")
+			parent := b.submitRolling(t, k, ids, k.rolling(2), 2)
 
 			failed := w.failed.Load()
 			w.fail.Store(true)

@@ -3,6 +3,8 @@ package ledger
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"slices"
 	"sort"
 
 	"github.com/nodeward/nodeward/errcode"
@@ -118,7 +120,7 @@ func fanOutNodes(ctx context.Context, tx Tx, targets []Target, sel *Selector) ([
 // FleetKinds are the kinds of family fleet.
 func FleetKinds() []*Kind {
 	return []*Kind{{
-		Name: KindFleetCommand, Family: FamilyFleet, TargetKinds: fanOutTargets, ChildKinds: commandKindNames(),
+		Name: KindFleetCommand, Family: FamilyFleet, TargetKinds: fanOutTargets, ChildKinds: slices.Sorted(maps.Keys(CommandKinds)),
 		Prepare: func(ctx context.Context, d *Draft) error {
 			var o FleetCommandOperation
 			if err := DecodeOperation(d.Operation, &o); err != nil {
@@ -134,16 +136,6 @@ func FleetKinds() []*Kind {
 			return fanOutPlan(ctx, tx, op.Targets, o.Selector, o.MaxConcurrency, o.Kind, o.Payload)
 		},
 	}}
-}
-
-// commandKindNames answers the command kinds' names, sorted.
-func commandKindNames() []string {
-	names := make([]string, 0, len(CommandKinds))
-	for name := range CommandKinds {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // selectNodes answers the ids of the nodes a selector picks, by id, at most

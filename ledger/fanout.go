@@ -555,10 +555,8 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 		// recording releases the children that fit, lane by lane, and the
 		// advance that follows it releases more.
 		if free := maxConcurrency - inFlight; free > 0 && held > 0 && parent.CancelRequestedAt == nil && parent.Owner == "" {
-			// The held children leave the held ones in one statement and
-			// their released events in one more; then each goes to its
-			// channel. At most advanceBatch of them: the rest in the
-			// next advance, at once (more).
+			// At most advanceBatch of them: the rest in the next
+			// advance, at once (more).
 			batch := min(free, s.advanceBatch(parent))
 			more = batch < free && held > batch
 			if s.releasedByLane(parent.Kind) {
@@ -584,6 +582,9 @@ func (s *Service) advance(ctx context.Context, parentID string, releasing bool) 
 					marked = true
 				}
 			} else {
+				// The held children leave the held ones in one statement
+				// and their released events in one more; then each goes
+				// to its channel.
 				waiting, err := tx.ReleaseHeld(ctx, parentID, batch, now)
 				if err != nil {
 					return err
@@ -670,12 +671,18 @@ func (s *Service) setRecording(parentID string, on bool) {
 // a rolling wave of 10,000 took 9.9 s against 8.1 (BENCHMARKS.md,
 // forty-fifth sitting).
 func (s *Service) releasedByLane(parentKind string) bool {
+	return s.store.WriteLanes() > 1 && s.everyChildKind(parentKind, func(k *Kind) bool { return k.RecordedTogether })
+}
+
+// everyChildKind reports whether a fan-out kind names the kinds its
+// children may be (ChildKinds) and each is served and satisfies is.
+func (s *Service) everyChildKind(parentKind string, is func(*Kind) bool) bool {
 	k, ok := s.kinds.Kind(parentKind)
-	if !ok || len(k.ChildKinds) == 0 || s.store.WriteLanes() < 2 {
+	if !ok || len(k.ChildKinds) == 0 {
 		return false
 	}
 	for _, name := range k.ChildKinds {
-		if ck, ok := s.kinds.Kind(name); !ok || !ck.RecordedTogether {
+		if ck, ok := s.kinds.Kind(name); !ok || !is(ck) {
 			return false
 		}
 	}
@@ -694,25 +701,10 @@ func (s *Service) releasedByLane(parentKind string) bool {
 // 25–28 s for a small payload (BENCHMARKS.md, forty-fifth sitting).
 func (s *Service) advanceBatch(parent Operation) int {
 	byBytes := max(1, recordBytes/max(1, len(parent.Operation)))
-	if s.childrenRecordOnce(parent.Kind) {
+	if s.everyChildKind(parent.Kind, func(k *Kind) bool { return k.RecordsOperationOnce }) {
 		byBytes = max(byBytes, recordSharedChildren)
 	}
 	return min(s.settings.ReleasePerAdvance, byBytes)
-}
-
-// childrenRecordOnce reports whether every kind a fan-out kind's children
-// may be (ChildKinds) is served and records its operation once.
-func (s *Service) childrenRecordOnce(parentKind string) bool {
-	k, ok := s.kinds.Kind(parentKind)
-	if !ok || len(k.ChildKinds) == 0 {
-		return false
-	}
-	for _, name := range k.ChildKinds {
-		if ck, ok := s.kinds.Kind(name); !ok || !ck.RecordsOperationOnce {
-			return false
-		}
-	}
-	return true
 }
 
 // foldReleased folds children just released (releaseAll's answer) into

@@ -123,8 +123,10 @@ type Kind struct {
 	// may be (a plan naming another fails). When all of them record their
 	// operation once (RecordsOperationOnce), an advance releases its held
 	// children in batches bounded by their count, not by the parent's
-	// operation's bytes (advanceBatch). Nil: any served kind, bounded by
-	// bytes.
+	// operation's bytes (advanceBatch); when all are recorded together
+	// (RecordedTogether), their write lanes release them
+	// (releasedByLane). Nil: any served kind, bounded by bytes and
+	// released in the exclusive lane.
 	ChildKinds []string
 	// Summarize, for a fan-out kind, starts a fold of what its children
 	// found, kept as `summary` in the parent's result when the last child
